@@ -1,0 +1,271 @@
+"""Data layer (SPEC 1): any DuckDB-readable source as one validated relation.
+
+Only this module (and the SQL it hands out) talks to DuckDB. A :class:`Panel`
+is a DuckDB connection holding a view ``__src`` over the user's source, the
+names of the id and database-label columns, and the database labels in order.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import duckdb
+import numpy as np
+
+from .errors import InputError
+
+SOURCE_VIEW = "__src"
+
+_NUMERIC_PREFIXES = (
+    "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
+    "UINTEGER", "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE", "REAL", "DECIMAL", "BOOLEAN",
+)
+_FLOAT_PREFIXES = ("FLOAT", "DOUBLE", "REAL")
+
+
+def quote_ident(name: str) -> str:
+    """Quote a column or table name for DuckDB SQL (handles quotes and spaces)."""
+    return '"' + str(name).replace('"', '""') + '"'
+
+
+def quote_literal(value: str) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+@dataclass
+class Panel:
+    """A validated repeated-database source (SPEC 1).
+
+    Attributes
+    ----------
+    con : duckdb.DuckDBPyConnection
+        Connection holding the view ``__src`` over the source.
+    id, by : str
+        Column names of the individual id and the database label.
+    labels : list
+        Distinct database labels, sorted (this is the ``by`` order used for the
+        independence checks).
+    description : str
+        Human description of the source (path or frame type).
+    columns : dict
+        Column name -> DuckDB type name.
+    n_null_ids : int
+        Rows dropped because their id was NULL (only with ``drop_null_ids``).
+    """
+
+    con: duckdb.DuckDBPyConnection
+    id: str
+    by: str
+    labels: list
+    description: str
+    columns: dict
+    n_null_ids: int = 0
+
+    @property
+    def n_databases(self) -> int:
+        return len(self.labels)
+
+    def base_sql(self, columns: Sequence[str] = (), where: str | None = None) -> str:
+        """SQL selecting ``by`` as ``__j`` (0-based database index), ``id`` as ``__i``,
+        and the given value columns, with NULL ids removed and filters applied."""
+        cols = "".join(f", {quote_ident(c)}" for c in columns)
+        conds = [f"{quote_ident(self.id)} IS NOT NULL"]
+        if where:
+            conds.append(f"({where})")
+        return (
+            f"SELECT __lab.__j AS __j, {quote_ident(self.id)} AS __i{cols} "
+            f"FROM {SOURCE_VIEW} JOIN __labels AS __lab "
+            f"ON {SOURCE_VIEW}.{quote_ident(self.by)} = __lab.__label "
+            f"WHERE {' AND '.join(conds)}"
+        )
+
+    def require_numeric(self, column: str) -> None:
+        """Raise :class:`InputError` unless ``column`` exists, is numeric and finite."""
+        self.require_column(column)
+        typ = self.columns[column].upper()
+        if not typ.startswith(_NUMERIC_PREFIXES):
+            raise InputError(
+                f"column {column!r} has type {self.columns[column]}, not a number; "
+                f"choose a numeric column or CAST it in --sql"
+            )
+        if typ.startswith(_FLOAT_PREFIXES):
+            q = quote_ident(column)
+            bad = self.con.execute(
+                f"SELECT count(*) FILTER (WHERE isnan({q})), count(*) FILTER (WHERE isinf({q})) "
+                f"FROM {SOURCE_VIEW}"
+            ).fetchone()
+            if bad[0] or bad[1]:
+                raise InputError(
+                    f"column {column!r} has {bad[0]} NaN and {bad[1]} infinite values; "
+                    f"remove or impute them first (NULLs are ignored like SQL aggregates do)"
+                )
+
+    def require_column(self, column: str) -> None:
+        if column not in self.columns:
+            raise InputError(
+                f"column {column!r} not found in {self.description}; "
+                f"available: {', '.join(self.columns)}"
+            )
+
+
+def _read_expr(path: str) -> str:
+    """DuckDB table function call reading a file, glob or hive-partitioned folder."""
+    lower = path.lower()
+    lit = quote_literal(path)
+    if os.path.isdir(path):
+        files = [p for p in Path(path).rglob("*") if p.is_file() and not p.name.startswith(".")]
+        if not files:
+            raise InputError(f"folder {path!r} contains no files")
+        ext = _kind(str(files[0]))
+        pattern = quote_literal(os.path.join(path, "**", "*" + Path(files[0]).suffix))
+        if ext == "parquet":
+            return f"read_parquet({pattern}, hive_partitioning = true)"
+        if ext == "csv":
+            return f"read_csv({pattern}, hive_partitioning = true)"
+        return f"read_json_auto({pattern}, hive_partitioning = true)"
+    is_glob = any(ch in path for ch in "*?[")
+    if is_glob:
+        if not glob.glob(path, recursive=True):
+            raise InputError(f"no file matches {path!r}")
+    elif not os.path.exists(path):
+        raise InputError(f"source {path!r} not found; give a Parquet/CSV/JSON file, a glob, "
+                         f"a folder, or FILE.duckdb::TABLE")
+    kind = _kind(lower)
+    if kind == "parquet":
+        return f"read_parquet({lit})"
+    if kind == "csv":
+        return f"read_csv({lit})"
+    if kind == "json":
+        return f"read_json_auto({lit})"
+    raise InputError(f"cannot tell the format of {path!r}; use a .parquet, .csv, .tsv or .json(l) "
+                     f"file, or FILE.duckdb::TABLE")
+
+
+def _kind(lower: str) -> str | None:
+    lower = lower.lower()
+    for suffix in (".gz", ".zst", ".bz2"):
+        if lower.endswith(suffix):
+            lower = lower[: -len(suffix)]
+    if lower.endswith((".parquet", ".pq")):
+        return "parquet"
+    if lower.endswith((".csv", ".tsv", ".txt")):
+        return "csv"
+    if lower.endswith((".json", ".jsonl", ".ndjson")):
+        return "json"
+    return None
+
+
+def connect(memory_limit: str | None = None, threads: int | None = None) -> duckdb.DuckDBPyConnection:
+    """A fresh in-memory DuckDB connection with optional memory limit (e.g. ``'3GB'``)."""
+    con = duckdb.connect(":memory:")
+    if memory_limit:
+        try:
+            con.execute(f"SET memory_limit = {quote_literal(memory_limit)}")
+        except duckdb.Error as exc:
+            raise InputError(f"--memory-limit {memory_limit!r} is not a size like '3GB': {exc}") from None
+        con.execute("SET preserve_insertion_order = false")
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    return con
+
+
+def _register_source(con: duckdb.DuckDBPyConnection, source: Any) -> str:
+    """Create the view ``__src`` over ``source``; return its description."""
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if "::" in path:
+            db_path, table = path.rsplit("::", 1)
+            if not os.path.exists(db_path):
+                raise InputError(f"DuckDB file {db_path!r} not found")
+            try:
+                con.execute(f"ATTACH {quote_literal(db_path)} AS __user (READ_ONLY)")
+                con.execute(f"CREATE VIEW {SOURCE_VIEW} AS SELECT * FROM __user.{quote_ident(table)}")
+            except duckdb.Error as exc:
+                raise InputError(f"cannot read table {table!r} of {db_path!r}: {_first_line(exc)}") from None
+            return path
+        expr = _read_expr(path)
+        try:
+            con.execute(f"CREATE VIEW {SOURCE_VIEW} AS SELECT * FROM {expr}")
+        except duckdb.Error as exc:
+            raise InputError(f"cannot read {path!r}: {_first_line(exc)}") from None
+        return path
+    if isinstance(source, duckdb.DuckDBPyRelation):
+        source = source.arrow()
+    mod = type(source).__module__.split(".")[0]
+    if mod in ("pandas", "polars", "pyarrow"):
+        if mod == "polars":
+            source = source.to_arrow()
+        con.register("__frame", source)
+        con.execute(f"CREATE VIEW {SOURCE_VIEW} AS SELECT * FROM __frame")
+        return f"<{mod} frame>"
+    raise InputError(
+        f"unsupported source of type {type(source).__name__}; give a path, a glob, "
+        f"FILE.duckdb::TABLE, or a pandas/polars/Arrow frame or DuckDB relation"
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def open_panel(
+    source: Any,
+    *,
+    id: str,
+    by: str,
+    drop_null_ids: bool = False,
+    memory_limit: str | None = None,
+    con: duckdb.DuckDBPyConnection | None = None,
+) -> Panel:
+    """Open and validate a repeated-database source (SPEC 1).
+
+    Raises :class:`InputError` with one line naming the problem for: a missing
+    file, missing columns, NULL ids (unless ``drop_null_ids``), an empty source,
+    or fewer than two databases.
+    """
+    con = con or connect(memory_limit)
+    description = _register_source(con, source)
+    try:
+        cols = con.execute(f"DESCRIBE SELECT * FROM {SOURCE_VIEW}").fetchall()
+    except duckdb.Error as exc:
+        raise InputError(f"cannot read {description!r}: {_first_line(exc)}") from None
+    columns = {c[0]: c[1] for c in cols}
+    panel = Panel(con=con, id=id, by=by, labels=[], description=description, columns=columns)
+    panel.require_column(id)
+    panel.require_column(by)
+    if id == by:
+        raise InputError(f"--id and --by are the same column {id!r}; the database label must differ from the id")
+    qi, qb = quote_ident(id), quote_ident(by)
+    n_rows, n_null_id, n_null_by = con.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE {qi} IS NULL), count(*) FILTER (WHERE {qb} IS NULL) "
+        f"FROM {SOURCE_VIEW}"
+    ).fetchone()
+    if n_rows == 0:
+        raise InputError(f"{description} has no rows")
+    if n_null_by:
+        raise InputError(f"{n_null_by} rows have a NULL database label in column {by!r}; fill or filter them")
+    if n_null_id and not drop_null_ids:
+        raise InputError(
+            f"{n_null_id} rows have a NULL id in column {id!r}; remove them or pass --drop-null-ids"
+        )
+    panel.n_null_ids = int(n_null_id)
+    labels = [r[0] for r in con.execute(
+        f"SELECT DISTINCT {qb} FROM {SOURCE_VIEW} ORDER BY 1").fetchall()]
+    if len(labels) < 2:
+        raise InputError(
+            f"column {by!r} has {len(labels)} distinct value(s); at least 2 databases are needed "
+            f"to estimate the query's distribution"
+        )
+    panel.labels = labels
+    con.execute("CREATE TEMP TABLE __labels AS SELECT * FROM "
+                f"(SELECT {qb} AS __label, (row_number() OVER (ORDER BY {qb}) - 1)::INTEGER AS __j "
+                f"FROM (SELECT DISTINCT {qb} FROM {SOURCE_VIEW}))")
+    return panel
+
+
+def as_float_array(values: Any) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64)

@@ -1,0 +1,462 @@
+"""The drop-one-identifier loop (SPEC 2): f(X^j) and the shifts Δ_ij = f(X^j) − f(X^j ∖ i).
+
+Three engines share one interface (:class:`LooEngine`):
+
+* decomposable aggregates are computed in DuckDB from per-(database, id)
+  partial moments, in closed form (one GROUP BY pass; scales to 10^8 rows);
+* order statistics use rank arithmetic on each database's sorted values;
+* generic SQL runs one set-based correlated query per database.
+
+The engine answers three questions, in the order the risk layer needs them:
+``values()`` (the n query values), ``screen(scale)`` (per individual: number of
+databases, sole-contributor flag, largest |Δ_ij| and M_i = max_j |Δ_ij| / scale_j,
+SPEC 4.3) and ``shifts(codes)`` (dense Δ rows of the chosen individuals only).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from .data import Panel, open_panel, quote_ident
+from .errors import InputError
+from .query import Query, parse_query
+
+
+@dataclass
+class Screen:
+    """Per-individual screening table (rows ordered by id; ``code`` = row index).
+
+    Attributes
+    ----------
+    ids : polars.Series
+        The individuals' ids (original name and dtype).
+    n_present : ndarray of int
+        Number of databases in which the individual has rows (after ``where``).
+    undefined : ndarray of bool
+        Sole contributors: f(X^j ∖ i) is undefined in some database (SPEC 2).
+    max_abs_shift : ndarray
+        max_j |Δ_ij| over databases where it is defined.
+    bound : ndarray
+        M_i = max_j |Δ_ij| / scale_j (SPEC 4.3).
+    """
+
+    ids: pl.Series
+    n_present: np.ndarray
+    undefined: np.ndarray
+    max_abs_shift: np.ndarray
+    bound: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.n_present)
+
+
+class LooEngine:
+    """Leave-one-out engine over a :class:`~empdp.data.Panel` for one :class:`Query`."""
+
+    def __init__(self, panel: Panel, query: Query):
+        self.panel = panel
+        self.query = query
+        for col in query.columns:
+            panel.require_numeric(col)
+        self._q: np.ndarray | None = None
+        self._sparse: tuple | None = None  # in-memory engines: (ids, code, j, delta, undef)
+        self._screened = False
+
+    # ------------------------------------------------------------------ values
+    def values(self) -> np.ndarray:
+        """f(X^j) for every database, in label order."""
+        if self._q is None:
+            if self.query.is_decomposable:
+                self._q = self._decomposable_values()
+            else:
+                self._sparse = self._in_memory()
+        return self._q
+
+    # ---------------------------------------------------------------- screening
+    def screen(self, scale: np.ndarray) -> Screen:
+        """Per-individual summary and screening bound M_i = max_j |Δ_ij| / scale_j."""
+        scale = np.asarray(scale, dtype=np.float64)
+        self.values()
+        if self.query.is_decomposable:
+            return self._decomposable_screen(scale)
+        ids, code, j, delta, undef = self._sparse
+        m = len(ids)
+        n_present = np.bincount(code, minlength=m)
+        undefined = np.zeros(m, dtype=bool)
+        undefined[code[undef]] = True
+        ok = ~undef
+        max_abs = np.zeros(m)
+        np.maximum.at(max_abs, code[ok], np.abs(delta[ok]))
+        bound = np.zeros(m)
+        np.maximum.at(bound, code[ok], np.abs(delta[ok]) / scale[j[ok]])
+        self._screened = True
+        return Screen(ids, n_present, undefined, max_abs, bound)
+
+    def shifts(self, codes: np.ndarray, presence: bool = False):
+        """Dense Δ rows (len(codes), n) for the given individuals (0 where absent or undefined).
+
+        With ``presence``, also return the (len(codes), n) bool matrix of the
+        databases in which each individual has rows.
+        """
+        codes = np.asarray(codes, dtype=np.int64)
+        n = len(self.panel.labels)
+        out = np.zeros((len(codes), n))
+        present = np.zeros((len(codes), n), dtype=bool)
+        if len(codes):
+            if self.query.is_decomposable:
+                rows, j, delta, undef = self._decomposable_shifts(codes)
+            else:
+                _, code, j, delta, undef = self._sparse
+                pos = np.full(int(code.max()) + 1, -1, dtype=np.int64)
+                pos[codes] = np.arange(len(codes))
+                sel = pos[code] >= 0
+                rows, j, delta, undef = pos[code[sel]], j[sel], delta[sel], undef[sel]
+            out[rows[~undef], j[~undef]] = delta[~undef]
+            present[rows, j] = True
+        return (out, present) if presence else out
+
+    # ------------------------------------------------------- decomposable (SQL)
+    def _agg_columns(self) -> list[str]:
+        """Partial-moment SQL expressions per (group) for the query form."""
+        q, form = self.query, self.query.form
+        if form == "count":
+            if not q.columns:
+                return ["count(*)::DOUBLE AS c"]
+            return [f"count({quote_ident(q.columns[0])})::DOUBLE AS c"]
+        if form == "ratio":
+            a, b = (quote_ident(c) for c in q.columns)
+            return [f"count({a})::DOUBLE AS ca", f"coalesce(sum({a}::DOUBLE), 0) AS sa",
+                    f"count({b})::DOUBLE AS cb", f"coalesce(sum({b}::DOUBLE), 0) AS sb"]
+        x = quote_ident(q.columns[0])
+        return [f"count({x})::DOUBLE AS c", f"coalesce(sum({x}::DOUBLE), 0) AS s"]
+
+    def _decomposable_values(self) -> np.ndarray:
+        q, form, n = self.query, self.query.form, len(self.panel.labels)
+        cols = self._agg_columns()
+        if form in ("var", "std"):
+            x = quote_ident(q.columns[0])
+            cols += [f"coalesce(avg({x}::DOUBLE), 0) AS m", f"coalesce(var_samp({x}::DOUBLE), 0) AS v"]
+        sql = f"SELECT __j, {', '.join(cols)} FROM ({self.panel.base_sql(q.columns, q.where)}) GROUP BY __j"
+        tot = pl.from_arrow(self._run(sql, fetch=True))
+        # databases with no row passing the filter get zero totals
+        tot = pl.DataFrame({"__j": np.arange(n, dtype=np.int32)}).join(
+            tot.with_columns(pl.col("__j").cast(pl.Int32)), on="__j", how="left").fill_null(0.0).sort("__j")
+        t = {c: tot[c].to_numpy().astype(np.float64) for c in tot.columns if c != "__j"}
+        if form == "count":
+            val, ok = t["c"], np.ones(n, bool)
+        elif form == "sum":
+            val, ok = t["s"], t["c"] > 0
+        elif form == "mean":
+            ok = t["c"] > 0
+            val = np.divide(t["s"], t["c"], out=np.zeros(n), where=ok)
+        elif form in ("var", "std"):
+            ok = t["c"] > 1
+            val = t["v"] if form == "var" else np.sqrt(t["v"])
+        else:  # ratio
+            ok = (t["ca"] > 0) & (t["cb"] > 0) & (t["sb"] != 0)
+            val = np.divide(t["sa"], t["sb"], out=np.zeros(n), where=ok)
+        if not ok.all():
+            bad = [str(self.panel.labels[k]) for k in np.flatnonzero(~ok)[:5]]
+            raise InputError(f"query {q.describe()!r} is undefined on database(s) {', '.join(bad)} "
+                             f"(no usable rows); filter those databases out")
+        tot = tot.with_columns(pl.Series("f", val))
+        self._totals = tot
+        self.panel.con.register("__totals_arrow", tot.to_arrow())
+        self.panel.con.execute("CREATE OR REPLACE TEMP TABLE __totals AS SELECT * FROM __totals_arrow")
+        self.panel.con.unregister("__totals_arrow")
+        return val
+
+    def _delta_sql(self, id_filter: str = "") -> str:
+        """SQL of (__i, __j, delta, undef) for every (individual, database) pair present."""
+        q, form = self.query, self.query.form
+        parts = self._agg_columns()
+        base = self.panel.base_sql(q.columns, q.where)
+        if id_filter:
+            base = f"SELECT * FROM ({base}) WHERE __i IN ({id_filter})"
+        if form in ("var", "std"):
+            x = quote_ident(q.columns[0])
+            base = f"SELECT b.*, b.{x}::DOUBLE - t.m AS __xc FROM ({base}) b JOIN __totals t USING (__j)"
+            parts = [f"count(__xc)::DOUBLE AS c", "coalesce(sum(__xc), 0) AS s",
+                     "coalesce(sum(__xc * __xc), 0) AS ss"]
+        if form == "count":
+            delta, undef = "p.c", "t.c - p.c <= 0"
+        elif form == "sum":
+            delta, undef = "p.s", "t.c - p.c <= 0"
+        elif form == "mean":
+            delta = "CASE WHEN t.c - p.c > 0 THEN (p.s - p.c * t.f) / (t.c - p.c) ELSE 0 END"
+            undef = "t.c - p.c <= 0"
+        elif form in ("var", "std"):
+            loo = ("((t.c - 1) * t.v - p.ss - p.s * p.s / (t.c - p.c)) / (t.c - p.c - 1)")
+            loo = f"greatest({loo}, 0)"
+            delta = (f"CASE WHEN t.c - p.c > 1 THEN t.f - "
+                     f"{'sqrt(' + loo + ')' if form == 'std' else loo} ELSE 0 END")
+            undef = "t.c - p.c <= 1"
+        else:  # ratio
+            undef = "(t.ca - p.ca <= 0) OR (t.cb - p.cb <= 0) OR (t.sb - p.sb = 0)"
+            delta = f"CASE WHEN {undef} THEN 0 ELSE (p.sa - t.f * p.sb) / (t.sb - p.sb) END"
+        return (f"SELECT p.__i, p.__j, ({delta})::DOUBLE AS delta, ({undef}) AS undef "
+                f"FROM (SELECT __j, __i, {', '.join(parts)} FROM ({base}) GROUP BY __j, __i) p "
+                f"JOIN __totals t USING (__j)")
+
+    def _decomposable_screen(self, scale: np.ndarray) -> Screen:
+        con = self.panel.con
+        con.register("__scale_arrow", pa.table({"__j": pa.array(np.arange(len(scale), dtype=np.int32)),
+                                                 "scale": pa.array(scale)}))
+        con.execute("CREATE OR REPLACE TEMP TABLE __scale AS SELECT * FROM __scale_arrow")
+        con.unregister("__scale_arrow")
+        sql = (f"CREATE OR REPLACE TEMP TABLE __ids AS "
+               f"SELECT *, (row_number() OVER (ORDER BY __i) - 1)::BIGINT AS __code FROM ("
+               f"SELECT d.__i, count(*)::BIGINT AS n_present, bool_or(d.undef) AS undefined, "
+               f"coalesce(max(abs(d.delta)) FILTER (WHERE NOT d.undef), 0) AS max_abs_shift, "
+               f"coalesce(max(abs(d.delta) / s.scale) FILTER (WHERE NOT d.undef), 0) AS bound "
+               f"FROM ({self._delta_sql()}) d JOIN __scale s USING (__j) GROUP BY d.__i)")
+        self._run(sql)
+        df = pl.from_arrow(_arrow(con, "SELECT * FROM __ids ORDER BY __code"))
+        self._screened = True
+        return Screen(
+            ids=df["__i"].rename(self.panel.id),
+            n_present=df["n_present"].to_numpy(),
+            undefined=df["undefined"].to_numpy().astype(bool),
+            max_abs_shift=df["max_abs_shift"].to_numpy().astype(np.float64),
+            bound=df["bound"].to_numpy().astype(np.float64),
+        )
+
+    def _decomposable_shifts(self, codes: np.ndarray):
+        if not self._screened:
+            raise RuntimeError("screen() must run before shifts()")
+        con = self.panel.con
+        con.register("__want_arrow", pa.table({"__code": pa.array(codes),
+                                                "__row": pa.array(np.arange(len(codes)))}))
+        con.execute("CREATE OR REPLACE TEMP TABLE __want AS SELECT i.__i, w.__row "
+                    "FROM __want_arrow w JOIN __ids i USING (__code)")
+        con.unregister("__want_arrow")
+        sql = (f"SELECT w.__row, d.__j, d.delta, d.undef FROM ({self._delta_sql('SELECT __i FROM __want')}) d "
+               f"JOIN __want w USING (__i)")
+        res = self._run(sql).fetchnumpy()
+        return (np.asarray(res["__row"], dtype=np.int64), np.asarray(res["__j"], dtype=np.int64),
+                np.asarray(res["delta"], dtype=np.float64), np.asarray(res["undef"], dtype=bool))
+
+    def _run(self, sql: str, fetch: bool = False):
+        try:
+            return _arrow(self.panel.con, sql) if fetch else self.panel.con.execute(sql)
+        except duckdb.Error as exc:
+            msg = str(exc).strip().splitlines()[0]
+            if self.query.where and isinstance(exc, (duckdb.ParserException, duckdb.BinderException)):
+                raise InputError(f"the filter --where {self.query.where!r} is not valid here: {msg}") from None
+            raise
+
+    # ----------------------------------------------------- in-memory engines
+    def _in_memory(self):
+        if self.query.is_order_statistic:
+            q, ids, code, j, delta, undef = _order_statistic_loo(self.panel, self.query)
+        else:
+            q, ids, code, j, delta, undef = _sql_loo(self.panel, self.query)
+        self._q = q
+        return ids, code, j, delta, undef
+
+
+def _quantile_sorted(v: np.ndarray, pos_lo: np.ndarray, frac: np.ndarray) -> np.ndarray:
+    """Linear interpolation between order statistics (DuckDB ``quantile_cont``)."""
+    lo = v[pos_lo]
+    hi = v[np.minimum(pos_lo + 1, len(v) - 1)]
+    return np.where(frac > 0, lo + (hi - lo) * frac, lo)
+
+
+def _kth_excluding(ranks: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Index in the full sorted array of the k-th smallest value once the rows at
+    ``ranks`` (g × c, ascending per row) are removed (rank arithmetic, SPEC 2)."""
+    pos = k.copy()
+    for t in range(ranks.shape[1]):
+        pos += ranks[:, t] <= pos
+    return pos
+
+
+def _order_statistic_loo(panel: Panel, query: Query):
+    x = query.columns[0]
+    sql = f"SELECT __j, __i, {quote_ident(x)}::DOUBLE AS x FROM ({panel.base_sql([x], query.where)}) " \
+          f"WHERE {quote_ident(x)} IS NOT NULL"
+    df = pl.from_arrow(_arrow(panel.con, sql))
+    ids, code = _factorize(df["__i"], panel.id)
+    jj = df["__j"].to_numpy().astype(np.int64)
+    xx = df["x"].to_numpy()
+    n, level = len(panel.labels), float(query.q)
+    qv = np.empty(n)
+    out_code, out_j, out_delta, out_undef = [], [], [], []
+    order = np.lexsort((xx, jj))
+    bounds = np.searchsorted(jj[order], np.arange(n + 1))
+    for j in range(n):
+        rows = order[bounds[j]:bounds[j + 1]]
+        N = len(rows)
+        if N == 0:
+            raise InputError(f"query {query.describe()!r} is undefined on database {panel.labels[j]!s} "
+                             f"(no usable rows); filter that database out")
+        v = xx[rows]  # sorted values of database j
+        h = (N - 1) * level
+        qv[j] = _quantile_sorted(v, np.array([int(np.floor(h))]), np.array([h - np.floor(h)]))[0]
+        c = code[rows]
+        by_owner = np.lexsort((np.arange(N), c))  # ranks grouped by individual, ascending
+        c_sorted = c[by_owner]
+        starts = np.flatnonzero(np.r_[True, c_sorted[1:] != c_sorted[:-1]])
+        counts = np.diff(np.r_[starts, N])
+        for cnt in np.unique(counts):
+            grp = starts[counts == cnt]
+            owners = c_sorted[grp]
+            remaining = N - cnt
+            if remaining == 0:
+                out_code.append(owners); out_j.append(np.full(len(owners), j))
+                out_delta.append(np.zeros(len(owners))); out_undef.append(np.ones(len(owners), bool))
+                continue
+            ranks = by_owner[grp[:, None] + np.arange(cnt)[None, :]]
+            h = (remaining - 1) * level
+            k = np.full(len(owners), int(np.floor(h)), dtype=np.int64)
+            frac = h - np.floor(h)
+            lo = v[_kth_excluding(ranks, k)]
+            if frac > 0:
+                hi = v[_kth_excluding(ranks, k + 1)]
+                loo = lo + (hi - lo) * frac
+            else:
+                loo = lo
+            out_code.append(owners); out_j.append(np.full(len(owners), j))
+            out_delta.append(qv[j] - loo); out_undef.append(np.zeros(len(owners), bool))
+    return (qv, ids, np.concatenate(out_code), np.concatenate(out_j),
+            np.concatenate(out_delta), np.concatenate(out_undef))
+
+
+def _sql_loo(panel: Panel, query: Query):
+    """Generic ``--sql``: one correlated set-based query per database (SPEC 2)."""
+    con, n = panel.con, len(panel.labels)
+    qi = quote_ident(panel.id)
+    src_j = (f"(SELECT s.*, l.__j, l.__label FROM __src s JOIN __labels l "
+             f"ON s.{quote_ident(panel.by)} = l.__label)")
+    rewritten = _replace_db(query.sql, f"(SELECT * FROM __dbj WHERE {qi} IS DISTINCT FROM __ids.__id) AS db")
+    qv = np.empty(n)
+    frames = []
+    for j in range(n):
+        con.execute(f"CREATE OR REPLACE TEMP TABLE __dbj AS SELECT * EXCLUDE (__j, __label) FROM {src_j} "
+                    f"WHERE __j = {j} AND {qi} IS NOT NULL")
+        con.execute("CREATE OR REPLACE TEMP VIEW db AS SELECT * FROM __dbj")
+        qv[j] = _scalar(con, query.sql, panel.labels[j])
+        try:
+            df = pl.from_arrow(_arrow(con, f"SELECT __ids.__id AS __i, ({rewritten}) AS v, "
+                                    f"(SELECT count(*) FROM __dbj WHERE {qi} IS DISTINCT FROM __ids.__id) AS rest "
+                                    f"FROM (SELECT DISTINCT {qi} AS __id FROM __dbj) __ids"))
+        except duckdb.Error:
+            df = _sql_loo_loop(con, query.sql, qi)
+        df = df.with_columns(pl.lit(j, dtype=pl.Int64).alias("__j"))
+        frames.append(df.select("__i", "__j", pl.col("v").cast(pl.Float64), "rest"))
+    df = pl.concat(frames)
+    ids, code = _factorize(df["__i"], panel.id)
+    jj = df["__j"].to_numpy()
+    v = df["v"].to_numpy()
+    undef = (df["rest"].to_numpy() == 0) | ~np.isfinite(v)
+    delta = np.where(undef, 0.0, qv[jj] - np.nan_to_num(v))
+    return qv, ids, code, jj, delta, undef
+
+
+def _replace_db(sql: str, replacement: str) -> str:
+    return re.sub(r"\bFROM\s+db\b", "FROM " + replacement, sql, flags=re.I)
+
+
+def _scalar(con, sql: str, label) -> float:
+    try:
+        rows = con.execute(sql).fetchall()
+    except duckdb.Error as exc:
+        raise InputError(f"--sql failed on database {label!s}: {str(exc).strip().splitlines()[0]}") from None
+    if len(rows) != 1 or len(rows[0]) != 1:
+        raise InputError(f"--sql must return one row with one numeric column; got "
+                         f"{len(rows)} row(s) on database {label!s}")
+    val = rows[0][0]
+    try:
+        val = float(val)
+    except (TypeError, ValueError):
+        raise InputError(f"--sql returned {val!r} on database {label!s}; it must return a number") from None
+    if not np.isfinite(val):
+        raise InputError(f"--sql returned {val} on database {label!s}; the query must be defined "
+                         f"on every database")
+    return val
+
+
+def _sql_loo_loop(con, sql: str, qi: str) -> pl.DataFrame:
+    """Last resort: re-run the query once per individual."""
+    ids = pl.from_arrow(_arrow(con, f"SELECT DISTINCT {qi} FROM __dbj")).to_series()
+    con.execute(f"CREATE OR REPLACE TEMP TABLE __cur AS SELECT {qi} AS v FROM __dbj LIMIT 0")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW db AS SELECT * FROM __dbj WHERE {qi} IS DISTINCT FROM "
+                f"(SELECT v FROM __cur)")
+    vals, rest = [], []
+    for value in ids.to_list():
+        con.execute("DELETE FROM __cur")
+        con.execute("INSERT INTO __cur VALUES (?)", [value])
+        r = con.execute(sql).fetchall()
+        vals.append(None if r[0][0] is None else float(r[0][0]))
+        rest.append(con.execute("SELECT count(*) FROM db").fetchone()[0])
+    return pl.DataFrame({"__i": ids, "v": pl.Series(vals, dtype=pl.Float64), "rest": rest})
+
+
+def _arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """Run ``sql`` and fetch the result as an Arrow table (DuckDB 1.x and 2.x spellings)."""
+    rel = con.sql(sql)
+    fetch = getattr(rel, "to_arrow_table", None) or getattr(rel, "arrow")
+    tab = fetch()
+    return tab.read_all() if hasattr(tab, "read_all") else tab
+
+
+def _factorize(ids: pl.Series, name: str) -> tuple[pl.Series, np.ndarray]:
+    """Sorted unique ids and each row's code (index into them)."""
+    uniq = ids.unique().sort()
+    lookup = pl.DataFrame({"__i": uniq, "__code": np.arange(len(uniq), dtype=np.int64)})
+    code = pl.DataFrame({"__i": ids}).join(lookup, on="__i", how="left", maintain_order="left")["__code"]
+    return uniq.rename(name), code.to_numpy()
+
+
+# --------------------------------------------------------------- convenience
+@dataclass
+class LooResult:
+    """Dense leave-one-out result for moderate sizes (all individuals at once).
+
+    ``shifts[i, j]`` = f(X^j) − f(X^j ∖ i), 0 where i is absent from database j
+    or where the leave-one-out value is undefined (``undefined[i]`` is then True).
+    P̂ = {q_j} and P̂_i = {q_j − Δ_ij} (SPEC 6.1).
+    """
+
+    labels: list
+    q: np.ndarray
+    shifts: np.ndarray
+    present: np.ndarray
+    undefined: np.ndarray
+    ids: pl.Series
+    query: str
+    source: str
+
+
+def make_engine(source: Any, *, id: str, by: str, query: str | None = None, where: str | None = None,
+                sql: str | None = None, memory_limit: str | None = None,
+                drop_null_ids: bool = False) -> LooEngine:
+    """Open ``source`` and parse the query into a :class:`LooEngine`."""
+    parsed = parse_query(query, where=where, sql=sql)
+    panel = open_panel(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit)
+    return LooEngine(panel, parsed)
+
+
+def leave_one_out(source: Any, *, id: str, by: str, query: str | None = None, where: str | None = None,
+                  sql: str | None = None, memory_limit: str | None = None,
+                  drop_null_ids: bool = False) -> LooResult:
+    """Every individual's leave-one-out shifts as a dense matrix (SPEC 2).
+
+    Meant for up to ~10^7 (individual, database) cells; :func:`empdp.assess`
+    screens first and fetches only the individuals it needs.
+    """
+    engine = make_engine(source, id=id, by=by, query=query, where=where, sql=sql,
+                         memory_limit=memory_limit, drop_null_ids=drop_null_ids)
+    q = engine.values()
+    screen = engine.screen(np.ones_like(q))
+    shifts, present = engine.shifts(np.arange(len(screen)), presence=True)
+    return LooResult(labels=list(engine.panel.labels), q=q, shifts=shifts, present=present,
+                     undefined=screen.undefined, ids=screen.ids, query=engine.query.describe(),
+                     source=engine.panel.description)
