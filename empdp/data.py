@@ -97,7 +97,7 @@ class Panel:
             bad = self.con.execute(
                 f"SELECT count(*) FILTER (WHERE isnan({q})), count(*) FILTER (WHERE isinf({q})) "
                 f"FROM {SOURCE_VIEW}"
-            ).fetchone()
+            ).fetchall()[0]
             if bad[0] or bad[1]:
                 raise InputError(
                     f"column {column!r} has {bad[0]} NaN and {bad[1]} infinite values; "
@@ -243,7 +243,7 @@ def open_panel(
     n_rows, n_null_id, n_null_by = con.execute(
         f"SELECT count(*), count(*) FILTER (WHERE {qi} IS NULL), count(*) FILTER (WHERE {qb} IS NULL) "
         f"FROM {SOURCE_VIEW}"
-    ).fetchone()
+    ).fetchall()[0]
     if n_rows == 0:
         raise InputError(f"{description} has no rows")
     if n_null_by:

@@ -395,7 +395,7 @@ def _sql_loo_loop(con, sql: str, qi: str) -> pl.DataFrame:
         con.execute("INSERT INTO __cur VALUES (?)", [value])
         r = con.execute(sql).fetchall()
         vals.append(None if r[0][0] is None else float(r[0][0]))
-        rest.append(con.execute("SELECT count(*) FROM db").fetchone()[0])
+        rest.append(con.execute("SELECT count(*) FROM db").fetchall()[0][0])
     return pl.DataFrame({"__i": ids, "v": pl.Series(vals, dtype=pl.Float64), "rest": rest})
 
 
