@@ -1,0 +1,65 @@
+"""Human-readable terminal output (rich tables)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+
+def _fmt(v, digits=4) -> str:
+    if v is None:
+        return "-"
+    v = float(v)
+    if math.isinf(v):
+        return "inf"
+    if math.isnan(v):
+        return "-"
+    if v == 0:
+        return "0"
+    return f"{v:.{digits}g}"
+
+
+def print_assessment(result, out: str | None = None, top: int = 10, console: Console | None = None) -> None:
+    """Summary, a few sweep rows, and the riskiest individuals."""
+    con = console or Console(highlight=False, soft_wrap=True)
+    m = result.model
+    con.print(f"[bold]empdp assess[/bold]  {result.source}")
+    summary = Table.grid(padding=(0, 2))
+    summary.add_row("query", result.query)
+    summary.add_row("databases", f"{result.n_databases}  (by {result.by_column})")
+    summary.add_row("individuals", f"{result.n_individuals}  (id {result.id_column})")
+    bw = f"{m.kernel}, scale {_fmt(m.scale)}" + (f", variable (a = {m.sensitivity:g})" if m.variable else ", fixed")
+    summary.add_row("density model", bw)
+    summary.add_row("eps_all", f"{_fmt(result.eps_all)}  (every individual protected from here)")
+    summary.add_row("sole contributors", str(result.sole_contributors))
+    ind = result.independence
+    summary.add_row("independence", f"Ljung-Box p = {_fmt(ind['ljung_box_p'], 3)}, trend p = {_fmt(ind['trend_p'], 3)}")
+    con.print(summary)
+    for w in result.warnings:
+        con.print(f"[yellow]warning:[/yellow] {w}")
+
+    sweep = Table(title="risk by epsilon", title_justify="left")
+    for col in ("epsilon", "delta (worst)", "total risk", "at risk"):
+        sweep.add_column(col, justify="right")
+    E = len(result.epsilons)
+    rows = range(E) if E <= 12 else np.unique(np.linspace(0, E - 1, 10).round().astype(int))
+    for k in rows:
+        sweep.add_row(_fmt(result.epsilons[k]), _fmt(result.delta[k]), _fmt(result.total_risk[k]),
+                      str(int(result.n_at_risk[k])))
+    con.print(sweep)
+
+    top_df = result.riskiest(top)
+    t = Table(title=f"riskiest individuals (delta at epsilon = {_fmt(result.epsilons[0])})", title_justify="left")
+    for col in (result.id_column, "eps_i", "delta", "databases", "largest shift"):
+        t.add_column(col, justify="right")
+    for row in top_df.iter_rows(named=True):
+        eps_i = "inf (sole)" if row["sole_contributor"] else _fmt(row["eps_i"] if row["eps_i"] is not None
+                                                                   else row["eps_bound"])
+        t.add_row(str(row[result.id_column]), eps_i, _fmt(row["delta"]), str(row["n_databases"]),
+                  _fmt(row["max_abs_shift"]))
+    con.print(t)
+    if out:
+        con.print(f"per-individual table written to {out} (mode 0600)")

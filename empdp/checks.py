@@ -1,0 +1,60 @@
+"""Checks the method requires (SPEC 4.4; Burchard et al. section 5)."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+
+def ljung_box(x: np.ndarray, lags: int | None = None) -> tuple[float, int]:
+    """Ljung–Box portmanteau test for autocorrelation; returns (p-value, lags)."""
+    x = np.asarray(x, dtype=float)
+    n = len(x)
+    lags = lags or max(1, min(10, n // 4))
+    xc = x - x.mean()
+    denom = float(np.dot(xc, xc))
+    if n < 3 or denom == 0:
+        return 1.0, lags
+    rho = np.array([np.dot(xc[k:], xc[:-k]) / denom for k in range(1, lags + 1)])
+    Q = n * (n + 2) * np.sum(rho**2 / (n - np.arange(1, lags + 1)))
+    return float(stats.chi2.sf(Q, lags)), lags
+
+
+def trend_test(x: np.ndarray) -> float:
+    """Mann–Kendall trend test (Kendall τ of the series against its index); p-value."""
+    x = np.asarray(x, dtype=float)
+    if len(x) < 3 or np.ptp(x) == 0:
+        return 1.0
+    return float(stats.kendalltau(np.arange(len(x)), x).pvalue)
+
+
+def independence(q: np.ndarray, alpha: float = 0.05) -> tuple[dict, list[str]]:
+    """Test the query series (in database order) for autocorrelation and trend."""
+    p_lb, lags = ljung_box(q)
+    p_tr = trend_test(q)
+    warnings = []
+    if p_lb < alpha:
+        warnings.append(f"the query values are autocorrelated across databases (Ljung-Box p = {p_lb:.3g}); "
+                        f"the method assumes independent databases, so the risk estimates may be off")
+    if p_tr < alpha:
+        warnings.append(f"the query values trend across databases (Mann-Kendall p = {p_tr:.3g}); "
+                        f"the databases are not identically distributed, so the risk estimates may be off")
+    return {"ljung_box_p": p_lb, "ljung_box_lags": lags, "trend_p": p_tr}, warnings
+
+
+def representativeness(n_present: np.ndarray, n_databases: int) -> tuple[dict, list[str]]:
+    """How many databases each individual appears in; warn when most appear only once."""
+    n_present = np.asarray(n_present)
+    counts = np.bincount(n_present, minlength=n_databases + 1)
+    once = float(np.mean(n_present == 1)) if len(n_present) else 0.0
+    summary = {
+        "median_databases_per_individual": float(np.median(n_present)) if len(n_present) else 0.0,
+        "share_in_one_database": once,
+        "share_in_all_databases": float(np.mean(n_present == n_databases)) if len(n_present) else 0.0,
+        "histogram": {int(k): int(v) for k, v in enumerate(counts) if v},
+    }
+    warnings = []
+    if once > 0.5:
+        warnings.append(f"{once:.0%} of individuals appear in only one database; their risk rests on a "
+                        f"single observation and the databases may not represent the population")
+    return summary, warnings
