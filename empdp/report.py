@@ -1,0 +1,523 @@
+"""The self-contained HTML risk report (SPEC 8; issue 5).
+
+One HTML file with inline CSS and matplotlib figures embedded as base64 PNG
+``data:`` URIs: no scripts, no external references, so it can be mailed or
+archived as is. Sections carry stable ``id`` attributes (:data:`SECTIONS`).
+The report sits on top of the library: it only reads an
+:class:`empdp.assess.Assessment` and optional calibration / audit dicts.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import hmac
+import html
+import io
+import math
+import secrets
+from typing import Any, Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from . import risk  # noqa: E402
+from .io import atomic_path  # noqa: E402
+
+#: ids of the sections always present, in page order
+SECTIONS = ("summary", "risk-curves", "at-risk", "riskiest", "densities", "representativeness")
+#: ids of the optional sections
+OPTIONAL_SECTIONS = ("calibration", "audit")
+TOP_TABLE = 10
+TOP_DENSITIES = 3
+
+BLUE, ORANGE, RED, PURPLE, GREY = "#1f4e79", "#d9822b", "#b22222", "#6a3d9a", "#8a8f98"
+
+CSS = """
+:root{--ink:#1d2430;--muted:#5b6472;--line:#e3e6eb;--bg:#f7f8fa;--accent:#1f4e79;--warn:#8a5a00}
+*{box-sizing:border-box}
+body{margin:0;background:var(--bg);color:var(--ink);
+ font:15px/1.55 -apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif}
+main{max-width:1080px;margin:0 auto;padding:28px 32px 48px}
+header{border-bottom:3px solid var(--accent);margin-bottom:20px;padding-bottom:10px}
+h1{font-size:26px;margin:0 0 4px} h2{font-size:19px;margin:0 0 12px;color:var(--accent)}
+.sub{color:var(--muted);font-size:13px}
+section{background:#fff;border:1px solid var(--line);border-radius:8px;padding:20px 24px;margin:0 0 18px}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(170px,1fr));gap:12px;margin:0 0 16px}
+.card{border:1px solid var(--line);border-radius:6px;padding:10px 14px;background:#fbfcfd}
+.card .v{font-size:22px;font-weight:600;font-variant-numeric:tabular-nums}
+.card .k{font-size:13px;color:var(--muted)}
+table{border-collapse:collapse;width:100%;font-size:14px;font-variant-numeric:tabular-nums}
+th,td{padding:6px 10px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
+th{background:#f1f3f6;font-weight:600}
+table.kv th{width:34%;background:none;font-weight:500;color:var(--muted)}
+td.n,th.n{text-align:right}
+img{max-width:100%;display:block;margin:6px auto}
+.explain{color:var(--muted);font-size:14px;margin:8px 0 0;max-width:105ch}
+.warn{background:#fff7e6;border:1px solid #f0c36d;border-radius:6px;padding:10px 14px;margin:12px 0;color:var(--warn)}
+.warn ul{margin:4px 0 0 18px;padding:0}
+.note{background:#eef3f9;border-radius:6px;padding:10px 14px;margin:12px 0;font-size:14px}
+.ok{color:#2e7d32;font-weight:600} .bad{color:var(--red,#b22222);font-weight:600}
+footer{color:var(--muted);font-size:12px;text-align:center;margin-top:24px}
+code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:13px;background:#f1f3f6;padding:1px 4px;border-radius:3px}
+"""
+
+
+# ---------------------------------------------------------------- small helpers
+
+def keyed_hash(value: Any, key: bytes) -> str:
+    """HMAC-SHA256 of ``str(value)`` under ``key``, first 16 hex digits (a stable pseudonym)."""
+    return hmac.new(key, str(value).encode("utf-8"), hashlib.sha256).hexdigest()[:16]
+
+
+def _id_formatter(hash_ids) -> Callable[[Any], str]:
+    """``False``: ids as is; a callable: applied; bytes/str: :func:`keyed_hash` key;
+    ``True``: a random per-report key (consistent within the report only)."""
+    if hash_ids is False or hash_ids is None:
+        return str
+    if callable(hash_ids):
+        return lambda v: str(hash_ids(v))
+    if hash_ids is True:
+        key = secrets.token_bytes(32)
+    elif isinstance(hash_ids, (bytes, str)):
+        key = hash_ids.encode("utf-8") if isinstance(hash_ids, str) else hash_ids
+    else:
+        raise TypeError("hash_ids must be False, True, a key (bytes/str) or a callable")
+    return lambda v: keyed_hash(v, key)
+
+
+def _fmt(v, digits: int = 4) -> str:
+    """A number for humans: ``∞``, ``–`` for missing, else ``digits`` significant digits."""
+    if v is None:
+        return "–"
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (int, np.integer)):
+        return f"{int(v):,}"
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if math.isnan(v):
+        return "–"
+    if math.isinf(v):
+        return "∞" if v > 0 else "−∞"
+    return "0" if v == 0 else f"{v:.{digits}g}"
+
+
+def _inf_if_none(v):
+    """The calibration JSON writes an infinite classical ε as null."""
+    return math.inf if v is None else v
+
+
+def _e(s: Any) -> str:
+    return html.escape(str(s), quote=True)
+
+
+def _figure(w: float = 9.0, h: float = 3.6, **kw) -> Figure:
+    fig = Figure(figsize=(w, h), dpi=100, **kw)
+    fig.set_layout_engine("constrained")
+    return fig
+
+
+def _style(ax) -> None:
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.grid(True, color="#e6e8ec", lw=0.8)
+    ax.set_axisbelow(True)
+
+
+def _img(fig: Figure, alt: str) -> str:
+    """Embed a figure as a base64 PNG ``data:`` URI (no metadata: it would carry a URL)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None}, facecolor="white")
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _section(sid: str, title: str, *parts: str) -> str:
+    return f'<section id="{sid}">\n<h2>{_e(title)}</h2>\n' + "\n".join(parts) + "\n</section>"
+
+
+def _explain(text: str) -> str:
+    return f'<p class="explain">{text}</p>'
+
+
+def _kv(rows) -> str:
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
+    return f'<table class="kv">{body}</table>'
+
+
+def _cards(items) -> str:
+    return '<div class="cards">' + "".join(
+        f'<div class="card"><div class="k">{k}</div><div class="v">{v}</div></div>' for k, v in items) + "</div>"
+
+
+def _p_badge(p) -> str:
+    if p is None or not np.isfinite(p):
+        return "–"
+    cls, word = ("bad", "rejected at 5%") if p < 0.05 else ("ok", "not rejected")
+    return f'p = {_fmt(p, 3)} <span class="{cls}">({word})</span>'
+
+
+def _at(a, eps: float):
+    """Sweep values at ``eps``: exact when assessed, else at the largest assessed ε below it.
+
+    δ(ε) and δ*(ε) decrease in ε, so the value at a smaller ε is an upper bound.
+    Returns ``(index, exact)``; index is None when ``eps`` lies below the sweep.
+    """
+    hit = np.flatnonzero(np.isclose(a.epsilons, eps, rtol=1e-9, atol=0))
+    if len(hit):
+        return int(hit[0]), True
+    below = np.flatnonzero(a.epsilons < eps)
+    return (int(below[-1]), False) if len(below) else (None, False)
+
+
+# ---------------------------------------------------------------- sections
+
+def _summary(a, eps: float, idx, exact: bool) -> str:
+    m = a.model
+    model = f"{m.kernel} kernel, scale b = {_fmt(m.scale)}"
+    model += (f", variable bandwidths (sensitivity a = {m.sensitivity:g})" if m.variable else ", fixed bandwidth")
+    model += f"; {'fixed by the user' if m.selected_by == 'fixed' else 'chosen by leave-one-out log-likelihood'}"
+    model += f" (LOO log-likelihood {_fmt(m.loglik)})"
+    at = "" if exact or idx is None else f" (at assessed ε = {_fmt(a.epsilons[idx])} ≤ ε: an upper bound)"
+    val = (lambda arr: _fmt(arr[idx])) if idx is not None else (lambda arr: "–")
+    cards = _cards([
+        ("ε_all (everyone protected)", _fmt(a.eps_all)),
+        ("chosen ε", _fmt(eps)),
+        ("worst-case δ(ε)", val(a.delta)),
+        ("total risk δ*(ε)", val(a.total_risk)),
+        ("individuals at risk at ε", _fmt(int(a.n_at_risk[idx])) if idx is not None else "–"),
+    ])
+    labels = a.labels
+    dbs = f"{a.n_databases} (by <code>{_e(a.by_column)}</code>"
+    dbs += f": {_e(labels[0])} … {_e(labels[-1])})" if labels else ")"
+    ind = a.independence
+    rows = [
+        ("source", _e(a.source)), ("query", f"<code>{_e(a.query)}</code>"), ("databases", dbs),
+        ("individuals", f"{a.n_individuals:,} (id <code>{_e(a.id_column)}</code>); "
+                        f"{a.n_evaluated:,} evaluated exactly, the rest certified safe by screening"),
+        ("density model", _e(model)),
+        ("sole contributors", f"{a.sole_contributors:,}"),
+        ("autocorrelation (Ljung–Box)", _p_badge(ind.get("ljung_box_p"))),
+        ("trend (Mann–Kendall)", _p_badge(ind.get("trend_p"))),
+    ]
+    warn = ""
+    if a.warnings:
+        warn = '<div class="warn"><strong>Warnings</strong><ul>' + "".join(
+            f"<li>{_e(w)}</li>" for w in a.warnings) + "</ul></div>"
+    note = ('<div class="note">δ(ε) is the largest risk of any single individual; the total risk '
+            'δ*(ε) = 1 − Π<sub>i</sub>(1 − δ<sub>i</sub>(ε)) is the chance that <em>at least one</em> '
+            'individual is exposed, and <strong>assumes the individuals\' risks are independent</strong>. '
+            'All figures are <em>empirical</em> privacy: they hold with respect to the variation between '
+            'the databases, under the density model above, not for a fixed database.</div>')
+    return _section("summary", "Summary", cards + (_explain(at) if at else ""), _kv(rows), warn, note)
+
+
+def _risk_curves(a, eps: float) -> str:
+    fig = _figure()
+    ax = fig.add_subplot()
+    e = a.epsilons
+    pos = np.concatenate([a.delta[a.delta > 0], a.total_risk[a.total_risk > 0]])
+    log = len(pos) > 0 and pos.max() / pos.min() > 20
+    for y, c, lab in ((a.delta, RED, "δ(ε): worst single individual"),
+                      (a.total_risk, PURPLE, "δ*(ε): at least one individual")):
+        keep = y > 0 if log else np.ones(len(y), bool)
+        ax.plot(e[keep], y[keep], color=c, lw=2, marker="o" if len(e) < 15 else None, ms=4, label=lab)
+    if log:
+        ax.set_yscale("log")
+    ax.axvline(eps, color=BLUE, ls="--", lw=1.3, label=f"chosen ε = {_fmt(eps, 3)}")
+    if np.isfinite(a.eps_all) and a.eps_all > 0:
+        ax.axvline(a.eps_all, color=GREY, ls=":", lw=1.3, label=f"ε_all = {_fmt(a.eps_all, 3)}")
+    ax.set_xlabel("privacy level ε")
+    ax.set_ylabel("δ" + (" (log scale)" if log else ""))
+    ax.legend(frameon=False, fontsize=9)
+    _style(ax)
+    reach = [(t, a.epsilon_for_total_risk(t)) for t in (0.5, 0.1, 0.01)]
+    reach_txt = "; ".join(f"δ* ≤ {t:g} from ε = {_fmt(v, 3)}" if v is not None
+                          else f"δ* ≤ {t:g} not reached in the assessed range" for t, v in reach)
+    text = ("For each privacy level ε (horizontal axis), the red curve is the largest probability δ that the "
+            "release reveals more than e<sup>ε</sup> about any one individual, the purple curve the probability "
+            "that this happens to at least one individual. Larger ε is a weaker promise, so both curves fall; "
+            "beyond ε_all every individual has δ<sub>i</sub> = 0"
+            + (" (points at δ = 0 are not drawn on the log scale)" if log else "") + f". {reach_txt}.")
+    return _section("risk-curves", "Risk against ε: δ(ε) and δ*(ε)", _img(fig, "delta and total risk against epsilon"),
+                    _explain(text))
+
+
+def _at_risk(a, eps: float) -> str:
+    fig = _figure(9, 3.2)
+    ax = fig.add_subplot()
+    ax.plot(a.epsilons, a.n_at_risk, color=BLUE, lw=2, drawstyle="steps-post",
+            marker="o" if len(a.epsilons) < 15 else None, ms=4)
+    ax.axvline(eps, color=BLUE, ls="--", lw=1.3, label=f"chosen ε = {_fmt(eps, 3)}")
+    ax.set_xlabel("privacy level ε")
+    ax.set_ylabel("individuals with δᵢ(ε) > 0")
+    ax.set_ylim(bottom=0)
+    ax.legend(frameon=False, fontsize=9)
+    _style(ax)
+    text = (f"How many of the {a.n_individuals:,} individuals are not fully protected (δ<sub>i</sub>(ε) > 0) at "
+            "each ε. A steep fall means most individuals are protected at a modest ε and only a few outliers "
+            "drive the worst case" + (f"; the {a.sole_contributors:,} sole contributor(s) are never protected"
+                                      if a.sole_contributors else "") + ".")
+    return _section("at-risk", "Individuals at risk against ε", _img(fig, "individuals at risk against epsilon"),
+                    _explain(text))
+
+
+def _top_rows(a, eps: float, show: Callable, k: int):
+    """The riskiest rows with δ_i at ``eps`` (exact for the shown rows) and their shift vectors."""
+    top = a.riskiest(k)
+    rows = list(top.iter_rows(named=True))
+    shifts = None
+    delta_eps = np.array([r["delta"] for r in rows], dtype=float)
+    exact = False
+    if a.engine is not None and rows:
+        shifts = a.shifts_of([r[a.id_column] for r in rows])
+        ok = np.array([not r["sole_contributor"] for r in rows]) & np.isfinite(shifts).all(axis=1)
+        if ok.any():
+            _, d = risk.evaluate(a.model, shifts[ok], np.array([eps]))
+            delta_eps[ok] = d[:, 0]
+        exact = True
+    for r, d in zip(rows, delta_eps):
+        r["delta_eps"] = 1.0 if r["sole_contributor"] else float(d)
+        r["shown_id"] = show(r[a.id_column])
+    return rows, shifts, exact
+
+
+def _riskiest(a, eps: float, rows, exact: bool) -> str:
+    at = _fmt(eps if exact else a.epsilons[0])
+    head = ("<tr><th class='n'>#</th><th>id</th><th class='n'>ε<sub>i</sub></th>"
+            f"<th class='n'>δ<sub>i</sub> at ε = {at}</th><th class='n'>databases present</th>"
+            "<th class='n'>largest |shift|</th><th>note</th></tr>")
+    body = []
+    for n, r in enumerate(rows, 1):
+        if r["sole_contributor"]:
+            eps_i, note = "∞", "sole contributor to a database"
+        elif r["eps_i"] is None:
+            eps_i, note = f"≤ {_fmt(r['eps_bound'])}", "bound from screening"
+        else:
+            eps_i, note = _fmt(r["eps_i"]), ""
+        body.append(f"<tr><td class='n'>{n}</td><td><code>{_e(r['shown_id'])}</code></td><td class='n'>{eps_i}</td>"
+                    f"<td class='n'>{_fmt(r['delta_eps'])}</td>"
+                    f"<td class='n'>{r['n_databases']} / {a.n_databases}</td>"
+                    f"<td class='n'>{_fmt(r['max_abs_shift'])}</td><td>{_e(note)}</td></tr>")
+    text = ("ε<sub>i</sub> is the individual's empirical privacy loss: the largest factor (on the log scale) by "
+            "which the query's distribution changes when the individual is removed from every database; they "
+            "are fully protected (δ<sub>i</sub> = 0) at any ε ≥ ε<sub>i</sub>. The largest shift is the biggest "
+            "change in the query value caused by removing them from one database.")
+    return _section("riskiest", f"The {len(rows)} riskiest individuals",
+                    f"<table><thead>{head}</thead><tbody>{''.join(body)}</tbody></table>", _explain(text))
+
+
+def _densities(a, eps: float, rows, shifts) -> str:
+    pick = [k for k, r in enumerate(rows) if shifts is not None and not r["sole_contributor"]
+            and np.isfinite(shifts[k]).all()][:TOP_DENSITIES]
+    if not pick:
+        return _section("densities", "The query's density with and without the riskiest individuals",
+                        _explain("No individual with a defined leave-one-out value is available to plot "
+                                 "(the result was loaded without its data, or all are sole contributors)."))
+    m, q = a.model, a.q
+    fig = _figure(3.4 * len(pick) + 0.8, 5.2)
+    axes = fig.subplots(2, len(pick), squeeze=False, sharex="col", gridspec_kw={"height_ratios": [2.2, 1]})
+    for c, k in enumerate(pick):
+        s = shifts[k]
+        pts = np.concatenate([q, q - s])
+        pad = 4 * float(np.max(m.bandwidths))
+        x = np.union1d(np.linspace(pts.min() - pad, pts.max() + pad, 700), pts)
+        top, bot = axes[0, c], axes[1, c]
+        top.plot(x, m.pdf(x), color=BLUE, lw=1.8, label="p̂: all individuals")
+        top.plot(x, m.pdf(x, shifts=s), color=ORANGE, lw=1.6, ls="--", label="p̂ᵢ: without this one")
+        tr = top.get_xaxis_transform()
+        top.plot(q, np.zeros_like(q), "|", color=BLUE, ms=12, mew=1.2, transform=tr, clip_on=False)
+        top.plot(q - s, np.full_like(q, 0.06), "|", color=ORANGE, ms=8, mew=1, transform=tr, clip_on=False)
+        r = rows[k]
+        top.set_title(f"id {r['shown_id']}\nεᵢ = {_fmt(r['eps_i'], 3)}, δᵢ(ε) = {_fmt(r['delta_eps'], 3)}",
+                      fontsize=10)
+        lr = m.logpdf(x) - m.logpdf(x, shifts=s)
+        bot.plot(x, lr, color=PURPLE, lw=1.4)
+        bot.axhspan(-eps, eps, color=BLUE, alpha=0.08, lw=0)
+        for y in (-eps, eps):
+            bot.axhline(y, color=BLUE, ls="--", lw=1)
+        bot.set_xlabel("query value")
+        _style(top), _style(bot)
+        if c == 0:
+            top.set_ylabel("density")
+            bot.set_ylabel("log p̂ − log p̂ᵢ")
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside upper center", ncols=2, frameon=False)
+    text = (f"For the {len(pick)} riskiest individuals (the paper's Figure 5): the blue curve is the curator's "
+            "estimate p̂ of the query's distribution over databases, the dashed orange curve the same estimate "
+            "p̂<sub>i</sub> with the individual removed from every database. Blue ticks mark the observed query "
+            "values q<sub>j</sub>, orange ticks the values without the individual. The lower panels show the log "
+            "ratio of the two curves; where it leaves the shaded band ±ε the individual is at risk at the chosen "
+            "ε, and its largest absolute value is ε<sub>i</sub>.")
+    return _section("densities", "The query's density with and without the riskiest individuals",
+                    _img(fig, "density with and without the riskiest individuals"), _explain(text))
+
+
+def _representativeness(a) -> str:
+    rep = a.representativeness
+    hist = {int(k): int(v) for k, v in rep.get("histogram", {}).items()}
+    fig = _figure(9, 3.0)
+    ax = fig.add_subplot()
+    ax.bar(list(hist), list(hist.values()), color=BLUE, width=0.8)
+    ax.set_xlabel("number of databases an individual appears in")
+    ax.set_ylabel("individuals")
+    ax.set_xlim(0.3, a.n_databases + 0.7)
+    _style(ax)
+    rows = [("median databases per individual", _fmt(rep.get("median_databases_per_individual"))),
+            ("share in only one database", f"{100 * rep.get('share_in_one_database', 0):.1f}%"),
+            ("share in all databases", f"{100 * rep.get('share_in_all_databases', 0):.1f}%")]
+    text = ("How many of the databases each individual appears in. The method learns each individual's influence "
+            "from the databases they appear in; individuals seen only once or twice have risk estimates that rest "
+            "on very little data, and if most individuals appear only once the databases may not represent a "
+            "stable population.")
+    return _section("representativeness", "Representativeness", _img(fig, "databases per individual"), _kv(rows),
+                    _explain(text))
+
+
+def _extra_rows(d: dict, known) -> list:
+    return [(k, _e(_fmt(v) if not isinstance(v, str) else v)) for k, v in d.items()
+            if k not in known and (isinstance(v, (str, int, float, bool)) or v is None)]
+
+
+def _calibration(c: dict) -> str:
+    noise = c.get("noise") or {}
+    ck = c.get("curator_kernel") or {}
+    kind = noise.get("kind", "–")
+    w, lam = noise.get("weight_zero"), noise.get("scale")
+    if kind == "none":
+        desc = "no noise needed: the data's own variation already reaches the target ε"
+    elif kind == "laplace_mixture":
+        desc = (f"with probability {_fmt(w)} add nothing, otherwise add Laplace noise of scale {_fmt(lam)}")
+    else:
+        desc = f"{kind} noise of scale {_fmt(lam)}"
+    rows = [("target ε", _fmt(c.get("epsilon"))),
+            ("λ* (least Laplace smoothing that reaches ε)", _fmt(c.get("lambda"))),
+            ("λ by W∞ bound (valid, larger)", _fmt(c.get("lambda_winf"))),
+            ("λ by Hausdorff rule (paper; not a valid guarantee)", _fmt(c.get("lambda_hausdorff"))),
+            ("curator kernel", _e(f"{ck.get('kind', '–')}, scale {_fmt(ck.get('scale'))}")),
+            ("noise", _e(desc)),
+            ("expected |noise| (expected error)", _fmt(c.get("expected_abs_noise"))),
+            ("verified max εᵢ at λ*", _fmt(c.get("verified_eps_max"))),
+            ("classical DP ε (fixed database)", _fmt(_inf_if_none(c.get("classical_dp_epsilon"))))]
+    rows += _extra_rows(c, {"epsilon", "lambda", "lambda_winf", "lambda_hausdorff", "curator_kernel", "noise",
+                            "expected_abs_noise", "verified_eps_max", "classical_dp_epsilon"})
+    parts = []
+    if c.get("private") is False or c.get("seed") is not None:
+        parts.append('<div class="warn"><strong>Not private:</strong> this calibration was made with a fixed '
+                     'seed for testing; its noise is reproducible and must not be used for a release.</div>')
+    parts.append(_kv(rows))
+    parts.append(_explain(
+        "The release adds noise to the statistic so that every individual is protected at the target ε. λ* is "
+        "the smallest Laplace smoothing scale for which this holds, verified for every individual. The noise is "
+        "the part of that smoothing the curator's own density estimate does not already provide, so with "
+        "some probability nothing is added. The guarantee is empirical (with respect to the variation between "
+        "databases); for a fixed database the atom at zero makes the classical DP ε infinite."))
+    return _section("calibration", "Noise calibration", *parts)
+
+
+def _audit(d: dict) -> str:
+    lb, est, truth = d.get("lower_bound"), d.get("estimate"), d.get("true_value")
+    rows = [("lower bound on ε (confidence 1 − α)", _fmt(lb)), ("point estimate ε̂", _fmt(est)),
+            ("worst pair", _e(d.get("pair", "–"))), ("output t̂ where the loss peaks", _fmt(d.get("t_hat"))),
+            ("samples n (search) / N (final)", f"{_fmt(d.get('n'))} / {_fmt(d.get('N'))}"),
+            ("α", _fmt(d.get("alpha")))]
+    if truth is not None:
+        ok = lb is not None and float(lb) <= float(truth)
+        rows.append(("true ε", f"{_fmt(truth)} <span class='{'ok' if ok else 'bad'}'>"
+                               f"({'bound holds' if ok else 'bound exceeds the truth'})</span>"))
+    rows += _extra_rows(d, {"lower_bound", "estimate", "pair", "t_hat", "n", "N", "alpha", "true_value", "loss"})
+    parts = [_kv(rows)]
+    curve = d.get("loss")
+    if isinstance(curve, dict) and len(curve.get("t", ())):
+        fig = _figure(9, 3.2)
+        ax = fig.add_subplot()
+        ax.plot(curve["t"], curve["loss"], color=PURPLE, lw=1.6, label="empirical loss ℓ̂(t)")
+        if d.get("t_hat") is not None:
+            ax.axvline(float(d["t_hat"]), color=GREY, ls=":", lw=1.2, label="t̂")
+        for v, c, lab in ((lb, BLUE, "lower bound"), (truth, RED, "true ε")):
+            if v is not None and np.isfinite(float(v)):
+                ax.axhline(float(v), color=c, ls="--", lw=1.2, label=lab)
+        ax.set_xlabel("mechanism output t")
+        ax.set_ylabel("|log f̂ₓ(t) − log f̂ₓ′(t)|")
+        ax.legend(frameon=False, fontsize=9)
+        _style(ax)
+        parts.append(_img(fig, "MPL loss curve"))
+    parts.append(_explain(
+        "A black-box audit runs the mechanism many times on a pair of neighbouring inputs and estimates how far "
+        "apart its output distributions are (the privacy loss at each output t). The lower bound is a statistical "
+        "guarantee that the mechanism's true ε is at least this large, with confidence 1 − α; a bound above the "
+        "claimed ε shows the claim is false. The bounds are asymptotic: see the sample sizes."))
+    return _section("audit", "Audit (MPL lower bound)", *parts)
+
+
+# ---------------------------------------------------------------- entry points
+
+def report_html(assessment, *, epsilon: float | None = None, calibration: dict | None = None,
+                audit: dict | None = None, hash_ids=False) -> str:
+    """The risk report of an assessment as one self-contained HTML string.
+
+    Parameters
+    ----------
+    assessment : empdp.assess.Assessment
+        The result of :func:`empdp.assess.assess`.
+    epsilon : float, optional
+        The ε to mark and to evaluate the table at; default the smallest assessed ε.
+    calibration : dict, optional
+        A calibration summary (the JSON of ``empdp calibrate``): adds the ``calibration`` section.
+    audit : dict, optional
+        An MPL audit summary (``lower_bound``, ``estimate``, ``pair``, ``t_hat``, ``n``, ``N``, ``alpha``,
+        ``true_value``, optionally ``loss = {"t": [...], "loss": [...]}``): adds the ``audit`` section.
+    hash_ids : bool, bytes, str or callable
+        Replace ids by pseudonyms: a key (HMAC-SHA256, :func:`keyed_hash`), a callable, or ``True`` for a
+        random per-report key.
+
+    Returns
+    -------
+    str
+        The HTML document: inline CSS, figures as base64 PNG ``data:`` URIs, no scripts or URLs.
+    """
+    a = assessment
+    eps = float(a.epsilons[0] if epsilon is None else epsilon)
+    if not np.isfinite(eps) or eps < 0:
+        raise ValueError(f"epsilon must be finite and >= 0, got {epsilon!r}")
+    show = _id_formatter(hash_ids)
+    idx, exact = _at(a, eps)
+    rows, shifts, exact_rows = _top_rows(a, eps, show, TOP_TABLE)
+    body = [_summary(a, eps, idx, exact), _risk_curves(a, eps), _at_risk(a, eps),
+            _riskiest(a, eps, rows, exact_rows), _densities(a, eps, rows, shifts),
+            _representativeness(a)]
+    if calibration is not None:
+        body.append(_calibration(calibration))
+    if audit is not None:
+        body.append(_audit(audit))
+    try:
+        from importlib.metadata import version
+        ver = version("empdp")
+    except Exception:  # not installed: the report still renders
+        ver = "?"
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>empdp risk report: {_e(a.query)}</title><style>{CSS}</style></head><body><main>"
+            f"<header><h1>Empirical privacy risk report</h1><div class=\"sub\"><code>{_e(a.query)}</code> over "
+            f"{a.n_databases} databases of {_e(a.source)} · generated {when} by empdp {_e(ver)}</div></header>\n"
+            + "\n".join(body)
+            + "<footer>Method: Burchard et al., empirical differential privacy for repeated databases. "
+              "This file is sensitive (it names the riskiest individuals): keep it private.</footer>"
+              "</main></body></html>\n")
+
+
+def render_report(assessment, path, *, epsilon: float | None = None, calibration: dict | None = None,
+                  audit: dict | None = None, hash_ids=False) -> None:
+    """Write :func:`report_html` to ``path`` atomically, owner-only (mode 0600; SPEC 8).
+
+    Parameters are those of :func:`report_html`; nothing is written if rendering fails.
+    """
+    text = report_html(assessment, epsilon=epsilon, calibration=calibration, audit=audit, hash_ids=hash_ids)
+    with atomic_path(path, private=True) as tmp:
+        tmp.write_text(text, encoding="utf-8")
