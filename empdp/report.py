@@ -187,7 +187,8 @@ def _summary(a, eps: float, idx, exact: bool) -> str:
     at = "" if exact or idx is None else f" (at assessed ε = {_fmt(a.epsilons[idx])} ≤ ε: an upper bound)"
     val = (lambda arr: _fmt(arr[idx])) if idx is not None else (lambda arr: "–")
     cards = _cards([
-        ("ε_all (everyone protected)", _fmt(a.eps_all)),
+        ("ε_all (everyone protected)" if not a.sole_contributors
+         else f"ε_all (all but {a.sole_contributors:,} sole contributor(s) protected)", _fmt(a.eps_all)),
         ("chosen ε", _fmt(eps)),
         ("worst-case δ(ε)", val(a.delta)),
         ("total risk δ*(ε)", val(a.total_risk)),
@@ -240,11 +241,14 @@ def _risk_curves(a, eps: float) -> str:
     reach = [(t, a.epsilon_for_total_risk(t)) for t in (0.5, 0.1, 0.01)]
     reach_txt = "; ".join(f"δ* ≤ {t:g} from ε = {_fmt(v, 3)}" if v is not None
                           else f"δ* ≤ {t:g} not reached in the assessed range" for t, v in reach)
-    text = ("For each privacy level ε (horizontal axis), the red curve is the largest probability δ that the "
-            "release reveals more than e<sup>ε</sup> about any one individual, the purple curve the probability "
-            "that this happens to at least one individual. Larger ε is a weaker promise, so both curves fall; "
+    text = ("For each privacy level ε (horizontal axis), the red curve is the largest probability δ with which the "
+            "release can shift the odds about a single individual by more than a factor e<sup>ε</sup>; the purple "
+            "curve is the probability that this happens to at least one individual. Larger ε is a weaker promise, so both curves fall; "
             "beyond ε_all every individual has δ<sub>i</sub> = 0"
             + (" (points at δ = 0 are not drawn on the log scale)" if log else "") + f". {reach_txt}.")
+    if len(e) < 5:
+        text += (f" Only {len(e)} ε value(s) were assessed; assess a range of ε (or none, for the default "
+                 "sweep) to see the whole curve.")
     return _section("risk-curves", "Risk against ε: δ(ε) and δ*(ε)", _img(fig, "delta and total risk against epsilon"),
                     _explain(text))
 
@@ -326,7 +330,7 @@ def _densities(a, eps: float, rows, shifts) -> str:
     for c, k in enumerate(pick):
         s = shifts[k]
         pts = np.concatenate([q, q - s])
-        pad = 4 * float(np.max(m.bandwidths))
+        pad = 4 * float(np.median(m.bandwidths))  # not max: one outlier's wide kernel would flatten the view
         x = np.union1d(np.linspace(pts.min() - pad, pts.max() + pad, 700), pts)
         top, bot = axes[0, c], axes[1, c]
         top.plot(x, m.pdf(x), color=BLUE, lw=1.8, label="p̂: all individuals")
