@@ -19,14 +19,12 @@ import math
 import secrets
 from typing import Any, Callable
 
-import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from . import risk  # noqa: E402
-from .io import atomic_path  # noqa: E402
+from . import risk
+from .io import atomic_path
 
 #: ids of the sections always present, in page order
 SECTIONS = ("summary", "risk-curves", "at-risk", "riskiest", "densities", "representativeness")
@@ -119,7 +117,9 @@ def _e(s: Any) -> str:
 
 
 def _figure(w: float = 9.0, h: float = 3.6, **kw) -> Figure:
+    # an Agg canvas of our own, not pyplot: no global backend switch, no figure registry to leak into
     fig = Figure(figsize=(w, h), dpi=100, **kw)
+    FigureCanvasAgg(fig)
     fig.set_layout_engine("constrained")
     return fig
 

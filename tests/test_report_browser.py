@@ -74,3 +74,13 @@ def test_report_renders_in_chromium(tmp_path, monkeypatch):
         excerpt = excerpt.quantize(colors=128, method=Image.Quantize.MEDIANCUT)
         excerpt.save(EXCERPT, optimize=True)
         assert EXCERPT.stat().st_size < 300_000
+
+
+def test_missing_chromium_fails_under_ci(monkeypatch):
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    monkeypatch.setenv("CI", "1")
+    with pytest.raises(pytest.fail.Exception, match="chromium"):
+        _chromium()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="chromium"):
+        _chromium()
