@@ -141,13 +141,22 @@ class LooEngine:
         q, form, n = self.query, self.query.form, len(self.panel.labels)
         cols = self._agg_columns()
         if form in ("var", "std"):
-            x = quote_ident(q.columns[0])
-            cols += [f"coalesce(avg({x}::DOUBLE), 0) AS m", f"coalesce(var_samp({x}::DOUBLE), 0) AS v"]
+            cols.append(f"coalesce(avg({quote_ident(q.columns[0])}::DOUBLE), 0) AS m")
         sql = f"SELECT __j, {', '.join(cols)} FROM ({self.panel.base_sql(q.columns, q.where)}) GROUP BY __j"
         tot = pl.from_arrow(self._run(sql, fetch=True))
         # databases with no row passing the filter get zero totals
         tot = pl.DataFrame({"__j": np.arange(n, dtype=np.int32)}).join(
-            tot.with_columns(pl.col("__j").cast(pl.Int32)), on="__j", how="left").fill_null(0.0).sort("__j")
+            tot.with_columns(pl.col("__j").cast(pl.Int32)), on="__j", how="left").with_columns(pl.exclude("__j").fill_null(0.0)).sort("__j")
+        if form in ("var", "std"):
+            # centred sums about the database mean: accurate even for values like 1e9 + noise
+            self._register_totals(tot)
+            x = quote_ident(q.columns[0])
+            cen = pl.from_arrow(self._run(
+                f"SELECT b.__j, coalesce(sum(b.{x}::DOUBLE - t.m), 0) AS s1, "
+                f"coalesce(sum((b.{x}::DOUBLE - t.m) * (b.{x}::DOUBLE - t.m)), 0) AS ss "
+                f"FROM ({self.panel.base_sql(q.columns, q.where)}) b JOIN __totals t USING (__j) GROUP BY b.__j",
+                fetch=True)).with_columns(pl.col("__j").cast(pl.Int32))
+            tot = tot.join(cen, on="__j", how="left").with_columns(pl.exclude("__j").fill_null(0.0)).sort("__j")
         t = {c: tot[c].to_numpy().astype(np.float64) for c in tot.columns if c != "__j"}
         if form == "count":
             val, ok = t["c"], np.ones(n, bool)
@@ -158,7 +167,10 @@ class LooEngine:
             val = np.divide(t["s"], t["c"], out=np.zeros(n), where=ok)
         elif form in ("var", "std"):
             ok = t["c"] > 1
-            val = t["v"] if form == "var" else np.sqrt(t["v"])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                var = np.where(ok, (t["ss"] - t["s1"] ** 2 / t["c"]) / (t["c"] - 1), 0.0)
+            var = np.maximum(var, 0.0)
+            val = var if form == "var" else np.sqrt(var)
         else:  # ratio
             ok = (t["ca"] > 0) & (t["cb"] > 0) & (t["sb"] != 0)
             val = np.divide(t["sa"], t["sb"], out=np.zeros(n), where=ok)
@@ -166,12 +178,14 @@ class LooEngine:
             bad = [str(self.panel.labels[k]) for k in np.flatnonzero(~ok)[:5]]
             raise InputError(f"query {q.describe()!r} is undefined on database(s) {', '.join(bad)} "
                              f"(no usable rows); filter those databases out")
-        tot = tot.with_columns(pl.Series("f", val))
-        self._totals = tot
-        self.panel.con.register("__totals_arrow", tot.to_arrow())
-        self.panel.con.execute("CREATE OR REPLACE TEMP TABLE __totals AS SELECT * FROM __totals_arrow")
-        self.panel.con.unregister("__totals_arrow")
+        self._register_totals(tot.with_columns(pl.Series("f", val)))
         return val
+
+    def _register_totals(self, tot: pl.DataFrame) -> None:
+        con = self.panel.con
+        con.register("__totals_arrow", tot.to_arrow())
+        con.execute("CREATE OR REPLACE TEMP TABLE __totals AS SELECT * FROM __totals_arrow")
+        con.unregister("__totals_arrow")
 
     def _delta_sql(self, id_filter: str = "") -> str:
         """SQL of (__i, __j, delta, undef) for every (individual, database) pair present."""
@@ -193,7 +207,7 @@ class LooEngine:
             delta = "CASE WHEN t.c - p.c > 0 THEN (p.s - p.c * t.f) / (t.c - p.c) ELSE 0 END"
             undef = "t.c - p.c <= 0"
         elif form in ("var", "std"):
-            loo = ("((t.c - 1) * t.v - p.ss - p.s * p.s / (t.c - p.c)) / (t.c - p.c - 1)")
+            loo = "((t.ss - p.ss) - (t.s1 - p.s) * (t.s1 - p.s) / (t.c - p.c)) / (t.c - p.c - 1)"
             loo = f"greatest({loo}, 0)"
             delta = (f"CASE WHEN t.c - p.c > 1 THEN t.f - "
                      f"{'sqrt(' + loo + ')' if form == 'std' else loo} ELSE 0 END")

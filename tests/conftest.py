@@ -1,0 +1,32 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+
+def random_panel(seed: int, n_db: int = 5, n_ind: int = 14, p_absent: float = 0.3, ties: bool = True) -> pd.DataFrame:
+    """A small repeated-database table: multi-row individuals, absences, ties and a sole contributor."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for j in range(n_db):
+        for i in range(n_ind):
+            if rng.random() < p_absent:
+                continue
+            for _ in range(rng.integers(1, 4)):
+                x = float(rng.integers(0, 5)) if ties else float(rng.normal(3, 1))
+                rows.append((f"id {i}", 2000 + j, x, float(rng.random() + 0.5), int(rng.integers(0, 2))))
+    # database 2005 has a single contributor: removing them leaves it empty
+    rows.append(("solo", 2000 + n_db, 2.0, 1.0, 1))
+    rows.append(("solo", 2000 + n_db, 3.0, 1.5, 0))
+    return pd.DataFrame(rows, columns=["id", "year", "x", "w", "flag"])
+
+
+@pytest.fixture
+def panel_df():
+    return random_panel(0)
+
+
+@pytest.fixture(scope="session")
+def sample_path():
+    from pathlib import Path
+
+    return str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")

@@ -1,0 +1,116 @@
+"""Leave-one-out values equal re-running the query without the individual (DuckDB)."""
+
+import duckdb
+import numpy as np
+import pytest
+
+from conftest import random_panel
+from empdp.errors import InputError
+from empdp.loo import leave_one_out
+from empdp.query import parse_query
+
+FORMS = [
+    ("count(*)", "count(*)"),
+    ("sum(x)", "sum(x)"),
+    ("mean(x)", "avg(x)"),
+    ("var(x)", "var_samp(x)"),
+    ("std(x)", "stddev_samp(x)"),
+    ("sum(x)/sum(w)", "sum(x)/sum(w)"),
+    ("min(x)", "min(x)"),
+    ("max(x)", "max(x)"),
+    ("median(x)", "median(x)"),
+    ("quantile(x, 0.3)", "quantile_cont(x, 0.3)"),
+    ("quantile(x, 0.9)", "quantile_cont(x, 0.9)"),
+]
+
+
+def check_against_duckdb(df, result, ref_expr, where=None):
+    con = duckdb.connect()
+    con.register("t", df)
+    cond = f" AND ({where})" if where else ""
+    n_checked = 0
+    for a, ident in enumerate(result.ids.to_list()):
+        for j, label in enumerate(result.labels):
+            full = con.execute(f"SELECT {ref_expr} FROM t WHERE year = ?{cond}", [label]).fetchall()[0][0]
+            loo, rest = con.execute(f"SELECT {ref_expr}, count(*) FROM t WHERE year = ? AND id <> ?{cond}",
+                                    [label, ident]).fetchall()[0]
+            assert result.q[j] == pytest.approx(full, rel=1e-12, abs=1e-12)
+            present = con.execute(f"SELECT count(*) FROM t WHERE year = ? AND id = ?{cond}",
+                                  [label, ident]).fetchall()[0][0] > 0
+            assert result.present[a, j] == present
+            if not present:
+                assert result.shifts[a, j] == 0.0
+                continue
+            if rest == 0 or loo is None:
+                assert result.undefined[a], (ident, label)
+                continue
+            assert result.shifts[a, j] == pytest.approx(full - loo, rel=1e-9, abs=1e-12)
+            n_checked += 1
+    return n_checked
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("ties", [True, False])
+@pytest.mark.parametrize("expr,ref", FORMS)
+def test_named_forms_match_requery(expr, ref, seed, ties):
+    df = random_panel(seed, ties=ties)
+    result = leave_one_out(df, id="id", by="year", query=expr)
+    assert check_against_duckdb(df, result, ref) > 20
+    # the sole contributor of the last database is flagged, never dropped
+    solo = result.ids.to_list().index("solo")
+    assert result.undefined[solo]
+
+
+@pytest.mark.parametrize("expr,ref", [("mean(x)", "avg(x)"), ("count(*)", "count(*)"), ("median(x)", "median(x)")])
+def test_where_filter(expr, ref):
+    df = random_panel(3)
+    result = leave_one_out(df, id="id", by="year", query=expr, where="flag = 1")
+    check_against_duckdb(df, result, ref, where="flag = 1")
+
+
+def test_generic_sql_matches_requery():
+    df = random_panel(4)
+    sql = "SELECT sum(x * w) / count(DISTINCT id) FROM db WHERE w > 0.6"
+    result = leave_one_out(df, id="id", by="year", sql=sql)
+    con = duckdb.connect()
+    con.register("t", df)
+    for a, ident in enumerate(result.ids.to_list()):
+        for j, label in enumerate(result.labels):
+            con.execute("CREATE OR REPLACE TEMP VIEW db AS SELECT * FROM t WHERE year = ? AND id <> ?".replace(
+                "?", "{}").format(label, "'" + ident + "'"))
+            loo = con.execute(sql).fetchall()[0][0]
+            if not result.present[a, j] or result.undefined[a] and loo is None:
+                continue
+            if loo is None:
+                continue
+            assert result.shifts[a, j] == pytest.approx(result.q[j] - loo, rel=1e-9, abs=1e-12)
+
+
+def test_absent_everywhere_has_no_shift():
+    df = random_panel(5)
+    result = leave_one_out(df, id="id", by="year", query="mean(x)", where="id <> 'id 3'")
+    assert "id 3" not in result.ids.to_list()
+
+
+def test_large_mean_is_numerically_stable():
+    rng = np.random.default_rng(0)
+    import pandas as pd
+
+    n = 2000
+    df = pd.DataFrame({"id": np.tile(np.arange(n), 3), "year": np.repeat([1, 2, 3], n),
+                       "x": 1e9 + rng.normal(size=3 * n)})
+    r = leave_one_out(df, id="id", by="year", query="var(x)")
+    x = df[df.year == 1].x.to_numpy() - 1e9  # exact (Sterbenz), so the reference is accurate
+    loo = np.var(np.delete(x, 7), ddof=1)
+    assert r.shifts[7, 0] == pytest.approx(np.var(x, ddof=1) - loo, rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", ["avg(x", "foo(x)", "sum(*)", "quantile(x)", "quantile(x, 2)", "mean(x, 0.5)"])
+def test_unparseable_queries(bad):
+    with pytest.raises(InputError):
+        parse_query(bad)
+
+
+def test_quoted_column_names():
+    q = parse_query('sum("my ""odd"" col") / sum("other col")')
+    assert q.form == "ratio" and q.columns == ('my "odd" col', "other col")
