@@ -22,7 +22,8 @@ def _fmt(v, digits=4) -> str:
     return f"{v:.{digits}g}"
 
 
-def print_assessment(result, out: str | None = None, top: int = 10, console: Console | None = None) -> None:
+def print_assessment(result, out: str | None = None, report: str | None = None, show_id=str, top: int = 10,
+                     console: Console | None = None) -> None:
     """Summary, a few sweep rows, and the riskiest individuals."""
     con = console or Console(highlight=False, soft_wrap=True)
     m = result.model
@@ -58,8 +59,10 @@ def print_assessment(result, out: str | None = None, top: int = 10, console: Con
     for row in top_df.iter_rows(named=True):
         eps_i = "inf (sole)" if row["sole_contributor"] else _fmt(row["eps_i"] if row["eps_i"] is not None
                                                                    else row["eps_bound"])
-        t.add_row(str(row[result.id_column]), eps_i, _fmt(row["delta"]), str(row["n_databases"]),
+        t.add_row(show_id(row[result.id_column]), eps_i, _fmt(row["delta"]), str(row["n_databases"]),
                   _fmt(row["max_abs_shift"]))
     con.print(t)
     if out:
         con.print(f"per-individual table written to {out} (mode 0600)")
+    if report:
+        con.print(f"HTML report written to {report} (mode 0600)")

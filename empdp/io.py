@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
 import tempfile
 from pathlib import Path
@@ -38,3 +40,28 @@ def write_text(path: str | os.PathLike, text: str, private: bool = False) -> Non
     """Write ``text`` to ``path`` atomically."""
     with atomic_path(path, private=private) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+HASH_KEY_ENV = "EMPDP_HASH_KEY"
+
+
+def keyed_hash(value, key: bytes) -> str:
+    """HMAC-SHA256 of ``str(value)`` under ``key``, first 16 hex digits (a stable pseudonym)."""
+    return hmac.new(key, str(value).encode("utf-8"), hashlib.sha256).hexdigest()[:16]
+
+
+def load_hash_key(path: str | None = None) -> bytes:
+    """The id-hashing key: the bytes of ``path`` (stripped), else ``$EMPDP_HASH_KEY``."""
+    from .errors import InputError
+
+    if path:
+        try:
+            key = Path(path).read_bytes().strip()
+        except OSError as exc:
+            raise InputError(f"cannot read the hash key file {path!r}: {exc.strerror}") from None
+    else:
+        key = os.environ.get(HASH_KEY_ENV, "").encode("utf-8")
+    if len(key) < 16:
+        raise InputError(f"--hash-ids needs a secret key of at least 16 bytes: give --hash-key-file FILE "
+                         f"or set {HASH_KEY_ENV}")
+    return key

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
-import hashlib
-import hmac
 import html
 import io
 import math
@@ -24,7 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from . import risk
-from .io import atomic_path
+from .io import atomic_path, keyed_hash
 
 #: ids of the sections always present, in page order
 SECTIONS = ("summary", "risk-curves", "at-risk", "riskiest", "densities", "representativeness")
@@ -66,11 +64,6 @@ code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:13px;background
 
 
 # ---------------------------------------------------------------- small helpers
-
-def keyed_hash(value: Any, key: bytes) -> str:
-    """HMAC-SHA256 of ``str(value)`` under ``key``, first 16 hex digits (a stable pseudonym)."""
-    return hmac.new(key, str(value).encode("utf-8"), hashlib.sha256).hexdigest()[:16]
-
 
 def _id_formatter(hash_ids) -> Callable[[Any], str]:
     """``False``: ids as is; a callable: applied; bytes/str: :func:`keyed_hash` key;
