@@ -1,17 +1,30 @@
-"""Noise calibration and release (SPEC 6): exact λ*, deconvolution, secure sampling, ledger."""
+"""Noise calibration and release (SPEC 6): exact λ*, deconvolution, secure sampling, ledger.
 
+Modules, in data-flow order: :mod:`.exact` (ε_i(λ) and λ*), :mod:`.deconv`
+(the noise h), :mod:`.sampler` (secure exact draws), :mod:`.ledger`
+(append-only record and budget), :mod:`.calibration` (the user-facing object).
+"""
+
+from .calibration import Calibration, calibrate, calibrate_values, query_value
 from .deconv import NoiseSpec, fourier_deconvolve, gaussian_fallback, laplace_closed_form
 from .exact import hausdorff_distance, laplace_kde_eps, minimal_lambda, winf_distance
+from .ledger import Ledger, LedgerError
 from .sampler import NoiseSampler
 
 __all__ = [
+    "Calibration",
+    "Ledger",
+    "LedgerError",
     "NoiseSampler",
     "NoiseSpec",
+    "calibrate",
+    "calibrate_values",
     "fourier_deconvolve",
     "gaussian_fallback",
     "hausdorff_distance",
     "laplace_closed_form",
     "laplace_kde_eps",
     "minimal_lambda",
+    "query_value",
     "winf_distance",
 ]

@@ -41,6 +41,8 @@ def _classical_note(kind: str) -> str:
     if kind == "laplace":
         return ("classical DP epsilon would be the query's global sensitivity / lambda, and that "
                 "sensitivity is not known (only observed shifts are), so no classical bound is claimed")
+    if kind == "none":
+        return "infinite for a fixed database: no noise is added, the exact value is released"
     return ("infinite for a fixed database: the noise has an atom at 0, so with positive probability "
             "the exact value is released; the guarantee is empirical only")
 

@@ -1,0 +1,174 @@
+"""``empdp calibrate`` / ``empdp release`` and the Python API (SPEC 6, issue 3 contract)."""
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from empdp.cli.calibrate import calibrate, release
+from empdp.cli.main import EmpdpGroup
+from empdp.loo import leave_one_out
+from empdp.noise import Calibration, Ledger, calibrate_values, laplace_kde_eps
+from empdp.noise import calibrate as calibrate_api
+
+SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
+QUERY = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]
+RELEASE_KEYS = {"value", "epsilon", "budget_spent", "budget_left", "private"}
+
+
+@click.group(cls=EmpdpGroup)
+def cli():
+    """The two commands under the real error-handling group."""
+
+
+cli.add_command(calibrate)
+cli.add_command(release)
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def cal_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cal") / "cal.json"
+    res = run("calibrate", SAMPLE, *QUERY, "--epsilon", 0.1, "--kernel", "laplace", "-o", path, "--json")
+    assert res.exit_code == 0, res.output
+    return path
+
+
+def test_calibrate_json_contract(cal_path):
+    d = json.loads(cal_path.read_text())
+    for key in ("epsilon", "lambda", "lambda_hausdorff", "lambda_winf", "curator_kernel", "noise",
+                "expected_abs_noise", "verified_eps_max", "n_individuals", "query", "source",
+                "classical_dp_epsilon", "classical_dp_explanation"):
+        assert key in d
+    assert d["epsilon"] == 0.1 and d["n_individuals"] == 2197 and d["n_databases"] == 17
+    assert d["curator_kernel"]["kind"] == "laplace"
+    assert d["verified_eps_max"] <= 0.1
+    assert d["lambda"] <= d["lambda_winf"]
+    b, lam = d["curator_kernel"]["scale"], d["lambda"]
+    assert d["noise"] == {"kind": "laplace_mixture", "weight_zero": pytest.approx((b / lam) ** 2), "scale": lam}
+    assert d["expected_abs_noise"] == pytest.approx((1 - (b / lam) ** 2) * lam)
+    assert d["classical_dp_epsilon"] is None and "atom at 0" in d["classical_dp_explanation"]
+    assert (d["source"], d["id"], d["by"], d["query"]) == (SAMPLE, "countyid", "year", "mean(murdrate)")
+
+
+def test_calibration_matches_an_independent_computation(cal_path):
+    cal = Calibration.load(cal_path)
+    loo = leave_one_out(SAMPLE, id="countyid", by="year", query="mean(murdrate)")
+    eps = laplace_kde_eps(loo.q, loo.q - loo.shifts, cal.lam)
+    assert eps.max() <= 0.1
+    assert eps.max() == pytest.approx(cal.verified_eps_max, rel=1e-12)
+    assert laplace_kde_eps(loo.q, loo.q - loo.shifts, cal.lam * (1 - 1e-6)).max() > 0.1
+
+
+def test_load_round_trip_and_digest(cal_path):
+    cal = Calibration.load(cal_path)
+    assert json.loads(cal.to_json()) == json.loads(cal_path.read_text())
+    assert cal.digest == Calibration.load(cal_path).digest
+    assert (cal.curator_kernel["kind"], cal.noise["kind"]) == ("laplace", "laplace_mixture")
+
+
+def test_release_json_budget_and_refusal(cal_path, tmp_path):
+    ledger = tmp_path / "l.sqlite"
+    outs = []
+    for _ in range(3):
+        res = run("release", cal_path, "--value", 0.47, "--ledger", ledger, "--budget", 0.3, "--json")
+        assert res.exit_code == 0, res.output
+        outs.append(json.loads(res.output))
+    assert set(outs[0]) == RELEASE_KEYS
+    assert [o["budget_spent"] for o in outs] == pytest.approx([0.1, 0.2, 0.3])
+    assert outs[-1]["budget_left"] == pytest.approx(0.0) and all(o["private"] for o in outs)
+    res = run("release", cal_path, "--value", 0.47, "--ledger", ledger, "--json")
+    assert res.exit_code == 1
+    assert res.output.startswith("Error: release refused") and res.output.count("\n") == 1
+    assert Ledger(ledger).verify()["n_releases"] == 3
+
+
+def test_release_never_prints_the_true_value(cal_path, tmp_path):
+    res = run("release", cal_path, "--value", 0.4711, "--ledger", tmp_path / "l.sqlite")
+    assert res.exit_code == 0
+    assert "0.4711" not in res.output
+    assert float(res.output.splitlines()[0]) != 0.4711
+
+
+def test_release_from_source_database_with_seed_is_marked_not_private(cal_path, tmp_path):
+    ledger = tmp_path / "l.sqlite"
+    res = run("release", cal_path, SAMPLE, "--database", 1985, "--seed", 7, "--ledger", ledger, "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.splitlines()[0])
+    assert out["private"] is False and "NOT PRIVATE" in res.output
+    loo = leave_one_out(SAMPLE, id="countyid", by="year", query="mean(murdrate)")
+    true = loo.q[loo.labels.index(1985)]
+    assert out["value"] == Calibration.load(cal_path).sampler(seed=7).release(true)
+    assert out["value"] != true
+    (rec,) = Ledger(ledger).records()
+    assert rec["private"] == 0 and rec["database"] == "1985" and rec["noisy_value"] == out["value"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--value", 1, "--database", 1985], "either --value"),
+    ([], "either --value"),
+    ([SAMPLE, "--database", 1700], "is not in 'year'"),
+])
+def test_release_bad_input_exits_2(cal_path, args, message):
+    res = run("release", cal_path, *args)
+    assert res.exit_code == 2 and message in res.output and res.output.startswith("Error: ")
+
+
+def test_release_missing_or_bad_calibration(tmp_path):
+    assert run("release", tmp_path / "nope.json", "--value", 1).exit_code == 2
+    (tmp_path / "x.json").write_text("{}")
+    res = run("release", tmp_path / "x.json", "--value", 1)
+    assert res.exit_code == 2 and "not an empdp calibration" in res.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--epsilon", -1, "-o", "c.json"], "--epsilon must be a positive number"),
+    (["--epsilon", 1, "-o", "c.txt"], "must end in .json"),
+    (["--epsilon", 1, "--bandwidth", "wide", "-o", "c.json"], "--bandwidth"),
+])
+def test_calibrate_bad_input_exits_2_and_writes_nothing(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    res = run("calibrate", SAMPLE, *QUERY, *args)
+    assert res.exit_code == 2 and message in res.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sole_contributors_are_counted_and_warned(tmp_path):
+    rng = np.random.default_rng(1)
+    rows = [(i, j, float(rng.normal(10, 2))) for j in range(8) for i in range(30)]
+    rows.append((999, 8, 3.0))  # alone in database 8
+    rows += [(i, 9, float(rng.normal(10, 2))) for i in range(30)]
+    src = tmp_path / "panel.parquet"
+    pl.DataFrame(rows, schema=["pid", "db", "x"], orient="row").write_parquet(src)
+    res = run("calibrate", src, "--id", "pid", "--by", "db", "--query", "sum(x)", "-e", 0.5,
+              "--kernel", "laplace", "-o", tmp_path / "c.json", "--json")
+    assert res.exit_code == 0, res.output
+    assert "Warning: 1 sole contributor" in res.output
+    d = json.loads(res.output.splitlines()[-1])
+    assert d["n_sole_contributors"] == 1 and d["verified_eps_max"] <= 0.5
+
+
+def test_python_api_sample_and_release():
+    cal = calibrate_api(SAMPLE, id="countyid", by="year", query="mean(murdrate)", epsilon=0.1, kernel="laplace")
+    assert cal.sample(5).shape == (5,)
+    out = cal.release(0.5)
+    assert out["private"] and out["value"] != 0.5 and out["budget_left"] is None
+
+
+def test_gaussian_kernel_uses_verified_fallback():
+    rng = np.random.default_rng(4)
+    q = rng.normal(size=15)
+    shifts = rng.normal(size=(40, 15)) * 0.05 * (rng.random((40, 15)) < 0.3)
+    with pytest.warns(UserWarning, match="cannot be deconvolved"):
+        cal = calibrate_values(q, shifts, epsilon=0.5, kernel="gaussian", bandwidth=0.05)
+    assert cal.deconvolution["feasible"] is False
+    assert cal.verified_eps_max <= 0.5
+    assert cal.expected_abs_noise <= cal.lam
+    assert cal.noise["kind"] in ("laplace", "laplace_mixture")
