@@ -1,0 +1,79 @@
+"""Pieces shared by the MPL and Rényi audits: generators, sampling, output checks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import InputError
+from .kde import as_samples, looks_discrete
+
+
+def as_rng(rng) -> np.random.Generator:
+    """A NumPy Generator from a Generator, a seed, or None (fresh entropy)."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if rng is None or isinstance(rng, (int, np.integer)):
+        return np.random.default_rng(rng)
+    raise InputError(f"rng must be a numpy Generator or an integer seed, got {type(rng).__name__}")
+
+
+def check_size(name: str, value, minimum: int = 10) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise InputError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_level(alpha) -> float:
+    if not isinstance(alpha, (int, float)) or not 0 < alpha < 0.5:
+        raise InputError(f"alpha (the confidence bound's error level) must be in (0, 0.5), got {alpha!r}")
+    return float(alpha)
+
+
+def draw(mechanism, database, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Call the sampler and check its output: ``size`` rows of finite numbers."""
+    try:
+        out = mechanism(database, size, rng)
+    except InputError:
+        raise
+    except Exception as exc:  # a user sampler failing is bad input, not our crash
+        raise InputError(f"mechanism {getattr(mechanism, 'name', 'sampler')!r} failed on database "
+                         f"{database!r}: {type(exc).__name__}: {exc}") from None
+    arr = np.asarray(out)
+    if arr.dtype.kind not in "biuf":
+        raise InputError(f"mechanism output must be numeric, got dtype {arr.dtype}")
+    if arr.ndim == 0 or arr.shape[0] != size:
+        raise InputError(f"mechanism returned shape {arr.shape}; expected ({size},) or ({size}, d)")
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+        raise InputError("mechanism returned NaN or infinite outputs")
+    return arr
+
+
+def detect_discrete(first: np.ndarray, discrete) -> bool:
+    if discrete is None:
+        return looks_discrete(first)
+    return bool(discrete)
+
+
+def continuous_dim(x: np.ndarray) -> int:
+    d = as_samples(x).shape[1]
+    if d > 3:
+        raise InputError(f"continuous outputs must have dimension d ≤ 3 (got d = {d}); "
+                         "discrete outputs may have any dimension")
+    return d
+
+
+def jsonable(value):
+    """Turn numpy scalars/arrays and non-finite floats into JSON-ready values (inf/nan → None)."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

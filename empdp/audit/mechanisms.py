@@ -1,0 +1,527 @@
+"""Reference mechanisms for the audits (SPEC 7.3) and loading of user samplers.
+
+A mechanism is a sampler ``f(database, size, rng) -> array`` of shape (size,)
+or (size, d). A database is a number or a list of numbers; the additive-noise
+mechanisms release the sum of its entries. Each built-in carries its
+parameters, the papers' default pairs, its evaluation region for MPL and its
+true privacy values (module ``truth``): the mechanism carries its privacy
+relation (STYLE 6) so the tests and the validation script can check
+coverage P(LB ≤ truth) and tightness LB / truth.
+
+Sources: Askin, Kutta, Dette 2022, section V (MPL suite); Kutta, Askin,
+Dunsche 2024, section IV (Rényi suite); Lyu, Su, Li 2017 (SVT variants).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import InputError
+from . import truth
+from .patterns import statdp_patterns
+
+Sampler = Callable[[Any, int, np.random.Generator], np.ndarray]
+
+
+@dataclass
+class Mechanism:
+    """A sampler with its defaults and (for built-ins) its true privacy values.
+
+    ``epsilon`` is the mechanism's pure-DP ε over all adjacent inputs
+    (``math.inf`` when it is not ε-DP for any ε, None when unknown).
+    ``pair_epsilon(x, x2)`` and ``renyi_divergence(order, x, x2)`` (the
+    divergence D_α(M(x) ‖ M(x2))) are exact values for one pair, when known.
+    """
+
+    name: str
+    sampler: Sampler
+    params: dict = field(default_factory=dict)
+    mpl_pairs: list | None = None
+    renyi_pairs: list | None = None
+    region: tuple | None = None
+    epsilon: float | None = None
+    pair_epsilon: Callable | None = None
+    renyi_divergence: Callable | None = None
+    pattern_dim: int | None = None
+    ordered_queries: bool = False
+
+    def __call__(self, database, size, rng):
+        return self.sampler(database, size, rng)
+
+    def true_epsilon_over(self, pairs) -> float | None:
+        """max over ``pairs`` of the exact ε_{x,x'} (None if not computable)."""
+        if self.pair_epsilon is None:
+            return None
+        return _cached(("eps", self.name, repr(sorted(self.params.items())), repr(pairs)),
+                       lambda: max(self.pair_epsilon(x, y) for x, y in pairs))
+
+    def true_renyi_over(self, order: float, pairs, both_directions: bool = True) -> float | None:
+        """max over ``pairs`` (and both directions) of the exact D_α (None if unknown)."""
+        if self.renyi_divergence is None:
+            return None
+
+        def compute():
+            vals = [self.renyi_divergence(order, x, y) for x, y in pairs]
+            if both_directions:
+                vals += [self.renyi_divergence(order, y, x) for x, y in pairs]
+            return max(vals)
+
+        key = ("renyi", self.name, repr(sorted(self.params.items())), repr(pairs), order, both_directions)
+        return _cached(key, compute)
+
+
+_EXACT: dict = {}
+
+
+def _cached(key, compute):
+    """Exact values are costly (quadrature); repeated audits of one mechanism reuse them."""
+    if key not in _EXACT:
+        if len(_EXACT) > 4096:
+            _EXACT.clear()
+        _EXACT[key] = compute()
+    return _EXACT[key]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _vec(database) -> np.ndarray:
+    return np.atleast_1d(np.asarray(database, dtype=float))
+
+
+def _stat(database) -> float:
+    return float(_vec(database).sum())
+
+
+def _laplace_pairs():
+    return [(0.0, b / 10) for b in range(1, 11)]
+
+
+_PAPER_RENYI_PAIR = [([0.0] * 10, [1.0] + [0.0] * 9)]  # Kutta et al. 2024, eq. (21)
+
+
+# ----------------------------------------------------------------------------- samplers
+
+def _laplace(epsilon=1.0, sensitivity=1.0):
+    scale = sensitivity / epsilon
+
+    def sample(database, size, rng):
+        return _stat(database) + rng.laplace(0.0, scale, size)
+
+    return sample
+
+
+def _gaussian(sigma=1.0, sensitivity=1.0):
+    sd = sigma * sensitivity
+
+    def sample(database, size, rng):
+        return _stat(database) + rng.normal(0.0, sd, size)
+
+    return sample
+
+
+def _noisy_max(epsilon=1.0, sensitivity=1.0):
+    scale = 2.0 * sensitivity / epsilon
+
+    def sample(database, size, rng):
+        q = _vec(database)
+        return np.argmax(q + rng.laplace(0.0, scale, (size, q.size)), axis=1)
+
+    return sample
+
+
+def _noisy_max_value(epsilon=1.0, sensitivity=1.0, k=3):
+    scale = k * sensitivity / epsilon  # Lap(1/λ) per entry, ε = kλ
+
+    def sample(database, size, rng):
+        s = _vec(database)
+        return np.max(s + rng.laplace(0.0, scale, (size, s.size)), axis=1)
+
+    return sample
+
+
+def _exponential(epsilon=1.0):
+    lam = truth.exponential_lambda(epsilon)
+
+    def sample(database, size, rng):
+        s = _stat(database)
+        left = (1 - math.exp(-lam * s)) / (2 - math.exp(-lam * s))  # P(t < s)
+        u = rng.random(size)
+        go_left = rng.random(size) < left
+        t_left = s + np.log(math.exp(-lam * s) + u * (1 - math.exp(-lam * s))) / lam
+        t_right = s + rng.exponential(1.0 / lam, size)
+        return np.where(go_left, t_left, t_right)
+
+    return sample
+
+
+def _svt(variant: int, epsilon=1.0, threshold=1.0, c=1, sensitivity=1.0):
+    """Sparse Vector variants of Lyu, Su, Li 2017 (Alg. 2, 4, 5, 6).
+
+    Output per query: 1 (above), 0 (below), -1 (aborted after c answers above).
+    SVT4 is run at ε·4/(1+6c) so that it is ε-DP (its original scaling gives
+    (1+6c)/4·ε; Askin et al. 2022 correct it the same way).
+    """
+    c = int(c)
+    if variant == 4:
+        eps = epsilon * 4.0 / (1 + 6 * c)
+        rho_scale, nu_scale = sensitivity / (eps / 4), sensitivity / (eps * 3 / 4)
+    elif variant == 2:
+        rho_scale, nu_scale = c * sensitivity / (epsilon / 2), 2 * c * sensitivity / (epsilon / 2)
+    else:  # 5 and 6
+        rho_scale, nu_scale = sensitivity / (epsilon / 2), sensitivity / (epsilon / 2)
+
+    def sample(database, size, rng):
+        q = _vec(database)
+        m = q.size
+        rho = rng.laplace(0.0, rho_scale, size)
+        if variant == 5:
+            return (q[None, :] >= threshold + rho[:, None]).astype(np.int8)
+        noisy = q[None, :] + rng.laplace(0.0, nu_scale, (size, m))
+        if variant == 6:
+            return (noisy >= threshold + rho[:, None]).astype(np.int8)
+        if c == 1:  # abort at the first answer above: fresh threshold noise never matters
+            above = noisy >= threshold + rho[:, None]
+            first = np.where(above.any(axis=1), above.argmax(axis=1), m)[:, None]
+            j = np.arange(m)[None, :]
+            return np.where(j < first, 0, np.where(j == first, 1, -1)).astype(np.int8)
+        out = np.empty((size, m), dtype=np.int8)
+        count = np.zeros(size, dtype=np.int64)
+        for j in range(m):  # loop over the (few) queries, vectorised over samples
+            above = noisy[:, j] >= threshold + rho
+            out[:, j] = np.where(count >= c, -1, above)
+            count += above & (count < c)
+            if variant == 2:  # fresh threshold noise after each answer above
+                fresh = rng.laplace(0.0, rho_scale, size)
+                rho = np.where(above, fresh, rho)
+        return out
+
+    return sample
+
+
+def _randomized_response(p=0.75):
+    def sample(database, size, rng):
+        bits = np.atleast_1d(np.asarray(database)).astype(np.int64)
+        keep = rng.random((size, bits.size)) < p
+        out = np.where(keep, bits[None, :], 1 - bits[None, :]).astype(np.int64)
+        return out[:, 0] if np.ndim(database) == 0 else out
+
+    return sample
+
+
+def _shuffled_rr(p=0.75):
+    """Binary RR by each individual, then shuffled: the release is the number of ones."""
+
+    def sample(database, size, rng):
+        bits = np.atleast_1d(np.asarray(database)).astype(np.int64)
+        prob_one = np.where(bits == 1, p, 1 - p)
+        return (rng.random((size, bits.size)) < prob_one[None, :]).sum(axis=1)
+
+    return sample
+
+
+def _subsampled(noise: str, q=0.2, epsilon=1.0, sigma=1.0, sensitivity=1.0):
+    def sample(database, size, rng):
+        x = _vec(database)
+        included = rng.random((size, x.size)) < q
+        s = included @ x
+        if noise == "laplace":
+            return s + rng.laplace(0.0, sensitivity / epsilon, size)
+        return s + rng.normal(0.0, sigma * sensitivity, size)
+
+    return sample
+
+
+def _noisy_gd(sigma=0.1, lr=0.1, steps=20, theta0=0.0):
+    """Noisy gradient descent on the quadratic loss ½(θ − x_i)² (Chourasia et al. 2021).
+
+    θ_{k+1} = θ_k − η (θ_k − mean(x)) + √(2η)·σ·Z_k, output θ_K.
+    """
+    steps = int(steps)
+
+    def sample(database, size, rng):
+        xbar = float(_vec(database).mean())
+        theta = np.full(size, float(theta0))
+        for _ in range(steps):  # loop over iterations, vectorised over samples
+            theta = theta - lr * (theta - xbar) + math.sqrt(2 * lr) * sigma * rng.normal(size=size)
+        return theta
+
+    return sample
+
+
+# ----------------------------------------------------------------------------- registry
+
+_DEFAULTS: dict[str, dict[str, float]] = {
+    "laplace": {"epsilon": 1.0, "sensitivity": 1.0},
+    "gaussian": {"sigma": 1.0, "sensitivity": 1.0},
+    "noisy_max": {"epsilon": 1.0, "sensitivity": 1.0},
+    "noisy_max_value": {"epsilon": 1.0, "sensitivity": 1.0},
+    "exponential": {"epsilon": 1.0},
+    "svt2": {"epsilon": 1.0, "sensitivity": 1.0},
+    "svt4": {"epsilon": 1.0, "sensitivity": 1.0},
+    "svt5": {"epsilon": 1.0, "sensitivity": 1.0},
+    "svt6": {"epsilon": 1.0, "sensitivity": 1.0},
+    "randomized_response": {"p": 0.75},
+    "shuffled_rr": {"p": 0.75},
+    "subsampled_laplace": {"epsilon": 1.0, "q": 0.2, "sensitivity": 1.0},
+    "subsampled_gaussian": {"sigma": 1.0, "q": 0.2, "sensitivity": 1.0},
+    "noisy_gd": {"sigma": 0.1, "lr": 0.1, "steps": 20},
+}
+
+BUILTIN_NAMES = tuple(_DEFAULTS)
+
+
+def builtin(name: str, **params) -> Mechanism:
+    """A built-in reference mechanism by name, with parameters overriding the defaults."""
+    if name not in _DEFAULTS:
+        raise InputError(f"unknown mechanism {name!r}; built-ins: {', '.join(BUILTIN_NAMES)}"
+                         " (or give module:function)")
+    unknown = set(params) - set(_DEFAULTS[name])
+    if unknown:
+        raise InputError(f"mechanism {name!r} has no parameter {sorted(unknown)[0]!r}; "
+                         f"valid: {', '.join(_DEFAULTS[name])}")
+    p = {**_DEFAULTS[name], **params}
+    for key, value in p.items():
+        if not (isinstance(value, (int, float)) and math.isfinite(value)):
+            raise InputError(f"parameter {key}={value!r} must be a finite number")
+    for key in ("epsilon", "sigma", "sensitivity", "lr"):
+        if key in p and p[key] <= 0:
+            raise InputError(f"parameter {key} must be > 0, got {p[key]}")
+    if "q" in p and not 0 < p["q"] <= 1:
+        raise InputError(f"parameter q (subsampling rate) must be in (0, 1], got {p['q']}")
+    if "p" in p and not 0.5 < p["p"] < 1:
+        raise InputError(f"parameter p (keep probability) must be in (0.5, 1), got {p['p']}")
+    if "steps" in p and (p["steps"] < 1 or int(p["steps"]) != p["steps"]):
+        raise InputError(f"parameter steps must be a positive integer, got {p['steps']}")
+    return _BUILDERS[name](p)
+
+
+def _build_laplace(p):
+    eps, sens = p["epsilon"], p["sensitivity"]
+    return Mechanism(
+        "laplace", _laplace(eps, sens), p, _laplace_pairs(), _PAPER_RENYI_PAIR, (-1.0, 1.0), eps,
+        pair_epsilon=lambda x, y: abs(_stat(x) - _stat(y)) * eps / sens,
+        renyi_divergence=lambda a, x, y: truth.laplace_renyi(a, abs(_stat(x) - _stat(y)) * eps / sens))
+
+
+def _build_gaussian(p):
+    sd = p["sigma"] * p["sensitivity"]
+    return Mechanism(
+        "gaussian", _gaussian(p["sigma"], p["sensitivity"]), p, _laplace_pairs(), _PAPER_RENYI_PAIR,
+        (-1.0, 1.0), math.inf,
+        pair_epsilon=lambda x, y: math.inf if _stat(x) != _stat(y) else 0.0,
+        renyi_divergence=lambda a, x, y: truth.gaussian_renyi(a, abs(_stat(x) - _stat(y)), sd))
+
+
+def _build_noisy_max(p):
+    scale = 2.0 * p["sensitivity"] / p["epsilon"]
+    return Mechanism(
+        "noisy_max", _noisy_max(p["epsilon"], p["sensitivity"]), p, statdp_patterns(6), None, None,
+        p["epsilon"], pattern_dim=6,
+        pair_epsilon=lambda x, y: truth.discrete_epsilon(truth.noisy_max_pmf(x, scale),
+                                                         truth.noisy_max_pmf(y, scale)))
+
+
+def _build_noisy_max_value(p):
+    k = 3
+    pairs = [((0.0,) * k, (b / 10,) * k) for b in range(1, 11)]
+    return Mechanism(
+        "noisy_max_value", _noisy_max_value(p["epsilon"], p["sensitivity"], k), p, pairs, None,
+        (-1.0, 1.0), p["epsilon"], pattern_dim=None,
+        pair_epsilon=lambda x, y: truth.noisy_max_value_epsilon(x, y, k * p["sensitivity"] / p["epsilon"]))
+
+
+def _build_exponential(p):
+    lam = truth.exponential_lambda(p["epsilon"])
+    pairs = [(1.0, 1.0 + b / 10) for b in range(1, 11)]
+    return Mechanism(
+        "exponential", _exponential(p["epsilon"]), p, pairs, None, (0.0, 2.0), p["epsilon"],
+        pair_epsilon=lambda x, y: truth.exponential_pair_epsilon(_stat(x), _stat(y), lam))
+
+
+def _build_svt(variant):
+    def build(p):
+        eps, sens = p["epsilon"], p["sensitivity"]
+        pair = None
+        if variant in (2, 4):
+            if variant == 4:
+                e4 = eps * 4.0 / 7.0
+                rho, nu = sens / (e4 / 4), sens / (e4 * 3 / 4)
+            else:
+                rho, nu = 2 * sens / eps, 4 * sens / eps
+
+            def pair(x, y, rho=rho, nu=nu):
+                return truth.discrete_epsilon(truth.svt_pmf(x, rho, nu), truth.svt_pmf(y, rho, nu))
+        return Mechanism(f"svt{variant}", _svt(variant, eps, 1.0, 1, sens), p,
+                         statdp_patterns(10, ordered=True),
+                         None, None, eps if variant in (2, 4) else math.inf, pair_epsilon=pair,
+                         pattern_dim=10, ordered_queries=True)
+
+    return build
+
+
+def _build_rr(p):
+    pr = p["p"]
+    return Mechanism(
+        "randomized_response", _randomized_response(pr), p, [(0, 1)], [(0, 1)], None,
+        math.log(pr / (1 - pr)),
+        pair_epsilon=lambda x, y: truth.discrete_epsilon(truth.rr_pmf(x, pr), truth.rr_pmf(y, pr)),
+        renyi_divergence=lambda a, x, y: truth.discrete_renyi(a, truth.rr_pmf(x, pr), truth.rr_pmf(y, pr)))
+
+
+def _build_shuffled_rr(p):
+    pr = p["p"]
+    pair = [([0] * 10, [1] + [0] * 9)]
+    return Mechanism(
+        "shuffled_rr", _shuffled_rr(pr), p, pair, pair, None, None,
+        pair_epsilon=lambda x, y: truth.discrete_epsilon(truth.shuffled_rr_pmf(x, pr),
+                                                         truth.shuffled_rr_pmf(y, pr)),
+        renyi_divergence=lambda a, x, y: truth.discrete_renyi(
+            a, truth.shuffled_rr_pmf(x, pr), truth.shuffled_rr_pmf(y, pr)))
+
+
+def _build_subsampled(noise):
+    def build(p):
+        if noise == "laplace":
+            scale = p["sensitivity"] / p["epsilon"]
+            eps = math.log1p(p["q"] * math.expm1(p["epsilon"]))
+        else:
+            scale = p["sigma"] * p["sensitivity"]
+            eps = math.inf
+        return Mechanism(
+            f"subsampled_{noise}",
+            _subsampled(noise, p["q"], p.get("epsilon", 1.0), p.get("sigma", 1.0), p["sensitivity"]),
+            p, [(x, y) for x, y in _PAPER_RENYI_PAIR], _PAPER_RENYI_PAIR, (-2.0, 3.0), eps,
+            pair_epsilon=(lambda x, y: truth.mixture_epsilon(noise, x, y, p["q"], scale))
+            if noise == "laplace" else None,
+            renyi_divergence=lambda a, x, y: truth.mixture_renyi(noise, a, x, y, p["q"], scale))
+
+    return build
+
+
+def _build_noisy_gd(p):
+    def div(a, x, y):
+        mu_x, sd = truth.noisy_gd_moments(_vec(x).mean(), p["sigma"], p["lr"], int(p["steps"]))
+        mu_y, _ = truth.noisy_gd_moments(_vec(y).mean(), p["sigma"], p["lr"], int(p["steps"]))
+        return truth.gaussian_renyi(a, abs(mu_x - mu_y), sd)
+
+    return Mechanism("noisy_gd", _noisy_gd(p["sigma"], p["lr"], p["steps"]), p, _PAPER_RENYI_PAIR,
+                     _PAPER_RENYI_PAIR, None, math.inf, renyi_divergence=div)
+
+
+_BUILDERS = {
+    "laplace": _build_laplace,
+    "gaussian": _build_gaussian,
+    "noisy_max": _build_noisy_max,
+    "noisy_max_value": _build_noisy_max_value,
+    "exponential": _build_exponential,
+    "svt2": _build_svt(2),
+    "svt4": _build_svt(4),
+    "svt5": _build_svt(5),
+    "svt6": _build_svt(6),
+    "randomized_response": _build_rr,
+    "shuffled_rr": _build_shuffled_rr,
+    "subsampled_laplace": _build_subsampled("laplace"),
+    "subsampled_gaussian": _build_subsampled("gaussian"),
+    "noisy_gd": _build_noisy_gd,
+}
+
+
+# ----------------------------------------------------------------------------- loading
+
+def load_mechanism(spec, params: dict | None = None) -> Mechanism:
+    """Resolve a mechanism: a Mechanism, a built-in name, ``module:function``, or a callable.
+
+    User samplers are imported from the working directory or ``PYTHONPATH``;
+    ``params`` are passed to them as keyword arguments.
+    """
+    params = dict(params or {})
+    if isinstance(spec, Mechanism):
+        if params:
+            raise InputError("parameters can only be given with a mechanism name")
+        return spec
+    if callable(spec):
+        fn = spec
+        name = getattr(spec, "__name__", "sampler")
+    elif isinstance(spec, str) and spec in _DEFAULTS:
+        return builtin(spec, **params)
+    elif isinstance(spec, str) and ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise InputError(f"cannot import module {module_name!r} for mechanism {spec!r}: {exc}") from None
+        fn = getattr(module, attr, None)
+        if not callable(fn):
+            raise InputError(f"module {module_name!r} has no callable {attr!r}")
+        name = spec
+    else:
+        raise InputError(f"unknown mechanism {spec!r}; built-ins: {', '.join(BUILTIN_NAMES)}"
+                         " (or give module:function)")
+    if params:
+        base = fn
+
+        def fn(database, size, rng, _base=base, _params=params):
+            return _base(database, size, rng, **_params)
+
+    return Mechanism(name, fn, params)
+
+
+def parse_params(items) -> dict:
+    """Parse ``KEY=VALUE`` strings into a dict of numbers (or strings when not numeric)."""
+    out = {}
+    for item in items or ():
+        key, sep, value = str(item).partition("=")
+        if not sep or not key:
+            raise InputError(f"--param expects KEY=VALUE, got {item!r}")
+        try:
+            num = float(value)
+            out[key.strip()] = int(num) if num.is_integer() and "." not in value and "e" not in value.lower() else num
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
+def resolve_pairs(mechanism: Mechanism, pairs, kind: str) -> list:
+    """Pairs to audit: given pairs, ``"patterns"``/``"patterns:K"``, or the mechanism's defaults."""
+    if isinstance(pairs, str):
+        name, _, dim = pairs.partition(":")
+        if name != "patterns":
+            raise InputError(f"pairs must be a list of [x, x_prime], 'patterns' or 'patterns:K', got {pairs!r}")
+        if dim:
+            try:
+                k = int(dim)
+            except ValueError:
+                raise InputError(f"'patterns:K' needs an integer K, got {dim!r}") from None
+        elif mechanism.pattern_dim:
+            k = mechanism.pattern_dim
+        else:
+            raise InputError(f"mechanism {mechanism.name!r} has no vector input; "
+                             "give the number of queries as patterns:K")
+        return statdp_patterns(k, ordered=mechanism.ordered_queries)
+    if pairs is None:
+        pairs = mechanism.mpl_pairs if kind == "mpl" else mechanism.renyi_pairs
+        if pairs is None:
+            pairs = mechanism.mpl_pairs or mechanism.renyi_pairs
+        if pairs is None:
+            raise InputError(f"mechanism {mechanism.name!r} has no default pairs; give --pairs")
+        return list(pairs)
+    pairs = list(pairs)
+    if not pairs:
+        raise InputError("no pairs of databases given")
+    for item in pairs:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2):
+            raise InputError(f"each pair must be [x, x_prime], got {item!r}")
+        for db in item:
+            arr = np.asarray(db)
+            if arr.dtype.kind not in "biuf" or arr.ndim > 1 or (arr.size and not np.all(np.isfinite(arr))):
+                raise InputError(f"a database must be a number or a list of finite numbers, got {db!r}")
+    return pairs

@@ -1,0 +1,42 @@
+"""StatDP input patterns for vector-valued inputs (Ding et al. 2018, Table 1 of Askin et al. 2022).
+
+Each pattern is a pair of query-answer vectors that differ by at most 1 in
+every component (counting queries on adjacent databases).
+"""
+
+from __future__ import annotations
+
+from ..errors import InputError
+
+PATTERN_NAMES = (
+    "one above", "one below", "one above rest below", "one below rest above",
+    "half half", "all above", "all below", "x shape",
+)
+ORDERED_NAMES = ("one above rest below (last)", "one below rest above (last)")
+
+
+def statdp_patterns(dim: int, ordered: bool = False) -> list[tuple[list[int], list[int]]]:
+    """The eight StatDP patterns for ``dim`` queries, in the order of PATTERN_NAMES.
+
+    With ``ordered`` (for mechanisms that read the queries in order, like the
+    Sparse Vector variants) two more pairs put the odd query last instead of
+    first: "one above rest below (last)" and "one below rest above (last)".
+    """
+    if int(dim) != dim or dim < 2:
+        raise InputError(f"StatDP patterns need at least 2 queries, got dimension {dim!r}")
+    dim = int(dim)
+    half = dim // 2
+    ones = [1] * dim
+    return [
+        (ones, [0] + [1] * (dim - 1)),
+        (ones, [2] + [1] * (dim - 1)),
+        (ones, [2] + [0] * (dim - 1)),
+        (ones, [0] + [2] * (dim - 1)),
+        (ones, [2] * half + [0] * (dim - half)),
+        (ones, [2] * dim),
+        (ones, [0] * dim),
+        ([1] * half + [0] * (dim - half), [0] * half + [1] * (dim - half)),
+    ] + ([
+        (ones, [0] * (dim - 1) + [2]),
+        (ones, [2] * (dim - 1) + [0]),
+    ] if ordered else [])
