@@ -9,3 +9,6 @@ __all__ = ["BUILTIN_NAMES", "Mechanism", "MPLResult", "builtin", "load_mechanism
 from .renyi import RenyiResult, renyi
 
 __all__ += ["RenyiResult", "renyi"]
+from .release import ReleaseAudit, audit_release
+
+__all__ += ["ReleaseAudit", "audit_release"]

@@ -1,0 +1,177 @@
+"""``empdp audit``: black-box lower bounds on a mechanism's ε (MPL) and Rényi ε(α) (SPEC 7)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import click
+
+from empdp.errors import InputError
+
+from ._common import emit_json, output_options, setup_logging
+
+BUILTINS = ("laplace, gaussian, noisy_max, noisy_max_value, exponential, svt2, svt4, svt5, svt6, "
+            "randomized_response, shuffled_rr, subsampled_laplace, subsampled_gaussian, noisy_gd")
+
+
+def _pairs(value):
+    """--pairs: a JSON file of [x, x_prime] pairs, or 'patterns' / 'patterns:K'."""
+    if value is None or value.startswith("patterns"):
+        return value
+    path = Path(value)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"pairs file {value!r} does not exist (or use --pairs patterns)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"pairs file {value!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, list):
+        raise InputError(f"pairs file {value!r} must hold a JSON list of [x, x_prime] pairs")
+    return data
+
+
+def _region(value):
+    if value is None:
+        return None
+    try:
+        lo, hi = (float(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected LO,HI (two numbers), got {value!r}", param_hint="--region") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+        raise click.BadParameter(f"expected finite LO ≤ HI, got {value!r}", param_hint="--region")
+    return (lo, hi)
+
+
+def _fmt(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else f"{v:.4g}"
+    return str(v)
+
+
+def _common_options(f):
+    f = output_options(f)
+    f = click.option("--seed", type=int, default=None, help="Seed for reproducible runs.")(f)
+    f = click.option("--alpha", type=float, default=0.05, show_default=True,
+                     help="Error level: the bound holds with probability ≈ 1 − alpha.")(f)
+    f = click.option("--pairs", default=None,
+                     help="JSON file with a list of [x, x_prime] (numbers or lists), or 'patterns' "
+                          "(StatDP input patterns; 'patterns:K' for K queries). Default: the built-in's pairs.")(f)
+    f = click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+                     help="Mechanism parameter (epsilon, sigma, q, p, sensitivity, ...); repeatable.")(f)
+    f = click.option("--mechanism", "-m", required=True, metavar="NAME|module:function",
+                     help=f"Built-in ({BUILTINS}) or a sampler f(database, size, rng) importable "
+                          "from the working directory or PYTHONPATH.")(f)
+    return f
+
+
+def _print_result(d: dict, title: str):
+    click.echo(title)
+    rows = [("lower bound", d["lower_bound"]), ("estimate", d["estimate"])]
+    if d.get("true_value") is not None or d.get("true_value_infinite"):
+        rows.append(("true value", math.inf if d.get("true_value_infinite") else d["true_value"]))
+    rows += [("worst pair", json.dumps(d["pair"]))]
+    if d.get("t_hat") is not None:
+        rows.append(("worst output t_hat", json.dumps(d["t_hat"])))
+    if d.get("direction"):
+        rows.append(("direction", d["direction"]))
+    rows += [("sample sizes", f"n = {d['n']}, N = {d['N']}"), ("alpha", d["alpha"]),
+             ("estimator", "frequencies (TDDE)" if d["discrete"] else f"KDE, bandwidth {_fmt((d.get('bandwidth') or [None])[0])}")]
+    for k, v in rows:
+        click.echo(f"  {k:20s} {_fmt(v) if not isinstance(v, str) else v}")
+    for w in d.get("warnings", []):
+        click.echo(f"  warning: {w}", err=True)
+
+
+@click.group("audit")
+def audit():
+    """Black-box lower bounds on a mechanism's privacy (MPL, Rényi) and release audits.
+
+    \b
+    Examples:
+      empdp audit mpl -m laplace --param epsilon=0.7 --seed 1
+      empdp audit mpl -m noisy_max --pairs patterns --json
+      empdp audit renyi -m gaussian --param sigma=1 --order 2
+      empdp audit mpl -m mymodule:sampler --pairs pairs.json --region -1,1
+      empdp audit release calibration.json data.parquet --top 5
+    """
+
+
+@audit.command("mpl")
+@_common_options
+@click.option("--n", "n", type=int, default=20000, show_default=True, help="Stage-1 outputs per database.")
+@click.option("--N", "N", type=int, default=50000, show_default=True, help="Stage-2 outputs (fresh, N > n).")
+@click.option("--region", default=None, metavar="LO,HI", help="Region C searched for the worst output.")
+def mpl_cmd(mechanism, params, pairs, alpha, seed, n, N, region, as_json, quiet, verbose, debug):
+    """MPL lower bound on the pure-DP epsilon (Askin, Kutta, Dette 2022)."""
+    from empdp.audit import mpl
+    from empdp.audit.mechanisms import parse_params
+
+    setup_logging(verbose, quiet, debug)
+    res = mpl(mechanism, _pairs(pairs), n=n, N=N, region=_region(region), alpha=alpha, rng=seed,
+              params=parse_params(params))
+    d = res.to_dict()
+    if as_json:
+        emit_json(d)
+    elif not quiet:
+        _print_result(d, f"MPL lower bound on pure-DP epsilon ({mechanism})")
+
+
+@audit.command("renyi")
+@_common_options
+@click.option("--order", type=float, required=True, help="Rényi order alpha > 1.")
+@click.option("--n", "n", type=int, default=100000, show_default=True, help="Outputs per database.")
+def renyi_cmd(mechanism, params, pairs, alpha, seed, order, n, as_json, quiet, verbose, debug):
+    """Lower bound on the Rényi divergence D_alpha (Kutta, Askin, Dunsche 2024)."""
+    from empdp.audit import renyi
+    from empdp.audit.mechanisms import parse_params
+
+    setup_logging(verbose, quiet, debug)
+    res = renyi(mechanism, _pairs(pairs), order=order, n=n, alpha=alpha, rng=seed,
+                params=parse_params(params))
+    d = res.to_dict()
+    if as_json:
+        emit_json(d)
+    elif not quiet:
+        _print_result(d, f"Renyi lower bound, order {order:g} ({mechanism})")
+
+
+@audit.command("release")
+@click.argument("calibration", type=click.Path(dir_okay=False))
+@click.argument("source")
+@click.option("--top", type=int, default=5, show_default=True, help="Riskiest individuals audited.")
+@click.option("--order", type=float, default=2.0, show_default=True, help="Rényi order alpha > 1.")
+@click.option("--alpha", type=float, default=0.05, show_default=True, help="Error level of the bounds.")
+@click.option("--seed", type=int, default=None, help="Seed for reproducible runs.")
+@output_options
+def release_cmd(calibration, source, top, order, alpha, seed, as_json, quiet, verbose, debug):
+    """Audit a calibration from 'empdp calibrate' on its SOURCE (SPEC 7.4).
+
+    Runs MPL and the Rényi bound on the release distribution of the riskiest
+    individuals and prints the exact values beside them.
+    """
+    from empdp.audit import audit_release
+
+    setup_logging(verbose, quiet, debug)
+    res = audit_release(calibration, source, top=top, order=order, alpha=alpha, rng=seed)
+    d = res.to_dict()
+    if as_json:
+        emit_json(d)
+        return
+    if quiet:
+        return
+    click.echo(f"Release audit: target epsilon {_fmt(d['target_epsilon'])}, noise {d['noise']['kind']}, "
+               f"curator kernel {d['curator_kernel']['kind']}")
+    click.echo(f"  {'id':>12s} {'exact eps_i':>12s} {'MPL est.':>9s} {'exact D_' + format(order, 'g'):>10s}")
+    for row in d["individuals"]:
+        click.echo(f"  {str(row['id']):>12s} {_fmt(row['exact_epsilon']):>12s} "
+                   f"{_fmt(row.get('mpl_estimate')):>9s} {_fmt(row['exact_renyi']):>10s}")
+    click.echo(f"  MPL lower bound   {_fmt(d['mpl_lower_bound'])}  <=  exact max eps {_fmt(d['exact_epsilon_max'])}"
+               f"  <=  target {_fmt(d['target_epsilon'])}")
+    click.echo(f"  Renyi lower bound {_fmt(d['renyi_lower_bound'])}  vs exact max D {_fmt(d['exact_renyi_max'])}")
+    click.echo("  OK: the release meets its target" if d["ok"] else "  CHECK FAILED: see the figures above")
+    for w in d.get("warnings", []):
+        click.echo(f"  warning: {w}", err=True)
