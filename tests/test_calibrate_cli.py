@@ -90,11 +90,14 @@ def test_release_json_budget_and_refusal(cal_path, tmp_path):
     assert Ledger(ledger).verify()["n_releases"] == 3
 
 
-def test_release_never_prints_the_true_value(cal_path, tmp_path):
-    res = run("release", cal_path, "--value", 0.4711, "--ledger", tmp_path / "l.sqlite")
+def test_release_prints_only_the_noisy_value(cal_path, tmp_path):
+    # with probability w the mixture adds nothing, so pin the draw with a seed (non-zero noise here)
+    noisy = Calibration.load(cal_path).sampler(seed=4).release(0.4711)
+    assert abs(noisy - 0.4711) > 1e-4
+    res = run("release", cal_path, "--value", 0.4711, "--seed", 4, "--ledger", tmp_path / "l.sqlite")
     assert res.exit_code == 0
+    assert float(res.output.splitlines()[0]) == noisy
     assert "0.4711" not in res.output
-    assert float(res.output.splitlines()[0]) != 0.4711
 
 
 def test_release_from_source_database_with_seed_is_marked_not_private(cal_path, tmp_path):

@@ -191,7 +191,7 @@ def _log_lipschitz(sigma, w, lam, t):
     return 1.05 * max(slope, 1.0 / lam)
 
 
-def smoothed_eps_bound(a, B, sigma, w, lam, *, epsilon, slack):
+def smoothed_eps_bound(a, B, sigma, w, lam, *, epsilon, slack, stop_early=False):
     """Certified upper bounds on sup_x |log(P̂⋆k′) − log(P̂_i⋆k′)| per row.
 
     On a uniform grid of spacing slack/L the log ratio D has |D′| ≤ 2L, so
@@ -200,7 +200,9 @@ def smoothed_eps_bound(a, B, sigma, w, lam, *, epsilon, slack):
     within 4η of the Laplace tail ratio. Rows with L·W∞_i ≤ bound are
     certified by pairing without evaluation; so are, for w = 0, rows with
     exact Laplace ε_i(λ) ≤ ε (P̂⋆g⋆ℓ_λ is a post-processing of P̂⋆ℓ_λ).
-    Only rows whose cheap bound exceeds ``epsilon`` are evaluated on the grid.
+    Only rows whose cheap bound exceeds ``epsilon`` are evaluated on the grid;
+    with ``stop_early`` the evaluation stops at the first row above
+    ``epsilon`` and the rows not reached get ``inf``.
     """
     a = np.asarray(a, float)
     B = np.atleast_2d(np.asarray(B, float))
@@ -238,13 +240,21 @@ def smoothed_eps_bound(a, B, sigma, w, lam, *, epsilon, slack):
         np.abs(logsumexp(a / lam) - logsumexp(B[rows] / lam, axis=1)),
         np.abs(logsumexp(-a / lam) - logsumexp(-B[rows] / lam, axis=1)),
     )
-    chunk = max(1, int(4e6 // (size * a.size)))
-    for s in range(0, rows.size, chunk):
+    # riskiest rows first, in growing chunks, so that a failing scale is rejected early
+    order = np.argsort(-out[rows], kind="stable")
+    rows, tails = rows[order], tails[order]
+    cap = max(1, int(4e6 // (size * a.size)))
+    s, chunk = 0, 1
+    while s < rows.size:
         r = rows[s : s + chunk]
         log_pb = log_kde(B[r])
         grid_max = np.abs(log_pa - log_pb).max(axis=1) + slack + 2 * interp_err
         tail = tails[s : s + chunk] + 4.1e-12
         out[r] = np.minimum(out[r], np.maximum(grid_max, tail))
+        s, chunk = s + chunk, min(2 * chunk, cap)
+        if stop_early and out[r].max() > epsilon:
+            out[rows[s:]] = np.inf  # not evaluated: the scale already fails
+            break
     return out
 
 
@@ -285,7 +295,7 @@ def gaussian_fallback(a, B, sigma, epsilon, lam_star, *, weights=(0.0, 0.5, 0.75
         lam_star = max(sigma, 1e-300)  # identical point sets: any Laplace tail works
 
     def ok(w, lam):
-        e = smoothed_eps_bound(a, B, sigma, w, lam, epsilon=epsilon, slack=slack)
+        e = smoothed_eps_bound(a, B, sigma, w, lam, epsilon=epsilon, slack=slack, stop_early=True)
         return e.max(initial=0.0) <= epsilon, e
 
     best = NoiseSpec.mixture(0.0, lam_star)
