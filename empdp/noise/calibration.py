@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..io import write_text
-from .deconv import NoiseSpec, fourier_deconvolve, gaussian_fallback, laplace_closed_form
+from .deconv import fourier_deconvolve, gaussian_fallback, laplace_closed_form
 from .exact import laplace_kde_eps, minimal_lambda
 from .ledger import Ledger
 from .sampler import NoiseSampler
