@@ -161,8 +161,11 @@ def test_sole_contributors_are_counted_and_warned(tmp_path):
 def test_python_api_sample_and_release():
     cal = calibrate_api(SAMPLE, id="countyid", by="year", query="mean(murdrate)", epsilon=0.1, kernel="laplace")
     assert cal.sample(5).shape == (5,)
-    out = cal.release(0.5)
-    assert out["private"] and out["value"] != 0.5 and out["budget_left"] is None
+    out = cal.release(0.5)  # noise is exactly 0 with probability w, so no inequality here
+    assert out["private"] and out["budget_left"] is None
+    assert abs(out["value"] - 0.5) < 50 * cal.lam
+    seeded = cal.release(0.5, seed=4)
+    assert not seeded["private"] and seeded["value"] != 0.5
 
 
 def test_gaussian_kernel_uses_verified_fallback():
