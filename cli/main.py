@@ -12,6 +12,8 @@ from empdp import __version__
 from empdp.errors import EmpdpError
 
 from .assess import assess_cmd
+from .audit import audit
+from .calibrate import calibrate, release
 
 
 class EmpdpGroup(click.Group):
@@ -70,6 +72,9 @@ def cli():
 
 
 cli.add_command(assess_cmd)
+cli.add_command(calibrate)
+cli.add_command(release)
+cli.add_command(audit)
 
 
 def main(argv=None):

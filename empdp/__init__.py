@@ -6,3 +6,12 @@ calibrate-and-release noise (:mod:`empdp.noise`), and black-box audits
 """
 
 __version__ = "0.1.0"
+
+from .assess import Assessment, assess
+from .density import DensityModel, select_density
+from .errors import BudgetExceededError, EmpdpError, InputError
+from .loo import LooResult, leave_one_out
+from .noise import Calibration, calibrate
+
+__all__ = ["Assessment", "assess", "DensityModel", "select_density", "LooResult", "leave_one_out", "Calibration", "calibrate",
+           "EmpdpError", "InputError", "BudgetExceededError"]

@@ -162,6 +162,8 @@ def _kind(lower: str) -> str | None:
 def connect(memory_limit: str | None = None, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """A fresh in-memory DuckDB connection with optional memory limit (e.g. ``'3GB'``)."""
     con = duckdb.connect(":memory:")
+    # DuckDB's own progress bar writes to stdout and would corrupt --json output
+    con.execute("SET enable_progress_bar = false")
     if memory_limit:
         try:
             con.execute(f"SET memory_limit = {quote_literal(memory_limit)}")
