@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import click
 
 from empdp.errors import InputError
+
+from empdp.io import read_json
 
 from ._common import emit_json, output_options, setup_logging
 
@@ -20,13 +21,7 @@ def _pairs(value):
     """--pairs: a JSON file of [x, x_prime] pairs, or 'patterns' / 'patterns:K'."""
     if value is None or value.startswith("patterns"):
         return value
-    path = Path(value)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"pairs file {value!r} does not exist (or use --pairs patterns)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"pairs file {value!r} is not valid JSON: {exc}") from None
+    data = read_json(value, "pairs file", " (or use --pairs patterns)")
     if not isinstance(data, list):
         raise InputError(f"pairs file {value!r} must hold a JSON list of [x, x_prime] pairs")
     return data

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import hmac
 import os
 import tempfile
@@ -65,3 +66,15 @@ def load_hash_key(path: str | None = None) -> bytes:
         raise InputError(f"--hash-ids needs a secret key of at least 16 bytes: give --hash-key-file FILE "
                          f"or set {HASH_KEY_ENV}")
     return key
+
+
+def read_json(path: str | os.PathLike, what: str, hint: str = ""):
+    """Parse a JSON file, raising :class:`InputError` naming ``what`` it should be."""
+    from .errors import InputError
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{what} {str(path)!r} does not exist{hint}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{what} {str(path)!r} is not valid JSON: {exc}") from None

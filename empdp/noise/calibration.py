@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from ..io import write_text
+from ..io import read_json, write_text
 from .deconv import fourier_deconvolve, gaussian_fallback, laplace_closed_form
 from .exact import laplace_kde_eps, minimal_lambda
 from .ledger import Ledger
@@ -119,12 +119,7 @@ class Calibration:
     @classmethod
     def load(cls, path) -> "Calibration":
         """Read a calibration JSON written by :meth:`save`."""
-        try:
-            d = json.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise InputError(f"calibration file {str(path)!r} does not exist") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"calibration file {str(path)!r} is not valid JSON: {exc}") from None
+        d = read_json(path, "calibration file")
         if not isinstance(d, dict):
             raise InputError(f"calibration file {str(path)!r} is not an empdp calibration")
         return cls.from_dict(d)
