@@ -197,7 +197,7 @@ class LooEngine:
         if form in ("var", "std"):
             x = quote_ident(q.columns[0])
             base = f"SELECT b.*, b.{x}::DOUBLE - t.m AS __xc FROM ({base}) b JOIN __totals t USING (__j)"
-            parts = [f"count(__xc)::DOUBLE AS c", "coalesce(sum(__xc), 0) AS s",
+            parts = ["count(__xc)::DOUBLE AS c", "coalesce(sum(__xc), 0) AS s",
                      "coalesce(sum(__xc * __xc), 0) AS ss"]
         if form == "count":
             delta, undef = "p.c", "t.c - p.c <= 0"
