@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import logsumexp, ndtr
 
+from . import _laplace
 from .density import DensityModel, kernel_logcdf_both, kernel_logpdf, kernel_terms
 
 GAUSSIAN_TOL = 1e-12
@@ -161,37 +162,60 @@ def _hermite_extremum(La, Lc, ma, mc, h):
     return np.where(np.isfinite(cand) & (cand > 0) & (cand < 1), cand, 0.5)
 
 
-def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray) -> tuple[_Nodes, np.ndarray]:
-    """Nodes with exact densities for each row of ``shifts``, extrema of L inserted.
-
-    Returns the nodes and L = log p̂ − log p̂_i on them.
-    """
-    C = shifts.shape[0]
-    kinks = model.points[None, :] - shifts
-    if model.kernel == "laplace":
-        x = np.sort(np.concatenate([np.broadcast_to(grid, (C, len(grid))), kinks], axis=1), axis=1)
-    else:
-        x = np.broadcast_to(grid, (C, len(grid))).copy()
-    nd = _evaluate(model, x, kinks)
-    L, Lr, Ll = _log_ratio(nd)
+def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at) -> tuple[_Nodes, np.ndarray]:
+    """Add the interior extrema of L as nodes (L is then monotone between nodes)."""
+    C = nd.x.shape[0]
     h = np.diff(nd.x, axis=1)
     ma, mc = Lr[:, :-1], Ll[:, 1:]
     turn = (h > 0) & (((ma > 0) & (mc < 0)) | ((ma < 0) & (mc > 0)))
     rows, ks = np.nonzero(turn)
-    if len(rows):
-        t = _hermite_extremum(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks])
-        xe = nd.x[rows, ks] + t * h[rows, ks]
-        counts = np.bincount(rows, minlength=C)
-        width = counts.max()
-        slot = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-        ex = np.repeat(nd.x[:, :1], width, axis=1)
-        ex[rows, slot] = xe
-        extra = _evaluate(model, ex, kinks)
-        nd = _Nodes.concat(nd, extra)
-        order = np.argsort(nd.x, axis=1, kind="stable")
-        nd = nd.take(order)
-        L = _log_ratio(nd)[0]
-    return nd, L
+    if not len(rows):
+        return nd, L
+    t = _hermite_extremum(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks])
+    counts = np.bincount(rows, minlength=C)
+    width = int(counts.max())
+    pad = width - counts  # rows with fewer extrema repeat their first node (zero-length intervals)
+    rank = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    col = pad[rows] + rank
+    pos = np.broadcast_to(np.arange(width), (C, width)).copy()
+    pos[rows, col] = ks + 1 + pad[rows] + rank
+    ex = np.repeat(nd.x[:, :1], width, axis=1)
+    ex[rows, col] = nd.x[rows, ks] + t * h[rows, ks]
+    extra = evaluate_at(ex)
+    merged = _laplace.merge({f: getattr(nd, f) for f in _Nodes.FIELDS},
+                            {f: getattr(extra, f) for f in _Nodes.FIELDS}, pos)
+    nd = _Nodes(**merged)
+    return nd, _log_ratio(nd)[0]
+
+
+def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
+                plan: _laplace.GridPlan | None = None) -> tuple[_Nodes, np.ndarray]:
+    """Nodes with exact densities for each row of ``shifts``, extrema of L inserted.
+
+    With a :class:`empdp._laplace.GridPlan` (Laplace kernels, rows with
+    M_i ≤ MAX_BOUND) the grid part uses the matrix form. Returns the nodes and
+    L = log p̂ − log p̂_i on them.
+    """
+    C = shifts.shape[0]
+    kinks = model.points[None, :] - shifts
+    if plan is not None:
+        nd = _Nodes(**_laplace.node_values(plan, shifts))
+        q, b = model.points, model.bandwidths
+
+        def evaluate_at(ex):
+            a, c = _laplace.direct(ex, q, b), _laplace.direct(ex, kinks, b)
+            return _Nodes(x=ex, p=a[0], pr=a[1], pl=a[2], F=a[3], pi=c[0], pir=c[1], pil=c[2], Fi=c[3])
+    else:
+        if model.kernel == "laplace":
+            x = np.sort(np.concatenate([np.broadcast_to(grid, (C, len(grid))), kinks], axis=1), axis=1)
+        else:
+            x = np.broadcast_to(grid, (C, len(grid))).copy()
+        nd = _evaluate(model, x, kinks)
+
+        def evaluate_at(ex):
+            return _evaluate(model, ex, kinks)
+    L, Lr, Ll = _log_ratio(nd)
+    return _insert_extrema(nd, L, Lr, Ll, evaluate_at)
 
 
 def _tail_limits(model: DensityModel, shifts: np.ndarray) -> np.ndarray:
@@ -363,24 +387,52 @@ def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
     return np.clip(np.maximum(d1, d2), 0.0, 1.0)
 
 
+#: cells per evaluation block: rows × max(nodes, n²) for the matrix form, rows × nodes otherwise
+BLOCK_CELLS = 1_000_000
+
+
+def grid_plan(model: DensityModel, grid: np.ndarray) -> _laplace.GridPlan | None:
+    """The shared matrix-form plan for ``grid`` (Laplace kernels only, else None)."""
+    return _laplace.GridPlan(model.points, model.bandwidths, grid) if model.kernel == "laplace" else None
+
+
 def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = None,
-             grid: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+             grid: np.ndarray | None = None, plan: _laplace.GridPlan | None = None
+             ) -> tuple[np.ndarray, np.ndarray | None]:
     """ε_i and δ_i(ε) for each row of ``shifts`` (C, n).
 
     Returns ``(eps_i, delta)`` with ``delta`` of shape (C, len(eps)) or None.
+    ``plan`` (from :func:`grid_plan` on the same ``grid``) is built when missing.
     """
     shifts = np.atleast_2d(np.asarray(shifts, dtype=np.float64))
+    C, n = shifts.shape
     if grid is None:
         grid = base_grid(model, (model.points[None, :] - shifts).ravel())
-    nd, L = node_values(model, shifts, grid)
-    eps_i = individual_eps(model, nd, L, shifts)
-    if eps is None:
-        return eps_i, None
-    eps = np.asarray(eps, dtype=np.float64)
-    order = np.argsort(eps)
-    delta = np.empty((shifts.shape[0], len(eps)))
-    delta[:, order] = sweep_delta(nd, L, eps[order])
+    fast = np.zeros(C, dtype=bool)
     if model.kernel == "laplace":
+        plan = plan if plan is not None else grid_plan(model, grid)
+        fast = (np.abs(shifts) / model.bandwidths).max(axis=1, initial=0.0) <= _laplace.MAX_BOUND
+    if eps is not None:
+        eps = np.asarray(eps, dtype=np.float64)
+        order = np.argsort(eps)
+    eps_i = np.empty(C)
+    delta = None if eps is None else np.empty((C, len(eps)))
+    same = ~shifts.any(axis=1)  # p̂_i ≡ p̂: exactly no risk
+    eps_i[same] = 0.0
+    if delta is not None:
+        delta[same] = 0.0
+    for rows, use in ((np.flatnonzero(fast & ~same), plan), (np.flatnonzero(~fast & ~same), None)):
+        width = max(n * n, len(grid) + n) if use is not None else len(grid) + n
+        step = max(1, BLOCK_CELLS // width)
+        for k in range(0, len(rows), step):
+            r = rows[k:k + step]
+            nd, L = node_values(model, shifts[r], grid, use)
+            eps_i[r] = individual_eps(model, nd, L, shifts[r])
+            if eps is not None:
+                d = np.empty((len(r), len(eps)))
+                d[:, order] = sweep_delta(nd, L, eps[order])
+                delta[r] = d
+    if delta is not None and model.kernel == "laplace":
         delta[eps_i[:, None] <= eps[None, :]] = 0.0  # exact: δ_i(ε) = 0 for ε ≥ ε_i
     return eps_i, delta
 
