@@ -6,12 +6,13 @@ import json
 import logging
 import math
 import sys
+import time
 from contextlib import contextmanager
 
 import click
 import numpy as np
 
-log = logging.getLogger("empdp")
+log = logging.getLogger("empdp.cli")
 
 
 def output_options(f):
@@ -24,10 +25,29 @@ def output_options(f):
 
 
 def setup_logging(verbose: int, quiet: bool, debug: bool) -> None:
+    """Send the ``empdp`` loggers to stderr: INFO with ``-v``, DEBUG with ``-vv``, WARNING otherwise.
+
+    Only empdp's own loggers are configured (``-vv`` should not print matplotlib's
+    font search), and the handler is removed when the command ends, so in-process
+    callers (tests, notebooks) get their logging back unchanged.
+    """
     ctx = click.get_current_context()
     ctx.meta["empdp.debug"] = debug
-    level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING)
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(message)s", force=True)
+    level = logging.WARNING if quiet or not verbose else logging.DEBUG if verbose > 1 else logging.INFO
+    root = logging.getLogger("empdp")
+    handler = logging.StreamHandler(sys.stderr)  # the stderr of this call (CliRunner swaps it)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    before = root.level, root.propagate
+    root.addHandler(handler)
+    root.setLevel(level)
+    root.propagate = False
+
+    def restore() -> None:
+        root.removeHandler(handler)
+        root.setLevel(before[0])
+        root.propagate = before[1]
+
+    ctx.call_on_close(restore)
 
 
 def _clean(obj):
@@ -52,29 +72,98 @@ def emit_json(obj) -> None:
     click.echo(json.dumps(_clean(obj), allow_nan=False))
 
 
+class StageLog:
+    """A ``progress(stage, done, total)`` callback that logs each stage once it ends.
+
+    INFO: one line per stage with its items and elapsed time; DEBUG: every update.
+    Libraries report progress after work, so a stage is timed from the previous
+    stage's last update to its own last one. A stage ends when another one starts
+    or at :meth:`close`. Stages reported in batches (``done`` restarting after
+    reaching ``total``) are summed.
+    """
+
+    def __init__(self, logger: logging.Logger):
+        self.log = logger
+        self.stage: str | None = None
+        self.last = time.perf_counter()
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if stage != self.stage:
+            self.close()
+            self.stage, self.start, self.base_done, self.base_total = stage, self.last, 0, 0
+            self.done, self.total = 0, 0
+        elif done < self.done or (self.total > 0 and self.done >= self.total):
+            self.base_done, self.base_total = self.base_done + self.done, self.base_total + self.total
+        self.done, self.total, self.last = done, total, now
+        self.log.debug("%s: %d/%s", stage, done, total if total > 0 else "?")
+
+    def close(self) -> None:
+        """Log the current stage, if any, as ended at its last update."""
+        if self.stage is None:
+            return
+        done, total = self.base_done + self.done, self.base_total + self.total
+        items = f"{done:,}/{total:,}, " if total > 0 else ""
+        self.log.info("%s: %sdone in %.2f s", self.stage, items, self.last - self.start)
+        self.stage = None
+
+
+def stderr_is_terminal() -> bool:
+    """Whether stderr is an interactive terminal (the only place bars are drawn)."""
+    return sys.stderr.isatty()
+
+
 @contextmanager
-def progress_bars(enabled: bool):
+def progress_bars(enabled: bool, logger: logging.Logger | None = None):
     """Yield a ``progress(stage, done, total)`` callback drawing rich bars on stderr.
 
     Bars appear only when ``enabled`` and stderr is a terminal, so ``--json``
-    output and pipes stay clean.
+    output and pipes stay clean; ``total <= 0`` draws a pulsing bar (size not
+    known yet). With ``logger``, every stage is also logged (:class:`StageLog`),
+    bars or not.
     """
-    if not enabled or not sys.stderr.isatty():
-        yield lambda stage, done, total: None
+    stages = StageLog(logger) if logger is not None else None
+    if not enabled or not stderr_is_terminal():
+        yield stages or (lambda stage, done, total: None)
+        if stages:
+            stages.close()
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # the terminal check is ours (above), so rich need not repeat it on a wrapped stream
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bars:
+                  TimeElapsedColumn(), console=Console(stderr=True, force_terminal=True),
+                  transient=True) as bars:
         tasks: dict = {}
 
         def update(stage: str, done: int, total: int) -> None:
+            if stages:
+                stages(stage, done, total)
+            known = {"total": total} if total > 0 else {}
             if stage not in tasks:
-                tasks[stage] = bars.add_task(stage, total=max(total, 1))
-            bars.update(tasks[stage], completed=done, total=max(total, 1))
+                tasks[stage] = bars.add_task(stage, total=total if total > 0 else None)
+            bars.update(tasks[stage], completed=done, **known)
 
         yield update
+    if stages:
+        stages.close()
+
+
+def check_output(path: str | None, option: str, suffixes: tuple, kinds: str) -> None:
+    """Refuse an output path with the wrong extension (``kinds`` names the right ones) or a
+    missing folder before any work is done, so a bad option never leaves half the outputs written."""
+    from pathlib import Path
+
+    from empdp.errors import InputError
+
+    if path is None:
+        return
+    if not path.lower().endswith(suffixes):
+        raise InputError(f"{option} {path!r} must end in {kinds}")
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise InputError(f"{option}: output folder {str(folder)!r} does not exist; create it first")
 
 
 def write_table(df, path: str) -> None:
