@@ -1,6 +1,7 @@
 """``empdp calibrate`` / ``empdp release`` and the Python API (SPEC 6, issue 3 contract)."""
 
 import json
+import warnings
 from pathlib import Path
 
 import click
@@ -178,3 +179,39 @@ def test_gaussian_kernel_uses_verified_fallback():
     assert cal.verified_eps_max <= 0.5
     assert cal.expected_abs_noise <= cal.lam
     assert cal.noise["kind"] in ("laplace", "laplace_mixture")
+
+
+def test_default_kernel_is_laplace_with_the_closed_form(tmp_path):
+    # 'auto' picks a Gaussian kernel on these data, which cannot be deconvolved (SPEC 10.2)
+    res = run("calibrate", SAMPLE, *QUERY, "--epsilon", 0.1, "-o", tmp_path / "c.json", "--json")
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["curator_kernel"]["kind"] == "laplace"
+    assert d["deconvolution"]["method"].startswith("closed form") and "cannot be deconvolved" not in res.output
+    auto = run("calibrate", SAMPLE, *QUERY, "--epsilon", 0.1, "--kernel", "auto", "-o", tmp_path / "a.json", "--json")
+    assert json.loads(auto.stdout)["curator_kernel"]["kind"] == "gaussian"
+    assert "closed form" in run("calibrate", "--help").output
+
+
+def _recorder():
+    calls = []
+    return calls, lambda stage, done, total: calls.append((stage, done, total))
+
+
+def test_library_reports_progress_stages():
+    rng = np.random.default_rng(4)
+    q = rng.normal(size=15)
+    shifts = rng.normal(size=(40, 15)) * 0.05 * (rng.random((40, 15)) < 0.3)
+    for kernel, stages in (("laplace", ["density model", "lambda search"]),
+                           ("gaussian", ["density model", "lambda search", "Gaussian fallback"])):
+        calls, progress = _recorder()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            calibrate_values(q, shifts, epsilon=0.5, kernel=kernel, progress=progress)
+        assert list(dict.fromkeys(c[0] for c in calls)) == stages
+        for stage in stages:  # every stage ends complete, and never counts backwards
+            mine = [c for c in calls if c[0] == stage]
+            assert mine[-1][1] == mine[-1][2] > 0
+            assert [c[1] for c in mine] == sorted(c[1] for c in mine)
+        search = [c for c in calls if c[0] == "lambda search"]
+        assert len(search) > 20 and all(d <= t for _, d, t in search if t > 0)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -33,6 +34,15 @@ from .ledger import Ledger
 from .sampler import NoiseSampler
 
 FORMAT = "empdp-calibration/1"
+#: the curator kernel by default: it deconvolves in closed form (a Gaussian one needs the fallback)
+DEFAULT_KERNEL = "laplace"
+log = logging.getLogger(__name__)
+Progress = Callable[[str, int, int], None]
+
+
+def _no_progress(stage: str, done: int, total: int) -> None:
+    return None
+
 GUARANTEE = ("empirical differential privacy with respect to the distribution of the query over the "
              "databases, under the curator's density model (SPEC 6.6); not classical DP")
 
@@ -134,8 +144,11 @@ class Calibration:
         return self.sampler(seed).sample(int(k))
 
     def release(self, value: float, *, ledger=None, budget: float | None = None,
-                seed: int | None = None, database: str | None = None) -> dict:
+                seed: int | None = None, database: str | None = None, progress: Progress | None = None) -> dict:
         """Release value + y, recorded in ``ledger`` under the total-ε ``budget`` (SPEC 6.5).
+
+        ``progress("noise and ledger", done, 1)`` brackets the draw and the ledger
+        transaction, which waits up to 30 s for another writer's lock.
 
         Returns
         -------
@@ -158,6 +171,9 @@ class Calibration:
                       epsilon=self.epsilon, weight_zero=self.noise["weight_zero"], private=sampler.private,
                       calibration_digest=self.digest)
         fields["lambda"] = self.noise["scale"]
+        progress = progress or _no_progress
+        progress("noise and ledger", 0, 1)
+        t0 = time.perf_counter()
         if ledger is None:
             if budget is not None:
                 raise InputError("a budget needs a ledger to count against; pass a ledger file")
@@ -166,13 +182,21 @@ class Calibration:
         else:
             rec = Ledger(ledger).append(fields, lambda: sampler.release(value), budget=budget)
             spent, left = rec["budget_spent"], rec["budget_left"]
+        progress("noise and ledger", 1, 1)
+        log.info("released with epsilon %g (%s); ledger %s: %s spent, seq %s, in %.2f s", self.epsilon,
+                 "CSPRNG" if sampler.private else "seeded, NOT private", ledger, _g(spent), rec["seq"],
+                 time.perf_counter() - t0)
         return {"value": rec["noisy_value"], "epsilon": self.epsilon, "budget_spent": spent,
                 "budget_left": left, "private": sampler.private, "seq": rec["seq"],
                 "ledger": None if ledger is None else str(ledger)}
 
 
-def calibrate_values(q, shifts, *, epsilon: float, kernel: str = "auto", bandwidth="auto",
-                     undefined=None, density=None) -> Calibration:
+def _g(v) -> str:
+    return "-" if v is None else f"{v:g}"
+
+
+def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
+                     undefined=None, density=None, progress: Progress | None = None) -> Calibration:
     """Calibrate noise for query values ``q`` and leave-one-out ``shifts`` (SPEC 6.1–6.3, 6.6).
 
     Parameters
@@ -186,9 +210,14 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = "auto", bandwid
     kernel, bandwidth :
         Curator kernel choice, passed to :func:`empdp.density.select_density`
         with fixed scale (``variable=False``), unless ``density`` is given.
+        The default Laplace kernel deconvolves in closed form; ``"auto"``
+        may pick a Gaussian one, which needs the verified fallback (SPEC 10.2).
     undefined : (m,) bool array_like, optional
         Sole contributors: excluded from λ* (no λ protects them), counted
         and warned about.
+    progress : callable, optional
+        ``progress(stage, done, total)`` for the stages "density model",
+        "lambda search" and (Gaussian kernel) "Gaussian fallback".
 
     Returns
     -------
@@ -206,10 +235,17 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = "auto", bandwid
     if not (np.isfinite(q).all() and np.isfinite(shifts).all()):
         raise InputError("query values and leave-one-out shifts must be finite")
     undefined = np.zeros(len(shifts), bool) if undefined is None else np.asarray(undefined, bool)
+    progress = progress or _no_progress
     if density is None:
         from ..density import select_density
 
+        t = time.perf_counter()
+        progress("density model", 0, 1)
         density = select_density(q, kernel=kernel, bandwidth=bandwidth, variable=False)
+        progress("density model", 1, 1)
+        log.info("curator kernel: %s, scale %.6g (%s, %d candidate(s), LOO log-likelihood %.6g) in %.2f s",
+                 density.kernel, density.scale, density.selected_by, len(density.candidates), density.loglik,
+                 time.perf_counter() - t)
     kind, b = density.kernel, float(density.scale)
     notes = []
     if undefined.any():
@@ -219,7 +255,12 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = "auto", bandwid
     # rows without any shift have ε_i = 0 at every λ
     rows = ~undefined & (shifts != 0).any(axis=1)
     B = q - shifts[rows]
-    search = minimal_lambda(q, B, epsilon)
+    t = time.perf_counter()
+    search = minimal_lambda(q, B, epsilon, progress=progress)
+    log.info("lambda* = %.6g (W-infinity bound %.6g, Hausdorff rule %.6g): %d of %d individuals evaluated, "
+             "in %.2f s", search.lam, search.lam_winf, search.lam_hausdorff, search.n_bisected, int(rows.sum()),
+             time.perf_counter() - t)
+    t = time.perf_counter()
     if kind == "laplace":
         noise = laplace_closed_form(b, search.lam)
         deconv = {"method": "closed form (Laplace kernel)", "feasible": True}
@@ -232,9 +273,12 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = "auto", bandwid
                   "feasible": check.feasible, "reason": check.reason}
         notes.append("a Gaussian curator kernel cannot be deconvolved (SPEC 10.2): " + check.reason
                      + "; using the verified feasible-family fallback")
-        fb = gaussian_fallback(q, B, b, epsilon, search.lam)
+        fb = gaussian_fallback(q, B, b, epsilon, search.lam, progress=progress)
         noise, eps_max = fb.noise, fb.eps_max
         deconv["grid_slack"] = fb.slack
+    log.info("noise: %s, weight at 0 %.4g, scale %.6g, E|y| %.6g; verified max eps_i %.6g (%s) in %.2f s",
+             noise.kind, noise.weight_zero, noise.scale, noise.expected_abs, eps_max, deconv["method"],
+             time.perf_counter() - t)
     if noise.kind == "none":
         notes.append("the curator kernel is already at least as wide as lambda*: no noise is added")
     if eps_max > epsilon:  # pragma: no cover - the searches verify before returning
@@ -250,19 +294,26 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = "auto", bandwid
 
 
 def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | None = None,
-              where: str | None = None, sql: str | None = None, kernel: str = "auto", bandwidth="auto",
-              memory_limit: str | None = None, drop_null_ids: bool = False) -> Calibration:
+              where: str | None = None, sql: str | None = None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
+              memory_limit: str | None = None, drop_null_ids: bool = False,
+              progress: Progress | None = None) -> Calibration:
     """Calibrate release noise for ``query`` over the databases of ``source`` (SPEC 6).
 
-    Parameters mirror ``empdp calibrate``; see :func:`calibrate_values`.
+    Parameters mirror ``empdp calibrate``; see :func:`calibrate_values`. ``progress``
+    also gets the stage "reading and leave-one-out" (size unknown: total 0).
     """
     from ..loo import leave_one_out
 
+    progress = progress or _no_progress
     t0 = time.perf_counter()
+    progress("reading and leave-one-out", 0, 0)
     loo = leave_one_out(source, id=id, by=by, query=query, where=where, sql=sql,
                         memory_limit=memory_limit, drop_null_ids=drop_null_ids)
+    progress("reading and leave-one-out", 1, 1)
+    log.info("read %s: %d databases, %d individuals (%d sole contributors), query %s, in %.2f s", loo.source,
+             loo.q.size, len(loo.shifts), int(np.sum(loo.undefined)), loo.query, time.perf_counter() - t0)
     cal = calibrate_values(loo.q, loo.shifts, epsilon=epsilon, kernel=kernel, bandwidth=bandwidth,
-                           undefined=loo.undefined)
+                           undefined=loo.undefined, progress=progress)
     cal.source = str(source) if isinstance(source, (str, Path)) else None
     cal.source_description, cal.query_description = loo.source, loo.query
     cal.id, cal.by, cal.query, cal.where, cal.sql = id, by, query, where, sql
@@ -270,16 +321,28 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | Non
     return cal
 
 
-def query_value(cal: Calibration, source: Any, database: str, memory_limit: str | None = None) -> float:
-    """f(X) on database ``database`` of ``source`` with the calibration's query (for ``release``)."""
+def query_value(cal: Calibration, source: Any, database: str, memory_limit: str | None = None,
+                progress: Progress | None = None) -> float:
+    """f(X) on database ``database`` of ``source`` with the calibration's query (for ``release``).
+
+    ``progress("reading", done, total)``: open the source, then compute the query.
+    """
     from ..loo import make_engine
 
     if cal.id is None or cal.by is None:
         raise InputError("this calibration has no stored query (it was made from arrays); pass --value")
+    progress = progress or _no_progress
+    t0 = time.perf_counter()
+    progress("reading", 0, 2)
     engine = make_engine(source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql,
                          memory_limit=memory_limit)
+    progress("reading", 1, 2)
     labels = [str(x) for x in engine.panel.labels]
     if str(database) not in labels:
         shown = ", ".join(labels[:10]) + (" ..." if len(labels) > 10 else "")
         raise InputError(f"database {database!r} is not in {cal.by!r} of this source; it has: {shown}")
-    return float(engine.values()[labels.index(str(database))])
+    value = float(engine.values()[labels.index(str(database))])
+    progress("reading", 2, 2)
+    log.info("computed %s on database %s of %s (%d databases) in %.2f s", engine.query.describe(), database,
+             engine.panel.description, len(labels), time.perf_counter() - t0)
+    return value

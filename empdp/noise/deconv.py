@@ -13,7 +13,9 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import numpy as np
 from scipy.special import log_ndtr, logsumexp
@@ -21,6 +23,7 @@ from scipy.special import log_ndtr, logsumexp
 from .exact import laplace_kde_eps, winf_distance
 
 KERNELS = ("laplace", "gaussian")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -271,7 +274,8 @@ class Fallback:
         return float(self.eps.max()) if self.eps.size else 0.0
 
 
-def gaussian_fallback(a, B, sigma, epsilon, lam_star, *, weights=(0.0, 0.5, 0.75, 0.9, 0.97), rtol=3e-3):
+def gaussian_fallback(a, B, sigma, epsilon, lam_star, *, weights=(0.0, 0.5, 0.75, 0.9, 0.97), rtol=3e-3,
+                      progress: Callable[[str, int, int], None] | None = None):
     """Least-E|y| member of {w·δ_0 + (1 − w)·ℓ_λ′} whose ε over P̂ ⋆ g_σ ⋆ h is verified ≤ ε.
 
     h = ℓ_{λ*} (w = 0) always qualifies, since P̂ ⋆ g ⋆ ℓ_λ* is a
@@ -288,7 +292,11 @@ def gaussian_fallback(a, B, sigma, epsilon, lam_star, *, weights=(0.0, 0.5, 0.75
         Gaussian curator bandwidth.
     epsilon, lam_star : float
         Target ε and the exact Laplace λ* of :func:`~empdp.noise.exact.minimal_lambda`.
+    progress : callable, optional
+        ``progress("Gaussian fallback", done, total)``, one step per weight w.
     """
+    report = progress or (lambda stage, done, total: None)
+    report("Gaussian fallback", 0, len(weights))
     slack = 1e-2 * epsilon
     B = np.atleast_2d(np.asarray(B, float))
     if lam_star <= 0:
@@ -300,10 +308,12 @@ def gaussian_fallback(a, B, sigma, epsilon, lam_star, *, weights=(0.0, 0.5, 0.75
 
     best = NoiseSpec.mixture(0.0, lam_star)
     best_eps = smoothed_eps_bound(a, B, sigma, 0.0, lam_star, epsilon=epsilon, slack=slack)
-    for w in weights:
+    for done, w in enumerate(weights, 1):
         cap = best.expected_abs / (1 - w)  # largest λ′ that would still improve
         good, e = ok(w, cap)
         if not good:
+            log.debug("fallback w = %g: no lambda' <= %.6g improves on E|y| = %.6g", w, cap, best.expected_abs)
+            report("Gaussian fallback", done, len(weights))
             continue
         hi, hi_eps, lo = cap, e, cap / 2
         for _ in range(30):
@@ -318,6 +328,8 @@ def gaussian_fallback(a, B, sigma, epsilon, lam_star, *, weights=(0.0, 0.5, 0.75
                 hi, hi_eps = mid, e
             else:
                 lo = mid
+        log.debug("fallback w = %g: least verified lambda' %.6g, E|y| = %.6g", w, hi, (1 - w) * hi)
         if (1 - w) * hi < best.expected_abs:
             best, best_eps = NoiseSpec.mixture(w, hi), hi_eps
+        report("Gaussian fallback", done, len(weights))
     return Fallback(best, best_eps, slack)

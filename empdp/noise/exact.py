@@ -20,9 +20,14 @@ sup of the log ratio. So {λ : ε_i(λ) ≤ ε} = [λ_i, ∞) and
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 #: individuals per chunk: bounds memory at ~ 2n × chunk × 8 bytes per array
 _CHUNK = 32768
@@ -190,7 +195,8 @@ class LambdaSearch:
         return float(self.eps.max()) if self.eps.size else 0.0
 
 
-def minimal_lambda(a, B, epsilon, *, rtol=1e-10, max_steps=400):
+def minimal_lambda(a, B, epsilon, *, rtol=1e-10, max_steps=400,
+                   progress: Callable[[str, int, int], None] | None = None):
     """λ* = max_i min{λ : ε_i(λ) ≤ ε} by bracketing and bisection (SPEC 6.2).
 
     Because every ε_i is non-increasing in λ (module docstring), one search on
@@ -209,6 +215,9 @@ def minimal_lambda(a, B, epsilon, *, rtol=1e-10, max_steps=400):
         Target ε > 0.
     rtol : float
         Relative width of the final bracket [λ_lo, λ*].
+    progress : callable, optional
+        ``progress("lambda search", done, total)`` after each step (total 0
+        while the bracket is being found).
 
     Returns
     -------
@@ -227,28 +236,39 @@ def minimal_lambda(a, B, epsilon, *, rtol=1e-10, max_steps=400):
         return LambdaSearch(0.0, np.zeros(B.shape[0]), None, 0.0, lam_hausdorff, 0)
 
     touched = np.zeros(B.shape[0], bool)
+    report = progress or (lambda stage, done, total: None)
+    step = 0
 
     def failing(lam, rows):
+        nonlocal step
         rows = rows[winf[rows] > epsilon * lam]
         touched[rows] = True
         eps = laplace_kde_eps(a, B[rows], lam)
-        return rows[eps > epsilon]
+        bad = rows[eps > epsilon]
+        step += 1
+        log.debug("lambda %.9g: %d of %d rows evaluated, %d above epsilon", lam, rows.size, B.shape[0], bad.size)
+        return bad
 
     active = np.flatnonzero(winf > 0)
     lo = hi / 2
+    report("lambda search", 0, 0)
     for _ in range(max_steps):  # bracket: halve until some row fails
         bad = failing(lo, active)
+        report("lambda search", step, 0)
         if bad.size:
             active = bad
             break
         hi, lo = lo, lo / 2
     else:  # pragma: no cover - W∞ > 0 forces ε_i(λ) → ∞ as λ → 0
         raise RuntimeError("could not bracket λ*")
+    # each geometric bisection halves log(hi/lo); +1 for the final verification
+    total = step + max(0, math.ceil(math.log2(math.log(hi / lo) / math.log1p(rtol)))) + 1
     for _ in range(max_steps):
         if hi <= lo * (1 + rtol):
             break
         mid = float(np.sqrt(lo * hi))
         bad = failing(mid, active)
+        report("lambda search", step, total)
         if bad.size:
             lo, active = mid, bad
         else:
@@ -258,4 +278,5 @@ def minimal_lambda(a, B, epsilon, *, rtol=1e-10, max_steps=400):
         hi *= 1 + 4 * rtol
         eps = laplace_kde_eps(a, B, hi)
     binding = int(active[np.argmax(laplace_kde_eps(a, B[active], lo))])
+    report("lambda search", total, total)
     return LambdaSearch(hi, eps, binding, lam_winf, lam_hausdorff, int(touched.sum()))
