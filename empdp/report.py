@@ -4,7 +4,8 @@ One HTML file with inline CSS and matplotlib figures embedded as base64 PNG
 ``data:`` URIs: no scripts, no external references, so it can be mailed or
 archived as is. Sections carry stable ``id`` attributes (:data:`SECTIONS`).
 The report sits on top of the library: it only reads an
-:class:`empdp.assess.Assessment` and optional calibration / audit dicts.
+:class:`empdp.assess.Assessment` (live, or saved and loaded by
+:mod:`empdp.result`) and optional calibration / audit dicts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from . import risk
+from .errors import InputError
 from .io import atomic_path, keyed_hash
 
 #: ids of the sections always present, in page order
@@ -265,6 +267,12 @@ def _at_risk(a, eps: float) -> str:
                     _explain(text))
 
 
+def _has_shifts(a) -> bool:
+    """A live result keeps its leave-one-out engine, a saved one (:mod:`empdp.result`) a few shift rows."""
+    saved = getattr(a, "has_shifts", None)
+    return bool(saved) if saved is not None else a.engine is not None
+
+
 def _top_rows(a, eps: float, show: Callable, k: int):
     """The riskiest rows with δ_i at ``eps`` (exact for the shown rows) and their shift vectors."""
     top = a.riskiest(k)
@@ -272,7 +280,7 @@ def _top_rows(a, eps: float, show: Callable, k: int):
     shifts = None
     delta_eps = np.array([r["delta"] for r in rows], dtype=float)
     exact = False
-    if a.engine is not None and rows:
+    if rows and _has_shifts(a):
         shifts = a.shifts_of([r[a.id_column] for r in rows])
         ok = np.array([not r["sole_contributor"] for r in rows]) & np.isfinite(shifts).all(axis=1)
         if ok.any():
@@ -392,7 +400,9 @@ def _calibration(c: dict) -> str:
         desc = (f"with probability {_fmt(w)} add nothing, otherwise add Laplace noise of scale {_fmt(lam)}")
     else:
         desc = f"{kind} noise of scale {_fmt(lam)}"
-    rows = [("target ε", _fmt(c.get("epsilon"))),
+    query = c.get("query_description") or c.get("query") or c.get("sql")
+    rows = [("query", _e(f"{query} on {c.get('source_description') or c.get('source')}")) if query else None,
+            ("target ε", _fmt(c.get("epsilon"))),
             ("λ* (least Laplace smoothing that reaches ε)", _fmt(c.get("lambda"))),
             ("λ by W∞ bound (valid, larger)", _fmt(c.get("lambda_winf"))),
             ("λ by Hausdorff rule (paper; not a valid guarantee)", _fmt(c.get("lambda_hausdorff"))),
@@ -400,56 +410,152 @@ def _calibration(c: dict) -> str:
             ("noise", _e(desc)),
             ("expected |noise| (expected error)", _fmt(c.get("expected_abs_noise"))),
             ("verified max εᵢ at λ*", _fmt(c.get("verified_eps_max"))),
-            ("classical DP ε (fixed database)", _fmt(_inf_if_none(c.get("classical_dp_epsilon"))))]
+            ("individuals", f"{_fmt(c.get('n_individuals'))} ({_fmt(c.get('n_sole_contributors'))} sole "
+                            "contributor(s): no noise protects them)") if "n_individuals" in c else None,
+            ("classical DP ε (fixed database)", "not claimed (see below)" if kind == "laplace"
+             else _fmt(_inf_if_none(c.get("classical_dp_epsilon"))))]
+    rows = [r for r in rows if r is not None]
+    # the rest of the calibration JSON is bookkeeping (format, timings, the query's parts, notes shown below)
     rows += _extra_rows(c, {"epsilon", "lambda", "lambda_winf", "lambda_hausdorff", "curator_kernel", "noise",
-                            "expected_abs_noise", "verified_eps_max", "classical_dp_epsilon"})
+                            "expected_abs_noise", "verified_eps_max", "classical_dp_epsilon", "classical_dp_explanation",
+                            "guarantee", "format", "seconds", "n_bisected", "expected_abs_noise_plain_laplace",
+                            "source", "source_description", "id", "by", "query", "where", "sql", "query_description",
+                            "n_individuals", "n_sole_contributors", "n_databases"})
     parts = []
     if c.get("private") is False or c.get("seed") is not None:
         parts.append('<div class="warn"><strong>Not private:</strong> this calibration was made with a fixed '
                      'seed for testing; its noise is reproducible and must not be used for a release.</div>')
     parts.append(_kv(rows))
+    parts += [f'<div class="warn">{_e(w)}</div>' for w in c.get("warnings") or []]
+    classical = c.get("classical_dp_explanation") or "for a fixed database the atom at zero makes it infinite"
     parts.append(_explain(
         "The release adds noise to the statistic so that every individual is protected at the target ε. λ* is "
         "the smallest Laplace smoothing scale for which this holds, verified for every individual. The noise is "
         "the part of that smoothing the curator's own density estimate does not already provide, so with "
-        "some probability nothing is added. The guarantee is empirical (with respect to the variation between "
-        "databases); for a fixed database the atom at zero makes the classical DP ε infinite."))
+        "some probability nothing is added. The guarantee is " + _e(c.get("guarantee") or
+                                                                    "empirical (with respect to the variation "
+                                                                    "between databases)")
+        + ". Classical DP ε: " + _e(classical) + "."))
     return _section("calibration", "Noise calibration", *parts)
 
 
-def _audit(d: dict) -> str:
-    lb, est, truth = d.get("lower_bound"), d.get("estimate"), d.get("true_value")
-    rows = [("lower bound on ε (confidence 1 − α)", _fmt(lb)), ("point estimate ε̂", _fmt(est)),
-            ("worst pair", _e(d.get("pair", "–"))), ("output t̂ where the loss peaks", _fmt(d.get("t_hat"))),
-            ("samples n (search) / N (final)", f"{_fmt(d.get('n'))} / {_fmt(d.get('N'))}"),
-            ("α", _fmt(d.get("alpha")))]
+AUDIT_KINDS = ("mpl", "renyi", "release")
+
+
+def audit_kind(d) -> str:
+    """The kind of an audit summary (``mpl``, ``renyi`` or ``release``), checking it is one.
+
+    Accepts what ``empdp audit mpl|renyi|release --json`` prints (the ``method``
+    key) and, as ``mpl``, a plain dict with a ``lower_bound``.
+
+    Raises
+    ------
+    InputError
+        ``d`` is not an audit summary.
+    """
+    kind = d.get("method", "mpl") if isinstance(d, dict) else None
+    key = "mpl_lower_bound" if kind == "release" else "lower_bound"
+    if kind not in AUDIT_KINDS or key not in d:
+        raise InputError("not an empdp audit result: expected the JSON printed by "
+                         "'empdp audit mpl|renyi|release --json'")
+    return kind
+
+
+def _true_value(d: dict):
+    return math.inf if d.get("true_value_infinite") else d.get("true_value")
+
+
+def _vs_truth(lb, truth) -> str:
+    ok = lb is not None and float(lb) <= float(truth)
+    return (f"{_fmt(truth)} <span class='{'ok' if ok else 'bad'}'>"
+            f"({'bound holds' if ok else 'bound exceeds the truth'})</span>")
+
+
+def _loss_curve(d: dict, lb, truth) -> str | None:
+    curve = d.get("loss") if isinstance(d.get("loss"), dict) else d.get("loss_curve")
+    if not (isinstance(curve, dict) and len(curve.get("t") or ())):
+        return None
+    t = np.asarray(curve["t"], dtype=float)
+    if t.ndim != 1:  # a multivariate output has no single axis to draw along
+        return None
+    fig = _figure(9, 3.2)
+    ax = fig.add_subplot()
+    ax.plot(t, np.asarray(curve["loss"], dtype=float), color=PURPLE, lw=1.6, label="empirical loss ℓ̂(t)")
+    if isinstance(d.get("t_hat"), (int, float)):
+        ax.axvline(float(d["t_hat"]), color=GREY, ls=":", lw=1.2, label="t̂")
+    for v, c, lab in ((lb, BLUE, "lower bound"), (truth, RED, "true ε")):
+        if v is not None and np.isfinite(float(v)):
+            ax.axhline(float(v), color=c, ls="--", lw=1.2, label=lab)
+    ax.set_xlabel("mechanism output t")
+    ax.set_ylabel("|log f̂ₓ(t) − log f̂ₓ′(t)|")
+    ax.legend(frameon=False, fontsize=9)
+    _style(ax)
+    return _img(fig, "MPL loss curve")
+
+
+_AUDIT_EXPLAIN = (
+    "A black-box audit runs the mechanism many times on a pair of neighbouring inputs and estimates how far "
+    "apart its output distributions are. The lower bound is a statistical guarantee that the true value is at "
+    "least this large, with confidence 1 − α; a bound above the claimed ε shows the claim is false. The bounds "
+    "are asymptotic: see the sample sizes.")
+
+
+def _audit_bound(d: dict, kind: str) -> str:
+    """MPL (pure-DP ε, with its loss curve) or Rényi (D_α) lower bound of one mechanism."""
+    lb, truth = d.get("lower_bound"), _true_value(d)
+    renyi = kind == "renyi"
+    rows = [(f"lower bound on {'D_α' if renyi else 'ε'} (confidence 1 − α)", _fmt(lb)),
+            ("point estimate", _fmt(d.get("estimate"))), ("worst pair", _e(d.get("pair", "–")))]
+    rows += [("order α", _fmt(d.get("order"))), ("direction", _e(d.get("direction", "–")))] if renyi else \
+        [("output t̂ where the loss peaks", _fmt(d.get("t_hat")))]
+    rows += [("samples n (search) / N (final)", f"{_fmt(d.get('n'))} / {_fmt(d.get('N'))}"),
+             ("α", _fmt(d.get("alpha")))]
     if truth is not None:
-        ok = lb is not None and float(lb) <= float(truth)
-        rows.append(("true ε", f"{_fmt(truth)} <span class='{'ok' if ok else 'bad'}'>"
-                               f"({'bound holds' if ok else 'bound exceeds the truth'})</span>"))
-    rows += _extra_rows(d, {"lower_bound", "estimate", "pair", "t_hat", "n", "N", "alpha", "true_value", "loss"})
+        rows.append((f"true {'D_α' if renyi else 'ε'}", _vs_truth(lb, truth)))
+    rows += _extra_rows(d, {"method", "lower_bound", "estimate", "pair", "t_hat", "n", "N", "alpha", "true_value",
+                            "true_value_infinite", "loss", "order", "direction"})
     parts = [_kv(rows)]
-    curve = d.get("loss")
-    if isinstance(curve, dict) and len(curve.get("t", ())):
-        fig = _figure(9, 3.2)
-        ax = fig.add_subplot()
-        ax.plot(curve["t"], curve["loss"], color=PURPLE, lw=1.6, label="empirical loss ℓ̂(t)")
-        if d.get("t_hat") is not None:
-            ax.axvline(float(d["t_hat"]), color=GREY, ls=":", lw=1.2, label="t̂")
-        for v, c, lab in ((lb, BLUE, "lower bound"), (truth, RED, "true ε")):
-            if v is not None and np.isfinite(float(v)):
-                ax.axhline(float(v), color=c, ls="--", lw=1.2, label=lab)
-        ax.set_xlabel("mechanism output t")
-        ax.set_ylabel("|log f̂ₓ(t) − log f̂ₓ′(t)|")
-        ax.legend(frameon=False, fontsize=9)
-        _style(ax)
-        parts.append(_img(fig, "MPL loss curve"))
-    parts.append(_explain(
-        "A black-box audit runs the mechanism many times on a pair of neighbouring inputs and estimates how far "
-        "apart its output distributions are (the privacy loss at each output t). The lower bound is a statistical "
-        "guarantee that the mechanism's true ε is at least this large, with confidence 1 − α; a bound above the "
-        "claimed ε shows the claim is false. The bounds are asymptotic: see the sample sizes."))
-    return _section("audit", "Audit (MPL lower bound)", *parts)
+    curve = None if renyi else _loss_curve(d, lb, truth)
+    if curve:
+        parts.append(curve)
+    parts.append(_explain(_AUDIT_EXPLAIN))
+    title = f"Audit: Rényi lower bound on D_α (order {_fmt(d.get('order'))})" if renyi else \
+        "Audit: MPL lower bound on ε"
+    return _section("audit", title, *parts)
+
+
+def _audit_release(d: dict, show: Callable) -> str:
+    """The audit of a calibrated release (SPEC 7.4): bounds beside the exact values, per individual."""
+    ok, order = d.get("ok"), _fmt(d.get("order"))
+    noise, ck = d.get("noise") or {}, d.get("curator_kernel") or {}
+    rows = [("result", f"<span class='{'ok' if ok else 'bad'}'>"
+                       f"{'the release meets its target ε' if ok else 'CHECK FAILED'}</span>"),
+            ("target ε", _fmt(d.get("target_epsilon"))),
+            ("MPL lower bound ≤ exact max εᵢ", f"{_fmt(d.get('mpl_lower_bound'))} ≤ {_fmt(d.get('exact_epsilon_max'))}"),
+            ("MPL point estimate", _fmt(d.get("mpl_estimate"))),
+            (f"Rényi lower bound vs exact max D_{order}",
+             f"{_fmt(d.get('renyi_lower_bound'))} vs {_fmt(d.get('exact_renyi_max'))}"),
+            ("noise", _e(f"{noise.get('kind', '–')}, weight at 0 {_fmt(noise.get('weight_zero'))}, "
+                         f"scale {_fmt(noise.get('scale'))}")),
+            ("curator kernel", _e(f"{ck.get('kind', '–')}, scale {_fmt(ck.get('scale'))}")),
+            ("samples n / N (MPL), Rényi", f"{_fmt(d.get('n'))} / {_fmt(d.get('N'))}, {_fmt(d.get('n_renyi'))}"),
+            ("α", _fmt(d.get("alpha")))]
+    head = (f"<tr><th>id</th><th class='n'>exact εᵢ</th><th class='n'>MPL estimate</th>"
+            f"<th class='n'>exact D<sub>{order}</sub></th></tr>")
+    body = "".join(f"<tr><td><code>{_e(show(r.get('id')))}</code></td><td class='n'>{_fmt(r.get('exact_epsilon'))}</td>"
+                   f"<td class='n'>{_fmt(r.get('mpl_estimate'))}</td><td class='n'>{_fmt(r.get('exact_renyi'))}</td></tr>"
+                   for r in d.get("individuals") or [] if isinstance(r, dict))
+    warn = "".join(f'<div class="warn">{_e(w)}</div>' for w in d.get("warnings") or [])
+    return _section("audit", "Audit of the calibrated release", _kv(rows),
+                    f"<table><thead>{head}</thead><tbody>{body}</tbody></table>", warn, _explain(
+                        "The release's output distribution is sampled for the riskiest individuals, with and "
+                        "without each of them; the black-box lower bounds must lie below the exact values "
+                        "computed from the calibration, which must lie below the target. " + _AUDIT_EXPLAIN))
+
+
+def _audit(d: dict, show: Callable = str) -> str:
+    kind = audit_kind(d)
+    return _audit_release(d, show) if kind == "release" else _audit_bound(d, kind)
 
 
 # ---------------------------------------------------------------- entry points
@@ -467,8 +573,9 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
     calibration : dict, optional
         A calibration summary (the JSON of ``empdp calibrate``): adds the ``calibration`` section.
     audit : dict, optional
-        An MPL audit summary (``lower_bound``, ``estimate``, ``pair``, ``t_hat``, ``n``, ``N``, ``alpha``,
-        ``true_value``, optionally ``loss = {"t": [...], "loss": [...]}``): adds the ``audit`` section.
+        What ``empdp audit mpl|renyi|release --json`` prints, or an MPL summary (``lower_bound``,
+        ``estimate``, ``pair``, ``t_hat``, ``n``, ``N``, ``alpha``, ``true_value``, optionally
+        ``loss = {"t": [...], "loss": [...]}``): adds the ``audit`` section (see :func:`audit_kind`).
     hash_ids : bool, bytes, str or callable
         Replace ids by pseudonyms: a key (HMAC-SHA256, :func:`keyed_hash`), a callable, or ``True`` for a
         random per-report key.
@@ -481,7 +588,9 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
     a = assessment
     eps = float(a.epsilons[0] if epsilon is None else epsilon)
     if not np.isfinite(eps) or eps < 0:
-        raise ValueError(f"epsilon must be finite and >= 0, got {epsilon!r}")
+        raise InputError(f"--epsilon must be finite and >= 0, got {epsilon!r}")
+    if audit is not None:
+        audit_kind(audit)
     show = _id_formatter(hash_ids)
     idx, exact = _at(a, eps)
     rows, shifts, exact_rows = _top_rows(a, eps, show, TOP_TABLE)
@@ -491,7 +600,7 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
     if calibration is not None:
         body.append(_calibration(calibration))
     if audit is not None:
-        body.append(_audit(audit))
+        body.append(_audit(audit, show))
     try:
         from importlib.metadata import version
         ver = version("empdp")

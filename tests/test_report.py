@@ -135,3 +135,60 @@ def test_without_engine(result):
     text = report_html(dataclasses.replace(result, engine=None))
     assert _section_ids(text) == set(SECTIONS)
     assert "No individual with a defined leave-one-out value" in text
+
+
+RENYI = {"method": "renyi", "lower_bound": 0.82, "estimate": 0.93, "order": 2.0, "pair": [[0.0], [1.0]],
+         "direction": "x||x'", "t_hat": None, "n": 5000, "N": 5000, "alpha": 0.05, "true_value": 1.0,
+         "true_value_infinite": False}
+RELEASE = {"method": "release", "target_epsilon": 0.1, "order": 2.0, "ok": False, "mpl_lower_bound": 0.02,
+           "mpl_estimate": 0.24, "exact_epsilon_max": 0.1, "renyi_lower_bound": 0.0026, "exact_renyi_max": 0.0025,
+           "individuals": [{"id": 2185, "exact_epsilon": 0.1, "exact_renyi": 0.001, "mpl_estimate": 0.24}],
+           "n": 20000, "N": 50000, "n_renyi": 100000, "alpha": 0.05, "warnings": ["a warning of the audit"],
+           "noise": CALIBRATION["noise"], "curator_kernel": CALIBRATION["curator_kernel"]}
+
+
+def _audit_section(text: str) -> str:
+    return re.search(r'<section id="audit">.*?</section>', text, re.S).group(0)
+
+
+def test_audit_json_of_every_cli_kind(result):
+    from empdp.report import _audit
+
+    renyi = _audit_section(_audit(RENYI))
+    assert "Rényi lower bound on D_α (order 2)" in renyi and "0.82" in renyi and "bound holds" in renyi
+    release = _audit_section(_audit(RELEASE, lambda v: f"pseudo-{v}"))
+    assert "CHECK FAILED" in release and "<code>pseudo-2185</code>" in release and "2185</code>" not in \
+        release.replace("pseudo-2185</code>", "")
+    assert "a warning of the audit" in release
+    # the CLI's MPL JSON names its curve loss_curve; an infinite truth is a flag, the value null
+    mpl = dict(AUDIT, method="mpl", loss_curve=AUDIT["loss"], true_value=None, true_value_infinite=True)
+    del mpl["loss"]
+    text = _audit(mpl)
+    assert text.count("data:image/png") == 1 and "∞" in text and "bound holds" in text
+
+
+@pytest.mark.parametrize("bad", [{"method": "guess", "lower_bound": 1}, {"estimate": 1.0}, [1, 2], CALIBRATION])
+def test_audit_of_the_wrong_kind_is_refused(result, bad):
+    from empdp.errors import InputError
+    from empdp.report import audit_kind
+
+    with pytest.raises(InputError, match="not an empdp audit result"):
+        audit_kind(bad)
+
+
+def test_calibration_json_of_the_cli_shows_no_bookkeeping():
+    from empdp.noise import calibrate_values
+    from empdp.noise.calibration import _classical_note
+    from empdp.report import _calibration, _fmt
+
+    rng = np.random.default_rng(0)
+    cal = calibrate_values(rng.normal(size=12), rng.normal(size=(5, 12)) * 0.1, epsilon=1.0, kernel="laplace",
+                           bandwidth=0.01).to_dict()
+    text = _calibration(cal)
+    assert "empdp-calibration/1" not in text and "n_bisected" not in text and "seconds" not in text
+    assert f"{_fmt(cal['lambda'])}" in text and "atom at 0" in text and "<td>∞</td>" in text
+    # pure Laplace noise (the Gaussian fallback's w = 0): the classical ε is unknown, not ∞
+    pure = dict(cal, noise={"kind": "laplace", "weight_zero": 0.0, "scale": cal["lambda"]},
+                classical_dp_explanation=_classical_note("laplace"))
+    text = _calibration(pure)
+    assert "not claimed" in text and "global sensitivity" in text and "<td>∞</td>" not in text
