@@ -1,0 +1,261 @@
+"""Assessment results on disk: ``empdp assess --save-result`` and ``empdp report`` (SPEC 8; issue 5).
+
+A result file is one strict-JSON object (``"format": "empdp-result/1"``) with
+everything the HTML report draws, so a report can be rendered again later,
+with a calibration or an audit beside it, without the data:
+
+- ``summary``: :meth:`empdp.assess.Assessment.to_dict` (the ``--json`` output,
+  for other tools; loading rebuilds it from the fields below);
+- the database labels, the query values q_j and the density model (kernel,
+  scale, sensitivity, per-point bandwidths b_j, candidates);
+- the sweep arrays ε, δ(ε), δ*(ε) and the number at risk;
+- the ``TABLE_ROWS`` riskiest rows of the per-individual table (riskiest
+  first; ``--out`` writes the whole table) and the dense shift rows Δ_i· of
+  the first ``SHIFT_ROWS`` of them, which the riskiest-individuals table and
+  the density plots (the paper's Figure 5) need.
+
+It names the riskiest individuals and their influence, so it is written
+atomically and owner-only (mode 0600); with ``hash_ids`` the ids are replaced
+by keyed pseudonyms before anything is written. Non-finite numbers are stored
+as the strings ``"inf"``/``"-inf"`` and NaN as null.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from .assess import Assessment
+from .density import DensityModel
+from .errors import InputError
+from .io import atomic_path, keyed_hash, read_json
+
+FORMAT = "empdp-result/1"
+#: riskiest rows of the per-individual table kept in the file
+TABLE_ROWS = 1000
+#: of those, rows whose dense shifts Δ_i· are kept (at least the report's table, ``report.TOP_TABLE``)
+SHIFT_ROWS = 20
+_FLOAT_COLUMNS = ("eps_i", "eps_bound", "delta", "max_abs_shift")
+
+
+@dataclass
+class SavedAssessment(Assessment):
+    """An :class:`~empdp.assess.Assessment` read back by :func:`load_result`.
+
+    Everything the report and the terminal summary use behaves as on the live
+    result, except: ``individuals`` holds only the saved riskiest rows
+    (riskiest first; ``n_individuals`` is still the full count), and
+    :meth:`shifts_of` knows only the first :data:`SHIFT_ROWS` of them.
+    """
+
+    total_individuals: int = 0
+    saved_shifts: np.ndarray | None = field(default=None, repr=False)
+    ids_hashed: bool = False
+
+    @property
+    def n_individuals(self) -> int:
+        return self.total_individuals
+
+    @property
+    def has_shifts(self) -> bool:
+        return self.saved_shifts is not None and len(self.saved_shifts) > 0
+
+    def riskiest(self, k: int = 10) -> pl.DataFrame:
+        """The k riskiest individuals (the rows are saved in that order)."""
+        return self.individuals.head(k)
+
+    def shifts_of(self, ids) -> np.ndarray:
+        """Saved dense shift rows Δ_i· (len(ids), n) of the given individuals."""
+        ids = list(ids)
+        known = self.individuals[self.id_column].head(0 if self.saved_shifts is None else len(self.saved_shifts))
+        pos = {v: k for k, v in enumerate(known.to_list())}
+        missing = [v for v in ids if v not in pos]
+        if missing:
+            raise InputError(f"the result file keeps the shifts of its {len(pos)} riskiest individuals only; "
+                             f"not of {missing[:3]}")
+        return self.saved_shifts[[pos[v] for v in ids]]
+
+
+# ------------------------------------------------------------------ encoding
+
+def _enc(values) -> list:
+    """Floats for strict JSON: ±inf as strings, NaN and None as null."""
+    out = []
+    for v in np.asarray(values, dtype=float).ravel().tolist():
+        out.append(None if math.isnan(v) else ("inf" if v > 0 else "-inf") if math.isinf(v) else v)
+    return out
+
+
+def _dec(values) -> np.ndarray:
+    """Inverse of :func:`_enc` (null becomes NaN)."""
+    if not isinstance(values, list):
+        raise TypeError(f"expected a list of numbers, got {type(values).__name__}")
+    return np.array([math.nan if v is None else float(v) for v in values], dtype=float)
+
+
+def _scalar(v):
+    """A JSON-native label or id; anything else (dates, decimals) as its string."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return _enc([v])[0]
+    return str(v)
+
+
+def _plain(obj):
+    """Numbers of nested dicts/lists made JSON-safe (the summary, checks and candidates)."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        return _enc([obj])[0]
+    if isinstance(obj, np.ndarray):
+        return _plain(obj.tolist())
+    return obj
+
+
+# ------------------------------------------------------------------ save
+
+def result_dict(a: Assessment, *, hash_ids: bytes | None = None) -> dict:
+    """The content of a result file (see the module docstring); ids hashed with the key ``hash_ids``."""
+    top = a.riskiest(TABLE_ROWS)
+    ids = top[a.id_column].to_list()
+    shifts = a.shifts_of(ids[:SHIFT_ROWS]) if ids else np.zeros((0, a.n_databases))
+    show = (lambda v: keyed_hash(v, hash_ids)) if hash_ids else _scalar
+    m = a.model
+    summary = a.to_dict()
+    from . import __version__
+
+    return {
+        "format": FORMAT,
+        "empdp_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "ids_hashed": bool(hash_ids) or bool(getattr(a, "ids_hashed", False)),
+        "summary": _plain(summary),
+        "source": a.source, "query": a.query, "id": a.id_column, "by": a.by_column,
+        "labels": [_scalar(v) for v in a.labels],
+        "q": _enc(a.q),
+        "model": {"kernel": m.kernel, "scale": float(m.scale), "sensitivity": float(m.sensitivity),
+                  "bandwidths": _enc(m.bandwidths), "loglik": _enc([m.loglik])[0],
+                  "selected_by": m.selected_by, "candidates": _plain(m.candidates)},
+        "sweep": {"epsilon": _enc(a.epsilons), "delta": _enc(a.delta), "total_risk": _enc(a.total_risk),
+                  "n_at_risk": [int(v) for v in a.n_at_risk]},
+        "eps_all": _enc([a.eps_all])[0],
+        "independence": _plain(a.independence),
+        "representativeness": _plain(a.representativeness),
+        "warnings": list(a.warnings),
+        "sole_contributors": int(a.sole_contributors),
+        "n_evaluated": int(a.n_evaluated),
+        "screening": bool(a.screening),
+        "n_individuals": int(a.n_individuals),
+        "individuals": {
+            a.id_column: [show(v) for v in ids],
+            **{c: _enc(top[c].to_numpy()) for c in _FLOAT_COLUMNS},
+            "n_databases": [int(v) for v in top["n_databases"]],
+            "sole_contributor": [bool(v) for v in top["sole_contributor"]],
+        },
+        "shifts": [_enc(row) for row in shifts],
+    }
+
+
+def save_result(a: Assessment, path, *, hash_ids: bytes | None = None) -> None:
+    """Write the result file of ``a`` to ``path`` atomically, owner-only (mode 0600).
+
+    Parameters
+    ----------
+    a : Assessment
+        A live result of :func:`empdp.assess` (it needs its data for the shift rows).
+    hash_ids : bytes, optional
+        Key of :func:`empdp.io.keyed_hash`: ids are saved as pseudonyms.
+    """
+    text = json.dumps(result_dict(a, hash_ids=hash_ids), allow_nan=False)
+    with atomic_path(path, private=True) as tmp:
+        tmp.write_text(text + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------------------------ load
+
+def _kind_hint(d: Any) -> str:
+    fmt = d.get("format") if isinstance(d, dict) else None
+    if isinstance(fmt, str) and fmt.startswith("empdp-calibration"):
+        return "; it is a calibration file (give it with --calibration)"
+    if isinstance(d, dict) and d.get("method") in ("mpl", "renyi", "release"):
+        return "; it is an audit result (give it with --audit)"
+    return ""
+
+
+def load_result(path) -> SavedAssessment:
+    """Read a result file written by :func:`save_result`.
+
+    Raises
+    ------
+    InputError
+        The file is missing, not JSON, not an empdp result, or damaged.
+    """
+    d = read_json(path, "result file", " (write one with 'empdp assess ... --save-result FILE')")
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        got = d.get("format") if isinstance(d, dict) else type(d).__name__
+        raise InputError(f"{str(path)!r} is not an empdp result file (format {got!r}, expected {FORMAT!r})"
+                         + _kind_hint(d))
+    try:
+        return _from_dict(d)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise InputError(f"result file {str(path)!r} is damaged or incomplete: {what}") from None
+
+
+def _representativeness(rep: dict) -> dict:
+    """JSON turned the histogram's keys (numbers of databases) into strings: turn them back."""
+    rep = dict(rep)
+    rep["histogram"] = {int(k): int(v) for k, v in rep.get("histogram", {}).items()}
+    return rep
+
+
+def _from_dict(d: dict) -> SavedAssessment:
+    labels, q = list(d["labels"]), _dec(d["q"])
+    n = len(labels)
+    md = d["model"]
+    bandwidths = _dec(md["bandwidths"])
+    sweep = d["sweep"]
+    eps, delta, total = _dec(sweep["epsilon"]), _dec(sweep["delta"]), _dec(sweep["total_risk"])
+    at_risk = np.asarray(sweep["n_at_risk"], dtype=np.int64)
+    if not (len(q) == len(bandwidths) == n and n >= 2):
+        raise ValueError(f"{len(q)} query values and {len(bandwidths)} bandwidths for {n} databases")
+    if not (len(eps) == len(delta) == len(total) == len(at_risk) >= 1):
+        raise ValueError("the sweep arrays differ in length")
+    ind = d["individuals"]
+    id_col = d["id"]
+    table = pl.DataFrame({
+        id_col: pl.Series(id_col, list(ind[id_col])),
+        **{c: pl.Series(c, _dec(ind[c]), dtype=pl.Float64, nan_to_null=True) for c in _FLOAT_COLUMNS},
+        "n_databases": pl.Series("n_databases", ind["n_databases"], dtype=pl.Int64),
+        "sole_contributor": pl.Series("sole_contributor", ind["sole_contributor"], dtype=pl.Boolean),
+    }).select([id_col, "eps_i", "eps_bound", "delta", "n_databases", "max_abs_shift", "sole_contributor"])
+    shifts = np.array([_dec(row) for row in d["shifts"]], dtype=float).reshape(-1, n)
+    if len(shifts) > table.height:
+        raise ValueError(f"{len(shifts)} shift rows for {table.height} individuals")
+    model = DensityModel(kernel=md["kernel"], scale=float(md["scale"]), sensitivity=float(md["sensitivity"]),
+                         points=q, bandwidths=bandwidths, loglik=float(_dec([md["loglik"]])[0]),
+                         selected_by=md["selected_by"], candidates=list(md.get("candidates", [])))
+    if model.kernel not in ("laplace", "gaussian"):
+        raise ValueError(f"unknown kernel {model.kernel!r}")
+    return SavedAssessment(
+        source=d["source"], query=d["query"], id_column=id_col, by_column=d["by"], labels=labels, q=q,
+        model=model, epsilons=eps, delta=delta, total_risk=total, n_at_risk=at_risk,
+        eps_all=float(_dec([d["eps_all"]])[0]), individuals=table, independence=dict(d["independence"]),
+        representativeness=_representativeness(d["representativeness"]), warnings=list(d["warnings"]),
+        sole_contributors=int(d["sole_contributors"]), n_evaluated=int(d["n_evaluated"]),
+        screening=bool(d["screening"]), engine=None, total_individuals=int(d["n_individuals"]),
+        saved_shifts=shifts, ids_hashed=bool(d.get("ids_hashed", False)))
+
