@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import click
+import logging
+import time
 
+import click
 import polars as pl
 
 from empdp.assess import assess
 from empdp.errors import InputError
 from empdp.io import keyed_hash, load_hash_key
 
-from ._common import emit_json, output_options, progress_bars, setup_logging, write_table
+from ._common import check_output, emit_json, log, output_options, progress_bars, setup_logging, write_table
+from .report import extras_options, load_extras
 
 
 def parse_bandwidth(value: str):
@@ -46,14 +49,19 @@ def query_options(f):
               help="'auto' (variable bandwidths by held-out likelihood) or a fixed global kernel scale.")
 @click.option("--out", "out", help="Write one row per individual to FILE.parquet or FILE.csv (mode 0600).")
 @click.option("--report", "report", help="Write a self-contained HTML report to FILE.html (mode 0600).")
+@extras_options
+@click.option("--save-result", "save_result", metavar="FILE.json",
+              help="Keep the result for 'empdp report' (summary, model, sweep, riskiest rows and their shifts; "
+                   "mode 0600).")
 @click.option("--hash-ids", is_flag=True, help="Replace ids by a keyed hash (HMAC-SHA256) in every output.")
 @click.option("--hash-key-file", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB (spills to disk beyond it).")
 @click.option("--drop-null-ids", is_flag=True, help="Drop rows whose id is NULL instead of failing.")
 @click.option("--no-screening", is_flag=True, help="Evaluate every individual exactly (slower; same results).")
 @output_options
-def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth, out, report, hash_ids,
-               hash_key_file, memory_limit, drop_null_ids, no_screening, as_json, quiet, verbose, debug):
+def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth, out, report, calibration, audit,
+               save_result, hash_ids, hash_key_file, memory_limit, drop_null_ids, no_screening, as_json, quiet,
+               verbose, debug):
     """Per-individual empirical privacy risk of releasing QUERY of each database.
 
     Drops each individual from every database, re-computes the query, and
@@ -66,33 +74,78 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
       empdp assess sample_data/countymurders.parquet --id countyid --by year --query "mean(murdrate)"
       empdp assess data/*.parquet --id customer --by month --query "sum(kwh)" -e 0.5 -e 1 --out risk.parquet
       empdp assess panel.duckdb::sales --id shop --by day --sql "SELECT median(amount) FROM db" --json
+      empdp assess data.parquet --id id --by year --query "mean(x)" --save-result r.json   # then: empdp report
     """
     setup_logging(verbose, quiet, debug)
-    if out and not out.lower().endswith((".parquet", ".pq", ".csv")):
-        raise InputError(f"--out {out!r} must end in .parquet or .csv")
-    if report and not report.lower().endswith((".html", ".htm")):
-        raise InputError(f"--report {report!r} must end in .html")
+    # every input is checked before the long computation, so bad input writes nothing
+    check_output(out, "--out", (".parquet", ".pq", ".csv"), ".parquet or .csv")
+    check_output(report, "--report", (".html", ".htm"), ".html")
+    check_output(save_result, "--save-result", (".json",), ".json")
+    if (calibration or audit) and not report:
+        raise InputError("--calibration and --audit add sections to the HTML report: give --report FILE.html "
+                         "too (or use 'empdp report' on a --save-result file)")
     key = load_hash_key(hash_key_file) if hash_ids or hash_key_file else None
-    with progress_bars(not (as_json or quiet)) as progress:
+    cal, aud = load_extras(calibration, audit)
+    started = time.perf_counter()
+    show = (lambda v: keyed_hash(v, key)) if key else str
+    with progress_bars(not (as_json or quiet), log) as progress:
         result = assess(source, id=id_col, by=by, query=query, where=where, sql=sql,
                         epsilon=list(epsilon) or None, kernel=kernel, bandwidth=parse_bandwidth(bandwidth),
                         memory_limit=memory_limit, drop_null_ids=drop_null_ids, exact_all=bool(out),
                         screening=not no_screening, progress=progress)
-    show = (lambda v: keyed_hash(v, key)) if key else str
-    if out:
-        cols = [result.id_column, "eps_i", "delta", "n_databases", "max_abs_shift", "eps_bound",
-                "sole_contributor"]
-        table = result.individuals.select(cols)
-        if key:
-            table = table.with_columns(pl.col(result.id_column).map_elements(show, return_dtype=pl.Utf8))
-        write_table(table, out)
-    if report:
-        from empdp.report import render_report
+    log_summary(result, time.perf_counter() - started)
+    with progress_bars(not (as_json or quiet), log) as progress:
+        if out:
+            cols = [result.id_column, "eps_i", "delta", "n_databases", "max_abs_shift", "eps_bound",
+                    "sole_contributor"]
+            table = result.individuals.select(cols)
+            if key:
+                table = table.with_columns(pl.col(result.id_column).map_elements(show, return_dtype=pl.Utf8))
+            _write(progress, out, write_table, table, out)
+        if report:
+            from empdp.report import render_report
 
-        render_report(result, report, epsilon=min(epsilon) if epsilon else None, hash_ids=key or False)
+            _write(progress, report, render_report, result, report, epsilon=min(epsilon) if epsilon else None,
+                   calibration=cal, audit=aud, hash_ids=key or False)
+        if save_result:
+            from empdp.result import save_result as save
+
+            _write(progress, save_result, save, result, save_result, hash_ids=key)
     if as_json:
         emit_json(result.to_dict())
     elif not quiet:
         from .render import print_assessment
 
-        print_assessment(result, out=out, report=report, show_id=show)
+        print_assessment(result, out=out, report=report, saved=save_result, show_id=show)
+
+
+def _write(progress, path: str, write, *args, **kwargs) -> None:
+    """One output as a progress stage (rendering the report takes seconds; the stage log times it)."""
+    stage = f"writing {path}"
+    progress(stage, 0, 0)
+    write(*args, **kwargs)
+    progress(stage, 1, 1)
+
+
+def log_summary(r, seconds: float) -> None:
+    """The facts of an assessment at INFO (sizes, model, eps_all), details at DEBUG; stderr only."""
+    m = r.model
+    log.info("%s of %s: %d databases (by %s), %d individuals (id %s), %d sole contributor(s)", r.query, r.source,
+             r.n_databases, r.by_column, r.n_individuals, r.id_column, r.sole_contributors)
+    log.info("density model: %s kernel, scale %.6g, %s bandwidths (sensitivity %g), %s among %d candidate(s), "
+             "LOO log-likelihood %.6g", m.kernel, m.scale, "variable" if m.variable else "fixed", m.sensitivity,
+             m.selected_by, len(m.candidates), m.loglik)
+    log.info("eps_all %.6g; %d individual(s) evaluated exactly (screening %s); %d epsilon(s) in [%.4g, %.4g]; "
+             "assessed in %.2f s", r.eps_all, r.n_evaluated, "on" if r.screening else "off", len(r.epsilons),
+             r.epsilons[0], r.epsilons[-1], seconds)
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    best = sorted(m.candidates, key=lambda c: -c["loglik"])[:5]
+    log.debug("best candidates: %s", "; ".join(
+        f"{c['kernel']} b={c['scale']:.4g} a={c['sensitivity']:g} loglik={c['loglik']:.4g}" for c in best))
+    log.debug("bandwidths b_j in [%.4g, %.4g]; query values in [%.4g, %.4g]", m.bandwidths.min(),
+              m.bandwidths.max(), r.q.min(), r.q.max())
+    log.debug("independence: %s; representativeness: %s", r.independence,
+              {k: v for k, v in r.representativeness.items() if k != "histogram"})
+    for e, d, t, c in zip(r.epsilons, r.delta, r.total_risk, r.n_at_risk):
+        log.debug("epsilon %.4g: delta %.4g, total risk %.4g, %d at risk", e, d, t, c)

@@ -14,6 +14,7 @@ from empdp.errors import EmpdpError
 from .assess import assess_cmd
 from .audit import audit
 from .calibrate import calibrate, release
+from .report import report
 
 
 class EmpdpGroup(click.Group):
@@ -68,6 +69,7 @@ def cli():
     calibrate  the least noise that reaches a target epsilon
     release    add that noise to a new value and record it in a ledger
     audit      black-box lower bounds on a mechanism's epsilon (MPL, Renyi)
+    report     the HTML report of an assessment saved with --save-result
     """
 
 
@@ -75,6 +77,7 @@ cli.add_command(assess_cmd)
 cli.add_command(calibrate)
 cli.add_command(release)
 cli.add_command(audit)
+cli.add_command(report)
 
 
 def main(argv=None):

@@ -23,7 +23,7 @@ def _fmt(v, digits=4) -> str:
 
 
 def print_assessment(result, out: str | None = None, report: str | None = None, show_id=str, top: int = 10,
-                     console: Console | None = None) -> None:
+                     console: Console | None = None, saved: str | None = None) -> None:
     """Summary, a few sweep rows, and the riskiest individuals."""
     con = console or Console(highlight=False, soft_wrap=True)
     m = result.model
@@ -66,3 +66,5 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
         con.print(f"per-individual table written to {out} (mode 0600)")
     if report:
         con.print(f"HTML report written to {report} (mode 0600)")
+    if saved:
+        con.print(f"result saved to {saved} (mode 0600); render it with 'empdp report {saved} -o FILE.html'")

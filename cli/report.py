@@ -1,0 +1,96 @@
+"""``empdp report``: the HTML report of a saved assessment (issue 5), and the report options of assess."""
+
+from __future__ import annotations
+
+import math
+
+import click
+
+from empdp.errors import InputError
+from empdp.io import load_hash_key, read_json
+
+from ._common import check_output, emit_json, log, output_options, progress_bars, setup_logging
+
+
+def extras_options(f):
+    """``--calibration`` and ``--audit``: optional sections of the report."""
+    f = click.option("--audit", "audit", metavar="AUDIT.json",
+                     help="Add an audit section to the HTML report: the JSON printed by "
+                          "'empdp audit mpl|renyi|release --json'.")(f)
+    f = click.option("--calibration", "calibration", metavar="CAL.json",
+                     help="Add a noise-calibration section to the HTML report: the JSON written by "
+                          "'empdp calibrate'.")(f)
+    return f
+
+
+def load_extras(calibration: str | None, audit: str | None) -> tuple[dict | None, dict | None]:
+    """Read and check the ``--calibration`` and ``--audit`` files (before any long computation)."""
+    from empdp.noise import Calibration
+    from empdp.report import audit_kind
+
+    cal = Calibration.load(calibration).to_dict() if calibration else None
+    aud = None
+    if audit:
+        aud = read_json(audit, "audit file", " (write one with 'empdp audit ... --json > FILE')")
+        try:
+            kind = audit_kind(aud)
+        except InputError as exc:
+            raise InputError(f"--audit {audit!r}: {exc}") from None
+        log.info("audit %s: %s", audit, kind)
+    if cal:
+        log.info("calibration %s: epsilon %g, lambda* %.6g", calibration, cal["epsilon"], cal["lambda"])
+    return cal, aud
+
+
+def check_epsilon(epsilon: float | None) -> None:
+    if epsilon is not None and not (math.isfinite(epsilon) and epsilon >= 0):
+        raise InputError(f"--epsilon must be finite and >= 0; got {epsilon}")
+
+
+@click.command("report")
+@click.argument("result")
+@click.option("-o", "--output", required=True, help="Write the HTML report to this FILE.html (mode 0600).")
+@extras_options
+@click.option("--epsilon", "-e", type=float, help="The ε to mark and to evaluate the table at "
+                                                  "(default: the smallest assessed ε).")
+@click.option("--hash-ids", is_flag=True, help="Replace ids by a keyed hash (HMAC-SHA256) in the report.")
+@click.option("--hash-key-file", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
+@output_options
+def report(result, output, calibration, audit, epsilon, hash_ids, hash_key_file, as_json, quiet, verbose, debug):
+    """The HTML report of an assessment saved with 'empdp assess --save-result'.
+
+    Renders the same self-contained report as 'empdp assess --report', without
+    re-reading the data, optionally with a calibration and an audit section.
+
+    \b
+    Examples:
+      empdp assess sample_data/countymurders.parquet --id countyid --by year \\
+          --query "mean(murdrate)" --save-result murders.json
+      empdp calibrate sample_data/countymurders.parquet --id countyid --by year \\
+          --query "mean(murdrate)" -e 1 -o cal.json
+      empdp report murders.json --calibration cal.json -e 1 -o report.html
+    """
+    from empdp.report import SECTIONS, render_report
+    from empdp.result import load_result
+
+    setup_logging(verbose, quiet, debug)
+    check_output(output, "-o", (".html", ".htm"), ".html")
+    check_epsilon(epsilon)
+    key = load_hash_key(hash_key_file) if hash_ids or hash_key_file else None
+    saved = load_result(result)
+    log.info("result %s: %s over %d databases, %d individuals (%d rows and %d shift rows saved)", result,
+             saved.query, saved.n_databases, saved.n_individuals, saved.individuals.height,
+             len(saved.saved_shifts))
+    if key and saved.ids_hashed:
+        log.info("the ids in %s are already pseudonyms; not hashing them again", result)
+        key = None
+    cal, aud = load_extras(calibration, audit)
+    with progress_bars(not (as_json or quiet), log) as progress:
+        progress(f"writing {output}", 0, 0)
+        render_report(saved, output, epsilon=epsilon, calibration=cal, audit=aud, hash_ids=key or False)
+        progress(f"writing {output}", 1, 1)
+    sections = list(SECTIONS) + [s for s, d in (("calibration", cal), ("audit", aud)) if d is not None]
+    if as_json:
+        emit_json({"report": output, "sections": sections})
+    elif not quiet:
+        click.echo(f"HTML report written to {output} (mode 0600)")
