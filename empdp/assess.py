@@ -21,14 +21,71 @@ from .loo import LooEngine, make_engine
 
 Progress = Callable[[str, int, int], None]
 
-#: dense shift cells fetched from the engine at once (float64: 8 bytes each)
+#: dense shift cells fetched from the engine in one scan and held at once (float64: 8 bytes each)
 FETCH_CELLS = 100_000_000
-#: node-array cells evaluated at once (about 14 float64 arrays of this size live together)
-EVAL_CELLS = 1_500_000
+#: individuals evaluated on one shared grid (risk.evaluate bounds its own working memory)
+EVAL_ROWS = 8192
+#: individuals fetched for the ε_all search up front, and the search's first batch
+SEARCH_PREFETCH = 32768
+SEARCH_BATCH = 256
 
 
 def _no_progress(stage: str, done: int, total: int) -> None:
     return None
+
+
+def _check_epsilons(epsilon) -> np.ndarray:
+    eps = np.atleast_1d(np.asarray(epsilon, dtype=float))
+    if not len(eps) or np.any(~np.isfinite(eps)) or np.any(eps < 0):
+        raise InputError("--epsilon values must be finite and >= 0")
+    return np.unique(eps)
+
+
+class _ShiftCache:
+    """Dense shift rows fetched from the engine in as few scans as possible, kept until dropped."""
+
+    def __init__(self, engine: LooEngine, capacity: int):
+        self.engine, self.capacity = engine, capacity
+        self.codes = np.empty(0, dtype=np.int64)
+        self.rows = np.empty((0, len(engine.panel.labels)))
+
+    def prefetch(self, codes: np.ndarray) -> None:
+        """Fetch the rows of ``codes`` not yet held, in one scan of the table."""
+        new = np.setdiff1d(np.asarray(codes, dtype=np.int64), self.codes)
+        if len(new):
+            codes = np.concatenate([self.codes, new])
+            order = np.argsort(codes, kind="stable")
+            self.codes, self.rows = codes[order], np.concatenate([self.rows, self.engine.shifts(new)])[order]
+
+    def keep(self, codes: np.ndarray) -> None:
+        """Drop held rows that are not in ``codes``."""
+        mask = np.isin(self.codes, codes)
+        self.codes, self.rows = self.codes[mask], self.rows[mask]
+
+    def take(self, codes: np.ndarray) -> np.ndarray:
+        self.prefetch(codes)
+        return self.rows[np.searchsorted(self.codes, codes)]
+
+
+class _Accumulator:
+    """Running max δ_i(ε), Σ log(1 − δ_i(ε)) and at-risk counts over the evaluated individuals."""
+
+    def __init__(self, m: int, kernel: str, E: int):
+        self.kernel = kernel
+        self.first = np.zeros(m)  # δ_i at the smallest ε
+        self.max_delta, self.log_survive = np.zeros(E), np.zeros(E)
+        self.at_risk = np.zeros(E, dtype=np.int64)
+
+    def add(self, codes: np.ndarray, d: np.ndarray) -> None:
+        if self.kernel == "gaussian":
+            d[d <= risk.GAUSSIAN_TOL] = 0.0  # below the stated tolerance: reported as 0
+        if not len(codes):
+            return
+        self.max_delta = np.maximum(self.max_delta, d.max(axis=0))
+        with np.errstate(divide="ignore"):
+            self.log_survive += np.log1p(-d).sum(axis=0)
+        self.at_risk += (d > 0).sum(axis=0)
+        self.first[codes] = d[:, 0]
 
 
 @dataclass
@@ -192,69 +249,72 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
     eps_bound = risk.eps_upper_bound(model, screen.bound)
     eps_bound[undefined] = np.inf
 
-    def run(codes: np.ndarray, eps: np.ndarray | None, stage: str):
-        """Exact ε_i (and δ_i(eps)) for ``codes``, fetched and evaluated in chunks."""
-        fetch = max(1, FETCH_CELLS // n)
-        done = 0
-        for a in range(0, len(codes), fetch):
-            block = codes[a:a + fetch]
-            shifts = engine.shifts(block)
-            grid = risk.base_grid(model, (q[None, :] - shifts).ravel())
-            step = max(1, EVAL_CELLS // (len(grid) + n))
-            for b in range(0, len(block), step):
-                rows = slice(b, b + step)
-                e_i, d = risk.evaluate(model, shifts[rows], eps, grid=grid)
-                eps_i[block[rows]] = e_i
-                done += len(e_i)
-                progress(stage, done, len(codes))
-                yield block[rows], d
+    eps = None if epsilon is None else _check_epsilons(epsilon)
+    cache = _ShiftCache(engine, max(1, FETCH_CELLS // n))
+    evaluated_delta = np.zeros(m, dtype=bool)
+    acc = _Accumulator(m, model.kernel, 0 if eps is None else len(eps))
 
-    # ε_all: exact ε_i in decreasing order of the bound until the bound falls below the best so far
+    def run(codes: np.ndarray, with_delta: bool, stage: str, release: bool = False) -> None:
+        """Exact ε_i (and δ_i at ``eps``) for ``codes``: one scan per fetch chunk, one grid per batch."""
+        done = 0
+        for a in range(0, len(codes), cache.capacity):
+            chunk = codes[a:a + cache.capacity]
+            cache.prefetch(chunk)
+            for b in range(0, len(chunk), EVAL_ROWS):
+                block = chunk[b:b + EVAL_ROWS]
+                shifts = cache.take(block)
+                grid = risk.base_grid(model, (q[None, :] - shifts).ravel())
+                e_i, d = risk.evaluate(model, shifts, eps if with_delta else None, grid=grid,
+                                       plan=risk.grid_plan(model, grid))
+                eps_i[block] = e_i
+                if with_delta:
+                    acc.add(block, d)
+                    evaluated_delta[block] = True
+                done += len(block)
+                progress(stage, done, len(codes))
+            if release:
+                cache.keep(codes[a + cache.capacity:])
+
+    def candidates(eps_min: float) -> np.ndarray:
+        """Individuals whose δ_i can be positive at some ε ≥ eps_min (all of them without screening)."""
+        if not screening:
+            return definable
+        if model.kernel == "laplace":
+            need = screen.bound > eps_min
+        else:
+            need = risk.delta_upper_bound("gaussian", eps_min, screen.bound, screen.n_present, n) > risk.GAUSSIAN_TOL
+        return np.flatnonzero(need & ~undefined)
+
+    # ε_all: exact ε_i in decreasing order of the bound until the bound falls below the best so far.
+    # With the ε values known, these individuals get their δ_i in the same evaluation, and the
+    # first fetch brings the candidates too, so the table is scanned as few times as possible.
     order = definable[np.argsort(-eps_bound[definable], kind="stable")]
-    if not screening:
-        for _ in run(order, None, "eps_i"):
-            pass
-    eps_all, pos, batch = 0.0, 0, 256
-    while pos < len(order) and eps_bound[order[pos]] > eps_all:
+    exhaustive = not screening and eps is None  # every exact ε_i, not only those the bound leaves open
+    want = order[:SEARCH_PREFETCH]
+    if eps is not None:
+        want = np.union1d(want, candidates(eps[0])[:cache.capacity])
+    cache.prefetch(want)
+    eps_all, pos, batch = 0.0, 0, SEARCH_BATCH
+    while pos < len(order) and (exhaustive or eps_bound[order[pos]] > eps_all):
         todo = order[pos:pos + batch]
-        todo = todo[np.isnan(eps_i[todo])]
-        for _ in run(todo, None, "eps_all"):
-            pass
+        run(todo[np.isnan(eps_i[todo])], eps is not None, "eps_all")
         eps_all = max(eps_all, float(np.nanmax(eps_i[order[:pos + batch]], initial=0.0)))
         pos, batch = pos + batch, batch * 2
-    if len(definable):
-        eps_all = max(eps_all, float(np.nanmax(eps_i[definable], initial=0.0)))
-
-    eps = default_epsilons(eps_all) if epsilon is None else np.atleast_1d(np.asarray(epsilon, float))
-    if not len(eps) or np.any(~np.isfinite(eps)) or np.any(eps < 0):
-        raise InputError("--epsilon values must be finite and >= 0")
-    eps = np.unique(eps)
+    if eps is None:
+        eps = default_epsilons(eps_all)
+        acc = _Accumulator(m, model.kernel, len(eps))
     E = len(eps)
 
-    # individuals whose δ_i can be positive somewhere in the requested range
-    if screening:
-        if model.kernel == "laplace":
-            need = screen.bound > eps[0]
-        else:
-            need = risk.delta_upper_bound("gaussian", eps[0], screen.bound, screen.n_present, n) > risk.GAUSSIAN_TOL
-        need &= ~undefined
-        if exact_all:
-            need |= ~undefined & np.isnan(eps_i)
-    else:
-        need = ~undefined
-    cand = np.flatnonzero(need)
-    max_delta = np.zeros(E)
-    log_survive = np.zeros(E)
-    at_risk = np.zeros(E, dtype=np.int64)
-    delta_first = np.zeros(m)
-    for codes, d in run(cand, eps, "delta_i"):
-        if model.kernel == "gaussian":
-            d[d <= risk.GAUSSIAN_TOL] = 0.0  # below the stated tolerance: reported as 0
-        max_delta = np.maximum(max_delta, d.max(axis=0))
-        with np.errstate(divide="ignore"):
-            log_survive += np.log1p(-d).sum(axis=0)
-        at_risk += (d > 0).sum(axis=0)
-        delta_first[codes] = d[:, 0]
+    # δ_i for the remaining individuals whose δ_i can be positive in the requested range
+    need = candidates(eps[0])
+    if exact_all:
+        need = np.union1d(need, definable[np.isnan(eps_i[definable])])
+    rest = need[~evaluated_delta[need]]
+    cache.keep(rest)
+    run(rest, True, "delta_i", release=True)
+    if len(definable):
+        eps_all = max(eps_all, float(np.nanmax(eps_i[definable], initial=0.0)))
+    max_delta, log_survive, at_risk, delta_first = acc.max_delta, acc.log_survive, acc.at_risk, acc.first
     sole = int(undefined.sum())
     if sole:
         max_delta[:] = 1.0

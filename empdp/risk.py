@@ -81,11 +81,11 @@ def base_grid(model: DensityModel, extra_points: np.ndarray | None = None) -> np
     if extra_points is not None and len(extra_points):
         # only kinks outside the finely gridded neighbourhood of the q_j need nodes of their own
         g = b.min() * _STEP
-        extra = np.unique(np.round(np.asarray(extra_points) / g) * g)
+        extra = np.asarray(extra_points, dtype=float).ravel()
         qs = np.argsort(q)
         k = np.clip(np.searchsorted(q[qs], extra), 1, len(q) - 1)
         near = np.minimum(np.abs(extra - q[qs][k - 1]) / b[qs][k - 1], np.abs(q[qs][k] - extra) / b[qs][k])
-        extra = extra[near > 3.0]
+        extra = np.unique(np.round(extra[near > 3.0] / g) * g)
         pts, bws = np.r_[q, extra], np.r_[b, np.full(len(extra), b.min())]
     order = np.argsort(pts)
     pts, bws = pts[order], bws[order]

@@ -52,7 +52,7 @@ def make_data(path: Path, n_ind: int, n_db: int, seed: int = 1) -> None:
 
 
 def baseline(path: Path, memory_limit: str | None = None) -> float:
-    con = duckdb.connect()
+    con = duckdb.connect(config={"enable_progress_bar": False})
     if memory_limit:
         con.execute(f"SET memory_limit = '{memory_limit}'")
     t = time.perf_counter()
