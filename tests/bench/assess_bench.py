@@ -52,7 +52,8 @@ def make_data(path: Path, n_ind: int, n_db: int, seed: int = 1) -> None:
 
 
 def baseline(path: Path, memory_limit: str | None = None) -> float:
-    con = duckdb.connect(config={"enable_progress_bar": False})
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
     if memory_limit:
         con.execute(f"SET memory_limit = '{memory_limit}'")
     t = time.perf_counter()
