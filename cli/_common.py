@@ -141,9 +141,12 @@ def progress_bars(enabled: bool, logger: logging.Logger | None = None):
             if stages:
                 stages(stage, done, total)
             known = {"total": total} if total > 0 else {}
-            if stage not in tasks:
+            new = stage not in tasks
+            if new:
                 tasks[stage] = bars.add_task(stage, total=total if total > 0 else None)
             bars.update(tasks[stage], completed=done, **known)
+            if new:  # show a new stage now, not at the next tick: short ones would never be seen
+                bars.refresh()
 
         yield update
     if stages:
