@@ -22,34 +22,52 @@ import numpy as np
 
 #: largest screening bound M_i handled by the matrix form
 MAX_BOUND = 6.0
+#: order of the Taylor series of p̂ used between grid nodes
+TAYLOR_TERMS = 14
+_FACT = np.cumprod(np.r_[1.0, np.arange(1.0, TAYLOR_TERMS + 3)])
 
 FIELDS = ("x", "p", "pr", "pl", "F", "pi", "pir", "pil", "Fi")
+
+
+#: cells of one (rows × nodes × terms) block in :func:`direct`: small enough to stay in cache
+DIRECT_CELLS = 160_000
 
 
 def direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray):
     """Value, right and left slopes and CDF of (1/n) Σ_l ℓ_{b_l}(x − c_l), exactly.
 
     ``x`` is (C, m); ``centers`` is (n,) (shared) or (C, n) (one set per row).
-    Work is (C × m × n); callers bound C.
     """
+    C, m = x.shape
+    step = max(1, DIRECT_CELLS // max(1, m * len(b)))
+    if C <= step:
+        return _direct(x, centers, b)
+    out = [np.empty((C, m)) for _ in range(4)]
+    for a in range(0, C, step):
+        part = _direct(x[a:a + step], centers if centers.ndim == 1 else centers[a:a + step], b)
+        for o, p in zip(out, part):
+            o[a:a + step] = p
+    return tuple(out)
+
+
+def _direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray):
     n = len(b)
-    invb = 1.0 / b
     c = centers[None, None, :] if centers.ndim == 1 else centers[:, None, :]
     U = x[:, :, None] - c
     pos = U >= 0
     at_kink = U == 0
-    e = np.abs(U)
-    e *= invb
-    np.negative(e, out=e)
-    np.exp(e, out=e)
-    e *= 0.5 * invb / n
+    np.abs(U, out=U)
+    U *= -1.0 / b
+    U += np.log(0.5 / (b * n))
+    e = np.exp(U, out=U)  # the terms ℓ_l(x − c_l) / n
     v = e.sum(axis=2)
-    s = np.where(pos, -e, e)  # slope sign: −ℓ/b right of the kink, +ℓ/b left of it
-    dr = s @ invb
-    F = pos.sum(axis=2) / n + s @ b
+    np.negative(e, out=e, where=pos)  # slope sign: −ℓ/b right of the kink, +ℓ/b left of it
+    both = e @ np.stack([1.0 / b, b], axis=1)
+    dr = both[..., 0]
+    F = pos.sum(axis=2) / n + both[..., 1]
     dl = dr
     if at_kink.any():  # at its own kink a term's left slope is +ℓ/b, not −ℓ/b
-        dl = dr + 2.0 * np.where(at_kink, e, 0.0) @ invb
+        dl = dr - 2.0 * np.where(at_kink, e, 0.0) @ (1.0 / b)
     return v, dr, dl, F
 
 
@@ -69,6 +87,45 @@ class GridPlan:
         self.B = np.block([[AR, -AR / bc, -bc * AR], [AL, AL / bc, bc * AL]])
         self.n_right = self.right.sum(axis=0) / n
         self.shared = [a[0] for a in direct(grid[None, :], q, b)]  # p̂: p, pr, pl, F
+        # Taylor coefficients of p̂ to the right of each grid node (no q_l inside a grid cell):
+        # the m-th right derivative is Σ_l (∓1/b_l)^m ℓ_l(x_g), − right of q_l, + left of it.
+        rate = np.where(self.right, -1.0, 1.0) / bc
+        k = np.arange(TAYLOR_TERMS + 1)
+        self.taylor = np.einsum("lg,lgk->kg", self.E, rate[:, :, None] ** k) / _FACT[:TAYLOR_TERMS + 1, None]
+        # a cell is safe when the series' remainder over the whole cell is below 1e-15 of p̂ there
+        h = np.diff(grid, append=grid[-1])
+        z = h[None, :] / b[:, None]
+        rem = (self.E * np.exp(z) * z ** (TAYLOR_TERMS + 1)).sum(axis=0) / _FACT[TAYLOR_TERMS + 1]
+        self.taylor_ok = rem <= 1e-15 * self.shared[0]
+
+    def shared_at(self, x: np.ndarray):
+        """p̂'s value, slopes and CDF at points x (C, m) from the grid's Taylor series (exact to 1e-15).
+
+        Points in cells where the series is not accurate enough are evaluated directly.
+        """
+        g = np.clip(np.searchsorted(self.x, x, side="right") - 1, 0, self.G - 1)
+        t = x - self.x[g]
+        K, c = TAYLOR_TERMS, self.taylor  # c[k, g] = p̂^(k)(x_g+) / k!
+        top = c[K][g]
+        v, d, F = top.copy(), top * K, top / (K + 1)
+        for k in range(K - 1, -1, -1):
+            ck = c[k][g]
+            v *= t
+            v += ck
+            F *= t
+            F += ck / (k + 1)
+            if k:
+                d *= t
+                d += ck * k
+        F = self.shared[3][g] + F * t
+        # at a node that is some q_l, the left slope is the grid's; elsewhere p̂ is smooth
+        dl = np.where(t == 0, self.shared[2][g], d)
+        bad = ~self.taylor_ok[g] | (t < 0)
+        if bad.any():
+            r, col = np.nonzero(bad)
+            ex = direct(x[r, col][:, None], self.q, self.b)
+            v[r, col], d[r, col], dl[r, col], F[r, col] = (a[:, 0] for a in ex)
+        return v, d, dl, F
 
     def shifted(self, shifts: np.ndarray):
         """p̂_i on the grid for each row of ``shifts`` (C, n): value, right/left slopes, CDF."""
@@ -135,7 +192,7 @@ def node_values(plan: GridPlan, shifts: np.ndarray):
     p, pr, pl, F = plan.shared
     pi, pir, pil, Fi = plan.shifted(shifts)
     base = {"x": plan.x, "p": p, "pr": pr, "pl": pl, "F": F, "pi": pi, "pir": pir, "pil": pil, "Fi": Fi}
-    kv = direct(kinks, q, b)
+    kv = plan.shared_at(kinks)
     kvi = direct(kinks, q[None, :] - shifts, b)
     extra = {"x": kinks, "p": kv[0], "pr": kv[1], "pl": kv[2], "F": kv[3],
              "pi": kvi[0], "pir": kvi[1], "pil": kvi[2], "Fi": kvi[3]}

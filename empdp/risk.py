@@ -179,11 +179,14 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at) -> tuple[_Nodes, np.ndar
     col = pad[rows] + rank
     pos = np.broadcast_to(np.arange(width), (C, width)).copy()
     pos[rows, col] = ks + 1 + pad[rows] + rank
-    ex = np.repeat(nd.x[:, :1], width, axis=1)
-    ex[rows, col] = nd.x[rows, ks] + t * h[rows, ks]
-    extra = evaluate_at(ex)
-    merged = _laplace.merge({f: getattr(nd, f) for f in _Nodes.FIELDS},
-                            {f: getattr(extra, f) for f in _Nodes.FIELDS}, pos)
+    xe = nd.x[rows, ks] + t * h[rows, ks]
+    values = dict(zip(_Nodes.FIELDS, (xe, *evaluate_at(rows, xe))))
+    extra = {}
+    for f in _Nodes.FIELDS:
+        a = np.repeat(getattr(nd, f)[:, :1], width, axis=1)  # padding: copies of the first node
+        a[rows, col] = values[f]
+        extra[f] = a
+    merged = _laplace.merge({f: getattr(nd, f) for f in _Nodes.FIELDS}, extra, pos)
     nd = _Nodes(**merged)
     return nd, _log_ratio(nd)[0]
 
@@ -202,9 +205,10 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
         nd = _Nodes(**_laplace.node_values(plan, shifts))
         q, b = model.points, model.bandwidths
 
-        def evaluate_at(ex):
-            a, c = _laplace.direct(ex, q, b), _laplace.direct(ex, kinks, b)
-            return _Nodes(x=ex, p=a[0], pr=a[1], pl=a[2], F=a[3], pi=c[0], pir=c[1], pil=c[2], Fi=c[3])
+        def evaluate_at(rows, xe):
+            a = plan.shared_at(xe[:, None])
+            c = _laplace.direct(xe[:, None], kinks[rows], b)
+            return [v[:, 0] for v in (*a, *c)]
     else:
         if model.kernel == "laplace":
             x = np.sort(np.concatenate([np.broadcast_to(grid, (C, len(grid))), kinks], axis=1), axis=1)
@@ -212,8 +216,9 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
             x = np.broadcast_to(grid, (C, len(grid))).copy()
         nd = _evaluate(model, x, kinks)
 
-        def evaluate_at(ex):
-            return _evaluate(model, ex, kinks)
+        def evaluate_at(rows, xe):
+            e = _evaluate(model, xe[:, None], kinks[rows])
+            return [getattr(e, f)[:, 0] for f in _Nodes.FIELDS[1:]]
     L, Lr, Ll = _log_ratio(nd)
     return _insert_extrema(nd, L, Lr, Ll, evaluate_at)
 

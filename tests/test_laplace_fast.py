@@ -1,0 +1,71 @@
+"""The matrix form for Laplace kernels (empdp._laplace) against direct kernel sums."""
+
+import numpy as np
+import pytest
+
+from empdp import _laplace, risk
+from empdp.density import select_density
+
+
+def _case(seed, integer=False):
+    rng = np.random.default_rng(seed)
+    n = 30
+    if integer:  # count-like data: ties between kinks and grid nodes
+        q = rng.integers(40, 60, n).astype(float)
+        shifts = rng.integers(-2, 3, (12, n)).astype(float)
+    else:
+        q = np.r_[rng.normal(0, 1, n - 2), 4.0, -3.5]
+        shifts = rng.normal(0, 0.05, (12, n)) * rng.random((12, 1)) * 4
+        shifts[:, rng.random(n) < 0.3] = 0.0
+    shifts[0] = 0.0
+    shifts[1, 0] = 3.0  # a large move of one database (falls back to the direct path if M > MAX_BOUND)
+    return q, shifts
+
+
+@pytest.mark.parametrize("bandwidth", [0.4, "auto"])
+@pytest.mark.parametrize("integer", [False, True])
+def test_grid_values_match_direct_sums(bandwidth, integer):
+    q, shifts = _case(3, integer)
+    model = select_density(q, kernel="laplace", bandwidth=bandwidth)
+    b = model.bandwidths
+    grid = risk.base_grid(model, (q[None, :] - shifts).ravel())
+    plan = _laplace.GridPlan(q, b, grid)
+    ok = (np.abs(shifts) / b).max(axis=1) <= _laplace.MAX_BOUND
+    fast = plan.shifted(shifts[ok])
+    slow = _laplace.direct(np.broadcast_to(grid, (ok.sum(), len(grid))).copy(), q[None, :] - shifts[ok], b)
+    for f, s in zip(fast, slow):
+        np.testing.assert_allclose(f, s, rtol=1e-9, atol=1e-12 * np.abs(s).max())
+    # p̂ between grid nodes from the Taylor series, and exactly at nodes (both one-sided slopes)
+    rng = np.random.default_rng(0)
+    x = np.r_[grid, rng.uniform(grid[0] - 1, grid[-1] + 1, 400)][None, :]
+    for f, s in zip(plan.shared_at(x), _laplace.direct(x, q, b)):
+        np.testing.assert_allclose(f, s, rtol=1e-12, atol=1e-14 * np.abs(s).max())
+
+
+def test_direct_matches_kernel_terms():
+    from empdp.density import kernel_terms
+    rng = np.random.default_rng(1)
+    b = rng.uniform(0.2, 1.0, 7)
+    c = rng.normal(size=(3, 7))
+    x = np.c_[c[:, :2], rng.normal(size=(3, 5))]  # includes nodes at kinks
+    got = _laplace.direct(x, c, b)
+    want = [np.zeros(x.shape) for _ in range(4)]
+    for j in range(7):
+        for w, t in zip(want, kernel_terms("laplace", x - c[:, j:j + 1], b[j])):
+            w += t / 7
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("integer", [False, True])
+def test_matrix_form_gives_the_direct_results(integer, monkeypatch):
+    q, shifts = _case(5, integer)
+    model = select_density(q, kernel="laplace", bandwidth="auto")
+    eps = np.array([0.01, 0.1, 0.5])
+    e_fast, d_fast = risk.evaluate(model, shifts, eps)
+    monkeypatch.setattr(_laplace, "MAX_BOUND", -1.0)  # every row through the direct kernel sums
+    e_slow, d_slow = risk.evaluate(model, shifts, eps)
+    assert e_fast[0] == 0 and np.all(d_fast[0] == 0)
+    np.testing.assert_allclose(e_fast, e_slow, rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(d_fast, d_slow, atol=1e-9)
+    assert d_slow.max() > 0.01  # the case has risk to compare
