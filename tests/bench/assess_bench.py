@@ -9,6 +9,7 @@ measured in the same run. Each empdp run is a fresh ``empdp assess`` process;
 wall time and peak RSS (ru_maxrss of the child) are reported.
 
     python tests/bench/assess_bench.py --individuals 1000000 --databases 100 --repeats 3
+    python tests/bench/assess_bench.py --individuals 100000 --only a,b --repeats 3   # quick look
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--individuals", type=int, default=1_000_000)
     ap.add_argument("--databases", type=int, default=100)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="runs of the baseline and of (a)")
+    ap.add_argument("--slow-repeats", type=int, default=None, help="runs of (b) and (c) (default: --repeats)")
     ap.add_argument("--data-dir", default="bench_data")
     ap.add_argument("--only", default="a,a3,b,c", help="comma list of runs: a, a3 (3GB limit), b, c")
     opt = ap.parse_args()
@@ -110,7 +112,8 @@ def main() -> None:
     medians = {}
     for key in opt.only.split(","):
         label, extra, target = runs[key]
-        res = [run_empdp(common + extra) for _ in range(opt.repeats)]
+        reps = opt.slow_repeats if key in ("b", "c") and opt.slow_repeats else opt.repeats
+        res = [run_empdp(common + extra) for _ in range(reps)]
         walls = [r[0] for r in res]
         med = statistics.median(walls)
         medians[key] = med
