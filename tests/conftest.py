@@ -30,3 +30,11 @@ def sample_path():
     from pathlib import Path
 
     return str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
+
+
+@pytest.fixture(scope="session")
+def sample_assessment(sample_path):
+    """The sample data assessed with a fixed model (no bandwidth search keeps it fast)."""
+    from empdp import assess
+
+    return assess(sample_path, id="countyid", by="year", query="mean(murdrate)", kernel="laplace", bandwidth=0.05)

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from empdp.assess import assess
 from empdp.report import OPTIONAL_SECTIONS, SECTIONS, _top_rows, keyed_hash, render_report, report_html
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet"
@@ -31,9 +30,8 @@ AUDIT = {
 
 
 @pytest.fixture(scope="module")
-def result():
-    # a fixed model (no bandwidth search) keeps this fast
-    return assess(str(SAMPLE), id="countyid", by="year", query="mean(murdrate)", kernel="laplace", bandwidth=0.05)
+def result(sample_assessment):
+    return sample_assessment
 
 
 @pytest.fixture(scope="module")

@@ -33,8 +33,8 @@ def _no_timestamp(html: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def live():
-    return assess(str(SAMPLE), id="countyid", by="year", query="mean(murdrate)", kernel="laplace", bandwidth=0.05)
+def live(sample_assessment):
+    return sample_assessment
 
 
 @pytest.fixture(scope="module")
