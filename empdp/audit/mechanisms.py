@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import truth
-from .patterns import statdp_patterns
+from .patterns import answer_counts, statdp_patterns
 
 Sampler = Callable[[Any, int, np.random.Generator], np.ndarray]
 
@@ -38,6 +38,9 @@ class Mechanism:
     (``math.inf`` when it is not ε-DP for any ε, None when unknown).
     ``pair_epsilon(x, x2)`` and ``renyi_divergence(order, x, x2)`` (the
     divergence D_α(M(x) ‖ M(x2))) are exact values for one pair, when known.
+    ``feature(x, x2, outputs)`` is an optional per-pair post-processing that MPL
+    applies before estimating (a sufficient statistic for the pair, see
+    :func:`answer_counts`); post-processing never raises ε, so the bound stays valid.
     """
 
     name: str
@@ -51,6 +54,7 @@ class Mechanism:
     renyi_divergence: Callable | None = None
     pattern_dim: int | None = None
     ordered_queries: bool = False
+    feature: Callable | None = None
 
     def __call__(self, database, size, rng):
         return self.sampler(database, size, rng)
@@ -361,7 +365,8 @@ def _build_svt(variant):
         return Mechanism(f"svt{variant}", _svt(variant, eps, 1.0, 1, sens), p,
                          statdp_patterns(10, ordered=True),
                          None, None, eps if variant in (2, 4) else math.inf, pair_epsilon=pair,
-                         pattern_dim=10, ordered_queries=True)
+                         pattern_dim=10, ordered_queries=True,
+                         feature=answer_counts if variant in (5, 6) else None)
 
     return build
 

@@ -7,19 +7,33 @@ Alg. 4) draws N fresh outputs for the selected pair and returns
 LB = ℓ̂*(t̂) + Φ⁻¹(α) σ̂ / c_N (eq. 26), computed with an undersmoothed
 bandwidth (condition C4).
 
-One deviation from the paper, stated in the result: by default the worst
-point and pair are selected by the *predicted* stage-2 bound
-ℓ̂(t) − z σ̂(t)/c_N instead of by ℓ̂(t) alone (``selection="lb"``). The
-selection uses only stage-1 data, so stage 2 stays independent and the
-coverage argument of Theorem 2 is unchanged, but it no longer chases
-low-density outputs whose noisy loss is large and whose bound is poor.
-``selection="max"`` is the paper's rule.
+Two deviations from the paper, stated in the result; both choose *what* stage 2
+measures from stage-1 data only, so stage 2 stays independent and the coverage
+argument of Theorem 2 is unchanged:
+
+- by default the worst point and pair are selected by the *predicted* stage-2
+  bound ℓ̂(t) − z σ̂(t)/c_N instead of by ℓ̂(t) alone (``selection="lb"``), so it
+  no longer chases low-density outputs whose noisy loss is large and whose
+  bound is poor. ``selection="max"`` is the paper's rule.
+- for discrete outputs the candidates include likelihood-ratio *events*: the
+  set S of the j outputs with the largest (or smallest) estimated ratio
+  f̂_x/f̂_x′. An event is the post-processing t ↦ 1{t ∈ S}, whose loss
+  |ln P_x(S) − ln P_x′(S)| never exceeds ε (the idea of DP-Sniper's threshold
+  tests, Bichsel et al. 2021). When the loss is spread over many rare outputs,
+  as for SVT6, an event has almost the loss of its worst output and much more
+  mass, hence a far smaller σ̂.
+
+A mechanism may also carry a per-pair ``feature`` (post-processing to a
+sufficient statistic, e.g. answer counts for SVT5/SVT6), applied before both stages.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from scipy import stats
@@ -27,12 +41,23 @@ from scipy import stats
 from ..errors import InputError
 from .common import (as_rng, check_level, check_size, continuous_dim, detect_discrete, draw,
                      jsonable)
-from .kde import (GAUSS_R, as_samples, binned_kde, categorize, frequencies, grid_for, kde_at,
-                  rule_of_thumb, scale_estimate)
+from .kde import (GAUSS_R, as_samples, binned_kde, categorize, contains, frequencies, grid_for,
+                  kde_at, rule_of_thumb, scale_estimate)
 from .mechanisms import load_mechanism, resolve_pairs
+
+log = logging.getLogger("empdp.audit")
 
 #: Default undersmoothing exponent γ of the stage-2 bandwidth h = h_rot(N)·N^{-γ}.
 UNDERSMOOTH = 0.03
+
+#: Stage-1 standard errors subtracted from a discrete candidate's predicted bound when
+#: choosing t̂ (see ``_stage1_discrete``); 0 gives the plain predicted bound.
+SELECT_PENALTY = 1.0
+
+#: Stage 1 with B ≥ 3 pairs runs in two rounds: n/2 outputs per database for every
+#: pair, then the other half of the budget, B·n/2, shared by the best ⌈B/HALVING⌉
+#: pairs (successive halving): the same number of outputs, spent where the loss is.
+HALVING = 4
 
 
 @dataclass
@@ -44,6 +69,7 @@ class MPLResult:
     pair: tuple
     pair_index: int
     t_hat: object
+    event: list | None
     loss_at_t_hat: float
     sigma: float
     n: int
@@ -56,6 +82,7 @@ class MPLResult:
     selection: str
     true_value: float | None = None
     pairs_true_value: float | None = None
+    feature: str | None = None
     pair_estimates: list = field(default_factory=list)
     loss_curve: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
@@ -66,10 +93,11 @@ class MPLResult:
             "method": "mpl",
             "lower_bound": self.lower_bound, "estimate": self.estimate,
             "pair": list(self.pair), "pair_index": self.pair_index, "t_hat": self.t_hat,
+            "event": self.event, "event_size": 1 if self.event is None else len(self.event),
             "loss_at_t_hat": self.loss_at_t_hat, "sigma": self.sigma,
             "n": self.n, "N": self.N, "alpha": self.alpha, "discrete": self.discrete,
             "tau": self.tau, "bandwidth": self.bandwidth, "region": self.region,
-            "selection": self.selection, "true_value": self.true_value,
+            "selection": self.selection, "feature": self.feature, "true_value": self.true_value,
             "true_value_infinite": self.true_value is not None and math.isinf(self.true_value),
             "pairs_true_value": self.pairs_true_value,
             "pair_estimates": self.pair_estimates, "warnings": self.warnings,
@@ -115,26 +143,99 @@ def _stage1_continuous(x, y, h, lo, hi, tau, zc, c_n2):
     return pts, loss, loss - zc * sigma / c_n2
 
 
-def _stage1_discrete(x, y, tau, zc, N, region):
+def _sigma_discrete(fx, fy):
+    """σ̂ of ln f̂_x − ln f̂_x′ for frequencies (Askin et al. 2022, eq. 25): √(1/f_x + 1/f_x′ − 2)."""
+    return np.sqrt(np.maximum(1 / fx + 1 / fy - 2, 0.0))
+
+
+def _stage1_discrete(x, y, tau, zc, N, region, events: bool):
+    """Loss per observed output and the best candidate (point or likelihood-ratio event).
+
+    Returns (outputs (K, d), loss (K,), criterion of the best candidate, indices of
+    the outputs forming it). The criterion is the predicted stage-2 bound, less
+    ``SELECT_PENALTY`` stage-1 standard errors: among hundreds of candidates the
+    largest estimate is mostly noise when its mass is small (winner's curse).
+    """
     cats, (cx, cy) = categorize(x, y)
     k = len(cats)
-    fx = np.maximum(frequencies(cx, k), tau)
-    fy = np.maximum(frequencies(cy, k), tau)
+    px, py = frequencies(cx, k), frequencies(cy, k)
     keep = np.ones(k, dtype=bool)
     if region is not None and cats.shape[1] == 1:
         lo, hi = np.asarray(region, float).ravel()[:2]
         keep = (cats[:, 0] >= lo) & (cats[:, 0] <= hi)
         if not keep.any():
             raise InputError(f"no observed output lies in the region {region!r}")
-    loss = np.abs(np.log(fx) - np.log(fy))
-    sigma = np.sqrt(np.maximum(1 / fx + 1 / fy - 2, 0.0))
-    crit = np.where(keep, loss - zc * sigma / math.sqrt(N), -np.inf)
-    return cats, np.where(keep, loss, 0.0), crit
+    fx, fy = np.maximum(px, tau), np.maximum(py, tau)
+    ratio = np.log(fx) - np.log(fy)
+    loss = np.abs(ratio)
+    scale = zc / math.sqrt(N) + SELECT_PENALTY / math.sqrt(len(x))
+    crit = np.where(keep, loss - scale * _sigma_discrete(fx, fy), -np.inf)
+    i = int(np.argmax(crit))
+    best_crit, members = float(crit[i]), np.array([i])
+    if events:
+        for sign in (1.0, -1.0):
+            order = np.argsort(-sign * ratio, kind="stable")
+            order = order[keep[order]]
+            ex, ey = np.maximum(np.cumsum(px[order]), tau), np.maximum(np.cumsum(py[order]), tau)
+            c = np.abs(np.log(ex) - np.log(ey)) - scale * _sigma_discrete(ex, ey)
+            j = int(np.argmax(c))
+            if c[j] > best_crit:
+                best_crit, members = float(c[j]), order[:j + 1]
+    return cats, np.where(keep, loss, 0.0), best_crit, members
+
+
+def _dpl(x, y, is_discrete, o) -> dict:
+    """DPL on one pair (Alg. 3): the loss curve and the best candidate with its selection score."""
+    n = len(x)
+    members = None
+    if is_discrete:
+        t0 = o["tau"] if o["tau"] is not None else _default_tau(True, n, None)
+        pts, loss, crit, members = _stage1_discrete(x, y, t0, o["zc"], o["N"], o["region"], o["events"])
+        i = int(members[0]) if o["selection"] == "lb" else int(np.argmax(loss))
+        score = crit if o["selection"] == "lb" else float(loss[i])
+        h = None
+    else:
+        x, y = x.astype(float), y.astype(float)
+        d = continuous_dim(x)
+        pooled = np.vstack([x, y])
+        lo, hi = _region_bounds(o["region"], d, pooled)
+        h = (np.broadcast_to(np.asarray(o["bandwidth"], float), (d,)) if o["bandwidth"] is not None
+             else (rule_of_thumb(x) + rule_of_thumb(y)) / 2)
+        t0 = o["tau"] if o["tau"] is not None else _default_tau(False, n, scale_estimate(pooled))
+        N = o["N"]
+        h2 = h * (N / n) ** (-1.0 / (d + 4)) * N ** (-o["undersmooth"])
+        pts, loss, crit = _stage1_continuous(x, y, h, lo, hi, t0, o["zc"], math.sqrt(N * np.prod(h2)))
+        scores = crit if o["selection"] == "lb" else loss
+        i = int(np.argmax(scores))
+        score = float(scores[i])
+    if members is None or o["selection"] != "lb":
+        members = np.array([i])
+    return dict(score=score, t=pts[i], event=pts[members] if len(members) > 1 else None, pts=pts,
+                loss=loss, h=h, tau=t0, estimate=float(loss.max()), n=n)
+
+
+def _draw_pair(mech, pair, size, rng, feature):
+    xs = draw(mech, pair[0], size, rng)
+    ys = draw(mech, pair[1], size, rng)
+    if feature is not None:
+        xs, ys = feature(pair[0], pair[1], xs), feature(pair[0], pair[1], ys)
+    return xs, ys
+
+
+def _resolve_feature(mech, feature):
+    if isinstance(feature, str) and feature == "default":
+        return mech.feature
+    if feature is None or callable(feature):
+        return feature
+    raise InputError(f"feature must be 'default', None or a function (x, x_prime, outputs) -> array, "
+                     f"got {feature!r}")
 
 
 def mpl(mechanism, pairs=None, n: int = 20000, N: int = 50000, region=None, alpha: float = 0.05,
         rng=None, *, params: dict | None = None, tau: float | None = None, discrete: bool | None = None,
-        bandwidth=None, undersmooth: float = UNDERSMOOTH, selection: str = "lb") -> MPLResult:
+        bandwidth=None, undersmooth: float = UNDERSMOOTH, selection: str = "lb",
+        events: bool = True, feature="default",
+        progress: Callable[[str, int, int], None] | None = None) -> MPLResult:
     """MPL lower bound on the pure-DP ε of ``mechanism`` over ``pairs`` (Askin et al. 2022, Alg. 4).
 
     Parameters
@@ -147,13 +248,17 @@ def mpl(mechanism, pairs=None, n: int = 20000, N: int = 50000, region=None, alph
     region : the bounded set C, (lo, hi) or one (lo, hi) per output dimension; default: the
         built-in's region, else the central 99% of the stage-1 outputs. Discrete outputs use
         every observed value (restricted to [lo, hi] for scalar outputs when given).
-    alpha : error level; P(LB ≤ ε) ≥ 1 − α asymptotically (Theorem 2).
+    alpha : error level; P(LB ≤ ε) ≥ 1 − alpha asymptotically (Theorem 2).
     rng : numpy Generator or seed.
     tau : density floor (default 20/n for frequencies, 10^-3 / output spread for densities).
     discrete : force the discrete (TDDE) or continuous (TKDE) estimator; default: detect.
     bandwidth : stage-1 bandwidth per dimension (default Silverman/Scott rule).
     undersmooth : γ of the stage-2 bandwidth h_rot(N)·N^{-γ} (condition C4).
     selection : ``"lb"`` (default) or ``"max"`` (the paper's argmax of ℓ̂), see module doc.
+    events : also consider likelihood-ratio events for discrete outputs (``selection="lb"`` only).
+    feature : ``"default"`` (the mechanism's own, if any), None (raw outputs), or a function
+        ``(x, x_prime, outputs) -> array`` applied to the outputs of each pair (post-processing).
+    progress : optional callback ``progress(stage, done, total)``.
     """
     mech = load_mechanism(mechanism, params)
     pairs = resolve_pairs(mech, pairs, "mpl")
@@ -163,64 +268,75 @@ def mpl(mechanism, pairs=None, n: int = 20000, N: int = 50000, region=None, alph
         raise InputError(f"selection must be 'lb' or 'max', got {selection!r}")
     if tau is not None and not (isinstance(tau, (int, float)) and tau > 0):
         raise InputError(f"tau must be a positive number, got {tau!r}")
+    feature = _resolve_feature(mech, feature)
     if region is None:
         region = mech.region
     rng = as_rng(rng)
+    report = progress or (lambda stage, done, total: None)
     zc = stats.norm.ppf(1 - alpha)
     warnings: list[str] = []
+    opts = dict(tau=tau, zc=zc, N=N, region=region, events=events and selection == "lb",
+                selection=selection, bandwidth=bandwidth, undersmooth=undersmooth)
 
-    # ---- stage 1: DPL on every pair
-    best = None
-    estimates = []
-    for b, (x_db, y_db) in enumerate(pairs):
-        xs = draw(mech, x_db, n, rng)
-        ys = draw(mech, y_db, n, rng)
+    # ---- stage 1: DPL on every pair; with many pairs, in two rounds (successive halving)
+    t_start = time.perf_counter()
+    n1, keep = n, len(pairs)
+    if len(pairs) >= 3 and n >= 200:
+        n1, keep = n // 2, max(1, math.ceil(len(pairs) / HALVING))
+    extra = (len(pairs) * (n - n1)) // keep
+    stage1 = f"MPL stage 1: {len(pairs)} pairs x 2 x {n:,} outputs"
+    steps = len(pairs) + (keep if extra else 0)
+    report(stage1, 0, steps)
+    cands, kept_samples = [], []
+    for b, pair in enumerate(pairs):
+        xs, ys = _draw_pair(mech, pair, n1, rng, feature)
         if b == 0:
             is_discrete = detect_discrete(np.concatenate([np.ravel(xs), np.ravel(ys)]), discrete)
         x, y = as_samples(xs), as_samples(ys)
-        if not is_discrete:
-            x, y = x.astype(float), y.astype(float)
-        if is_discrete:
-            t0 = tau if tau is not None else _default_tau(True, n, None)
-            pts, loss, crit = _stage1_discrete(x, y, t0, zc, N, region)
-            h = None
-        else:
-            d = continuous_dim(x)
-            pooled = np.vstack([x, y])
-            lo, hi = _region_bounds(region, d, pooled)
-            h = (np.broadcast_to(np.asarray(bandwidth, float), (d,)) if bandwidth is not None
-                 else (rule_of_thumb(x) + rule_of_thumb(y)) / 2)
-            t0 = tau if tau is not None else _default_tau(False, n, scale_estimate(pooled))
-            h2 = h * (N / n) ** (-1.0 / (d + 4)) * N ** (-undersmooth)
-            pts, loss, crit = _stage1_continuous(x, y, h, lo, hi, t0, zc, math.sqrt(N * np.prod(h2)))
-        score = crit if selection == "lb" else loss
-        i = int(np.argmax(score))
-        estimates.append(float(loss.max()))
-        if best is None or score[i] > best["score"]:
-            best = dict(score=float(score[i]), b=b, t=pts[i], pts=pts, loss=loss, h=h, tau=t0,
-                        estimate=float(loss.max()))
+        cands.append(_dpl(x, y, is_discrete, opts))
+        kept_samples.append((x, y) if extra else None)
+        report(stage1, b + 1, steps)
+    finalists = sorted(range(len(pairs)), key=lambda k: -cands[k]["score"])[:keep]
+    if extra:
+        for j, b in enumerate(finalists):
+            xs, ys = _draw_pair(mech, pairs[b], extra, rng, feature)
+            x = np.concatenate([kept_samples[b][0], as_samples(xs)])
+            y = np.concatenate([kept_samples[b][1], as_samples(ys)])
+            cands[b] = _dpl(x, y, is_discrete, opts)
+            report(stage1, len(pairs) + j + 1, steps)
+        del kept_samples
+    b = max(finalists, key=lambda k: cands[k]["score"])
+    best = cands[b]
+    estimates = [c["estimate"] for c in cands]
+    t_mid = time.perf_counter()
+    log.info("MPL stage 1 (DPL): %d pairs x 2 x %d outputs%s, %s estimate, in %.2f s; selected pair %d, "
+             "stage-1 loss max %.4g", len(pairs), n1,
+             f", then {keep} pairs x 2 x {extra} more" if extra else "",
+             "frequency" if is_discrete else "kernel density", t_mid - t_start, b, best["estimate"])
 
-    b = best["b"]
     x_db, y_db = pairs[b]
     t_hat = best["t"]
+    event = best["event"]
     tau_used = best["tau"]
 
-    # ---- stage 2: fresh samples, confidence bound at t_hat
-    xs = as_samples(draw(mech, x_db, N, rng))
-    ys = as_samples(draw(mech, y_db, N, rng))
-    if not is_discrete:
-        xs, ys = xs.astype(float), ys.astype(float)
+    # ---- stage 2: fresh samples, confidence bound at t_hat (or on the event)
+    stage2 = f"MPL stage 2: 2 x {N:,} fresh outputs"
+    report(stage2, 0, 1)
+    xs, ys = _draw_pair(mech, pairs[b], N, rng, feature)
+    xs, ys = as_samples(xs), as_samples(ys)
     if is_discrete:
-        fx = float(np.mean(np.all(xs == t_hat, axis=1)))
-        fy = float(np.mean(np.all(ys == t_hat, axis=1)))
+        target = t_hat[None, :] if event is None else event
+        fx = float(np.mean(contains(xs, target)))
+        fy = float(np.mean(contains(ys, target)))
         sx, sy = max(fx, tau_used), max(fy, tau_used)
-        sigma = math.sqrt(max(1 / sx + 1 / sy - 2, 0.0))
+        sigma = float(_sigma_discrete(sx, sy))
         c_n = math.sqrt(N)
         h2 = None
         if min(fx, fy) * N < 10:
-            warnings.append(f"only {int(round(min(fx, fy) * N))} stage-2 outputs equal t_hat in one "
-                            "sample; the normal approximation is poor (increase N)")
+            warnings.append(f"only {int(round(min(fx, fy) * N))} stage-2 outputs fall on t_hat (or its "
+                            "event) in one sample; the normal approximation is poor (increase N)")
     else:
+        xs, ys = xs.astype(float), ys.astype(float)
         d = xs.shape[1]
         h2 = (rule_of_thumb(xs, undersmooth=undersmooth) + rule_of_thumb(ys, undersmooth=undersmooth)) / 2
         if bandwidth is not None:
@@ -240,25 +356,35 @@ def mpl(mechanism, pairs=None, n: int = 20000, N: int = 50000, region=None, alph
                         "floor): too few samples there, the bound is unreliable (SPEC 10.3)")
     loss_star = abs(math.log(sx) - math.log(sy))
     lb = loss_star - zc * sigma / c_n
+    report(stage2, 1, 1)
+    log.info("MPL stage 2: 2 x %d fresh outputs at %s in %.2f s: loss %.4g, sigma/c_N %.3g, lower bound %.4g",
+             N, "t_hat" if event is None else f"an event of {len(event)} outputs",
+             time.perf_counter() - t_mid, loss_star, sigma / c_n, lb)
 
     curve_pts = best["pts"]
     order = np.argsort(curve_pts[:, 0]) if not is_discrete and curve_pts.shape[1] == 1 else slice(None)
     loss_curve = {"t": curve_pts[order].tolist() if is_discrete or curve_pts.shape[1] > 1
                   else curve_pts[order, 0].tolist(), "loss": best["loss"][order].tolist()}
-    t_out = t_hat.tolist()
-    t_out = t_out[0] if len(t_out) == 1 else t_out
     region_out = None if is_discrete and region is None else (
         np.column_stack(_region_bounds(region, as_samples(xs).shape[1], np.vstack([xs, ys]))).tolist()
         if not is_discrete else np.asarray(region, float).tolist())
     true_eps = mech.epsilon
     return MPLResult(
-        lower_bound=float(lb), estimate=best["estimate"], pair=(x_db, y_db), pair_index=b, t_hat=t_out,
+        lower_bound=float(lb), estimate=best["estimate"], pair=(x_db, y_db), pair_index=b,
+        t_hat=_point(t_hat), event=None if event is None else [_point(t) for t in event],
         loss_at_t_hat=float(loss_star), sigma=float(sigma), n=n, N=N, alpha=alpha,
         discrete=is_discrete, tau=float(tau_used),
         bandwidth=None if h2 is None else [float(v) for v in np.atleast_1d(h2)],
         region=region_out, selection=selection, true_value=true_eps,
         pairs_true_value=_safe(lambda: mech.true_epsilon_over(pairs)),
+        feature=None if feature is None else getattr(feature, "__name__", "feature"),
         pair_estimates=estimates, loss_curve=loss_curve, warnings=warnings)
+
+
+def _point(t):
+    """An output as a number (scalar outputs) or a list."""
+    t = np.asarray(t).tolist()
+    return t[0] if isinstance(t, list) and len(t) == 1 else t
 
 
 def _safe(fn):
