@@ -8,16 +8,38 @@ mildly undersmoothed bandwidth) gets a delta-method standard error
 σ̂_T² = Var_f̂(w₁)/n + Var_ĝ(w₂)/m with w₁ = α f̂^{α−1} s(ĝ)^{1−α} and
 w₂ = (1 − α) f̂^α s(ĝ)^{−α} s′(ĝ); then LB = D̂ − z_{1−α_conf} σ̂_T / ((α − 1) T̂).
 
+Three refinements of SPEC 7.2, each measured in tests/bench/audit_validation.py:
+the floor τ is tied to the noise of the estimate (20/n for frequencies, the
+density where the KDE's relative error is 1/2 for densities); σ̂ is computed
+from densities at the ordinary rule-of-thumb bandwidth (a smooth nuisance
+functional; at the undersmoothed one, noise in the tails inflates it); and
+D̂ is corrected for its second-order bias (b_T/T − Var T̂/(2T²))/(α − 1),
+b_T = ½ Σ [φ_ff Var f̂ + φ_gg Var ĝ] (φ = f^α s(g)^{1−α} is convex, so T̂ runs
+high by O(1/(n h)); for small
+divergences such as the subsampled Laplace mechanism, D ≈ 0.05, that is one
+standard error and the uncorrected bound exceeds D in 15% of runs). The
+correction is applied where ĝ ≥ 4τ only: closer to the floor the expansion
+overshoots.
+
 Several candidates (pairs, and both directions of each, since RDP bounds
-both) are handled by a Bonferroni correction when there are at most four,
-else by a selection stage on n/5 outputs followed by a fresh sample for the
-selected candidate (as in MPL), so the bound keeps its level.
+both) go through a pilot on n/5 fresh outputs per database: the candidates
+whose pilot confidence interval (±2σ̂) reaches the best pilot lower end stay
+in play (at most four), get n fresh outputs per database, and share the
+error level (Bonferroni); the result is the largest of their bounds. The
+pilot uses its own outputs, so the final bound keeps its level. A clear
+winner (e.g. the subsampled Gaussian, where D_α(M(x′) ‖ M(x)) is three
+times the reverse) is bounded at the full level α; symmetric pairs (Laplace,
+randomized response) keep both directions and split α, as a Bonferroni
+correction over all candidates would.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from scipy import special, stats
@@ -25,16 +47,31 @@ from scipy import special, stats
 from ..errors import InputError
 from .common import (as_rng, check_level, check_size, continuous_dim, detect_discrete, draw,
                      jsonable)
-from .kde import as_samples, binned_kde, categorize, frequencies, make_grid, rule_of_thumb, scale_estimate
+from .kde import GAUSS_R, as_samples, binned_kde, categorize, frequencies, make_grid, rule_of_thumb
 from .mechanisms import load_mechanism, resolve_pairs
 
-#: Defaults after tuning (tests/bench/audit_validation.py): the SPEC 7.2 trial used
-#: τ = 10^-3, η = 1/τ; a lower floor and a sharper softmax (η = 10/τ: s(2τ) = 2τ instead
-#: of 2.3τ) remove most of the floor's downward bias without hurting coverage.
-TAU = 3e-4
+log = logging.getLogger("empdp.audit")
+
+#: Defaults after tuning (tests/bench/audit_validation.py). The SPEC 7.2 trial used
+#: τ = 10^-3, η = 1/τ; a sharper softmax (η = 10/τ: s(2τ) = 2τ instead of 2.3τ) and a floor
+#: tied to the noise of the estimate remove most of the floor's downward bias without
+#: hurting coverage. Frequencies: τ = TAU_COUNTS/n (20 outputs). Densities: τ = TAU_NOISE
+#: · R(K)^d / (n Π h), the density at which the KDE's relative standard error is
+#: 1/√TAU_NOISE = 1/2 (≈ 2·10^-4 per unit spread at n = 10^5); lower floors leave σ̂
+#: short of the spread of D̂ (by 20% for the Gaussian, α = 3, at 10^-4).
+TAU_COUNTS = 20.0
+BIAS_MIN_FLOORS = 4.0
+TAU_NOISE = 4.0
 ETA_FACTOR = 10.0
 UNDERSMOOTH = 0.05
 GRID = 2000
+#: γ of the bandwidth at which σ̂ is computed (0: the plain rule of thumb; see _estimates).
+VAR_UNDERSMOOTH = 0.0
+
+#: Pilot selection: candidates whose pilot D̂ ± PILOT_Z σ̂ interval reaches the best
+#: pilot lower end D̂ − PILOT_Z σ̂ stay in play, at most MAX_FINALISTS of them.
+PILOT_Z = 2.0
+MAX_FINALISTS = 4
 
 
 @dataclass
@@ -55,6 +92,7 @@ class RenyiResult:
     eta: float
     bandwidth: list | None
     selection: str
+    bias_corrected: bool = True
     true_value: float | None = None
     candidates: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
@@ -74,6 +112,7 @@ class RenyiResult:
             "direction": self.direction, "t_hat": None, "sigma": self.sigma, "n": self.n,
             "N": self.n, "alpha": self.alpha, "discrete": self.discrete, "tau": self.tau,
             "eta": self.eta, "bandwidth": self.bandwidth, "selection": self.selection,
+            "bias_corrected": self.bias_corrected,
             "true_value": self.true_value,
             "true_value_infinite": self.true_value is not None and math.isinf(self.true_value),
             "candidates": self.candidates, "warnings": self.warnings,
@@ -85,67 +124,111 @@ def _floor(z, tau, eta):
     return np.logaddexp(eta * z, eta * tau) / eta, special.expit(eta * (z - tau))
 
 
-def floored_divergence(f, g, weight, order: float, tau: float, eta: float, n: int, m: int):
+def floored_divergence(f, g, weight, order: float, tau: float, eta: float, n: int, m: int,
+                       var_densities=None, noise: float | None = None):
     """D̂ and σ̂_D from densities (or probabilities) f, g on common points with cell weights.
 
+    ``var_densities`` = (f_v, g_v), when given, are the densities under which the
+    delta-method variance is computed (default: f, g themselves). With ``noise`` = c
+    (∫K_h² for a KDE, 1 for frequencies) the second-order bias of D̂ is removed:
+    E log T̂ − log T ≈ b_T/T − Var T̂/(2T²), b_T = ½ Σ [∂²φ/∂f² Var f̂ + ∂²φ/∂g² Var ĝ],
+    φ = f^α s(g)^{1−α}, Var f̂ ≈ f (c − f)/n (φ is convex, so T̂ runs high by O(1/(n h))).
     Returns (D̂, σ̂_D, floor_share) where floor_share is the fraction of T̂ coming from
     points where ĝ < τ (the floor binds there).
     """
     a = order
-    s, ds = _floor(g, tau, eta)
-    pos = f > 0
-    logf = np.where(pos, np.log(np.where(pos, f, 1.0)), -np.inf)
-    logs = np.log(s)
-    integrand = np.where(pos, np.exp(a * logf + (1 - a) * logs), 0.0)
-    T = float(np.sum(integrand * weight))
+    T, integrand, _, _ = _integral(f, g, weight, a, tau, eta)
     if not T > 0:
         raise InputError("the two output samples do not overlap: the Rényi estimate is undefined")
-    w1 = np.where(pos, a * np.exp((a - 1) * logf + (1 - a) * logs), 0.0)
-    w2 = np.where(pos, (1 - a) * np.exp(a * logf - a * logs) * ds, 0.0)
+    fv, gv = (f, g) if var_densities is None else var_densities
+    Tv, _, w1, w2 = _integral(fv, gv, weight, a, tau, eta)
 
     def var(p, w):
         mass = float(np.sum(p * weight))
         mean = float(np.sum(p * w * weight)) / mass
         return max(float(np.sum(p * w * w * weight)) / mass - mean * mean, 0.0)
 
-    var_t = var(f, w1) / n + var(g, w2) / m
+    var_t = var(fv, w1) / n + var(gv, w2) / m
     D = math.log(T) / (a - 1)
-    sigma_d = math.sqrt(var_t) / ((a - 1) * T)
+    if noise is not None:  # E log T̂ ≈ log T + bias_T/T − Var T̂/(2T²)
+        D -= (_bias(fv, gv, weight, a, tau, eta, noise, n, m) / T - var_t / (2 * T * T)) / (a - 1)
+    sigma_d = math.sqrt(var_t) / ((a - 1) * (Tv if Tv > 0 else T))
     share = float(np.sum(integrand * weight * (g < tau))) / T
     return D, sigma_d, share
+
+
+def _bias(f, g, weight, a, tau, eta, c, n, m):
+    """½ Σ weight·[φ_ff Var f̂ + φ_gg Var ĝ] for φ = f^α s(g)^{1−α}, Var f̂ = f(c − f)/n."""
+    s, ds = _floor(g, tau, eta)
+    pos = f > 0
+    fa1 = np.where(pos, np.exp((a - 1) * np.log(np.where(pos, f, 1.0))), 0.0)  # f^{α−1}
+    term_f = a * (a - 1) * fa1 * s ** (1 - a) * np.maximum(c - f, 0.0) / n
+    phi_gg = (1 - a) * fa1 * f * s ** (-a) * (-a * ds * ds / s + eta * ds * (1 - ds))
+    term_g = phi_gg * g * np.maximum(c - g, 0.0) / m
+    reliable = g >= BIAS_MIN_FLOORS * tau  # the expansion fails where ĝ is within noise of the floor
+    return 0.5 * float(np.sum((term_f + term_g) * weight * reliable))
+
+
+def _integral(f, g, weight, a, tau, eta):
+    """T = Σ f^α s(g)^{1−α}·weight, its integrand, and the weights w₁ = ∂/∂f, w₂ = ∂/∂g (SPEC 7.2)."""
+    s, ds = _floor(g, tau, eta)
+    pos = f > 0
+    logf = np.where(pos, np.log(np.where(pos, f, 1.0)), -np.inf)
+    logs = np.log(s)
+    integrand = np.where(pos, np.exp(a * logf + (1 - a) * logs), 0.0)
+    w1 = np.where(pos, a * np.exp((a - 1) * logf + (1 - a) * logs), 0.0)
+    w2 = np.where(pos, (1 - a) * np.exp(a * logf - a * logs) * ds, 0.0)
+    return float(np.sum(integrand * weight)), integrand, w1, w2
 
 
 def _grid_sizes(d: int, grid_size: int):
     return {1: grid_size, 2: 256, 3: 80}[d]
 
 
-def _estimates(x, y, order, discrete, tau, eta, h, grid_size, directions):
-    """D̂ and σ̂_D for (x ‖ y) and, when asked, (y ‖ x), from one pair of samples."""
+def _estimates(x, y, order, discrete, tau, eta, h, grid_size, directions, h_var=None,
+               bias_correction: bool = True):
+    """D̂ and σ̂_D for (x ‖ y) and, when asked, (y ‖ x), from one pair of samples.
+
+    For densities, D̂ uses the (undersmoothed) bandwidth ``h`` and σ̂ the densities at
+    ``h_var`` (default ``h``): the variance is a smooth nuisance functional, best
+    estimated at the ordinary rule-of-thumb bandwidth; at the undersmoothed one the
+    noise of f̂, ĝ in the tails inflates it (subsampled Gaussian, α = 3: σ̂ 20% above
+    the spread of D̂ over repetitions).
+    """
     out = []
+    var_dens = None
     if discrete:
         cats, (cx, cy) = categorize(x, y)
         k = len(cats)
         fx, fy = frequencies(cx, k), frequencies(cy, k)
         weight = np.ones(k)
+        noise = 1.0
     else:
         pooled = np.vstack([x, y])
-        lo, hi = pooled.min(axis=0) - 6 * h, pooled.max(axis=0) + 6 * h
+        pad = 6 * (h if h_var is None else np.maximum(h, h_var))
+        lo, hi = pooled.min(axis=0) - pad, pooled.max(axis=0) + pad
         d = x.shape[1]
         sizes = np.minimum(np.maximum(_grid_sizes(d, grid_size), np.ceil((hi - lo) / (h / 4)) + 1),
                            {1: 1 << 15, 2: 512, 3: 128}[d]).astype(int)
         grid = make_grid(lo, hi, sizes)
         fx, fy = binned_kde(x, h, grid).ravel(), binned_kde(y, h, grid).ravel()
         weight = np.full(fx.size, grid.cell)
+        noise = GAUSS_R ** d / float(np.prod(h))
+        if h_var is not None and not np.allclose(h_var, h):
+            var_dens = binned_kde(x, h_var, grid).ravel(), binned_kde(y, h_var, grid).ravel()
     for forward in directions:
         f, g, nf, ng = (fx, fy, len(x), len(y)) if forward else (fy, fx, len(y), len(x))
-        out.append(floored_divergence(f, g, weight, order, tau, eta, nf, ng))
+        vd = None if var_dens is None else (var_dens if forward else var_dens[::-1])
+        out.append(floored_divergence(f, g, weight, order, tau, eta, nf, ng, vd,
+                                      noise if bias_correction else None))
     return out
 
 
 def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: float = 0.05, rng=None,
           *, params: dict | None = None, tau: float | None = None, eta: float | None = None,
           discrete: bool | None = None, bandwidth=None, undersmooth: float = UNDERSMOOTH,
-          grid_size: int = GRID, both_directions: bool = True) -> RenyiResult:
+          grid_size: int = GRID, both_directions: bool = True, bias_correction: bool = True,
+          progress: Callable[[str, int, int], None] | None = None) -> RenyiResult:
     """Lower confidence bound on the Rényi divergence of order ``order`` over ``pairs``.
 
     Parameters
@@ -156,10 +239,13 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
     n : outputs per database.
     alpha : error level of the bound (P(LB ≤ D_α) ≈ 1 − alpha for large n).
     tau, eta : floor of the denominator density and sharpness of the floor (default
-        τ = 3·10^-4 (per unit output spread for densities), η = 10/τ).
+        τ = 20/n for frequencies, 4·R(K)^d/(n Π h) for densities (≈ 2·10^-4 per unit
+        output spread at n = 10^5), η = 10/τ).
     discrete : force relative frequencies (True) or KDE (False); default: detect.
     bandwidth : KDE bandwidth per dimension (default 1.06 σ̂ n^{-1/5} · n^{-undersmooth}).
     both_directions : audit D_α(M(x) ‖ M(x′)) and D_α(M(x′) ‖ M(x)) (RDP bounds both).
+    bias_correction : remove the second-order bias of D̂ (module doc); False is SPEC 7.2 as written.
+    progress : optional callback ``progress(stage, done, total)``.
     """
     mech = load_mechanism(mechanism, params)
     pairs = resolve_pairs(mech, pairs, "renyi")
@@ -173,6 +259,7 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
     if eta is not None and not (isinstance(eta, (int, float)) and eta > 0):
         raise InputError(f"eta must be a positive number, got {eta!r}")
     rng = as_rng(rng)
+    report = progress or (lambda stage, done, total: None)
     directions = (True, False) if both_directions else (True,)
     k_cand = len(pairs) * len(directions)
     warnings: list[str] = []
@@ -183,53 +270,65 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
         return xs, ys
 
     def setup(xs, ys):
+        """(discrete, x, y, bandwidth for D̂, bandwidth for σ̂, floor τ) of one pair's outputs."""
         disc = detect_discrete(np.concatenate([np.ravel(xs), np.ravel(ys)]), discrete)
         x, y = as_samples(xs), as_samples(ys)
         if disc:
-            return disc, x, y, None, (tau if tau is not None else TAU)
+            return disc, x, y, None, None, (tau if tau is not None else TAU_COUNTS / len(x))
         x, y = x.astype(float), y.astype(float)
         d = continuous_dim(x)
         if bandwidth is not None:
-            h = np.broadcast_to(np.asarray(bandwidth, float), (d,))
+            h = h_var = np.broadcast_to(np.asarray(bandwidth, float), (d,))
         else:
             h = (rule_of_thumb(x, undersmooth=undersmooth) + rule_of_thumb(y, undersmooth=undersmooth)) / 2
-        t = tau if tau is not None else TAU / float(np.prod(scale_estimate(np.vstack([x, y]))))
-        return disc, x, y, h, t
+            h_var = h * len(x) ** (undersmooth - VAR_UNDERSMOOTH)
+        t = tau if tau is not None else TAU_NOISE * GAUSS_R ** d / (len(x) * float(np.prod(h)))
+        return disc, x, y, h, h_var, t
 
     candidates = []
-    if k_cand <= 4:
-        selection = "single" if k_cand == 1 else "bonferroni"
-        z = stats.norm.ppf(1 - alpha / k_cand)
-        best = None
-        for b, pair in enumerate(pairs):
-            disc, x, y, h, t = setup(*sample(pair, n))
-            e = eta if eta is not None else ETA_FACTOR / t
-            for fwd, (D, s, share) in zip(directions, _estimates(x, y, order, disc, t, e, h, grid_size,
-                                                                  directions)):
-                lb = D - z * s
-                candidates.append({"pair_index": b, "direction": "x||x'" if fwd else "x'||x",
-                                   "estimate": D, "lower_bound": lb})
-                if best is None or lb > best[0]:
-                    best = (lb, D, s, b, fwd, disc, t, e, h, share)
+    t_start = time.perf_counter()
+    if k_cand == 1:
+        selection, finalists = "single", [(0, True)]
     else:
-        selection = "two-stage"
+        selection = "pilot"
         n_sel = max(50, n // 5)
-        z = stats.norm.ppf(1 - alpha)
-        pick = None
+        stage = f"Renyi pilot: {len(pairs)} pairs x 2 x {n_sel:,} outputs"
+        report(stage, 0, len(pairs))
+        pilot = []
         for b, pair in enumerate(pairs):
-            disc, x, y, h, t = setup(*sample(pair, n_sel))
+            disc, x, y, h, hv, t = setup(*sample(pair, n_sel))
             e = eta if eta is not None else ETA_FACTOR / t
             for fwd, (D, s, _) in zip(directions, _estimates(x, y, order, disc, t, e, h, grid_size,
-                                                             directions)):
+                                                             directions, hv, bias_correction)):
+                pilot.append((D, s, b, fwd))
                 candidates.append({"pair_index": b, "direction": "x||x'" if fwd else "x'||x",
-                                   "estimate": D, "lower_bound": D - z * s, "stage": "selection"})
-                if pick is None or D - z * s > pick[0]:
-                    pick = (D - z * s, b, fwd)
-        _, b, fwd = pick
-        disc, x, y, h, t = setup(*sample(pairs[b], n))
+                                   "estimate": D, "sigma": s, "stage": "pilot"})
+            report(stage, b + 1, len(pairs))
+        floor_best = max(D - PILOT_Z * s for D, s, _, _ in pilot)
+        alive = sorted((c for c in pilot if c[0] + PILOT_Z * c[1] >= floor_best), key=lambda c: -c[0])
+        finalists = [(b, fwd) for _, _, b, fwd in alive[:MAX_FINALISTS]]
+        log.info("Renyi pilot: %d candidates from %d pairs x 2 x %d outputs in %.2f s; %d kept",
+                 len(pilot), len(pairs), n_sel, time.perf_counter() - t_start, len(finalists))
+    z = stats.norm.ppf(1 - alpha / len(finalists))
+    t_final = time.perf_counter()
+    final_pairs = sorted({b for b, _ in finalists})
+    stage = f"Renyi bound: {len(final_pairs)} pairs x 2 x {n:,} outputs"
+    report(stage, 0, len(final_pairs))
+    best = None
+    for k, b in enumerate(final_pairs):
+        dirs = tuple(fwd for fwd in directions if (b, fwd) in finalists)
+        disc, x, y, h, hv, t = setup(*sample(pairs[b], n))
         e = eta if eta is not None else ETA_FACTOR / t
-        D, s, share = _estimates(x, y, order, disc, t, e, h, grid_size, (fwd,))[0]
-        best = (D - z * s, D, s, b, fwd, disc, t, e, h, share)
+        for fwd, (D, s, share) in zip(dirs, _estimates(x, y, order, disc, t, e, h, grid_size, dirs, hv,
+                                                       bias_correction)):
+            candidates.append({"pair_index": b, "direction": "x||x'" if fwd else "x'||x",
+                               "estimate": D, "sigma": s, "lower_bound": D - z * s, "stage": "final"})
+            if best is None or D - z * s > best[0]:
+                best = (D - z * s, D, s, b, fwd, disc, t, e, h, share)
+        report(stage, k + 1, len(final_pairs))
+    log.info("Renyi bound: %d candidate(s) at level alpha/%d, %d pairs x 2 x %d outputs, %s, in %.2f s",
+             len(finalists), len(finalists), len(final_pairs), n,
+             "frequencies" if best[5] else "binned KDE", time.perf_counter() - t_final)
 
     lb, D, s, b, fwd, disc, t, e, h, share = best
     if share > 0.05:
@@ -247,4 +346,5 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
         lower_bound=float(lb), estimate=float(D), order=order, pair=pair, pair_index=b,
         direction="x||x'" if fwd else "x'||x", sigma=float(s), n=n, alpha=alpha, discrete=disc,
         tau=float(t), eta=float(e), bandwidth=None if h is None else [float(v) for v in h],
-        selection=selection, true_value=true_value, candidates=candidates, warnings=warnings)
+        selection=selection, bias_corrected=bias_correction, true_value=true_value,
+        candidates=candidates, warnings=warnings)
