@@ -11,7 +11,7 @@ from empdp.errors import InputError
 
 from empdp.io import read_json
 
-from ._common import emit_json, output_options, setup_logging
+from ._common import emit_json, output_options, progress_bars, setup_logging
 
 BUILTINS = ("laplace, gaussian, noisy_max, noisy_max_value, exponential, svt2, svt4, svt5, svt6, "
             "randomized_response, shuffled_rr, subsampled_laplace, subsampled_gaussian, noisy_gd")
@@ -69,8 +69,13 @@ def _print_result(d: dict, title: str):
     if d.get("true_value") is not None or d.get("true_value_infinite"):
         rows.append(("true value", math.inf if d.get("true_value_infinite") else d["true_value"]))
     rows += [("worst pair", json.dumps(d["pair"]))]
-    if d.get("t_hat") is not None:
+    if d.get("event"):
+        rows.append(("worst outputs", f"an event of {d['event_size']} outputs, "
+                                      f"most extreme {json.dumps(d['t_hat'])}"))
+    elif d.get("t_hat") is not None:
         rows.append(("worst output t_hat", json.dumps(d["t_hat"])))
+    if d.get("feature"):
+        rows.append(("outputs audited as", d["feature"]))
     if d.get("direction"):
         rows.append(("direction", d["direction"]))
     rows += [("sample sizes", f"n = {d['n']}, N = {d['N']}"), ("alpha", d["alpha"]),
@@ -106,8 +111,9 @@ def mpl_cmd(mechanism, params, pairs, alpha, seed, n, N, region, as_json, quiet,
     from empdp.audit.mechanisms import parse_params
 
     setup_logging(verbose, quiet, debug)
-    res = mpl(mechanism, _pairs(pairs), n=n, N=N, region=_region(region), alpha=alpha, rng=seed,
-              params=parse_params(params))
+    with progress_bars(enabled=not as_json and not quiet) as progress:  # the library logs its stages
+        res = mpl(mechanism, _pairs(pairs), n=n, N=N, region=_region(region), alpha=alpha, rng=seed,
+                  params=parse_params(params), progress=progress)
     d = res.to_dict()
     if as_json:
         emit_json(d)
@@ -125,8 +131,9 @@ def renyi_cmd(mechanism, params, pairs, alpha, seed, order, n, as_json, quiet, v
     from empdp.audit.mechanisms import parse_params
 
     setup_logging(verbose, quiet, debug)
-    res = renyi(mechanism, _pairs(pairs), order=order, n=n, alpha=alpha, rng=seed,
-                params=parse_params(params))
+    with progress_bars(enabled=not as_json and not quiet) as progress:
+        res = renyi(mechanism, _pairs(pairs), order=order, n=n, alpha=alpha, rng=seed,
+                    params=parse_params(params), progress=progress)
     d = res.to_dict()
     if as_json:
         emit_json(d)
@@ -151,7 +158,9 @@ def release_cmd(calibration, source, top, order, alpha, seed, as_json, quiet, ve
     from empdp.audit import audit_release
 
     setup_logging(verbose, quiet, debug)
-    res = audit_release(calibration, source, top=top, order=order, alpha=alpha, rng=seed)
+    with progress_bars(enabled=not as_json and not quiet) as progress:
+        res = audit_release(calibration, source, top=top, order=order, alpha=alpha, rng=seed,
+                            progress=progress)
     d = res.to_dict()
     if as_json:
         emit_json(d)

@@ -11,8 +11,11 @@ release meets its target ε and that the audits are calibrated (LB ≤ exact).
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from scipy import special
@@ -22,6 +25,8 @@ from .common import as_rng, jsonable
 from .mechanisms import Mechanism
 from .mpl import mpl
 from .renyi import renyi
+
+log = logging.getLogger("empdp.audit")
 
 
 # ----------------------------------------------------------------------------- release density
@@ -151,7 +156,7 @@ class ReleaseAudit:
 
 def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: float = 2.0,
                   n: int = 20000, N: int = 50000, n_renyi: int = 100000, alpha: float = 0.05,
-                  rng=None) -> ReleaseAudit:
+                  rng=None, progress: Callable[[str, int, int], None] | None = None) -> ReleaseAudit:
     """Audit the release described by ``calibration`` on the databases of ``source`` (SPEC 7.4).
 
     Parameters
@@ -162,6 +167,7 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     top : number of riskiest individuals audited (by exact ε_i of the release).
     order : Rényi order α > 1.
     n, N : MPL sample sizes; n_renyi : Rényi sample size per database.
+    progress : optional callback ``progress(stage, done, total)``.
     """
     from ..noise import Calibration
     from ..noise.exact import laplace_kde_eps
@@ -197,15 +203,22 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     rank_eps = laplace_kde_eps(q, q[None, :] - shifts[rows], eff)
     # the ranking is a proxy for other kernels: take 4x as many, keep the top by exact ε_i
     shortlist = rows[np.argsort(-rank_eps, kind="stable")[:4 * top]]
-    exact = {int(k): exact_values(q, q - shifts[k], kernel, b, w, lam, order) for k in shortlist}
+    report = progress or (lambda stage, done, total: None)
+    stage, t0 = f"exact values: {len(shortlist)} individuals", time.perf_counter()
+    exact = {}
+    for j, k in enumerate(shortlist):
+        exact[int(k)] = exact_values(q, q - shifts[k], kernel, b, w, lam, order)
+        report(stage, j + 1, len(shortlist))
     chosen = sorted(exact, key=lambda k: -exact[k][0])[:top]
+    log.info("release audit: exact epsilon_i and D_%g for %d shortlisted of %d individuals in %.2f s",
+             order, len(shortlist), len(rows), time.perf_counter() - t0)
 
     rng = as_rng(rng)
     individuals = [{"id": ids[k], "exact_epsilon": exact[k][0], "exact_renyi": exact[k][1]} for k in chosen]
     mech = release_mechanism(q, shifts[np.array(chosen)], kernel, b, w, lam)
     pairs = [(-1, k) for k in range(len(chosen))]
-    m = mpl(mech, pairs, n=n, N=N, alpha=alpha, rng=rng)
-    r = renyi(mech, pairs, order=order, n=n_renyi, alpha=alpha, rng=rng)
+    m = mpl(mech, pairs, n=n, N=N, alpha=alpha, rng=rng, progress=progress)
+    r = renyi(mech, pairs, order=order, n=n_renyi, alpha=alpha, rng=rng, progress=progress)
     for k, est in enumerate(m.pair_estimates):
         individuals[k]["mpl_estimate"] = est
     warnings += m.warnings + r.warnings
