@@ -184,17 +184,63 @@ def merge(base: dict, extra: dict, pos: np.ndarray) -> dict:
     return out
 
 
-def node_values(plan: GridPlan, shifts: np.ndarray):
-    """Exact densities on the grid plus each row's kinks, merged in order (before extrema)."""
-    q, b = plan.q, plan.b
+def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = None):
+    """Exact densities on the grid plus the row's kinks that matter, merged in order (before extrema).
+
+    A kink of p̂_i strictly inside a grid cell is needed only if the cell's
+    interior shape matters. Between p̂_i's kinks, L = log p̂ − log p̂_i has
+    L'' ≥ −1/b_min² (a Laplace mixture is log-convex there, with
+    (log p̂_i)'' ≤ 1/b_min²), and at a kink L' only jumps up. Hence on a cell
+    [a, c] of width h, from the exact end values and one-sided slopes,
+
+        L ≤ max(L_a, L_c) + h²/(8 b_min²),
+        L ≥ max(min(L_a, L_a + h L'_a − h²/(2 b_min²)), min(L_c, L_c − h L'_c − h²/(2 b_min²))).
+
+    A cell whose bounds hold no level of ``levels`` (sorted ±ε) is on one
+    side of every level, so its exact mass suffices; if moreover its |L| bound
+    stays below the row's largest |L| on the grid, it cannot hold ε_i. Only
+    the kinks of the other cells (and kinks outside the grid) become nodes;
+    ``levels=None`` asks for ε_i only.
+    """
+    q, b, x, G = plan.q, plan.b, plan.x, plan.G
     C, n = shifts.shape
-    kinks = np.sort(q - shifts, axis=1)
     p, pr, pl, F = plan.shared
     pi, pir, pil, Fi = plan.shifted(shifts)
     base = {"x": plan.x, "p": p, "pr": pr, "pl": pl, "F": F, "pi": pi, "pir": pir, "pil": pil, "Fi": Fi}
-    kv = plan.shared_at(kinks)
-    kvi = direct(kinks, q[None, :] - shifts, b)
-    extra = {"x": kinks, "p": kv[0], "pr": kv[1], "pl": kv[2], "F": kv[3],
-             "pi": kvi[0], "pir": kvi[1], "pil": kvi[2], "Fi": kvi[3]}
-    pos = np.searchsorted(plan.x, kinks, side="left") + np.arange(n)[None, :]
+    kinks = np.sort(q - shifts, axis=1)
+    g = np.searchsorted(x, kinks, side="right") - 1  # x_g ≤ kink < x_{g+1}
+    on_node = (g >= 0) & (x[np.clip(g, 0, G - 1)] == kinks)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        L = np.log(p) - np.log(pi)
+        Lr, Ll = pr / p - pir / pi, pl / p - pil / pi
+    La, Lc, ma, mc = L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:]
+    h = np.diff(x)
+    curve = h * h / b.min() ** 2
+    with np.errstate(invalid="ignore"):
+        hi = np.maximum(La, Lc) + curve / 8
+        lo = np.maximum(np.minimum(La, La + h * ma - curve / 2), np.minimum(Lc, Lc - h * mc - curve / 2))
+        top = np.nanmax(np.abs(L), axis=1, keepdims=True)
+        need = ~(np.isfinite(lo) & np.isfinite(hi)) | (hi > top) | (-lo > top)
+    if levels is not None and len(levels):
+        need |= np.searchsorted(levels, lo, side="right") < np.searchsorted(levels, hi, side="left")
+    outside = (g < 0) | (g >= G - 1)
+    take = ~on_node & (outside | need[np.arange(C)[:, None], np.clip(g, 0, G - 2)])
+    rows, cols = np.nonzero(take)
+    if not len(rows):
+        return {f: np.broadcast_to(a, (C, G)).copy() for f, a in base.items()}
+    counts = np.bincount(rows, minlength=C)
+    width = int(counts.max())
+    pad = width - counts  # rows with fewer kinks repeat their first node (zero-length intervals)
+    rank = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    col = pad[rows] + rank
+    pos = np.broadcast_to(np.arange(width), (C, width)).copy()
+    pos[rows, col] = g[rows, cols] + 1 + pad[rows] + rank
+    kx = kinks[rows, cols]
+    kv = [a[:, 0] for a in plan.shared_at(kx[:, None])]
+    kvi = [a[:, 0] for a in direct(kx[:, None], (q[None, :] - shifts)[rows], b)]
+    extra = {}
+    for f, v in zip(FIELDS, (kx, *kv, *kvi)):
+        a = np.repeat(np.broadcast_to(base[f], (C, G))[:, :1], width, axis=1)
+        a[rows, col] = v
+        extra[f] = a
     return merge(base, extra, pos)

@@ -192,17 +192,20 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at) -> tuple[_Nodes, np.ndar
 
 
 def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
-                plan: _laplace.GridPlan | None = None) -> tuple[_Nodes, np.ndarray]:
+                plan: _laplace.GridPlan | None = None, levels: np.ndarray | None = None
+                ) -> tuple[_Nodes, np.ndarray]:
     """Nodes with exact densities for each row of ``shifts``, extrema of L inserted.
 
     With a :class:`empdp._laplace.GridPlan` (Laplace kernels, rows with
-    M_i ≤ MAX_BOUND) the grid part uses the matrix form. Returns the nodes and
+    M_i ≤ MAX_BOUND) the grid part uses the matrix form, and a kink of p̂_i
+    becomes a node only where the cell holding it turns or is cut by one of
+    ``levels`` (sorted ±ε; None: ε_i only). Returns the nodes and
     L = log p̂ − log p̂_i on them.
     """
     C = shifts.shape[0]
     kinks = model.points[None, :] - shifts
     if plan is not None:
-        nd = _Nodes(**_laplace.node_values(plan, shifts))
+        nd = _Nodes(**_laplace.node_values(plan, shifts, levels))
         q, b = model.points, model.bandwidths
 
         def evaluate_at(rows, xe):
@@ -417,9 +420,11 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
     if model.kernel == "laplace":
         plan = plan if plan is not None else grid_plan(model, grid)
         fast = (np.abs(shifts) / model.bandwidths).max(axis=1, initial=0.0) <= _laplace.MAX_BOUND
+    levels = None
     if eps is not None:
         eps = np.asarray(eps, dtype=np.float64)
         order = np.argsort(eps)
+        levels = np.unique(np.r_[-eps, eps])
     eps_i = np.empty(C)
     delta = None if eps is None else np.empty((C, len(eps)))
     same = ~shifts.any(axis=1)  # p̂_i ≡ p̂: exactly no risk
@@ -431,7 +436,7 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
         step = max(1, BLOCK_CELLS // width)
         for k in range(0, len(rows), step):
             r = rows[k:k + step]
-            nd, L = node_values(model, shifts[r], grid, use)
+            nd, L = node_values(model, shifts[r], grid, use, levels)
             eps_i[r] = individual_eps(model, nd, L, shifts[r])
             if eps is not None:
                 d = np.empty((len(r), len(eps)))

@@ -69,3 +69,21 @@ def test_matrix_form_gives_the_direct_results(integer, monkeypatch):
     np.testing.assert_allclose(e_fast, e_slow, rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(d_fast, d_slow, atol=1e-9)
     assert d_slow.max() > 0.01  # the case has risk to compare
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_kinks_left_out_never_change_the_result(seed, monkeypatch):
+    """A mean-like panel: narrow variable kernels, individuals moving every database by up to a
+    few kernel scales. Cells holding a kink and a smooth extremum without a sign change of their
+    end slopes occur (seed 1); the node selection must keep their kinks."""
+    rng = np.random.default_rng(seed)
+    q = np.sort(rng.normal(0, 0.004, 100))
+    model = select_density(q, kernel="laplace", bandwidth="auto")
+    mu = rng.standard_t(3, (400, 1)) * 10
+    shifts = (mu + rng.normal(0, 1, (400, 100))) * 4e-5 * np.sign(rng.normal(size=(400, 1)))
+    eps = np.array([0.05, 0.2, 0.6])
+    e_fast, d_fast = risk.evaluate(model, shifts, eps)
+    monkeypatch.setattr(_laplace, "MAX_BOUND", -1.0)
+    e_slow, d_slow = risk.evaluate(model, shifts, eps)
+    np.testing.assert_allclose(e_fast, e_slow, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(d_fast, d_slow, atol=1e-7)
