@@ -55,7 +55,8 @@ def query_options(f):
                    "mode 0600).")
 @click.option("--hash-ids", is_flag=True, help="Replace ids by a keyed hash (HMAC-SHA256) in every output.")
 @click.option("--hash-key-file", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
-@click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB (spills to disk beyond it).")
+@click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB (spills to disk beyond it; "
+                                     "default: 4GB or 40% of memory, whichever is smaller).")
 @click.option("--drop-null-ids", is_flag=True, help="Drop rows whose id is NULL instead of failing.")
 @click.option("--no-screening", is_flag=True, help="Evaluate every individual exactly (slower; same results).")
 @output_options

@@ -159,16 +159,31 @@ def _kind(lower: str) -> str | None:
     return None
 
 
+def default_memory_limit() -> str:
+    """DuckDB's share when the user sets none: 4 GB or 40% of physical memory, whichever is smaller.
+
+    DuckDB's own default (80% of memory) lets a 10^8-row GROUP BY hold ~7 GB;
+    with a limit it spills instead, at about the same speed, and leaves room
+    for the density evaluation.
+    """
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return "4GB"
+    return f"{max(256, min(4096, int(0.4 * total / 2**20)))}MB"
+
+
 def connect(memory_limit: str | None = None, threads: int | None = None) -> duckdb.DuckDBPyConnection:
-    """A fresh in-memory DuckDB connection with optional memory limit (e.g. ``'3GB'``)."""
+    """A fresh in-memory DuckDB connection with a memory limit (e.g. ``'3GB'``; default
+    :func:`default_memory_limit`)."""
     con = duckdb.connect(":memory:")
     # DuckDB's own progress bar writes to stdout and would corrupt --json output
     con.execute("SET enable_progress_bar = false")
+    try:
+        con.execute(f"SET memory_limit = {quote_literal(memory_limit or default_memory_limit())}")
+    except duckdb.Error as exc:
+        raise InputError(f"--memory-limit {memory_limit!r} is not a size like '3GB': {exc}") from None
     if memory_limit:
-        try:
-            con.execute(f"SET memory_limit = {quote_literal(memory_limit)}")
-        except duckdb.Error as exc:
-            raise InputError(f"--memory-limit {memory_limit!r} is not a size like '3GB': {exc}") from None
         con.execute("SET preserve_insertion_order = false")
     if threads:
         con.execute(f"SET threads = {int(threads)}")
