@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import empdp.cli._common as common
 from empdp.cli.main import cli
-from empdp.report import OPTIONAL_SECTIONS, SECTIONS
+from empdp.report import OPTIONAL_SECTIONS, SECTIONS, _fmt
 
 SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
 QUERY = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]
@@ -162,7 +162,8 @@ def _riskiest_ids(html: str) -> list:
 def test_assess_report_takes_calibration_and_audit(files):
     html = (files / "live.html").read_text()
     assert _sections(html) == set(SECTIONS) | set(OPTIONAL_SECTIONS)
-    assert "Audit: MPL lower bound on ε" in html and "0.587" in html  # the audit's bound
+    bound = json.loads((files / "audit.json").read_text())["lower_bound"]
+    assert "Audit: MPL lower bound on ε" in html and _fmt(bound) in html  # the audit's bound
     lam = json.loads((files / "cal.json").read_text())["lambda"]
     assert f"{lam:.4g}" in html
 
