@@ -6,9 +6,10 @@ the unshifted term times e^{−Δ_il/b_l} (right of q_l) or e^{+Δ_il/b_l} (left
 of q_l). So on a grid shared by a chunk of individuals, p̂_i, its slope and
 its CDF are one BLAS product R (C × 2n) @ B (2n × 3G), followed by exact
 fix-ups of the few (individual, term, grid point) triples that fall inside a
-kink interval. p̂ on the grid is shared. The individual's own kinks (n nodes
-per row) and the extrema of the log-ratio are evaluated directly, in
-(rows × nodes × terms) blocks.
+kink interval. p̂ on the grid is shared, and between grid nodes it comes from
+its Taylor series. The individual's own kinks, where they can matter (see
+:func:`node_values`), and the extrema of the log-ratio are summed directly, in
+cache-sized (rows × nodes × terms) blocks.
 
 The fix-ups subtract the matrix value e^{±Δ/b}·ℓ from the exact term, so the
 matrix form is used only for rows with M_i = max_l |Δ_il|/b_l ≤
@@ -120,7 +121,7 @@ class GridPlan:
         F = self.shared[3][g] + F * t
         # at a node that is some q_l, the left slope is the grid's; elsewhere p̂ is smooth
         dl = np.where(t == 0, self.shared[2][g], d)
-        bad = ~self.taylor_ok[g] | (t < 0)
+        bad = ~self.taylor_ok[g] | (t < 0) | ((g == self.G - 1) & (t > 0))  # outside the grid
         if bad.any():
             r, col = np.nonzero(bad)
             ex = direct(x[r, col][:, None], self.q, self.b)
