@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -185,6 +186,9 @@ def connect(memory_limit: str | None = None, threads: int | None = None) -> duck
         raise InputError(f"--memory-limit {memory_limit!r} is not a size like '3GB': {exc}") from None
     if memory_limit:
         con.execute("SET preserve_insertion_order = false")
+    # spill files go to the system's temporary folder, not to a '.tmp' in the user's working directory
+    spill = os.path.join(tempfile.gettempdir(), f"empdp-duckdb-{os.getpid()}")
+    con.execute(f"SET temp_directory = {quote_literal(spill)}")
     if threads:
         con.execute(f"SET threads = {int(threads)}")
     return con
