@@ -229,19 +229,29 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     rows, cols = np.nonzero(take)
     if not len(rows):
         return {f: np.broadcast_to(a, (C, G)).copy() for f, a in base.items()}
-    counts = np.bincount(rows, minlength=C)
-    width = int(counts.max())
-    pad = width - counts  # rows with fewer kinks repeat their first node (zero-length intervals)
-    rank = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-    col = pad[rows] + rank
-    pos = np.broadcast_to(np.arange(width), (C, width)).copy()
-    pos[rows, col] = g[rows, cols] + 1 + pad[rows] + rank
     kx = kinks[rows, cols]
     kv = [a[:, 0] for a in plan.shared_at(kx[:, None])]
     kvi = [a[:, 0] for a in direct(kx[:, None], (q[None, :] - shifts)[rows], b)]
+    return insert_after(base, C, rows, g[rows, cols], dict(zip(FIELDS, (kx, *kv, *kvi))))
+
+
+def insert_after(base: dict, C: int, rows: np.ndarray, after: np.ndarray, values: dict) -> dict:
+    """Insert flat new nodes (row ``rows``, right after base column ``after``; rows ascending,
+    and within a row ``after`` ascending) among the base columns of every field.
+
+    Rows with fewer new nodes are padded with copies of their first node (zero-length intervals).
+    """
+    N = next(np.shape(a)[-1] for a in base.values())
+    counts = np.bincount(rows, minlength=C)
+    width = int(counts.max())
+    pad = width - counts
+    rank = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    col = pad[rows] + rank
+    pos = np.broadcast_to(np.arange(width), (C, width)).copy()
+    pos[rows, col] = after + 1 + pad[rows] + rank
     extra = {}
-    for f, v in zip(FIELDS, (kx, *kv, *kvi)):
-        a = np.repeat(np.broadcast_to(base[f], (C, G))[:, :1], width, axis=1)
+    for f, v in values.items():
+        a = np.repeat(np.broadcast_to(base[f], (C, N))[:, :1], width, axis=1)
         a[rows, col] = v
         extra[f] = a
     return merge(base, extra, pos)

@@ -172,22 +172,9 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at) -> tuple[_Nodes, np.ndar
     if not len(rows):
         return nd, L
     t = _hermite_extremum(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks])
-    counts = np.bincount(rows, minlength=C)
-    width = int(counts.max())
-    pad = width - counts  # rows with fewer extrema repeat their first node (zero-length intervals)
-    rank = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-    col = pad[rows] + rank
-    pos = np.broadcast_to(np.arange(width), (C, width)).copy()
-    pos[rows, col] = ks + 1 + pad[rows] + rank
     xe = nd.x[rows, ks] + t * h[rows, ks]
     values = dict(zip(_Nodes.FIELDS, (xe, *evaluate_at(rows, xe))))
-    extra = {}
-    for f in _Nodes.FIELDS:
-        a = np.repeat(getattr(nd, f)[:, :1], width, axis=1)  # padding: copies of the first node
-        a[rows, col] = values[f]
-        extra[f] = a
-    merged = _laplace.merge({f: getattr(nd, f) for f in _Nodes.FIELDS}, extra, pos)
-    nd = _Nodes(**merged)
+    nd = _Nodes(**_laplace.insert_after({f: getattr(nd, f) for f in _Nodes.FIELDS}, C, rows, ks, values))
     return nd, _log_ratio(nd)[0]
 
 
@@ -206,7 +193,7 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
     kinks = model.points[None, :] - shifts
     if plan is not None:
         nd = _Nodes(**_laplace.node_values(plan, shifts, levels))
-        q, b = model.points, model.bandwidths
+        b = model.bandwidths
 
         def evaluate_at(rows, xe):
             a = plan.shared_at(xe[:, None])
