@@ -108,18 +108,12 @@ def base_grid(model: DensityModel, extra_points: np.ndarray | None = None) -> np
 class _Nodes:
     """Densities on each row's nodes: x, and for p̂ and p̂_i value, one-sided slopes, CDF."""
 
-    FIELDS = ("x", "p", "pr", "pl", "F", "pi", "pir", "pil", "Fi")
+    FIELDS = _laplace.FIELDS
 
     def __init__(self, **arrays):
         for f in self.FIELDS:
             setattr(self, f, arrays[f])
 
-    def take(self, order):
-        return _Nodes(**{f: np.take_along_axis(getattr(self, f), order, axis=1) for f in self.FIELDS})
-
-    @staticmethod
-    def concat(a, b):
-        return _Nodes(**{f: np.concatenate([getattr(a, f), getattr(b, f)], axis=1) for f in _Nodes.FIELDS})
 
 
 def _evaluate(model: DensityModel, x: np.ndarray, kinks: np.ndarray) -> _Nodes:
@@ -185,8 +179,9 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
 
     With a :class:`empdp._laplace.GridPlan` (Laplace kernels, rows with
     M_i ≤ MAX_BOUND) the grid part uses the matrix form, and a kink of p̂_i
-    becomes a node only where the cell holding it turns or is cut by one of
-    ``levels`` (sorted ±ε; None: ε_i only). Returns the nodes and
+    becomes a node only where a certified bracket on L over its cell could
+    cross one of ``levels`` (sorted ±ε; None: ε_i only) or exceed the row's
+    largest |L| (see :func:`empdp._laplace.node_values`). Returns the nodes and
     L = log p̂ − log p̂_i on them.
     """
     C = shifts.shape[0]
