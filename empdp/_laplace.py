@@ -188,20 +188,10 @@ def merge(base: dict, extra: dict, pos: np.ndarray) -> dict:
 def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = None):
     """Exact densities on the grid plus the row's kinks that matter, merged in order (before extrema).
 
-    A kink of p̂_i strictly inside a grid cell is needed only if the cell's
-    interior shape matters. Between p̂_i's kinks, L = log p̂ − log p̂_i has
-    L'' ≥ −1/b_min² (a Laplace mixture is log-convex there, with
-    (log p̂_i)'' ≤ 1/b_min²), and at a kink L' only jumps up. Hence on a cell
-    [a, c] of width h, from the exact end values and one-sided slopes,
-
-        L ≤ max(L_a, L_c) + h²/(8 b_min²),
-        L ≥ max(min(L_a, L_a + h L'_a − h²/(2 b_min²)), min(L_c, L_c − h L'_c − h²/(2 b_min²))).
-
-    A cell whose bounds hold no level of ``levels`` (sorted ±ε) is on one
-    side of every level, so its exact mass suffices; if moreover its |L| bound
-    stays below the row's largest |L| on the grid, it cannot hold ε_i. Only
-    the kinks of the other cells (and kinks outside the grid) become nodes;
-    ``levels=None`` asks for ε_i only.
+    A kink of p̂_i strictly inside a grid cell becomes a node only if the
+    cell's interior can matter (:func:`cells_that_matter`, with the row's
+    largest |L| on the grid), or if it lies outside the grid. ``levels``
+    (sorted ±ε) None asks for ε_i only.
     """
     q, b, x, G = plan.q, plan.b, plan.x, plan.G
     C, n = shifts.shape
@@ -214,16 +204,9 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     with np.errstate(divide="ignore", invalid="ignore"):
         L = np.log(p) - np.log(pi)
         Lr, Ll = pr / p - pir / pi, pl / p - pil / pi
-    La, Lc, ma, mc = L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:]
-    h = np.diff(x)
-    curve = h * h / b.min() ** 2
     with np.errstate(invalid="ignore"):
-        hi = np.maximum(La, Lc) + curve / 8
-        lo = np.maximum(np.minimum(La, La + h * ma - curve / 2), np.minimum(Lc, Lc - h * mc - curve / 2))
         top = np.nanmax(np.abs(L), axis=1, keepdims=True)
-        need = ~(np.isfinite(lo) & np.isfinite(hi)) | (hi > top) | (-lo > top)
-    if levels is not None and len(levels):
-        need |= np.searchsorted(levels, lo, side="right") < np.searchsorted(levels, hi, side="left")
+    need = cells_that_matter(L, Lr, Ll, np.diff(x), b.min(), top, levels)
     outside = (g < 0) | (g >= G - 1)
     take = ~on_node & (outside | need[np.arange(C)[:, None], np.clip(g, 0, G - 2)])
     rows, cols = np.nonzero(take)
@@ -233,6 +216,30 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     kv = [a[:, 0] for a in plan.shared_at(kx[:, None])]
     kvi = [a[:, 0] for a in direct(kx[:, None], (q[None, :] - shifts)[rows], b)]
     return insert_after(base, C, rows, g[rows, cols], dict(zip(FIELDS, (kx, *kv, *kvi))))
+
+
+def cells_that_matter(L, Lr, Ll, h, b_min: float, top, levels=None) -> np.ndarray:
+    """Cells (C, N−1) between nodes whose interior can change ε_i or δ_i(ε) at ``levels``.
+
+    Between kinks of p̂_i, L'' ≥ −1/b_min², and at a kink L' only jumps up, so
+    from the exact end values L and one-sided slopes Lr (right), Ll (left):
+
+        L ≤ max(L_a, L_c) + h²/(8 b_min²),
+        L ≥ max(min(L_a, L_a + h Lr_a − h²/(2 b_min²)), min(L_c, L_c − h Ll_c − h²/(2 b_min²))).
+
+    A cell matters if these bounds are not finite, its |L| bound exceeds
+    ``top`` (C, 1), the row's largest |L| known, or a level of ``levels``
+    (sorted ±ε) lies strictly between them.
+    """
+    La, Lc, ma, mc = L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:]
+    curve = h * h / b_min**2
+    with np.errstate(invalid="ignore"):
+        hi = np.maximum(La, Lc) + curve / 8
+        lo = np.maximum(np.minimum(La, La + h * ma - curve / 2), np.minimum(Lc, Lc - h * mc - curve / 2))
+        need = ~(np.isfinite(lo) & np.isfinite(hi)) | (hi > top) | (-lo > top)
+    if levels is not None and len(levels):
+        need |= np.searchsorted(levels, lo, side="right") < np.searchsorted(levels, hi, side="left")
+    return need
 
 
 def insert_after(base: dict, C: int, rows: np.ndarray, after: np.ndarray, values: dict) -> dict:

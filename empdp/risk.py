@@ -156,12 +156,23 @@ def _hermite_extremum(La, Lc, ma, mc, h):
     return np.where(np.isfinite(cand) & (cand > 0) & (cand < 1), cand, 0.5)
 
 
-def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at) -> tuple[_Nodes, np.ndarray]:
-    """Add the interior extrema of L as nodes (L is then monotone between nodes)."""
+def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, b_min: float | None = None,
+                    levels: np.ndarray | None = None) -> tuple[_Nodes, np.ndarray]:
+    """Add the interior extrema of L as nodes (L is then monotone between nodes).
+
+    With ``b_min`` (Laplace kernels) only the extrema of intervals whose
+    certified bounds (:func:`empdp._laplace.cells_that_matter`) can reach a
+    level of ``levels`` or the row's largest |L| are added: elsewhere the
+    interval lies on one side of every level and below ε_i, and its exact
+    masses suffice.
+    """
     C = nd.x.shape[0]
     h = np.diff(nd.x, axis=1)
     ma, mc = Lr[:, :-1], Ll[:, 1:]
     turn = (h > 0) & (((ma > 0) & (mc < 0)) | ((ma < 0) & (mc > 0)))
+    if b_min is not None and turn.any():
+        top = np.abs(L).max(axis=1, keepdims=True)
+        turn &= _laplace.cells_that_matter(L, Lr, Ll, h, b_min, top, levels)
     rows, ks = np.nonzero(turn)
     if not len(rows):
         return nd, L
@@ -205,7 +216,8 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
             e = _evaluate(model, xe[:, None], kinks[rows])
             return [getattr(e, f)[:, 0] for f in _Nodes.FIELDS[1:]]
     L, Lr, Ll = _log_ratio(nd)
-    return _insert_extrema(nd, L, Lr, Ll, evaluate_at)
+    b_min = model.bandwidths.min() if model.kernel == "laplace" else None
+    return _insert_extrema(nd, L, Lr, Ll, evaluate_at, b_min, levels)
 
 
 def _tail_limits(model: DensityModel, shifts: np.ndarray) -> np.ndarray:

@@ -87,3 +87,29 @@ def test_kinks_left_out_never_change_the_result(seed, monkeypatch):
     e_slow, d_slow = risk.evaluate(model, shifts, eps)
     np.testing.assert_allclose(e_fast, e_slow, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(d_fast, d_slow, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cells_left_out_never_change_the_result(seed, monkeypatch):
+    """Kinks and extrema of L are nodes only in cells whose certified bounds can reach a level
+    or ε_i; taking every cell must give the same ε_i and δ_i (fast and direct paths)."""
+    rng = np.random.default_rng(seed)
+    q = np.sort(rng.normal(0, 0.004, 100))
+    model = select_density(q, kernel="laplace", bandwidth="auto")
+    mu = rng.standard_t(3, (300, 1)) * 10
+    shifts = (mu + rng.normal(0, 1, (300, 100))) * 4e-5 * np.sign(rng.normal(size=(300, 1)))
+    shifts[:20] *= 40  # beyond MAX_BOUND: the direct path
+    eps = np.geomspace(0.01, 1.0, 12)
+    e_sel, d_sel = risk.evaluate(model, shifts, eps)
+    kept = []
+    real = _laplace.cells_that_matter
+
+    def every_cell(L, *args, **kwargs):
+        kept.append(real(L, *args, **kwargs).mean())
+        return np.ones((L.shape[0], L.shape[1] - 1), dtype=bool)
+
+    monkeypatch.setattr(_laplace, "cells_that_matter", every_cell)
+    e_all, d_all = risk.evaluate(model, shifts, eps)
+    assert np.mean(kept) < 0.75  # the selection does leave cells out
+    np.testing.assert_allclose(e_sel, e_all, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(d_sel, d_all, atol=1e-9)
