@@ -20,6 +20,7 @@ units of round-off (< 1e-10 relative); other rows take the direct path.
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import logsumexp
 
 #: largest screening bound M_i handled by the matrix form
 MAX_BOUND = 6.0
@@ -98,6 +99,7 @@ class GridPlan:
         z = h[None, :] / b[:, None]
         rem = (self.E * np.exp(z) * z ** (TAYLOR_TERMS + 1)).sum(axis=0) / _FACT[TAYLOR_TERMS + 1]
         self.taylor_ok = rem <= 1e-15 * self.shared[0]
+        self.curvature = cell_curvature(q, b, grid, self.E)
 
     def shared_at(self, x: np.ndarray):
         """p̂'s value, slopes and CDF at points x (C, m) from the grid's Taylor series (exact to 1e-15).
@@ -185,57 +187,161 @@ def merge(base: dict, extra: dict, pos: np.ndarray) -> dict:
     return out
 
 
-def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = None):
+def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = None,
+                clear_below: float | None = None):
     """Exact densities on the grid plus the row's kinks that matter, merged in order (before extrema).
 
     A kink of p̂_i strictly inside a grid cell becomes a node only if the
-    cell's interior can matter (:func:`cells_that_matter`, with the row's
-    largest |L| on the grid), or if it lies outside the grid. ``levels``
+    cell's interior can matter (:func:`cell_bounds` and :func:`matters`, with
+    the row's largest |L| on the grid), or if it lies outside the grid. ``levels``
     (sorted ±ε) None asks for ε_i only.
+
+    Returns ``(values, rows)``: the node values of the rows kept. With
+    ``clear_below`` a row is dropped when the certified bounds show
+    sup |L| ≤ ``clear_below`` (then ε_i ≤ clear_below and δ_i(ε) = 0 for
+    every ε ≥ clear_below); otherwise every row is kept.
     """
     q, b, x, G = plan.q, plan.b, plan.x, plan.G
     C, n = shifts.shape
     p, pr, pl, F = plan.shared
     pi, pir, pil, Fi = plan.shifted(shifts)
-    base = {"x": plan.x, "p": p, "pr": pr, "pl": pl, "F": F, "pi": pi, "pir": pir, "pil": pil, "Fi": Fi}
     kinks = np.sort(q - shifts, axis=1)
     g = np.searchsorted(x, kinks, side="right") - 1  # x_g ≤ kink < x_{g+1}
     on_node = (g >= 0) & (x[np.clip(g, 0, G - 1)] == kinks)
+    outside = (g < 0) | (g >= G - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         L = np.log(p) - np.log(pi)
         Lr, Ll = pr / p - pir / pi, pl / p - pil / pi
-    with np.errstate(invalid="ignore"):
         top = np.nanmax(np.abs(L), axis=1, keepdims=True)
-    need = cells_that_matter(L, Lr, Ll, np.diff(x), b.min(), top, levels)
-    outside = (g < 0) | (g >= G - 1)
-    take = ~on_node & (outside | need[np.arange(C)[:, None], np.clip(g, 0, G - 2)])
-    rows, cols = np.nonzero(take)
-    if not len(rows):
-        return {f: np.broadcast_to(a, (C, G)).copy() for f, a in base.items()}
-    kx = kinks[rows, cols]
+    K = row_curvature(shifts, b, plan.curvature)
+    rows = np.arange(C)
+    if clear_below is not None:
+        lo, hi = cell_bounds(L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:], np.diff(x), K)
+        with np.errstate(invalid="ignore"):
+            bound = np.maximum(np.maximum(hi, -lo).max(axis=1), tail_limits(plan, shifts))
+        keep = ~(bound <= clear_below) | outside.any(axis=1)
+        rows = np.flatnonzero(keep)
+        if len(rows) < C:
+            shifts, kinks, g, on_node, outside, top, K = (a[rows] for a in (shifts, kinks, g, on_node, outside, top, K))
+            pi, pir, pil, Fi, L, Lr, Ll = (a[rows] for a in (pi, pir, pil, Fi, L, Lr, Ll))
+            C = len(rows)
+    base = {"x": plan.x, "p": p, "pr": pr, "pl": pl, "F": F, "pi": pi, "pir": pir, "pil": pil, "Fi": Fi}
+    # the kinks strictly inside a grid cell that matters, and those outside the grid
+    inner = ~on_node & ~outside
+    r, c = np.nonzero(inner)
+    cell = g[r, c]
+    lo, hi = cell_bounds(L[r, cell], L[r, cell + 1], Lr[r, cell], Ll[r, cell + 1], x[cell + 1] - x[cell], K[r, cell])
+    take = outside & ~on_node
+    take[r, c] = matters(lo, hi, top[r, 0], levels)
+    kr, kc = np.nonzero(take)
+    if not len(kr):
+        return {f: np.broadcast_to(a, (C, G)).copy() for f, a in base.items()}, rows
+    kx = kinks[kr, kc]
     kv = [a[:, 0] for a in plan.shared_at(kx[:, None])]
-    kvi = [a[:, 0] for a in direct(kx[:, None], (q[None, :] - shifts)[rows], b)]
-    return insert_after(base, C, rows, g[rows, cols], dict(zip(FIELDS, (kx, *kv, *kvi))))
+    kvi = [a[:, 0] for a in direct(kx[:, None], (q[None, :] - shifts)[kr], b)]
+    return insert_after(base, C, kr, g[kr, kc], dict(zip(FIELDS, (kx, *kv, *kvi)))), rows
 
 
-def cells_that_matter(L, Lr, Ll, h, b_min: float, top, levels=None) -> np.ndarray:
-    """Cells (C, N−1) between nodes whose interior can change ε_i or δ_i(ε) at ``levels``.
+def tail_limits(plan: GridPlan, shifts: np.ndarray) -> np.ndarray:
+    """|L(±∞)| for each row: only the widest kernels survive in the tails.
 
-    Between kinks of p̂_i, L'' ≥ −1/b_min², and at a kink L' only jumps up, so
-    from the exact end values L and one-sided slopes Lr (right), Ll (left):
-
-        L ≤ max(L_a, L_c) + h²/(8 b_min²),
-        L ≥ max(min(L_a, L_a + h Lr_a − h²/(2 b_min²)), min(L_c, L_c − h Ll_c − h²/(2 b_min²))).
-
-    A cell matters if these bounds are not finite, its |L| bound exceeds
-    ``top`` (C, 1), the row's largest |L| known, or a level of ``levels``
-    (sorted ±ε) lies strictly between them.
+    L(+∞) = −log Σ_l w_l e^{−Δ_l/b} with w the softmax of q_l/b over the
+    widest kernels (and mirrored at −∞).
     """
-    La, Lc, ma, mc = L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:]
-    curve = h * h / b_min**2
+    return _tail_limits(plan.q, plan.b, shifts)
+
+
+def _tail_limits(q: np.ndarray, b: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+    wide = b >= b.max() * (1 - 1e-12)
+    bw = b.max()
+    if np.abs(shifts[:, wide]).max(initial=0.0) > 50 * bw:  # e^{±Δ/b} would overflow: log-sum-exp form
+        kin = q[wide][None, :] - shifts[:, wide]
+        right = logsumexp(q[wide] / bw) - logsumexp(kin / bw, axis=1)
+        left = logsumexp(-q[wide] / bw) - logsumexp(-kin / bw, axis=1)
+        return np.maximum(np.abs(right), np.abs(left))
+    z = q[wide] / bw
+    w_right = np.exp(z - z.max())
+    w_left = np.exp(z.min() - z)
+    r = shifts[:, wide] / bw
+    with np.errstate(divide="ignore", over="ignore"):
+        right = -np.log(np.exp(-r) @ (w_right / w_right.sum()))
+        left = -np.log(np.exp(r) @ (w_left / w_left.sum()))
+    return np.maximum(np.abs(right), np.abs(left))
+
+
+def cell_curvature(q: np.ndarray, b: np.ndarray, grid: np.ndarray, E: np.ndarray | None = None):
+    """Shared per-cell quantities for :func:`row_curvature`: (S_var, S_all, reach), each (G − 1,).
+
+    On grid cell g, with p̂'s terms ℓ_l(x − q_l) (monotone there: every q_l is
+    a node) and slopes s_l = ∓1/b_l (right/left of q_l):
+
+    - S_all ≥ sup Σ_l ℓ_l/b_l² / Σ_l ℓ_l,
+    - S_var ≥ sup Σ_l ℓ_l (s_l − c_g)² / Σ_l ℓ_l for the cell's mean slope c_g,
+    - reach = min_l dist(cell, q_l)/b_l.
+
+    Each sup takes every numerator term at its larger end value and the
+    denominator at its smaller ones.
+    """
+    if E is None:
+        E = np.exp(-np.abs(grid[None, :] - q[:, None]) / b[:, None]) / b[:, None]
+    top = np.maximum(E[:, :-1], E[:, 1:])
+    low = np.minimum(E[:, :-1], E[:, 1:]).sum(axis=0)
+    a, c = grid[None, :-1], grid[None, 1:]
+    slope = np.where(a >= q[:, None], -1.0, 1.0) / b[:, None]  # no q_l inside a cell
+    mid = E[:, :-1] + E[:, 1:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c_g = (mid * slope).sum(axis=0) / mid.sum(axis=0)
+        S_all = (top / (b * b)[:, None]).sum(axis=0) / low
+        S_var = (top * (slope - c_g) ** 2).sum(axis=0) / low
+    dist = np.maximum(0.0, np.maximum(a - q[:, None], q[:, None] - c)) / b[:, None]
+    fix = lambda S: np.where(np.isfinite(S), S, np.inf)  # noqa: E731
+    return fix(S_var), fix(S_all), dist.min(axis=0)
+
+
+def row_curvature(shifts: np.ndarray, b: np.ndarray, curvature) -> np.ndarray:
+    """K (C, G − 1) with L'' ≥ −K on every grid cell between the kinks of p̂_i.
+
+    L'' = (log p̂)'' − (log p̂_i)'' with (log p̂)'' ≥ 0, and (log p̂_i)'' is the
+    variance of its terms' slopes under its weights, which differ from p̂'s
+    by at most e^{±M_i} in each term. Where no kink interval of the row
+    reaches into the cell (M_i < reach), p̂_i's slopes are p̂'s and
+    (log p̂_i)'' ≤ e^{2 M_i} S_var; elsewhere ≤ e^{2 M_i} S_all; always ≤ 1/b_min²
+    (see :func:`cell_curvature`).
+    """
+    S_var, S_all, reach = curvature
+    M = (np.abs(shifts) / b).max(axis=1, initial=0.0)[:, None]
+    S = np.where(M < reach[None, :], S_var[None, :], S_all[None, :])
+    return np.minimum(1.0 / b.min() ** 2, np.exp(2 * M) * S)
+
+
+def cell_bounds(La, Lc, ma, mc, h, K):
+    """Certified bounds (lo, hi) on L over cells [a, a + h] (elementwise arrays).
+
+    Between kinks of p̂_i, L'' ≥ −K (see :func:`row_curvature`), and at a kink
+    L' only jumps up. So from the exact end values La, Lc and one-sided
+    slopes ma (right of a), mc (left of c):
+
+        L(a + t) ≤ max(La, Lc) + K h²/8,
+        L(a + t) ≥ max(f₁(t), f₂(t)),  f₁ = La + t ma − K t²/2,  f₂ = Lc − (h − t) mc − K (h − t)²/2.
+
+    f₁ − f₂ is linear in t, so the smallest max(f₁, f₂) over [0, h] is at
+    t = 0, t = h or where they cross.
+    """
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        Kh2 = K * h * h
+        hi = np.maximum(La, Lc) + Kh2 / 8
+        d0 = La - Lc + h * mc + Kh2 / 2  # f₁ − f₂ = d0 + d1 t
+        d1 = ma - mc - K * h
+        at0 = np.maximum(La, Lc - h * mc - Kh2 / 2)
+        ath = np.maximum(La + h * ma - Kh2 / 2, Lc)
+        t = np.clip(np.nan_to_num(-d0 / d1, nan=0.0), 0.0, h)
+        lo = np.minimum(np.minimum(at0, ath), La + t * ma - K * t * t / 2)
+    return lo, hi
+
+
+def matters(lo, hi, top, levels=None) -> np.ndarray:
+    """Bounds not finite, |L| bound above ``top``, or a level strictly between lo and hi."""
     with np.errstate(invalid="ignore"):
-        hi = np.maximum(La, Lc) + curve / 8
-        lo = np.maximum(np.minimum(La, La + h * ma - curve / 2), np.minimum(Lc, Lc - h * mc - curve / 2))
         need = ~(np.isfinite(lo) & np.isfinite(hi)) | (hi > top) | (-lo > top)
     if levels is not None and len(levels):
         need |= np.searchsorted(levels, lo, side="right") < np.searchsorted(levels, hi, side="left")

@@ -8,11 +8,15 @@ M_i → :mod:`empdp.risk` (exact δ_i and ε_i for the individuals that need the
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import polars as pl
+from threadpoolctl import threadpool_limits
 
 from . import checks, risk
 from .density import DensityModel, select_density
@@ -25,6 +29,8 @@ Progress = Callable[[str, int, int], None]
 FETCH_CELLS = 100_000_000
 #: individuals evaluated on one shared grid (risk.evaluate bounds its own working memory)
 EVAL_ROWS = 8192
+#: smallest block worth a thread of its own
+MIN_EVAL_ROWS = 128
 #: individuals fetched for the ε_all search up front, and the search's first batch
 SEARCH_PREFETCH = 32768
 SEARCH_BATCH = 256
@@ -32,6 +38,22 @@ SEARCH_BATCH = 256
 
 def _no_progress(stage: str, done: int, total: int) -> None:
     return None
+
+
+def available_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _check_threads(threads) -> int:
+    if threads is None:
+        return available_cores()
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise InputError(f"--threads must be a whole number >= 1, got {threads!r}")
+    return int(threads)
 
 
 def _check_epsilons(epsilon) -> np.ndarray:
@@ -206,7 +228,7 @@ def default_epsilons(eps_all: float, count: int = 50) -> np.ndarray:
 def assess(source: Any, *, id: str, by: str, query: str | None = None, where: str | None = None,
            sql: str | None = None, epsilon=None, kernel: str = "auto", bandwidth="auto",
            memory_limit: str | None = None, drop_null_ids: bool = False, exact_all: bool = False,
-           screening: bool = True, progress: Progress | None = None) -> Assessment:
+           screening: bool = True, threads: int | None = None, progress: Progress | None = None) -> Assessment:
     """Per-individual empirical privacy risk of releasing a query of repeated databases.
 
     Parameters
@@ -228,11 +250,30 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
     screening
         Skip individuals whose certified bound shows δ_i = 0 (SPEC 4.3).
         Turning it off changes no result, only the time.
+    threads
+        Threads for DuckDB and for the exact evaluation (default: every core
+        this process may use). Results do not depend on it.
     """
     progress = progress or _no_progress
+    eps = None if epsilon is None else _check_epsilons(epsilon)
+    threads = _check_threads(threads)
+    with ExitStack() as stack:
+        # blocks of individuals are evaluated side by side, each with single-threaded BLAS (also
+        # when threads=1, so that results do not depend on the thread count)
+        stack.enter_context(threadpool_limits(limits=1, user_api="blas"))
+        pool = None
+        if threads > 1:
+            pool = stack.enter_context(ThreadPoolExecutor(threads, thread_name_prefix="empdp-eval"))
+        return _assess(source, id=id, by=by, query=query, where=where, sql=sql, eps=eps, kernel=kernel,
+                       bandwidth=bandwidth, memory_limit=memory_limit, drop_null_ids=drop_null_ids,
+                       exact_all=exact_all, screening=screening, threads=threads, pool=pool, progress=progress)
+
+
+def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory_limit, drop_null_ids,
+            exact_all, screening, threads, pool, progress) -> Assessment:
     progress("reading and leave-one-out", 0, 3)
     engine = make_engine(source, id=id, by=by, query=query, where=where, sql=sql,
-                         memory_limit=memory_limit, drop_null_ids=drop_null_ids)
+                         memory_limit=memory_limit, drop_null_ids=drop_null_ids, threads=threads)
     q = engine.values()
     progress("reading and leave-one-out", 1, 3)
     model = select_density(q, kernel=kernel, bandwidth=bandwidth)
@@ -249,23 +290,33 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
     eps_bound = risk.eps_upper_bound(model, screen.bound)
     eps_bound[undefined] = np.inf
 
-    eps = None if epsilon is None else _check_epsilons(epsilon)
     cache = _ShiftCache(engine, max(1, FETCH_CELLS // n))
     evaluated_delta = np.zeros(m, dtype=bool)
     acc = _Accumulator(m, model.kernel, 0 if eps is None else len(eps))
 
-    def run(codes: np.ndarray, with_delta: bool, stage: str, release: bool = False) -> None:
-        """Exact ε_i (and δ_i at ``eps``) for ``codes``: one scan per fetch chunk, one grid per batch."""
+    def run(codes: np.ndarray, with_delta: bool, stage: str, release: bool = False,
+            need_eps_i: bool = True) -> None:
+        """Exact ε_i (and δ_i at ``eps``) for ``codes``: one scan per fetch chunk, one grid per batch.
+
+        With ``need_eps_i=False``, individuals certified to have ε_i ≤ min(eps) keep ε_i = NaN.
+        """
         done = 0
         for a in range(0, len(codes), cache.capacity):
             chunk = codes[a:a + cache.capacity]
             cache.prefetch(chunk)
-            for b in range(0, len(chunk), EVAL_ROWS):
-                block = chunk[b:b + EVAL_ROWS]
+
+            def one(block):
                 shifts = cache.take(block)
                 grid = risk.base_grid(model, (q[None, :] - shifts).ravel())
-                e_i, d = risk.evaluate(model, shifts, eps if with_delta else None, grid=grid,
-                                       plan=risk.grid_plan(model, grid))
+                return risk.evaluate(model, shifts, eps if with_delta else None, grid=grid,
+                                     plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i)
+
+            # blocks depend on the chunk only, never on ``threads``: results are the same for any count
+            size = min(EVAL_ROWS, max(MIN_EVAL_ROWS, -(-len(chunk) // 4)))
+            blocks = [chunk[b:b + size] for b in range(0, len(chunk), size)]
+            # the cache is only read while blocks are evaluated; results come back in order
+            results = pool.map(one, blocks) if pool is not None and len(blocks) > 1 else map(one, blocks)
+            for block, (e_i, d) in zip(blocks, results):
                 eps_i[block] = e_i
                 if with_delta:
                     acc.add(block, d)
@@ -311,7 +362,9 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
         need = np.union1d(need, definable[np.isnan(eps_i[definable])])
     rest = need[~evaluated_delta[need]]
     cache.keep(rest)
-    run(rest, True, "delta_i", release=True)
+    # with screening and no --out, ε_i is computed only where it is needed: individuals whose
+    # certified bounds on the grid show ε_i ≤ min ε skip the exact evaluation (δ_i = 0)
+    run(rest, True, "delta_i", release=True, need_eps_i=exact_all or not screening)
     if len(definable):
         eps_all = max(eps_all, float(np.nanmax(eps_i[definable], initial=0.0)))
     max_delta, log_survive, at_risk, delta_first = acc.max_delta, acc.log_survive, acc.at_risk, acc.first

@@ -176,7 +176,7 @@ def default_memory_limit() -> str:
 
 def connect(memory_limit: str | None = None, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """A fresh in-memory DuckDB connection with a memory limit (e.g. ``'3GB'``; default
-    :func:`default_memory_limit`)."""
+    :func:`default_memory_limit`) and, if given, a number of threads (default: DuckDB's, every core)."""
     con = duckdb.connect(":memory:")
     # DuckDB's own progress bar writes to stdout and would corrupt --json output
     con.execute("SET enable_progress_bar = false")
@@ -241,6 +241,7 @@ def open_panel(
     drop_null_ids: bool = False,
     memory_limit: str | None = None,
     con: duckdb.DuckDBPyConnection | None = None,
+    threads: int | None = None,
 ) -> Panel:
     """Open and validate a repeated-database source (SPEC 1).
 
@@ -248,7 +249,7 @@ def open_panel(
     file, missing columns, NULL ids (unless ``drop_null_ids``), an empty source,
     or fewer than two databases.
     """
-    con = con or connect(memory_limit)
+    con = con or connect(memory_limit, threads)
     description = _register_source(con, source)
     try:
         cols = con.execute(f"DESCRIBE SELECT * FROM {SOURCE_VIEW}").fetchall()

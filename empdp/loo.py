@@ -451,10 +451,11 @@ class LooResult:
 
 def make_engine(source: Any, *, id: str, by: str, query: str | None = None, where: str | None = None,
                 sql: str | None = None, memory_limit: str | None = None,
-                drop_null_ids: bool = False) -> LooEngine:
+                drop_null_ids: bool = False, threads: int | None = None) -> LooEngine:
     """Open ``source`` and parse the query into a :class:`LooEngine`."""
     parsed = parse_query(query, where=where, sql=sql)
-    panel = open_panel(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit)
+    panel = open_panel(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit,
+                       threads=threads)
     return LooEngine(panel, parsed)
 
 

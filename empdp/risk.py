@@ -156,24 +156,36 @@ def _hermite_extremum(La, Lc, ma, mc, h):
     return np.where(np.isfinite(cand) & (cand > 0) & (cand < 1), cand, 0.5)
 
 
-def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, b_min: float | None = None,
+def _interval_curvature(xa, xc, grid: np.ndarray, K_rows: np.ndarray, K_far: float) -> np.ndarray:
+    """K of the grid cell holding each interval [xa, xc] (rows of ``K_rows``; K_far outside the grid)."""
+    g = np.searchsorted(grid, xa, side="right") - 1
+    inside = (g >= 0) & (g < len(grid) - 1)
+    g = np.clip(g, 0, len(grid) - 2)
+    inside &= xc <= grid[g + 1]
+    return np.where(inside, K_rows[np.arange(len(g)), g], K_far)
+
+
+def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
                     levels: np.ndarray | None = None) -> tuple[_Nodes, np.ndarray]:
     """Add the interior extrema of L as nodes (L is then monotone between nodes).
 
-    With ``b_min`` (Laplace kernels) only the extrema of intervals whose
-    certified bounds (:func:`empdp._laplace.cells_that_matter`) can reach a
-    level of ``levels`` or the row's largest |L| are added: elsewhere the
-    interval lies on one side of every level and below ε_i, and its exact
-    masses suffice.
+    With ``curvature_at(rows, ks)`` (Laplace kernels: K with L'' ≥ −K on those
+    intervals between kinks) only the extrema of intervals whose certified
+    bounds (:func:`empdp._laplace.cell_bounds`) can reach a level of
+    ``levels`` or the row's largest |L| are added: elsewhere the interval
+    lies on one side of every level and below ε_i, and its exact masses suffice.
     """
     C = nd.x.shape[0]
     h = np.diff(nd.x, axis=1)
     ma, mc = Lr[:, :-1], Ll[:, 1:]
     turn = (h > 0) & (((ma > 0) & (mc < 0)) | ((ma < 0) & (mc > 0)))
-    if b_min is not None and turn.any():
-        top = np.abs(L).max(axis=1, keepdims=True)
-        turn &= _laplace.cells_that_matter(L, Lr, Ll, h, b_min, top, levels)
     rows, ks = np.nonzero(turn)
+    if curvature_at is not None and len(rows):
+        top = np.abs(L).max(axis=1)
+        lo, hi = _laplace.cell_bounds(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks],
+                                      curvature_at(rows, ks))
+        matters = _laplace.matters(lo, hi, top[rows], levels)
+        rows, ks = rows[matters], ks[matters]
     if not len(rows):
         return nd, L
     t = _hermite_extremum(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks])
@@ -184,58 +196,60 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, b_min: float | None = No
 
 
 def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
-                plan: _laplace.GridPlan | None = None, levels: np.ndarray | None = None
-                ) -> tuple[_Nodes, np.ndarray]:
+                plan: _laplace.GridPlan | None = None, levels: np.ndarray | None = None,
+                clear_below: float | None = None) -> tuple[_Nodes, np.ndarray, np.ndarray]:
     """Nodes with exact densities for each row of ``shifts``, extrema of L inserted.
 
     With a :class:`empdp._laplace.GridPlan` (Laplace kernels, rows with
     M_i ≤ MAX_BOUND) the grid part uses the matrix form, and a kink of p̂_i
     becomes a node only where a certified bracket on L over its cell could
     cross one of ``levels`` (sorted ±ε; None: ε_i only) or exceed the row's
-    largest |L| (see :func:`empdp._laplace.node_values`). Returns the nodes and
-    L = log p̂ − log p̂_i on them.
+    largest |L| (see :func:`empdp._laplace.node_values`); there, rows whose
+    certified sup |L| is at most ``clear_below`` are dropped. Returns the
+    nodes, L = log p̂ − log p̂_i on them, and the indices of the rows kept.
     """
     C = shifts.shape[0]
-    kinks = model.points[None, :] - shifts
+    rows = np.arange(C)
     if plan is not None:
-        nd = _Nodes(**_laplace.node_values(plan, shifts, levels))
+        values, rows = _laplace.node_values(plan, shifts, levels, clear_below)
+        nd = _Nodes(**values)
+        shifts = shifts[rows]
+        kinks = model.points[None, :] - shifts
         b = model.bandwidths
 
-        def evaluate_at(rows, xe):
+        def evaluate_at(r, xe):
             a = plan.shared_at(xe[:, None])
-            c = _laplace.direct(xe[:, None], kinks[rows], b)
+            c = _laplace.direct(xe[:, None], kinks[r], b)
             return [v[:, 0] for v in (*a, *c)]
     else:
+        kinks = model.points[None, :] - shifts
         if model.kernel == "laplace":
             x = np.sort(np.concatenate([np.broadcast_to(grid, (C, len(grid))), kinks], axis=1), axis=1)
         else:
             x = np.broadcast_to(grid, (C, len(grid))).copy()
         nd = _evaluate(model, x, kinks)
 
-        def evaluate_at(rows, xe):
-            e = _evaluate(model, xe[:, None], kinks[rows])
+        def evaluate_at(r, xe):
+            e = _evaluate(model, xe[:, None], kinks[r])
             return [getattr(e, f)[:, 0] for f in _Nodes.FIELDS[1:]]
     L, Lr, Ll = _log_ratio(nd)
-    b_min = model.bandwidths.min() if model.kernel == "laplace" else None
-    return _insert_extrema(nd, L, Lr, Ll, evaluate_at, b_min, levels)
+    curvature_at = None
+    if model.kernel == "laplace":
+        b = model.bandwidths
+        curvature = plan.curvature if plan is not None else _laplace.cell_curvature(model.points, b, grid)
+        K_grid = _laplace.row_curvature(shifts, b, curvature)
 
-
-def _tail_limits(model: DensityModel, shifts: np.ndarray) -> np.ndarray:
-    """|L(±∞)| for Laplace kernels: only the widest kernels survive in the tails."""
-    b = model.bandwidths
-    wide = b >= b.max() * (1 - 1e-12)
-    q, bw = model.points[wide], b.max()
-    kin = q[None, :] - shifts[:, wide]
-    right = logsumexp(q / bw) - logsumexp(kin / bw, axis=1)
-    left = logsumexp(-q / bw) - logsumexp(-kin / bw, axis=1)
-    return np.maximum(np.abs(right), np.abs(left))
+        def curvature_at(r, k):
+            return _interval_curvature(nd.x[r, k], nd.x[r, k + 1], grid, K_grid[r], 1.0 / b.min() ** 2)
+    nd, L = _insert_extrema(nd, L, Lr, Ll, evaluate_at, curvature_at, levels)
+    return nd, L, rows
 
 
 def individual_eps(model: DensityModel, nd: _Nodes, L: np.ndarray, shifts: np.ndarray) -> np.ndarray:
     """ε_i = sup_x |log p̂ − log p̂_i| (SPEC 4.1), see the module docstring for Gaussian kernels."""
     absL = np.abs(L)
     if model.kernel == "laplace":
-        return np.maximum(absL.max(axis=1), _tail_limits(model, shifts))
+        return np.maximum(absL.max(axis=1), _laplace._tail_limits(model.points, model.bandwidths, shifts))
     lo, hi = effective_region(model, shifts, nd)
     inside = (nd.x >= lo[:, None]) & (nd.x <= hi[:, None])
     ends = np.abs(np.stack([_logratio_at(model, lo, shifts), _logratio_at(model, hi, shifts)], axis=1))
@@ -399,12 +413,15 @@ def grid_plan(model: DensityModel, grid: np.ndarray) -> _laplace.GridPlan | None
 
 
 def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = None,
-             grid: np.ndarray | None = None, plan: _laplace.GridPlan | None = None
-             ) -> tuple[np.ndarray, np.ndarray | None]:
+             grid: np.ndarray | None = None, plan: _laplace.GridPlan | None = None,
+             need_eps_i: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """ε_i and δ_i(ε) for each row of ``shifts`` (C, n).
 
     Returns ``(eps_i, delta)`` with ``delta`` of shape (C, len(eps)) or None.
     ``plan`` (from :func:`grid_plan` on the same ``grid``) is built when missing.
+    With ``need_eps_i=False`` (and ``eps`` given), rows whose certified bounds
+    show ε_i ≤ min(eps) get δ_i = 0 without their exact evaluation, and NaN
+    for ε_i.
     """
     shifts = np.atleast_2d(np.asarray(shifts, dtype=np.float64))
     C, n = shifts.shape
@@ -414,11 +431,12 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
     if model.kernel == "laplace":
         plan = plan if plan is not None else grid_plan(model, grid)
         fast = (np.abs(shifts) / model.bandwidths).max(axis=1, initial=0.0) <= _laplace.MAX_BOUND
-    levels = None
+    levels = clear = None
     if eps is not None:
         eps = np.asarray(eps, dtype=np.float64)
         order = np.argsort(eps)
         levels = np.unique(np.r_[-eps, eps])
+        clear = None if need_eps_i else float(eps.min())
     eps_i = np.empty(C)
     delta = None if eps is None else np.empty((C, len(eps)))
     same = ~shifts.any(axis=1)  # p̂_i ≡ p̂: exactly no risk
@@ -430,7 +448,10 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
         step = max(1, BLOCK_CELLS // width)
         for k in range(0, len(rows), step):
             r = rows[k:k + step]
-            nd, L = node_values(model, shifts[r], grid, use, levels)
+            nd, L, kept = node_values(model, shifts[r], grid, use, levels, clear)
+            if len(kept) < len(r):  # certified sup |L| ≤ min ε: ε_i not computed, δ_i = 0
+                eps_i[r], delta[r] = np.nan, 0.0
+                r = r[kept]
             eps_i[r] = individual_eps(model, nd, L, shifts[r])
             if eps is not None:
                 d = np.empty((len(r), len(eps)))

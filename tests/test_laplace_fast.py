@@ -102,14 +102,33 @@ def test_cells_left_out_never_change_the_result(seed, monkeypatch):
     eps = np.geomspace(0.01, 1.0, 12)
     e_sel, d_sel = risk.evaluate(model, shifts, eps)
     kept = []
-    real = _laplace.cells_that_matter
+    real = _laplace.matters
 
-    def every_cell(L, *args, **kwargs):
-        kept.append(real(L, *args, **kwargs).mean())
-        return np.ones((L.shape[0], L.shape[1] - 1), dtype=bool)
+    def every_cell(lo, hi, *args, **kwargs):
+        kept.append(real(lo, hi, *args, **kwargs).mean())
+        return np.ones(np.shape(lo), dtype=bool)
 
-    monkeypatch.setattr(_laplace, "cells_that_matter", every_cell)
+    monkeypatch.setattr(_laplace, "matters", every_cell)
     e_all, d_all = risk.evaluate(model, shifts, eps)
     assert np.mean(kept) < 0.75  # the selection does leave cells out
     np.testing.assert_allclose(e_sel, e_all, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(d_sel, d_all, atol=1e-9)
+
+
+def test_rows_cleared_by_their_bounds_have_no_risk():
+    """need_eps_i=False: rows whose certified sup |L| is at most min ε are skipped; their exact
+    ε_i is indeed ≤ min ε, and every δ_i equals the full evaluation's."""
+    rng = np.random.default_rng(3)
+    q = np.sort(rng.normal(0, 0.004, 100))
+    model = select_density(q, kernel="laplace", bandwidth="auto")
+    mu = rng.normal(0, 10, (600, 1))
+    shifts = (mu + rng.normal(0, 1, (600, 100))) * 4e-5
+    e_full, d_full = risk.evaluate(model, shifts, np.array([0.1, 0.3]))
+    eps = np.array([np.quantile(e_full, 0.6), 0.3])
+    e_full, d_full = risk.evaluate(model, shifts, eps)
+    e_part, d_part = risk.evaluate(model, shifts, eps, need_eps_i=False)
+    cleared = np.isnan(e_part)
+    assert 0.3 < cleared.mean() < 0.6  # most rows below min ε are cleared by their bounds alone
+    assert np.all(e_full[cleared] <= eps.min())
+    np.testing.assert_array_equal(e_part[~cleared], e_full[~cleared])
+    np.testing.assert_allclose(d_part, d_full, atol=1e-12)
