@@ -28,7 +28,7 @@ then δ_i(ε) ≤ 1e-12 for ε ≥ ε_i (the tolerance is reported).
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import logsumexp, ndtr
+from scipy.special import log_ndtr, logsumexp, ndtr
 
 from . import _laplace
 from .density import DensityModel, kernel_logcdf_both, kernel_logpdf, kernel_terms
@@ -48,10 +48,11 @@ def term_delta(kernel: str, eps, mu):
     out = np.zeros(eps.shape)
     pos = mu > 0
     if kernel == "laplace":
-        out[pos] = np.clip(-np.expm1((eps[pos] - mu[pos]) / 2), 0, 1)
+        out[pos] = np.clip(-np.expm1(np.minimum(eps[pos] - mu[pos], 0.0) / 2), 0, 1)
     else:
         m, e = mu[pos], eps[pos]
-        out[pos] = np.clip(ndtr(m / 2 - e / m) - np.exp(e) * ndtr(-m / 2 - e / m), 0, 1)
+        # e^ε Φ(·) as exp(ε + log Φ(·)): no overflow for large ε
+        out[pos] = np.clip(ndtr(m / 2 - e / m) - np.exp(e + log_ndtr(-m / 2 - e / m)), 0, 1)
     return out
 
 
@@ -363,7 +364,8 @@ def _direction(nd: _Nodes, Ls, Lr, Ll, eps, num, den):
     bd = np.bincount(flat, weights=wd.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
     rn = np.cumsum(bn[:, ::-1], axis=1)[:, ::-1]
     rd = np.cumsum(bd[:, ::-1], axis=1)[:, ::-1]
-    out = rn[:, 1:] - np.exp(eps)[None, :] * rd[:, 1:]
+    # L is clipped to ±700, so e^ε beyond e^700 changes nothing (and must not overflow)
+    out = rn[:, 1:] - np.exp(np.minimum(eps, 700.0))[None, :] * rd[:, 1:]
     # intervals cut by a level ε: lo ≤ ε < hi
     start = np.searchsorted(eps, lo_v, side="left")
     stop = np.searchsorted(eps, hi_v, side="left")
@@ -386,7 +388,7 @@ def _direction(nd: _Nodes, Ls, Lr, Ll, eps, num, den):
             m = np.clip(_partial_mass(t, hh, va, vc, da, dc, mass), 0, mass)
             return np.where(rising, mass - m, m)
 
-        contrib = part(num) - np.exp(eps[e]) * part(den)
+        contrib = part(num) - np.exp(np.minimum(eps[e], 700.0)) * part(den)
         out += np.bincount(rr * E + e, weights=contrib, minlength=C * E).reshape(C, E)
     return out
 

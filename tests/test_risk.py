@@ -150,3 +150,14 @@ def test_assess_summary_consistent(sample_path):
     # n_at_risk counts individuals whose ε_i exceeds ε (Laplace: δ_i > 0 iff ε < ε_i)
     for k in (0, 10, 30):
         assert r.n_at_risk[k] == int((ei > r.epsilons[k]).sum())
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("kernel", ["laplace", "gaussian"])
+def test_huge_epsilon_gives_zero_risk_without_overflow(kernel):
+    rng = np.random.default_rng(5)
+    model = select_density(rng.normal(0, 1, 40), kernel=kernel, bandwidth="auto")
+    shifts = rng.normal(0, 0.05, (30, 40))
+    assert np.all(term_delta(kernel, 1e9, 3.0) == 0)
+    eps_i, delta = evaluate(model, shifts, np.array([0.01, 1e9]))
+    assert np.all(np.isfinite(eps_i)) and np.all(delta[:, 1] == 0) and np.any(delta[:, 0] > 0)
