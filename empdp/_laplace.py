@@ -196,7 +196,8 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     the row's largest |L| on the grid), or if it lies outside the grid. ``levels``
     (sorted ±ε) None asks for ε_i only.
 
-    Returns ``(values, rows)``: the node values of the rows kept. With
+    Returns ``(values, rows, K)``: the node values of the rows kept and
+    their :func:`row_curvature` on the grid cells. With
     ``clear_below`` a row is dropped when the certified bounds show
     sup |L| ≤ ``clear_below`` (then ε_i ≤ clear_below and δ_i(ε) = 0 for
     every ε ≥ clear_below); otherwise every row is kept.
@@ -235,11 +236,11 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     take[r, c] = matters(lo, hi, top[r, 0], levels)
     kr, kc = np.nonzero(take)
     if not len(kr):
-        return {f: np.broadcast_to(a, (C, G)).copy() for f, a in base.items()}, rows
+        return {f: np.broadcast_to(a, (C, G)).copy() for f, a in base.items()}, rows, K
     kx = kinks[kr, kc]
     kv = [a[:, 0] for a in plan.shared_at(kx[:, None])]
     kvi = [a[:, 0] for a in direct(kx[:, None], (q[None, :] - shifts)[kr], b)]
-    return insert_after(base, C, kr, g[kr, kc], dict(zip(FIELDS, (kx, *kv, *kvi)))), rows
+    return insert_after(base, C, kr, g[kr, kc], dict(zip(FIELDS, (kx, *kv, *kvi)))), rows, K
 
 
 def tail_limits(plan: GridPlan, shifts: np.ndarray) -> np.ndarray:

@@ -157,13 +157,13 @@ def _hermite_extremum(La, Lc, ma, mc, h):
     return np.where(np.isfinite(cand) & (cand > 0) & (cand < 1), cand, 0.5)
 
 
-def _interval_curvature(xa, xc, grid: np.ndarray, K_rows: np.ndarray, K_far: float) -> np.ndarray:
-    """K of the grid cell holding each interval [xa, xc] (rows of ``K_rows``; K_far outside the grid)."""
+def _interval_curvature(rows, xa, xc, grid: np.ndarray, K_grid: np.ndarray, K_far: float) -> np.ndarray:
+    """K of the grid cell holding each interval [xa, xc] of ``rows`` (K_far outside the grid)."""
     g = np.searchsorted(grid, xa, side="right") - 1
     inside = (g >= 0) & (g < len(grid) - 1)
     g = np.clip(g, 0, len(grid) - 2)
     inside &= xc <= grid[g + 1]
-    return np.where(inside, K_rows[np.arange(len(g)), g], K_far)
+    return np.where(inside, K_grid[rows, g], K_far)
 
 
 def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
@@ -211,8 +211,9 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
     """
     C = shifts.shape[0]
     rows = np.arange(C)
+    K_grid = None
     if plan is not None:
-        values, rows = _laplace.node_values(plan, shifts, levels, clear_below)
+        values, rows, K_grid = _laplace.node_values(plan, shifts, levels, clear_below)
         nd = _Nodes(**values)
         shifts = shifts[rows]
         kinks = model.points[None, :] - shifts
@@ -237,11 +238,11 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
     curvature_at = None
     if model.kernel == "laplace":
         b = model.bandwidths
-        curvature = plan.curvature if plan is not None else _laplace.cell_curvature(model.points, b, grid)
-        K_grid = _laplace.row_curvature(shifts, b, curvature)
+        if K_grid is None:
+            K_grid = _laplace.row_curvature(shifts, b, _laplace.cell_curvature(model.points, b, grid))
 
         def curvature_at(r, k):
-            return _interval_curvature(nd.x[r, k], nd.x[r, k + 1], grid, K_grid[r], 1.0 / b.min() ** 2)
+            return _interval_curvature(r, nd.x[r, k], nd.x[r, k + 1], grid, K_grid, 1.0 / b.min() ** 2)
     nd, L = _insert_extrema(nd, L, Lr, Ll, evaluate_at, curvature_at, levels)
     return nd, L, rows
 
@@ -328,6 +329,7 @@ def _hermite_root(La, Lc, ma, mc, h, level, iters=10):
         t = np.clip((level - La) / (Lc - La), 0, 1)
     t = np.nan_to_num(t, nan=0.5)
     for _ in range(iters):
+        t_old = t
         t2, t3 = t * t, t * t * t
         H = La * (2 * t3 - 3 * t2 + 1) + h * ma * (t3 - 2 * t2 + t) + Lc * (-2 * t3 + 3 * t2) \
             + h * mc * (t3 - t2) - level
@@ -338,8 +340,11 @@ def _hermite_root(La, Lc, ma, mc, h, level, iters=10):
         lo = np.where(above, lo, t)
         with np.errstate(divide="ignore", invalid="ignore"):
             newton = t - H / dH
-        ok = np.isfinite(newton) & (newton > lo) & (newton < hi)
+        # a Newton step that stays in the bracket (or stays put, at an exact root) is taken
+        ok = np.isfinite(newton) & (newton >= lo) & (newton <= hi)
         t = np.where(ok, newton, 0.5 * (lo + hi))
+        if np.abs(t - t_old).max(initial=0.0) <= 1e-15:  # converged everywhere
+            break
     return t
 
 
