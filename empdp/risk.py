@@ -114,6 +114,8 @@ class _Nodes:
     def __init__(self, **arrays):
         for f in self.FIELDS:
             setattr(self, f, arrays[f])
+        # slopes of L once known (set by node_values)
+        self.Lr, self.Ll = arrays.get("Lr"), arrays.get("Ll")
 
 
 
@@ -167,8 +169,9 @@ def _interval_curvature(rows, xa, xc, grid: np.ndarray, K_grid: np.ndarray, K_fa
 
 
 def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
-                    levels: np.ndarray | None = None) -> tuple[_Nodes, np.ndarray]:
-    """Add the interior extrema of L as nodes (L is then monotone between nodes).
+                    levels: np.ndarray | None = None) -> tuple[_Nodes, np.ndarray, np.ndarray, np.ndarray]:
+    """Add the interior extrema of L as nodes (L is then monotone between nodes); returns the
+    nodes and L with its right and left slopes on them.
 
     With ``curvature_at(rows, ks)`` (Laplace kernels: K with L'' ≥ −K on those
     intervals between kinks) only the extrema of intervals whose certified
@@ -188,12 +191,14 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
         matters = _laplace.matters(lo, hi, top[rows], levels)
         rows, ks = rows[matters], ks[matters]
     if not len(rows):
-        return nd, L
+        return nd, L, Lr, Ll
     t = _hermite_extremum(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks])
     xe = nd.x[rows, ks] + t * h[rows, ks]
     values = dict(zip(_Nodes.FIELDS, (xe, *evaluate_at(rows, xe))))
-    nd = _Nodes(**_laplace.insert_after({f: getattr(nd, f) for f in _Nodes.FIELDS}, C, rows, ks, values))
-    return nd, _log_ratio(nd)[0]
+    values.update(zip(("L", "Lr", "Ll"), _log_ratio(_Nodes(**values))))
+    base = {f: getattr(nd, f) for f in _Nodes.FIELDS} | {"L": L, "Lr": Lr, "Ll": Ll}
+    merged = _laplace.insert_after(base, C, rows, ks, values)
+    return _Nodes(**merged), merged["L"], merged["Lr"], merged["Ll"]
 
 
 def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
@@ -243,7 +248,7 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
 
         def curvature_at(r, k):
             return _interval_curvature(r, nd.x[r, k], nd.x[r, k + 1], grid, K_grid, 1.0 / b.min() ** 2)
-    nd, L = _insert_extrema(nd, L, Lr, Ll, evaluate_at, curvature_at, levels)
+    nd, L, nd.Lr, nd.Ll = _insert_extrema(nd, L, Lr, Ll, evaluate_at, curvature_at, levels)
     return nd, L, rows
 
 
@@ -400,9 +405,9 @@ def _direction(nd: _Nodes, Ls, Lr, Ll, eps, num, den):
 
 def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
     """δ_i(ε) for every row and every ε in ``eps`` (ascending, ≥ 0)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        Lr = np.nan_to_num(nd.pr / nd.p - nd.pir / nd.pi, nan=0.0, posinf=0.0, neginf=0.0)
-        Ll = np.nan_to_num(nd.pl / nd.p - nd.pil / nd.pi, nan=0.0, posinf=0.0, neginf=0.0)
+    Lr, Ll = nd.Lr, nd.Ll
+    if Lr is None:
+        _, Lr, Ll = _log_ratio(nd)
     p = ("p", "pr", "pl", "F")
     pi = ("pi", "pir", "pil", "Fi")
     d1 = _direction(nd, L, Lr, Ll, eps, p, pi)
