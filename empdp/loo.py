@@ -108,6 +108,9 @@ class LooEngine:
         codes = np.asarray(codes, dtype=np.int64)
         n = len(self.panel.labels)
         out = np.zeros((len(codes), n))
+        if len(codes) and self.query.is_decomposable and not presence:
+            self._decomposable_dense(codes, out)
+            return out
         present = np.zeros((len(codes), n), dtype=bool)
         if len(codes):
             if self.query.is_decomposable:
@@ -242,7 +245,8 @@ class LooEngine:
             bound=df["bound"].to_numpy().astype(np.float64),
         )
 
-    def _decomposable_shifts(self, codes: np.ndarray):
+    def _want(self, codes: np.ndarray) -> None:
+        """The temp table ``__want`` (__i, __row): the individuals of ``codes`` and their output rows."""
         if not self._screened:
             raise RuntimeError("screen() must run before shifts()")
         con = self.panel.con
@@ -251,6 +255,20 @@ class LooEngine:
         con.execute("CREATE OR REPLACE TEMP TABLE __want AS SELECT i.__i, w.__row "
                     "FROM __want_arrow w JOIN __ids i USING (__code)")
         con.unregister("__want_arrow")
+
+    def _decomposable_dense(self, codes: np.ndarray, out: np.ndarray) -> None:
+        """Scatter the defined Δ_ij of ``codes`` into ``out`` as DuckDB streams them (bounded memory)."""
+        self._want(codes)
+        n = out.shape[1]
+        sql = (f"SELECT (w.__row * {n} + d.__j)::BIGINT AS flat, d.delta "
+               f"FROM ({self._delta_sql('SELECT __i FROM __want')}) d JOIN __want w USING (__i) WHERE NOT d.undef")
+        flat_out = out.reshape(-1)
+        for batch in _arrow_batches(self.panel.con, sql):
+            np.put(flat_out, batch.column(0).to_numpy(), batch.column(1).to_numpy())
+
+    def _decomposable_shifts(self, codes: np.ndarray):
+        self._want(codes)
+        con = self.panel.con
         sql = (f"SELECT w.__row, d.__j, d.delta, d.undef FROM ({self._delta_sql('SELECT __i FROM __want')}) d "
                f"JOIN __want w USING (__i)")
         res = self._run(sql).fetchnumpy()
@@ -419,6 +437,13 @@ def _arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     fetch = getattr(rel, "to_arrow_table", None) or getattr(rel, "arrow")
     tab = fetch()
     return tab.read_all() if hasattr(tab, "read_all") else tab
+
+
+def _arrow_batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 1 << 20):
+    """Run ``sql`` and stream the result as Arrow record batches (DuckDB 1.x and 2.x spellings)."""
+    rel = con.sql(sql)
+    reader = getattr(rel, "to_arrow_reader", None) or getattr(rel, "fetch_arrow_reader")
+    yield from reader(rows)
 
 
 def _factorize(ids: pl.Series, name: str) -> tuple[pl.Series, np.ndarray]:
