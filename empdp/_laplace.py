@@ -139,10 +139,14 @@ class GridPlan:
         out = np.concatenate([Rm, Rp], axis=1) @ self.B
         V, Dr, Fi = out[:, :G], out[:, G:2 * G], out[:, 2 * G:] + self.n_right
         Dl = Dr.copy()
-        # fix-ups: grid points in the closed interval between q_l and its kink k_il
+        # fix-ups: grid points where the matrix form of term l is wrong. Kink left of q_l
+        # (Δ > 0): [k_il, q_l) (at q_l the right-hand form is exact); kink right of q_l
+        # (Δ ≤ 0): [q_l, k_il] (at k_il the left slope, also when k_il = q_l).
         kinks = q - shifts
-        lo = np.searchsorted(x, np.minimum(q, kinks), side="left").ravel()
-        hi = np.searchsorted(x, np.maximum(q, kinks), side="right").ravel()
+        at_q = np.searchsorted(x, q, side="left")[None, :]
+        left_of_q = shifts > 0
+        lo = np.where(left_of_q, np.searchsorted(x, kinks, side="left"), at_q).ravel()
+        hi = np.where(left_of_q, at_q, np.searchsorted(x, kinks, side="right")).ravel()
         cnt = hi - lo
         total = int(cnt.sum())
         pair = np.repeat(np.arange(C * n), cnt)

@@ -29,8 +29,6 @@ Progress = Callable[[str, int, int], None]
 FETCH_CELLS = 100_000_000
 #: individuals evaluated on one shared grid (risk.evaluate bounds its own working memory)
 EVAL_ROWS = 8192
-#: smallest block worth a thread of its own
-MIN_EVAL_ROWS = 128
 #: individuals fetched for the ε_all search up front, and the search's first batch
 SEARCH_PREFETCH = 32768
 SEARCH_BATCH = 256
@@ -311,9 +309,8 @@ def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory
                 return risk.evaluate(model, shifts, eps if with_delta else None, grid=grid,
                                      plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i)
 
-            # blocks depend on the chunk only, never on ``threads``: results are the same for any count
-            size = min(EVAL_ROWS, max(MIN_EVAL_ROWS, -(-len(chunk) // 4)))
-            blocks = [chunk[b:b + size] for b in range(0, len(chunk), size)]
+            # fixed blocks, never depending on ``threads``: results are the same for any count
+            blocks = [chunk[b:b + EVAL_ROWS] for b in range(0, len(chunk), EVAL_ROWS)]
             # the cache is only read while blocks are evaluated; results come back in order
             results = pool.map(one, blocks) if pool is not None and len(blocks) > 1 else map(one, blocks)
             for block, (e_i, d) in zip(blocks, results):

@@ -55,6 +55,22 @@ def test_fixed_model_is_exactly_reproducible(sample_path):
     assert out["density_model"]["variable"] is False
 
 
+def test_results_do_not_depend_on_the_thread_count(sample_path, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys.modules["empdp.assess"], "EVAL_ROWS", 256)  # several blocks, so that threads really run side by side
+    args = ["assess", sample_path, *BASE, "--kernel", "laplace", "--json", "-e", "0.05", "-e", "0.3"]
+    one, two = run(args + ["--threads", "1"]), run(args + ["--threads", "2"])
+    assert one.exit_code == 0, one.output
+    assert one.output == two.output
+    assert json.loads(one.output)["sweep"][0]["n_at_risk"] > 0
+
+
+def test_bad_thread_count(sample_path):
+    line = one_line_error(run(["assess", sample_path, *BASE, "--threads", "0"]))
+    assert "--threads" in line
+
+
 def test_out_table(sample_path, tmp_path):
     path = tmp_path / "risk.parquet"
     res = run(["assess", sample_path, *BASE, "-e", "0.2", "-e", "0.1", "--out", str(path), "--json"])
