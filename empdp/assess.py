@@ -29,6 +29,8 @@ Progress = Callable[[str, int, int], None]
 FETCH_CELLS = 100_000_000
 #: individuals evaluated on one shared grid (risk.evaluate bounds its own working memory)
 EVAL_ROWS = 8192
+#: smallest block worth a thread of its own (smaller chunks are split in four for the threads)
+MIN_EVAL_ROWS = 128
 #: individuals fetched for the ε_all search up front, and the search's first batch
 SEARCH_PREFETCH = 32768
 SEARCH_BATCH = 256
@@ -93,7 +95,9 @@ class _Accumulator:
     def __init__(self, m: int, kernel: str, E: int):
         self.kernel = kernel
         self.first = np.zeros(m)  # δ_i at the smallest ε
-        self.max_delta, self.log_survive = np.zeros(E), np.zeros(E)
+        # summed in extended precision: the total does not depend (in practice, to the last bit) on
+        # how the individuals are split into blocks, e.g. with or without screening
+        self.max_delta, self.log_survive = np.zeros(E), np.zeros(E, dtype=np.longdouble)
         self.at_risk = np.zeros(E, dtype=np.int64)
 
     def add(self, codes: np.ndarray, d: np.ndarray) -> None:
@@ -103,7 +107,7 @@ class _Accumulator:
             return
         self.max_delta = np.maximum(self.max_delta, d.max(axis=0))
         with np.errstate(divide="ignore"):
-            self.log_survive += np.log1p(-d).sum(axis=0)
+            self.log_survive += np.log1p(-d).sum(axis=0, dtype=np.longdouble)
         self.at_risk += (d > 0).sum(axis=0)
         self.first[codes] = d[:, 0]
 
@@ -309,8 +313,9 @@ def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory
                 return risk.evaluate(model, shifts, eps if with_delta else None, grid=grid,
                                      plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i)
 
-            # fixed blocks, never depending on ``threads``: results are the same for any count
-            blocks = [chunk[b:b + EVAL_ROWS] for b in range(0, len(chunk), EVAL_ROWS)]
+            # blocks depend on the chunk only, never on ``threads``: results are the same for any count
+            size = min(EVAL_ROWS, max(MIN_EVAL_ROWS, -(-len(chunk) // 4)))
+            blocks = [chunk[b:b + size] for b in range(0, len(chunk), size)]
             # the cache is only read while blocks are evaluated; results come back in order
             results = pool.map(one, blocks) if pool is not None and len(blocks) > 1 else map(one, blocks)
             for block, (e_i, d) in zip(blocks, results):
@@ -371,7 +376,7 @@ def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory
         log_survive[:] = -np.inf
         at_risk += sole
         delta_first[undefined] = 1.0
-    total = np.maximum(-np.expm1(log_survive), 0.0)
+    total = np.maximum(-np.expm1(log_survive.astype(np.float64)), 0.0)
 
     indep, warn1 = checks.independence(q)
     rep, warn2 = checks.representativeness(screen.n_present, n)
