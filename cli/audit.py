@@ -176,6 +176,10 @@ def release_cmd(calibration, source, top, order, alpha, seed, as_json, quiet, ve
     click.echo(f"  MPL lower bound   {_fmt(d['mpl_lower_bound'])}  <=  exact max eps {_fmt(d['exact_epsilon_max'])}"
                f"  <=  target {_fmt(d['target_epsilon'])}")
     click.echo(f"  Renyi lower bound {_fmt(d['renyi_lower_bound'])}  vs exact max D {_fmt(d['exact_renyi_max'])}")
+    if not d["renyi_consistent"]:
+        click.echo(f"  note: the Renyi lower bound exceeds the exact D; at level alpha = {d['alpha']:g} this happens "
+                   f"by chance with probability at most alpha (rerun with another --seed); repeated, it means the "
+                   f"release is not the calibrated one")
     click.echo("  OK: the release meets its target" if d["ok"] else "  CHECK FAILED: see the figures above")
     for w in d.get("warnings", []):
         click.echo(f"  warning: {w}", err=True)

@@ -97,7 +97,12 @@ def test_release_audit_on_constructed_calibration():
     assert res.exact_epsilon_max <= 0.5 + 1e-9
     assert res.mpl_lower_bound <= res.exact_epsilon_max
     assert res.renyi_lower_bound <= res.exact_renyi_max
-    assert res.ok and len(res.individuals) == 3
+    assert res.ok and res.renyi_consistent and len(res.individuals) == 3
+    # a bound above the exact value is flagged (but is not a failure of the target)
+    import dataclasses
+
+    high = dataclasses.replace(res, renyi_lower_bound=2 * res.exact_renyi_max + 1e-6)
+    assert high.ok and not high.renyi_consistent and high.to_dict()["renyi_consistent"] is False
 
 
 def test_release_cli_on_sample_data(tmp_path):
@@ -112,3 +117,4 @@ def test_release_cli_on_sample_data(tmp_path):
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
     assert d["exact_epsilon_max"] <= 1.0 + 1e-9 and d["mpl_lower_bound"] <= 1.0 and d["ok"]
+    assert d["renyi_consistent"] == (d["renyi_lower_bound"] <= d["exact_renyi_max"] * (1 + 1e-9) + 1e-12)

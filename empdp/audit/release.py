@@ -143,10 +143,21 @@ class ReleaseAudit:
         tol = 1e-9 * max(1.0, self.target_epsilon)
         return self.exact_epsilon_max <= self.target_epsilon + tol and self.mpl_lower_bound <= self.target_epsilon
 
+    @property
+    def renyi_consistent(self) -> bool:
+        """The Rényi lower bound does not exceed the exact D_α of the audited individuals.
+
+        Not part of :attr:`ok` (there is no Rényi target): a bound above the
+        exact value is the bound's allowed miss (probability ≤ alpha), or a
+        sign that the release is not the one calibrated.
+        """
+        return self.renyi_lower_bound <= self.exact_renyi_max * (1 + 1e-9) + 1e-12
+
     def to_dict(self) -> dict:
         return jsonable({
             "method": "release", "target_epsilon": self.target_epsilon, "order": self.order,
-            "ok": self.ok, "mpl_lower_bound": self.mpl_lower_bound, "mpl_estimate": self.mpl_estimate,
+            "ok": self.ok, "renyi_consistent": self.renyi_consistent,
+            "mpl_lower_bound": self.mpl_lower_bound, "mpl_estimate": self.mpl_estimate,
             "exact_epsilon_max": self.exact_epsilon_max, "renyi_lower_bound": self.renyi_lower_bound,
             "exact_renyi_max": self.exact_renyi_max, "individuals": self.individuals,
             "n": self.n, "N": self.N, "n_renyi": self.n_renyi, "alpha": self.alpha,
