@@ -73,6 +73,8 @@ class _ShiftCache:
 
     def prefetch(self, codes: np.ndarray) -> None:
         """Fetch the rows of ``codes`` not yet held, in one scan of the table."""
+        if self.engine.holds_all_shifts:  # the engine keeps every row: nothing to fetch
+            return
         new = np.setdiff1d(np.asarray(codes, dtype=np.int64), self.codes)
         if len(new):
             codes = np.concatenate([self.codes, new])
@@ -81,10 +83,14 @@ class _ShiftCache:
 
     def keep(self, codes: np.ndarray) -> None:
         """Drop held rows that are not in ``codes``."""
+        if self.engine.holds_all_shifts:
+            return
         mask = np.isin(self.codes, codes)
         self.codes, self.rows = self.codes[mask], self.rows[mask]
 
     def take(self, codes: np.ndarray) -> np.ndarray:
+        if self.engine.holds_all_shifts:
+            return self.engine.shifts(codes)
         self.prefetch(codes)
         return self.rows[np.searchsorted(self.codes, codes)]
 

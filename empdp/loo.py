@@ -28,6 +28,21 @@ from .data import Panel, open_panel, quote_ident
 from .errors import InputError
 from .query import Query, parse_query
 
+#: largest number of (individual, database) cells held as one dense Δ matrix (8 bytes each); it
+#: must also fit in a third of DuckDB's memory limit, so that a low --memory-limit stays low
+DENSE_CELLS = 100_000_000
+_UNITS = {"": 1, "B": 1, "BYTES": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50,
+          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15}
+
+
+def _memory_limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
+    """DuckDB's memory limit in bytes (its setting reads like '1.8 GiB')."""
+    text = str(con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).upper() not in _UNITS:
+        return 0  # unknown format: do not hold the matrix
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
 
 @dataclass
 class Screen:
@@ -68,6 +83,7 @@ class LooEngine:
         self._q: np.ndarray | None = None
         self._sparse: tuple | None = None  # in-memory engines: (ids, code, j, delta, undef)
         self._screened = False
+        self._dense: np.ndarray | None = None  # every Δ row, when screen() could hold them
 
     # ------------------------------------------------------------------ values
     def values(self) -> np.ndarray:
@@ -108,6 +124,8 @@ class LooEngine:
         codes = np.asarray(codes, dtype=np.int64)
         n = len(self.panel.labels)
         out = np.zeros((len(codes), n))
+        if self._dense is not None and not presence:
+            return self._dense[codes]
         if len(codes) and self.query.is_decomposable and not presence:
             self._decomposable_dense(codes, out)
             return out
@@ -224,26 +242,70 @@ class LooEngine:
 
     def _decomposable_screen(self, scale: np.ndarray) -> Screen:
         con = self.panel.con
-        con.register("__scale_arrow", pa.table({"__j": pa.array(np.arange(len(scale), dtype=np.int32)),
+        self._dense = None
+        # codes: the individuals with rows the query reads, in id order
+        self._run(f"CREATE OR REPLACE TEMP TABLE __ids AS "
+                  f"SELECT __i, (row_number() OVER (ORDER BY __i) - 1)::BIGINT AS __code "
+                  f"FROM (SELECT DISTINCT __i FROM ({self.panel.base_sql(self.query.columns, self.query.where)}))")
+        ids = pl.from_arrow(_arrow(con, "SELECT __i FROM __ids ORDER BY __code"))["__i"].rename(self.panel.id)
+        m, n = len(ids), len(self.panel.labels)
+        self._screened = True
+        if m * n <= min(DENSE_CELLS, _memory_limit_bytes(con) // (3 * 8)):
+            return self._dense_screen(ids, scale)
+        # too large to hold: aggregate per individual in DuckDB, fetch chosen rows later
+        con.register("__scale_arrow", pa.table({"__j": pa.array(np.arange(n, dtype=np.int32)),
                                                  "scale": pa.array(scale)}))
         con.execute("CREATE OR REPLACE TEMP TABLE __scale AS SELECT * FROM __scale_arrow")
         con.unregister("__scale_arrow")
-        sql = (f"CREATE OR REPLACE TEMP TABLE __ids AS "
-               f"SELECT *, (row_number() OVER (ORDER BY __i) - 1)::BIGINT AS __code FROM ("
-               f"SELECT d.__i, count(*)::BIGINT AS n_present, bool_or(d.undef) AS undefined, "
+        sql = (f"SELECT c.__code, count(*)::BIGINT AS n_present, bool_or(d.undef) AS undefined, "
                f"coalesce(max(abs(d.delta)) FILTER (WHERE NOT d.undef), 0) AS max_abs_shift, "
                f"coalesce(max(abs(d.delta) / s.scale) FILTER (WHERE NOT d.undef), 0) AS bound "
-               f"FROM ({self._delta_sql()}) d JOIN __scale s USING (__j) GROUP BY d.__i)")
-        self._run(sql)
-        df = pl.from_arrow(_arrow(con, "SELECT * FROM __ids ORDER BY __code"))
-        self._screened = True
+               f"FROM ({self._delta_sql()}) d JOIN __scale s USING (__j) JOIN __ids c USING (__i) "
+               f"GROUP BY c.__code ORDER BY c.__code")
+        df = pl.from_arrow(self._run(sql, fetch=True))
         return Screen(
-            ids=df["__i"].rename(self.panel.id),
+            ids=ids,
             n_present=df["n_present"].to_numpy(),
             undefined=df["undefined"].to_numpy().astype(bool),
             max_abs_shift=df["max_abs_shift"].to_numpy().astype(np.float64),
             bound=df["bound"].to_numpy().astype(np.float64),
         )
+
+    def _dense_screen(self, ids: pl.Series, scale: np.ndarray) -> Screen:
+        """Every Δ_ij in one streamed pass into a dense (m, n) matrix kept for :meth:`shifts`;
+        the screening table is then computed from it (no second scan of the table)."""
+        m, n = len(ids), len(self.panel.labels)
+        dense = np.zeros((m, n))
+        flat_out = dense.reshape(-1)
+        n_present = np.zeros(m, dtype=np.int64)
+        undefined = np.zeros(m, dtype=bool)
+        sql = (f"SELECT (c.__code * {n} + d.__j)::BIGINT AS flat, d.delta, d.undef "
+               f"FROM ({self._delta_sql()}) d JOIN __ids c USING (__i)")
+        for batch in _arrow_batches(self.panel.con, sql):
+            flat = batch.column(0).to_numpy()
+            undef = batch.column(2).to_numpy(zero_copy_only=False)
+            n_present += np.bincount(flat // n, minlength=m)
+            if undef.any():
+                undefined[flat[undef] // n] = True
+                flat, delta = flat[~undef], batch.column(1).to_numpy()[~undef]
+            else:
+                delta = batch.column(1).to_numpy()
+            np.put(flat_out, flat, delta)
+        inv = 1.0 / scale
+        max_abs, bound = np.empty(m), np.empty(m)
+        step = max(1, (1 << 22) // max(n, 1))  # row blocks: no temporary the size of the matrix
+        for a in range(0, m, step):
+            part = np.abs(dense[a:a + step])
+            max_abs[a:a + step] = part.max(axis=1, initial=0.0)
+            part *= inv
+            bound[a:a + step] = part.max(axis=1, initial=0.0)
+        self._dense = dense
+        return Screen(ids=ids, n_present=n_present, undefined=undefined, max_abs_shift=max_abs, bound=bound)
+
+    @property
+    def holds_all_shifts(self) -> bool:
+        """True when :meth:`screen` kept every Δ row in memory (then :meth:`shifts` reads no table)."""
+        return self._dense is not None
 
     def _want(self, codes: np.ndarray) -> None:
         """The temp table ``__want`` (__i, __row): the individuals of ``codes`` and their output rows."""

@@ -127,9 +127,59 @@ def test_engine_dense_rows_match_leave_one_out(expr):
     engine.values()
     engine.screen(np.ones(len(full.labels)))
     codes = np.random.default_rng(0).permutation(len(full.ids))[:9]
+    assert engine.holds_all_shifts  # small: screen() kept the matrix
     got = engine.shifts(codes)
-    want, _ = engine.shifts(codes, presence=True)  # the long-form path leave_one_out uses
-    np.testing.assert_array_equal(got, want)
+    # the long-form path leave_one_out uses (its own GROUP BY: sums may differ in the last bit)
+    want, _ = engine.shifts(codes, presence=True)
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
     defined = ~full.undefined[codes]
-    np.testing.assert_array_equal(got[defined], full.shifts[codes][defined])
+    np.testing.assert_allclose(got[defined], full.shifts[codes][defined], rtol=1e-13, atol=1e-15)
     assert np.any(got != 0)
+
+
+@pytest.mark.parametrize("expr", ["count(*)", "sum(x)", "mean(x)", "std(x)", "sum(x)/sum(w)"])
+def test_screen_from_the_held_matrix_equals_the_sql_screen(expr, monkeypatch):
+    """Below DENSE_CELLS, screen() keeps every Δ row and computes the table in numpy; above it,
+    DuckDB aggregates per individual and rows are fetched on demand. Both give the same answers."""
+    from empdp import loo
+    from empdp.loo import make_engine
+
+    df = random_panel(7)
+    scale = np.linspace(0.5, 2.0, df["year"].nunique())
+    held = make_engine(df, id="id", by="year", query=expr)
+    held.values()
+    a = held.screen(scale)
+    monkeypatch.setattr(loo, "DENSE_CELLS", 0)
+    fetched = make_engine(df, id="id", by="year", query=expr)
+    fetched.values()
+    b = fetched.screen(scale)
+    assert held.holds_all_shifts and not fetched.holds_all_shifts
+    assert a.ids.to_list() == b.ids.to_list() and a.ids.name == "id"
+    np.testing.assert_array_equal(a.n_present, b.n_present)
+    np.testing.assert_array_equal(a.undefined, b.undefined)
+    assert a.undefined.any()  # the sole contributor
+    np.testing.assert_allclose(a.max_abs_shift, b.max_abs_shift, rtol=1e-13)
+    np.testing.assert_allclose(a.bound, b.bound, rtol=1e-13)
+    codes = np.arange(len(a))[::-1]
+    np.testing.assert_allclose(held.shifts(codes), fetched.shifts(codes), rtol=1e-13, atol=1e-15)
+
+
+def test_low_memory_limit_does_not_hold_the_matrix(monkeypatch):
+    """A third of DuckDB's memory limit caps the held matrix (a low --memory-limit stays low)."""
+    from empdp import loo
+    from empdp.loo import _memory_limit_bytes, make_engine
+
+    df = random_panel(1)
+    n = df["year"].nunique()
+    engine = make_engine(df, id="id", by="year", query="mean(x)", memory_limit="64MB")
+    assert 60e6 < _memory_limit_bytes(engine.panel.con) <= 64e6  # DuckDB reports '61.0 MiB'
+    engine.values()
+    m = df["id"].nunique()
+    # just too small for the m × n doubles (8 bytes each) in a third of the limit
+    monkeypatch.setattr(loo, "_memory_limit_bytes", lambda con: 24 * m * n - 1)
+    engine.screen(np.ones(n))
+    assert not engine.holds_all_shifts
+    assert engine.shifts(np.array([0, 1])).shape == (2, n)
+    monkeypatch.setattr(loo, "_memory_limit_bytes", lambda con: 24 * m * n)
+    engine.screen(np.ones(n))
+    assert engine.holds_all_shifts
