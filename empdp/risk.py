@@ -305,41 +305,45 @@ def effective_region(model: DensityModel, shifts: np.ndarray, nd: _Nodes | None 
 
 
 # ------------------------------------------------------------------- sweep
-_I = {  # primitives on [0, t] of the cubic Hermite basis and the quartic bubble t²(1−t)²
-    "00": lambda t: t**4 / 2 - t**3 + t,
-    "10": lambda t: t**4 / 4 - 2 * t**3 / 3 + t**2 / 2,
-    "01": lambda t: -(t**4) / 2 + t**3,
-    "11": lambda t: t**4 / 4 - t**3 / 3,
-    "q": lambda t: t**3 / 3 - t**4 / 2 + t**5 / 5,
-}
+def _partial_basis(t):
+    """Primitives on [0, t] of the cubic Hermite basis h00, h10, h01, h11 and of the quartic bubble t²(1−t)²."""
+    t2 = t * t
+    t3 = t2 * t
+    t4 = t2 * t2
+    return (t4 / 2 - t3 + t, t4 / 4 - 2 * t3 / 3 + t2 / 2, t3 - t4 / 2, t4 / 4 - t3 / 3,
+            t3 / 3 - t4 / 2 + t4 * t / 5)
 
 
-def _partial_mass(t, h, va, vc, da, dc, mass):
-    """∫_0^t of the quartic-corrected Hermite model of a density on an interval of length h.
+def _partial_mass(basis, h, va, vc, da, dc, mass):
+    """∫_0^t of the quartic-corrected Hermite model of a density on an interval of length h
+    (``basis`` = :func:`_partial_basis` of t).
 
     The model matches values and one-sided slopes at both ends, and its
     integral over the whole interval equals the exact ``mass``.
     """
+    i00, i10, i01, i11, iq = basis
     cubic_full = h * ((va + vc) / 2 + h * (da - dc) / 12)
     c = 30 * (mass - cubic_full) / h
-    return h * (va * _I["00"](t) + h * da * _I["10"](t) + vc * _I["01"](t) + h * dc * _I["11"](t)) \
-        + h * c * _I["q"](t)
+    return h * (va * i00 + h * da * i10 + vc * i01 + h * dc * i11) + h * c * iq
 
 
 def _hermite_root(La, Lc, ma, mc, h, level, iters=10):
     """t ∈ [0, 1] where the monotone cubic Hermite model of L crosses ``level`` (safeguarded Newton)."""
     lo, hi = np.zeros_like(La), np.ones_like(La)
     rising = Lc > La
+    # the model as a cubic in t: a0 + a1 t + a2 t² + a3 t³
+    hma, hmc = h * ma, h * mc
+    a0 = La - level
+    a1 = hma
+    a2 = 3 * (Lc - La) - 2 * hma - hmc
+    a3 = 2 * (La - Lc) + hma + hmc
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.clip((level - La) / (Lc - La), 0, 1)
     t = np.nan_to_num(t, nan=0.5)
     for _ in range(iters):
         t_old = t
-        t2, t3 = t * t, t * t * t
-        H = La * (2 * t3 - 3 * t2 + 1) + h * ma * (t3 - 2 * t2 + t) + Lc * (-2 * t3 + 3 * t2) \
-            + h * mc * (t3 - t2) - level
-        dH = La * (6 * t2 - 6 * t) + h * ma * (3 * t2 - 4 * t + 1) + Lc * (-6 * t2 + 6 * t) \
-            + h * mc * (3 * t2 - 2 * t)
+        H = ((a3 * t + a2) * t + a1) * t + a0
+        dH = (3 * a3 * t + 2 * a2) * t + a1
         above = (H > 0) == rising  # root lies left of t
         hi = np.where(above, t, hi)
         lo = np.where(above, lo, t)
@@ -394,16 +398,19 @@ def _direction(nd: _Nodes, Ls, Lr, Ll, eps, num, den):
         rr, kk = np.repeat(rows, c), np.repeat(ks, c)
         e = np.repeat(start[rows, ks], c) + (np.arange(total) - np.repeat(np.cumsum(c) - c, c))
     if len(rr):
-        hh = h[rr, kk]
-        la, lc = La[rr, kk], Lc[rr, kk]
-        t = _hermite_root(la, lc, Lr[rr, kk], Ll[rr, kk + 1], hh, eps[e])
+        N = x.shape[1]
+        a = rr * N + kk  # flat index of each cut interval's left node (and a + 1 of its right one)
+        ia = rr * (N - 1) + kk
+        hh = h.ravel()[ia]
+        la, lc = Ls.ravel()[a], Ls.ravel()[a + 1]
+        t = _hermite_root(la, lc, Lr.ravel()[a], Ll.ravel()[a + 1], hh, eps[e])
         rising = lc > la
+        basis = _partial_basis(t)
 
         def part(f):
-            va, vc = getattr(nd, f[0])[rr, kk], getattr(nd, f[0])[rr, kk + 1]
-            da, dc = getattr(nd, f[1])[rr, kk], getattr(nd, f[2])[rr, kk + 1]
-            mass = np.clip(getattr(nd, f[3])[rr, kk + 1] - getattr(nd, f[3])[rr, kk], 0, None)
-            m = np.clip(_partial_mass(t, hh, va, vc, da, dc, mass), 0, mass)
+            v, dr, dl, F = (getattr(nd, g).ravel() for g in f)
+            mass = np.clip(F[a + 1] - F[a], 0, None)
+            m = np.clip(_partial_mass(basis, hh, v[a], v[a + 1], dr[a], dl[a + 1], mass), 0, mass)
             return np.where(rising, mass - m, m)
 
         contrib = part(num) - growth[e] * part(den)
