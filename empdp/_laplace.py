@@ -55,21 +55,23 @@ def direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray):
 def _direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray):
     n = len(b)
     c = centers[None, None, :] if centers.ndim == 1 else centers[:, None, :]
-    U = x[:, :, None] - c
+    U = (x + 0.0)[:, :, None] - c  # + 0.0: no −0.0 in x, so U carries the side of the kink in its sign
     pos = U >= 0
     at_kink = U == 0
-    np.abs(U, out=U)
-    U *= -1.0 / b
-    U += np.log(0.5 / (b * n))
-    e = np.exp(U, out=U)  # the terms ℓ_l(x − c_l) / n
+    e = np.abs(U)
+    e *= -1.0 / b
+    e += np.log(0.5 / (b * n))
+    np.exp(e, out=e)  # the terms ℓ_l(x − c_l) / n
     v = e.sum(axis=2)
-    np.negative(e, out=e, where=pos)  # slope sign: −ℓ/b right of the kink, +ℓ/b left of it
-    both = e @ np.stack([1.0 / b, b], axis=1)
+    # slope −ℓ/b right of the kink (U ≥ 0), +ℓ/b left of it; CDF 1/n − bℓ right, bℓ left.
+    # The sign comes from U by copysign (a masked ufunc would cost as much as the exp).
+    signed = np.copysign(e, U, out=U)
+    both = (signed.reshape(-1, n) @ np.stack([-1.0 / b, -b], axis=1)).reshape(*x.shape, 2)
     dr = both[..., 0]
     F = pos.sum(axis=2) / n + both[..., 1]
     dl = dr
     if at_kink.any():  # at its own kink a term's left slope is +ℓ/b, not −ℓ/b
-        dl = dr - 2.0 * np.where(at_kink, e, 0.0) @ (1.0 / b)
+        dl = dr + 2.0 * (np.where(at_kink, e, 0.0).reshape(-1, n) @ (1.0 / b)).reshape(x.shape)
     return v, dr, dl, F
 
 
