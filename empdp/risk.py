@@ -366,22 +366,25 @@ def _direction(nd: _Nodes, Ls, Lr, Ll, eps, num, den):
     Fn, Fd = getattr(nd, num[3]), getattr(nd, den[3])
     h = np.diff(x, axis=1)
     La, Lc = Ls[:, :-1], Ls[:, 1:]
-    lo_v, hi_v = np.minimum(La, Lc), np.maximum(La, Lc)
     dFn = np.clip(np.diff(Fn, axis=1), 0, None)
     dFd = np.clip(np.diff(Fd, axis=1), 0, None)
     # intervals plus the two tails (log-ratio frozen at the end nodes)
-    lo_all = np.concatenate([lo_v, Ls[:, :1], Ls[:, -1:]], axis=1)
     wn = np.concatenate([dFn, Fn[:, :1], 1 - Fn[:, -1:]], axis=1)
     wd = np.concatenate([dFd, Fd[:, :1], 1 - Fd[:, -1:]], axis=1)
     # L is clipped to ±700, so e^ε beyond e^700 changes nothing (and must not overflow)
     growth = np.exp(np.minimum(eps, 700.0))
     if E == 1:  # one level: masks instead of the binning below (same sums)
-        inside = lo_all > eps[0]
+        lo_v, hi_v = np.minimum(La, Lc), np.maximum(La, Lc)
+        inside = np.concatenate([lo_v, Ls[:, :1], Ls[:, -1:]], axis=1) > eps[0]
         out = (np.sum(wn, axis=1, where=inside) - growth[0] * np.sum(wd, axis=1, where=inside))[:, None]
         rr, kk = np.nonzero((h > 0) & (lo_v <= eps[0]) & (hi_v > eps[0]))  # intervals the level cuts
         e = np.zeros(len(rr), dtype=np.intp)
     else:
-        first = np.searchsorted(eps, lo_all, side="left")  # fully inside for e < first
+        # searchsorted is monotone, so the index of min(La, Lc) is the min of the nodes' indices:
+        # one search over the nodes serves the intervals, the tails and the cuts
+        at = np.searchsorted(eps, Ls, side="left")
+        start, stop = np.minimum(at[:, :-1], at[:, 1:]), np.maximum(at[:, :-1], at[:, 1:])
+        first = np.concatenate([start, at[:, :1], at[:, -1:]], axis=1)  # fully inside for e < first
         flat = (np.arange(C)[:, None] * (E + 1) + first).ravel()
         bn = np.bincount(flat, weights=wn.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
         bd = np.bincount(flat, weights=wd.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
@@ -389,8 +392,6 @@ def _direction(nd: _Nodes, Ls, Lr, Ll, eps, num, den):
         rd = np.cumsum(bd[:, ::-1], axis=1)[:, ::-1]
         out = rn[:, 1:] - growth[None, :] * rd[:, 1:]
         # intervals cut by a level ε: lo ≤ ε < hi
-        start = np.searchsorted(eps, lo_v, side="left")
-        stop = np.searchsorted(eps, hi_v, side="left")
         cnt = np.where(h > 0, stop - start, 0)
         rows, ks = np.nonzero(cnt)
         c = cnt[rows, ks]
