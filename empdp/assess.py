@@ -373,6 +373,8 @@ def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory
     # with screening and no --out, ε_i is computed only where it is needed: individuals whose
     # certified bounds on the grid show ε_i ≤ min ε skip the exact evaluation (δ_i = 0)
     run(rest, True, "delta_i", release=True, need_eps_i=exact_all or not screening)
+    # the result keeps the engine (for shifts_of), not up to 8 bytes × 10^8 cells
+    engine.release_shifts()
     if len(definable):
         eps_all = max(eps_all, float(np.nanmax(eps_i[definable], initial=0.0)))
     max_delta, log_survive, at_risk, delta_first = acc.max_delta, acc.log_survive, acc.at_risk, acc.first

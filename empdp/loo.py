@@ -307,6 +307,10 @@ class LooEngine:
         """True when :meth:`screen` kept every Δ row in memory (then :meth:`shifts` reads no table)."""
         return self._dense is not None
 
+    def release_shifts(self) -> None:
+        """Drop the held Δ matrix; later :meth:`shifts` calls fetch their rows from the table."""
+        self._dense = None
+
     def _want(self, codes: np.ndarray) -> None:
         """The temp table ``__want`` (__i, __row): the individuals of ``codes`` and their output rows."""
         if not self._screened:

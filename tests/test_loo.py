@@ -183,3 +183,17 @@ def test_low_memory_limit_does_not_hold_the_matrix(monkeypatch):
     monkeypatch.setattr(loo, "_memory_limit_bytes", lambda con: 24 * m * n)
     engine.screen(np.ones(n))
     assert engine.holds_all_shifts
+
+
+def test_assessment_does_not_keep_the_held_matrix():
+    """assess() evaluates from the held matrix, then drops it: the result (which keeps the engine
+    for shifts_of) does not hold 8 bytes per cell, and shifts_of fetches the same rows."""
+    from empdp import assess
+
+    df = random_panel(3, ties=False)
+    full = leave_one_out(df, id="id", by="year", query="mean(x)")
+    a = assess(df, id="id", by="year", query="mean(x)", kernel="laplace", bandwidth=0.5, epsilon=[0.1])
+    assert not a.engine.holds_all_shifts
+    ids = full.ids.to_list()[:4]
+    defined = ~full.undefined[:4]
+    np.testing.assert_allclose(a.shifts_of(ids)[defined], full.shifts[:4][defined], rtol=1e-13, atol=1e-15)
