@@ -223,10 +223,16 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     K = row_curvature(shifts, b, plan.curvature)
     rows = np.arange(C)
     if clear_below is not None:
-        lo, hi = cell_bounds(L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:], np.diff(x), K)
+        # only rows whose grid values stay within ±clear_below can be cleared: bound them
         with np.errstate(invalid="ignore"):
-            bound = np.maximum(np.maximum(hi, -lo).max(axis=1), tail_limits(plan, shifts))
-        keep = ~(bound <= clear_below) | outside.any(axis=1)
+            open_ = np.flatnonzero(~(top[:, 0] > clear_below) & ~outside.any(axis=1))
+        keep = np.ones(C, dtype=bool)
+        if len(open_):
+            Lo, Lro, Llo = L[open_], Lr[open_], Ll[open_]
+            lo, hi = cell_bounds(Lo[:, :-1], Lo[:, 1:], Lro[:, :-1], Llo[:, 1:], np.diff(x), K[open_])
+            with np.errstate(invalid="ignore"):
+                bound = np.maximum(np.maximum(hi, -lo).max(axis=1), tail_limits(plan, shifts[open_]))
+            keep[open_] = ~(bound <= clear_below)
         rows = np.flatnonzero(keep)
         if len(rows) < C:
             shifts, kinks, g, on_node, outside, top, K = (a[rows] for a in (shifts, kinks, g, on_node, outside, top, K))
