@@ -263,6 +263,8 @@ class LooEngine:
                f"FROM ({self._delta_sql()}) d JOIN __scale s USING (__j) JOIN __ids c USING (__i) "
                f"GROUP BY c.__code ORDER BY c.__code")
         df = pl.from_arrow(self._run(sql, fetch=True))
+        if not np.array_equal(df["__code"].to_numpy(), np.arange(m)):  # rows must line up with ``ids``
+            raise RuntimeError("screening table does not cover every individual code")
         return Screen(
             ids=ids,
             n_present=df["n_present"].to_numpy(),
