@@ -194,12 +194,13 @@ def merge(base: dict, extra: dict, pos: np.ndarray) -> dict:
 
 
 def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = None,
-                clear_below: float | None = None):
+                clear_below: float | None = None, need_eps_i: bool = True):
     """Exact densities on the grid plus the row's kinks that matter, merged in order (before extrema).
 
     A kink of p̂_i strictly inside a grid cell becomes a node only if the
     cell's interior can matter (:func:`cell_bounds` and :func:`matters`, with
-    the row's largest |L| on the grid), or if it lies outside the grid. ``levels``
+    the row's largest |L| on the grid unless ``need_eps_i`` is False: then
+    only for δ_i at ``levels``), or if it lies outside the grid. ``levels``
     (sorted ±ε) None asks for ε_i only.
 
     Returns ``(values, rows, K)``: the node values of the rows kept and
@@ -245,7 +246,7 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     cell = g[r, c]
     lo, hi = cell_bounds(L[r, cell], L[r, cell + 1], Lr[r, cell], Ll[r, cell + 1], x[cell + 1] - x[cell], K[r, cell])
     take = outside & ~on_node
-    take[r, c] = matters(lo, hi, top[r, 0], levels)
+    take[r, c] = matters(lo, hi, top[r, 0] if need_eps_i else np.inf, levels)
     kr, kc = np.nonzero(take)
     if not len(kr):
         return {f: np.broadcast_to(a, (C, G)).copy() for f, a in base.items()}, rows, K

@@ -135,8 +135,9 @@ class Assessment:
         individual is protected (δ_i = 0) from here on. Sole contributors can
         never be protected (ε_i = ∞) and are counted in ``sole_contributors``.
     individuals : polars.DataFrame
-        One row per individual: the id column, ``eps_i`` (exact where
-        evaluated, else null), ``eps_bound`` (M_i-based upper bound on ε_i),
+        One row per individual: the id column, ``eps_i`` (exact for every
+        individual with ``exact_all`` or without screening; otherwise for those
+        the ε_all search evaluated, else null), ``eps_bound`` (M_i-based upper bound on ε_i),
         ``delta`` (δ_i at the smallest ε), ``n_databases``, ``max_abs_shift``,
         ``sole_contributor``.
     """
@@ -254,7 +255,9 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
     kernel, bandwidth
         Density model; ``bandwidth`` a float fixes one global scale.
     exact_all
-        Compute ε_i exactly for every individual (otherwise only where needed).
+        Compute ε_i exactly for every individual (``--out`` does). Otherwise
+        ε_i is computed where ε_all needs it, and the other individuals get
+        their exact δ_i only, which takes fewer nodes.
     screening
         Skip individuals whose certified bound shows δ_i = 0 (SPEC 4.3).
         Turning it off changes no result, only the time.
@@ -300,13 +303,15 @@ def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory
 
     cache = _ShiftCache(engine, max(1, FETCH_CELLS // n))
     evaluated_delta = np.zeros(m, dtype=bool)
+    exact = np.zeros(m, dtype=bool)  # evaluated exactly (ε_i, δ_i or both), not cleared by bounds
     acc = _Accumulator(m, model.kernel, 0 if eps is None else len(eps))
 
     def run(codes: np.ndarray, with_delta: bool, stage: str, release: bool = False,
             need_eps_i: bool = True) -> None:
         """Exact ε_i (and δ_i at ``eps``) for ``codes``: one scan per fetch chunk, one grid per batch.
 
-        With ``need_eps_i=False``, individuals certified to have ε_i ≤ min(eps) keep ε_i = NaN.
+        With ``need_eps_i=False`` only δ_i is computed (ε_i stays NaN), and only for the
+        individuals whose bounds do not certify ε_i ≤ min(eps).
         """
         done = 0
         for a in range(0, len(codes), cache.capacity):
@@ -317,15 +322,17 @@ def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory
                 shifts = cache.take(block)
                 grid = risk.base_grid(model, (q[None, :] - shifts).ravel())
                 return risk.evaluate(model, shifts, eps if with_delta else None, grid=grid,
-                                     plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i)
+                                     plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i,
+                                     return_exact=True)
 
             # blocks depend on the chunk only, never on ``threads``: results are the same for any count
             size = min(EVAL_ROWS, max(MIN_EVAL_ROWS, -(-len(chunk) // 4)))
             blocks = [chunk[b:b + size] for b in range(0, len(chunk), size)]
             # the cache is only read while blocks are evaluated; results come back in order
             results = pool.map(one, blocks) if pool is not None and len(blocks) > 1 else map(one, blocks)
-            for block, (e_i, d) in zip(blocks, results):
+            for block, (e_i, d, ex) in zip(blocks, results):
                 eps_i[block] = e_i
+                exact[block] = ex
                 if with_delta:
                     acc.add(block, d)
                     evaluated_delta[block] = True
@@ -370,8 +377,9 @@ def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory
         need = np.union1d(need, definable[np.isnan(eps_i[definable])])
     rest = need[~evaluated_delta[need]]
     cache.keep(rest)
-    # with screening and no --out, ε_i is computed only where it is needed: individuals whose
-    # certified bounds on the grid show ε_i ≤ min ε skip the exact evaluation (δ_i = 0)
+    # with screening and no --out, ε_i is computed only where it is needed (ε_all above): these
+    # individuals get their exact δ_i only, and those whose certified bounds on the grid show
+    # ε_i ≤ min ε skip the exact evaluation (δ_i = 0)
     run(rest, True, "delta_i", release=True, need_eps_i=exact_all or not screening)
     # the result keeps the engine (for shifts_of), not up to 8 bytes × 10^8 cells
     engine.release_shifts()
@@ -404,7 +412,7 @@ def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory
         "max_abs_shift": screen.max_abs_shift,
         "sole_contributor": undefined,
     })
-    n_evaluated = int(np.isfinite(eps_i).sum())
+    n_evaluated = int((exact & ~undefined).sum())
     return Assessment(
         source=engine.panel.description, query=engine.query.describe(), id_column=engine.panel.id,
         by_column=engine.panel.by, labels=list(engine.panel.labels), q=q, model=model, epsilons=eps,

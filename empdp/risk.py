@@ -169,7 +169,8 @@ def _interval_curvature(rows, xa, xc, grid: np.ndarray, K_grid: np.ndarray, K_fa
 
 
 def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
-                    levels: np.ndarray | None = None) -> tuple[_Nodes, np.ndarray, np.ndarray, np.ndarray]:
+                    levels: np.ndarray | None = None,
+                    need_eps_i: bool = True) -> tuple[_Nodes, np.ndarray, np.ndarray, np.ndarray]:
     """Add the interior extrema of L as nodes (L is then monotone between nodes); returns the
     nodes and L with its right and left slopes on them.
 
@@ -178,6 +179,7 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
     bounds (:func:`empdp._laplace.cell_bounds`) can reach a level of
     ``levels`` or the row's largest |L| are added: elsewhere the interval
     lies on one side of every level and below ε_i, and its exact masses suffice.
+    With ``need_eps_i=False`` only the levels count (ε_i is not asked for).
     """
     C = nd.x.shape[0]
     h = np.diff(nd.x, axis=1)
@@ -185,7 +187,7 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
     turn = (h > 0) & (((ma > 0) & (mc < 0)) | ((ma < 0) & (mc > 0)))
     rows, ks = np.nonzero(turn)
     if curvature_at is not None and len(rows):
-        top = np.abs(L).max(axis=1)
+        top = np.abs(L).max(axis=1) if need_eps_i else np.full(C, np.inf)
         lo, hi = _laplace.cell_bounds(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks],
                                       curvature_at(rows, ks))
         matters = _laplace.matters(lo, hi, top[rows], levels)
@@ -203,7 +205,8 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
 
 def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
                 plan: _laplace.GridPlan | None = None, levels: np.ndarray | None = None,
-                clear_below: float | None = None) -> tuple[_Nodes, np.ndarray, np.ndarray]:
+                clear_below: float | None = None,
+                need_eps_i: bool = True) -> tuple[_Nodes, np.ndarray, np.ndarray]:
     """Nodes with exact densities for each row of ``shifts``, extrema of L inserted.
 
     With a :class:`empdp._laplace.GridPlan` (Laplace kernels, rows with
@@ -211,14 +214,16 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
     becomes a node only where a certified bracket on L over its cell could
     cross one of ``levels`` (sorted ±ε; None: ε_i only) or exceed the row's
     largest |L| (see :func:`empdp._laplace.node_values`); there, rows whose
-    certified sup |L| is at most ``clear_below`` are dropped. Returns the
-    nodes, L = log p̂ − log p̂_i on them, and the indices of the rows kept.
+    certified sup |L| is at most ``clear_below`` are dropped. With
+    ``need_eps_i=False`` the nodes serve δ_i at ``levels`` only: nodes that
+    could matter only for sup |L| are left out. Returns the nodes,
+    L = log p̂ − log p̂_i on them, and the indices of the rows kept.
     """
     C = shifts.shape[0]
     rows = np.arange(C)
     K_grid = None
     if plan is not None:
-        values, rows, K_grid = _laplace.node_values(plan, shifts, levels, clear_below)
+        values, rows, K_grid = _laplace.node_values(plan, shifts, levels, clear_below, need_eps_i)
         nd = _Nodes(**values)
         shifts = shifts[rows]
         kinks = model.points[None, :] - shifts
@@ -248,7 +253,7 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
 
         def curvature_at(r, k):
             return _interval_curvature(r, nd.x[r, k], nd.x[r, k + 1], grid, K_grid, 1.0 / b.min() ** 2)
-    nd, L, nd.Lr, nd.Ll = _insert_extrema(nd, L, Lr, Ll, evaluate_at, curvature_at, levels)
+    nd, L, nd.Lr, nd.Ll = _insert_extrema(nd, L, Lr, Ll, evaluate_at, curvature_at, levels, need_eps_i)
     return nd, L, rows
 
 
@@ -444,14 +449,15 @@ def grid_plan(model: DensityModel, grid: np.ndarray) -> _laplace.GridPlan | None
 
 def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = None,
              grid: np.ndarray | None = None, plan: _laplace.GridPlan | None = None,
-             need_eps_i: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+             need_eps_i: bool = True, return_exact: bool = False):
     """ε_i and δ_i(ε) for each row of ``shifts`` (C, n).
 
     Returns ``(eps_i, delta)`` with ``delta`` of shape (C, len(eps)) or None.
     ``plan`` (from :func:`grid_plan` on the same ``grid``) is built when missing.
-    With ``need_eps_i=False`` (and ``eps`` given), rows whose certified bounds
-    show ε_i ≤ min(eps) get δ_i = 0 without their exact evaluation, and NaN
-    for ε_i.
+    With ``need_eps_i=False`` (and ``eps`` given) only δ_i is computed: ε_i
+    is NaN, and rows whose certified bounds show ε_i ≤ min(eps) get δ_i = 0
+    without their exact evaluation. ``return_exact`` adds a third value: which
+    rows were evaluated exactly (the others were cleared by their bounds).
     """
     shifts = np.atleast_2d(np.asarray(shifts, dtype=np.float64))
     C, n = shifts.shape
@@ -462,6 +468,7 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
         plan = plan if plan is not None else grid_plan(model, grid)
         fast = (np.abs(shifts) / model.bandwidths).max(axis=1, initial=0.0) <= _laplace.MAX_BOUND
     levels = clear = None
+    need_eps_i = need_eps_i or eps is None
     if eps is not None:
         eps = np.asarray(eps, dtype=np.float64)
         order = np.argsort(eps)
@@ -469,6 +476,7 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
         clear = None if need_eps_i else float(eps.min())
     eps_i = np.empty(C)
     delta = None if eps is None else np.empty((C, len(eps)))
+    exact = np.ones(C, dtype=bool)
     same = ~shifts.any(axis=1)  # p̂_i ≡ p̂: exactly no risk
     eps_i[same] = 0.0
     if delta is not None:
@@ -478,18 +486,19 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
         step = max(1, BLOCK_CELLS // width)
         for k in range(0, len(rows), step):
             r = rows[k:k + step]
-            nd, L, kept = node_values(model, shifts[r], grid, use, levels, clear)
+            nd, L, kept = node_values(model, shifts[r], grid, use, levels, clear, need_eps_i)
             if len(kept) < len(r):  # certified sup |L| ≤ min ε: ε_i not computed, δ_i = 0
-                eps_i[r], delta[r] = np.nan, 0.0
+                eps_i[r], delta[r], exact[r] = np.nan, 0.0, False
                 r = r[kept]
-            eps_i[r] = individual_eps(model, nd, L, shifts[r])
+                exact[r] = True
+            eps_i[r] = individual_eps(model, nd, L, shifts[r]) if need_eps_i else np.nan
             if eps is not None:
                 d = np.empty((len(r), len(eps)))
                 d[:, order] = sweep_delta(nd, L, eps[order])
                 delta[r] = d
     if delta is not None and model.kernel == "laplace":
         delta[eps_i[:, None] <= eps[None, :]] = 0.0  # exact: δ_i(ε) = 0 for ε ≥ ε_i
-    return eps_i, delta
+    return (eps_i, delta, exact) if return_exact else (eps_i, delta)
 
 
 def total_risk(delta: np.ndarray, axis=0) -> np.ndarray:
