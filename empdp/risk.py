@@ -168,11 +168,20 @@ def _interval_curvature(rows, xa, xc, grid: np.ndarray, K_grid: np.ndarray, K_fa
     return np.where(inside, K_grid[rows, g], K_far)
 
 
+#: above this share of a block's rows with extrema to add, they are inserted into every row
+EXTREMA_SHARE = 0.25
+
+
 def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
                     levels: np.ndarray | None = None,
-                    need_eps_i: bool = True) -> tuple[_Nodes, np.ndarray, np.ndarray, np.ndarray]:
-    """Add the interior extrema of L as nodes (L is then monotone between nodes); returns the
-    nodes and L with its right and left slopes on them.
+                    need_eps_i: bool = True) -> list:
+    """Add the interior extrema of L as nodes (L is then monotone between nodes).
+
+    Returns a list of parts ``(nodes, L, Lr, Ll, rows)``: the first has
+    every row (``rows`` = None), as given; when some rows have extrema to
+    add, a second part holds just those rows with their extrema inserted,
+    and its results replace the first part's for them. (Few rows have
+    extrema that matter: widening every row would cost a full copy.)
 
     With ``curvature_at(rows, ks)`` (Laplace kernels: K with L'' ≥ −K on those
     intervals between kinks) only the extrema of intervals whose certified
@@ -193,20 +202,26 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
         matters = _laplace.matters(lo, hi, top[rows], levels)
         rows, ks = rows[matters], ks[matters]
     if not len(rows):
-        return nd, L, Lr, Ll
+        return [(nd, L, Lr, Ll, None)]
     t = _hermite_extremum(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks])
     xe = nd.x[rows, ks] + t * h[rows, ks]
     values = dict(zip(_Nodes.FIELDS, (xe, *evaluate_at(rows, xe))))
+    part, rows = np.unique(rows, return_inverse=True)  # the rows with extrema, renumbered
+    if len(part) > EXTREMA_SHARE * C:  # many rows: insert into all of them
+        part, rows = np.arange(C), part[rows]
     values.update(zip(("L", "Lr", "Ll"), _log_ratio(_Nodes(**values))))
     base = {f: getattr(nd, f) for f in _Nodes.FIELDS} | {"L": L, "Lr": Lr, "Ll": Ll}
-    merged = _laplace.insert_after(base, C, rows, ks, values)
-    return _Nodes(**merged), merged["L"], merged["Lr"], merged["Ll"]
+    if len(part) < C:
+        base = {f: a[part] for f, a in base.items()}
+    merged = _laplace.insert_after(base, len(part), rows, ks, values)
+    extended = (_Nodes(**merged), merged["L"], merged["Lr"], merged["Ll"])
+    return [extended + (None,)] if len(part) == C else [(nd, L, Lr, Ll, None), extended + (part,)]
 
 
 def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
                 plan: _laplace.GridPlan | None = None, levels: np.ndarray | None = None,
                 clear_below: float | None = None,
-                need_eps_i: bool = True) -> tuple[_Nodes, np.ndarray, np.ndarray]:
+                need_eps_i: bool = True) -> tuple[list, np.ndarray]:
     """Nodes with exact densities for each row of ``shifts``, extrema of L inserted.
 
     With a :class:`empdp._laplace.GridPlan` (Laplace kernels, rows with
@@ -216,8 +231,9 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
     largest |L| (see :func:`empdp._laplace.node_values`); there, rows whose
     certified sup |L| is at most ``clear_below`` are dropped. With
     ``need_eps_i=False`` the nodes serve δ_i at ``levels`` only: nodes that
-    could matter only for sup |L| are left out. Returns the nodes,
-    L = log p̂ − log p̂_i on them, and the indices of the rows kept.
+    could matter only for sup |L| are left out. Returns the parts of
+    :func:`_insert_extrema` (nodes, L = log p̂ − log p̂_i on them, its slopes,
+    the part's rows among those kept) and the indices of the rows kept.
     """
     C = shifts.shape[0]
     rows = np.arange(C)
@@ -253,8 +269,10 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
 
         def curvature_at(r, k):
             return _interval_curvature(r, nd.x[r, k], nd.x[r, k + 1], grid, K_grid, 1.0 / b.min() ** 2)
-    nd, L, nd.Lr, nd.Ll = _insert_extrema(nd, L, Lr, Ll, evaluate_at, curvature_at, levels, need_eps_i)
-    return nd, L, rows
+    parts = _insert_extrema(nd, L, Lr, Ll, evaluate_at, curvature_at, levels, need_eps_i)
+    for part in parts:
+        part[0].Lr, part[0].Ll = part[2], part[3]
+    return parts, rows
 
 
 def individual_eps(model: DensityModel, nd: _Nodes, L: np.ndarray, shifts: np.ndarray) -> np.ndarray:
@@ -486,16 +504,18 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
         step = max(1, BLOCK_CELLS // width)
         for k in range(0, len(rows), step):
             r = rows[k:k + step]
-            nd, L, kept = node_values(model, shifts[r], grid, use, levels, clear, need_eps_i)
+            parts, kept = node_values(model, shifts[r], grid, use, levels, clear, need_eps_i)
             if len(kept) < len(r):  # certified sup |L| ≤ min ε: ε_i not computed, δ_i = 0
                 eps_i[r], delta[r], exact[r] = np.nan, 0.0, False
                 r = r[kept]
                 exact[r] = True
-            eps_i[r] = individual_eps(model, nd, L, shifts[r]) if need_eps_i else np.nan
-            if eps is not None:
-                d = np.empty((len(r), len(eps)))
-                d[:, order] = sweep_delta(nd, L, eps[order])
-                delta[r] = d
+            for nd, L, _, _, sub in parts:  # a later part replaces its rows' results
+                rs = r if sub is None else r[sub]
+                eps_i[rs] = individual_eps(model, nd, L, shifts[rs]) if need_eps_i else np.nan
+                if eps is not None:
+                    d = np.empty((len(rs), len(eps)))
+                    d[:, order] = sweep_delta(nd, L, eps[order])
+                    delta[rs] = d
     if delta is not None and model.kernel == "laplace":
         delta[eps_i[:, None] <= eps[None, :]] = 0.0  # exact: δ_i(ε) = 0 for ε ≥ ε_i
     return (eps_i, delta, exact) if return_exact else (eps_i, delta)

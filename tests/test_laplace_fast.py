@@ -134,3 +134,32 @@ def test_rows_cleared_by_their_bounds_have_no_risk():
     assert np.all(e_full[cleared] <= eps.min())
     assert (d_full[exact, 0] > 0).sum() > 100  # rows at risk, with cut intervals, are compared
     np.testing.assert_allclose(d_part, d_full, atol=1e-12)
+
+
+@pytest.mark.parametrize("need_eps_i", [True, False])
+def test_extrema_in_a_few_rows_give_the_full_insertion_results(need_eps_i, monkeypatch):
+    """When few rows of a block have extrema of L to add, only those rows are widened (a second
+    part); the results must equal inserting the extrema into every row."""
+    rng = np.random.default_rng(7)
+    q = np.sort(rng.normal(0, 0.004, 100))
+    model = select_density(q, kernel="laplace", bandwidth="auto")
+    mu = rng.normal(0, 10, (500, 1))
+    shifts = (mu + rng.normal(0, 1, (500, 100))) * 4e-5
+    eps = np.array([0.004, 0.02])
+    parts = []
+    real = risk._insert_extrema
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        parts.append(len(out))
+        return out
+
+    monkeypatch.setattr(risk, "_insert_extrema", spy)
+    monkeypatch.setattr(risk, "EXTREMA_SHARE", 1.0)  # always a second part for the rows with extrema
+    e_part, d_part = risk.evaluate(model, shifts, eps, need_eps_i=need_eps_i)
+    assert 2 in parts  # some rows had extrema that matter
+    monkeypatch.setattr(risk, "EXTREMA_SHARE", 0.0)  # always into every row
+    e_all, d_all = risk.evaluate(model, shifts, eps, need_eps_i=need_eps_i)
+    np.testing.assert_array_equal(e_part, e_all)
+    np.testing.assert_allclose(d_part, d_all, rtol=1e-13, atol=1e-16)  # sums of other lengths: last bits
+    assert (d_all[:, 0] > 0).sum() > 100
