@@ -56,22 +56,24 @@ def _direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray):
     n = len(b)
     c = centers[None, None, :] if centers.ndim == 1 else centers[:, None, :]
     U = (x + 0.0)[:, :, None] - c  # + 0.0: no −0.0 in x, so U carries the side of the kink in its sign
-    pos = U >= 0
-    at_kink = U == 0
     e = np.abs(U)
     e *= -1.0 / b
-    e += np.log(0.5 / (b * n))
-    np.exp(e, out=e)  # the terms ℓ_l(x − c_l) / n
-    v = e.sum(axis=2)
+    np.exp(e, out=e)  # e^{−|x − c_l|/b_l}; the weights 1/(2 b_l n) go into the products below
+    w = 0.5 / (b * n)
+    at_kink = np.flatnonzero(U == 0)
+    below = np.count_nonzero(np.signbit(U), axis=2)  # terms whose kink is right of x
     # slope −ℓ/b right of the kink (U ≥ 0), +ℓ/b left of it; CDF 1/n − bℓ right, bℓ left.
     # The sign comes from U by copysign (a masked ufunc would cost as much as the exp).
-    signed = np.copysign(e, U, out=U)
-    both = (signed.reshape(-1, n) @ np.stack([-1.0 / b, -b], axis=1)).reshape(*x.shape, 2)
+    signed = np.copysign(e, U, out=U).reshape(-1, n)
+    v = (e.reshape(-1, n) @ w).reshape(x.shape)
+    both = (signed @ np.stack([-w / b, -w * b], axis=1)).reshape(*x.shape, 2)
     dr = both[..., 0]
-    F = pos.sum(axis=2) / n + both[..., 1]
+    F = (n - below) / n + both[..., 1]
     dl = dr
-    if at_kink.any():  # at its own kink a term's left slope is +ℓ/b, not −ℓ/b
-        dl = dr + 2.0 * (np.where(at_kink, e, 0.0).reshape(-1, n) @ (1.0 / b)).reshape(x.shape)
+    if len(at_kink):  # at its own kink a term's left slope is +ℓ/b, not −ℓ/b
+        term = at_kink % n
+        dl = dr + (np.bincount(at_kink // n, weights=2.0 * e.ravel()[at_kink] * w[term] / b[term],
+                               minlength=dr.size).reshape(x.shape))
     return v, dr, dl, F
 
 
@@ -132,8 +134,11 @@ class GridPlan:
             v[r, col], d[r, col], dl[r, col], F[r, col] = (a[:, 0] for a in ex)
         return v, d, dl, F
 
-    def shifted(self, shifts: np.ndarray):
-        """p̂_i on the grid for each row of ``shifts`` (C, n): value, right/left slopes, CDF."""
+    def shifted(self, shifts: np.ndarray, kink_cells: np.ndarray | None = None):
+        """p̂_i on the grid for each row of ``shifts`` (C, n): value, right/left slopes, CDF.
+
+        ``kink_cells`` (C, n), when known: ``searchsorted(grid, q − shifts, side="right") − 1``.
+        """
         q, b, x, n, G = self.q, self.b, self.x, self.n, self.G
         C = shifts.shape[0]
         r = shifts / b
@@ -147,8 +152,11 @@ class GridPlan:
         kinks = q - shifts
         at_q = np.searchsorted(x, q, side="left")[None, :]
         left_of_q = shifts > 0
-        lo = np.where(left_of_q, np.searchsorted(x, kinks, side="left"), at_q).ravel()
-        hi = np.where(left_of_q, at_q, np.searchsorted(x, kinks, side="right")).ravel()
+        right_end = (np.searchsorted(x, kinks, side="right") if kink_cells is None else kink_cells + 1)
+        on_node = x[np.clip(right_end - 1, 0, G - 1)] == kinks  # (with right_end ≥ 1; else no node ≤ k)
+        left_end = right_end - (on_node & (right_end > 0))  # searchsorted(x, kinks, side="left")
+        lo = np.where(left_of_q, left_end, at_q).ravel()
+        hi = np.where(left_of_q, at_q, right_end).ravel()
         cnt = hi - lo
         total = int(cnt.sum())
         pair = np.repeat(np.arange(C * n), cnt)
@@ -212,9 +220,11 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     q, b, x, G = plan.q, plan.b, plan.x, plan.G
     C, n = shifts.shape
     p, pr, pl, F = plan.shared
-    pi, pir, pil, Fi = plan.shifted(shifts)
-    kinks = np.sort(q - shifts, axis=1)
-    g = np.searchsorted(x, kinks, side="right") - 1  # x_g ≤ kink < x_{g+1}
+    unsorted = q - shifts
+    cells = np.searchsorted(x, unsorted, side="right") - 1  # x_g ≤ kink < x_{g+1}
+    pi, pir, pil, Fi = plan.shifted(shifts, cells)
+    kinks = np.sort(unsorted, axis=1)
+    g = np.sort(cells, axis=1)  # searchsorted is monotone: the cells of the sorted kinks
     on_node = (g >= 0) & (x[np.clip(g, 0, G - 1)] == kinks)
     outside = (g < 0) | (g >= G - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
