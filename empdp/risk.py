@@ -442,13 +442,63 @@ def _direction(nd: _Nodes, Ls, Lr, Ll, eps, num, den):
     return out
 
 
+def _one_level(nd: _Nodes, L, Lr, Ll, eps: float) -> np.ndarray:
+    """δ_i at one ε: both directions of :func:`_direction` from one pass over the intervals."""
+    x = nd.x
+    h = np.diff(x, axis=1)
+    dF = np.clip(np.diff(nd.F, axis=1), 0, None)
+    dFi = np.clip(np.diff(nd.Fi, axis=1), 0, None)
+    La, Lc = L[:, :-1], L[:, 1:]
+    lo_v, hi_v = np.minimum(La, Lc), np.maximum(La, Lc)
+    growth = np.exp(min(eps, 700.0))  # L is clipped to ±700
+    up, down = lo_v > eps, hi_v < -eps  # intervals inside {L > ε} and {L < −ε}
+    # the tails beyond the end nodes, with L frozen at its end values
+    left, right = L[:, 0], L[:, -1]
+    tail_F = np.stack([nd.F[:, 0], 1 - nd.F[:, -1]], axis=1)
+    tail_Fi = np.stack([nd.Fi[:, 0], 1 - nd.Fi[:, -1]], axis=1)
+    tails = np.stack([left, right], axis=1)
+    d1 = (np.sum(dF, axis=1, where=up) + np.sum(tail_F, axis=1, where=tails > eps)
+          - growth * (np.sum(dFi, axis=1, where=up) + np.sum(tail_Fi, axis=1, where=tails > eps)))
+    d2 = (np.sum(dFi, axis=1, where=down) + np.sum(tail_Fi, axis=1, where=tails < -eps)
+          - growth * (np.sum(dF, axis=1, where=down) + np.sum(tail_F, axis=1, where=tails < -eps)))
+    N = x.shape[1]
+    C = x.shape[0]
+    for d, level, cut, num, den in ((d1, eps, (lo_v <= eps) & (hi_v > eps), _P, _PI),
+                                    (d2, -eps, (lo_v < -eps) & (hi_v >= -eps), _PI, _P)):
+        rr, kk = np.nonzero(cut & (h > 0))
+        if not len(rr):
+            continue
+        a = rr * N + kk
+        hh = h[rr, kk]
+        la, lc = L.ravel()[a], L.ravel()[a + 1]
+        t = _hermite_root(la, lc, Lr.ravel()[a], Ll.ravel()[a + 1], hh, np.full(len(a), level))
+        # the part of the interval inside the region: right of the root where L rises through
+        # ε (or falls through −ε), left of it otherwise
+        rising = (lc > la) if level > 0 else (lc < la)
+        basis = _partial_basis(t)
+
+        def part(f):
+            v, dr, dl, F = (getattr(nd, g).ravel() for g in f)
+            mass = np.clip(F[a + 1] - F[a], 0, None)
+            m = np.clip(_partial_mass(basis, hh, v[a], v[a + 1], dr[a], dl[a + 1], mass), 0, mass)
+            return np.where(rising, mass - m, m)
+
+        d += np.bincount(rr, weights=part(num) - growth * part(den), minlength=C)
+    return np.clip(np.maximum(d1, d2), 0.0, 1.0)[:, None]
+
+
+_P = ("p", "pr", "pl", "F")
+_PI = ("pi", "pir", "pil", "Fi")
+
+
 def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
     """δ_i(ε) for every row and every ε in ``eps`` (ascending, ≥ 0)."""
     Lr, Ll = nd.Lr, nd.Ll
     if Lr is None:
         _, Lr, Ll = _log_ratio(nd)
-    p = ("p", "pr", "pl", "F")
-    pi = ("pi", "pir", "pil", "Fi")
+    if len(eps) == 1:
+        return _one_level(nd, L, Lr, Ll, float(eps[0]))
+    p, pi = _P, _PI
     d1 = _direction(nd, L, Lr, Ll, eps, p, pi)
     d2 = _direction(nd, -L, -Lr, -Ll, eps, pi, p)
     return np.clip(np.maximum(d1, d2), 0.0, 1.0)

@@ -161,3 +161,28 @@ def test_huge_epsilon_gives_zero_risk_without_overflow(kernel):
     assert np.all(term_delta(kernel, 1e9, 3.0) == 0)
     eps_i, delta = evaluate(model, shifts, np.array([0.01, 1e9]))
     assert np.all(np.isfinite(eps_i)) and np.all(delta[:, 1] == 0) and np.any(delta[:, 0] > 0)
+
+
+@pytest.mark.parametrize("kernel", ["laplace", "gaussian"])
+def test_one_level_equals_the_sweep_of_both_directions(kernel):
+    """At a single ε, δ_i comes from one pass over the intervals (both directions at once); it must
+    equal the general sweep's two directions, ∫_{L>ε} (p̂ − e^ε p̂_i) and ∫_{L<−ε} (p̂_i − e^ε p̂)."""
+    from empdp import risk
+
+    rng = np.random.default_rng(11)
+    q = np.sort(rng.normal(0, 1, 60))
+    model = select_density(q, kernel=kernel, bandwidth="auto")
+    shifts = rng.normal(0, 0.05, (80, 60)) * rng.random((80, 1)) * 4
+    grid = risk.base_grid(model, (q[None, :] - shifts).ravel())
+    plan = risk.grid_plan(model, grid)
+    cut = 0
+    for eps in (0.0, 0.02, 0.1):
+        levels = np.unique([-eps, eps])
+        parts, kept = risk.node_values(model, shifts, grid, plan, levels)
+        nd, L = parts[-1][:2]
+        one = risk.sweep_delta(nd, L, np.array([eps]))[:, 0]
+        both = np.maximum(risk._direction(nd, L, nd.Lr, nd.Ll, np.array([eps, 1e9]), risk._P, risk._PI),
+                          risk._direction(nd, -L, -nd.Lr, -nd.Ll, np.array([eps, 1e9]), risk._PI, risk._P))
+        np.testing.assert_allclose(one, np.clip(both[:, 0], 0, 1), rtol=1e-12, atol=1e-15)
+        cut += int((one > 0).sum())
+    assert cut > 50
