@@ -92,6 +92,7 @@ class GridPlan:
         bc = b[:, None]
         self.B = np.block([[AR, -AR / bc, -bc * AR], [AL, AL / bc, bc * AL]])
         self.n_right = self.right.sum(axis=0) / n
+        self.chunks = _triangular_chunks(q, grid, self.B)
         self.shared = [a[0] for a in direct(grid[None, :], q, b)]  # p̂: p, pr, pl, F
         # Taylor coefficients of p̂ to the right of each grid node (no q_l inside a grid cell):
         # the m-th right derivative is Σ_l (∓1/b_l)^m ℓ_l(x_g), − right of q_l, + left of it.
@@ -143,8 +144,14 @@ class GridPlan:
         C = shifts.shape[0]
         r = shifts / b
         Rm, Rp = np.exp(-r), np.exp(r)
-        out = np.concatenate([Rm, Rp], axis=1) @ self.B
-        V, Dr, Fi = out[:, :G], out[:, G:2 * G], out[:, 2 * G:] + self.n_right
+        V, Dr, Fi = (np.empty((C, G)) for _ in range(3))
+        order = self.chunks[0]
+        Rm_s, Rp_s = Rm[:, order], Rp[:, order]
+        for g0, g1, a_hi, a_lo, BR, BL in self.chunks[1]:
+            w = g1 - g0
+            part = Rm_s[:, :a_hi] @ BR + Rp_s[:, a_lo:] @ BL
+            V[:, g0:g1], Dr[:, g0:g1], Fi[:, g0:g1] = part[:, :w], part[:, w:2 * w], part[:, 2 * w:]
+        Fi += self.n_right
         Dl = Dr.copy()
         # fix-ups: grid points where the matrix form of term l is wrong. Kink left of q_l
         # (Δ > 0): [k_il, q_l) (at q_l the right-hand form is exact); kink right of q_l
@@ -181,6 +188,36 @@ class GridPlan:
         return V, Dr, Dl, Fi
 
 
+#: grid chunks of the matrix form's product (see :func:`_triangular_chunks`)
+PRODUCT_CHUNKS = 8
+
+
+def _triangular_chunks(q: np.ndarray, grid: np.ndarray, B: np.ndarray, count: int = PRODUCT_CHUNKS):
+    """The matrix form's product R @ B in chunks of grid nodes that skip B's zero blocks.
+
+    At node x_g, term l takes its right-hand form (weight e^{−Δ/b}, the top
+    half of B) if q_l ≤ x_g, else its left-hand form (e^{+Δ/b}, the bottom
+    half): in q order, each half of B is zero on one side of a staircase. A
+    chunk of nodes [g0, g1) needs the right-hand forms of the terms with
+    q_l ≤ x_{g1−1} and the left-hand forms of those with q_l > x_{g0}: with
+    chunks holding n/count of the q_l each, about (1 + 1/count)/2 of the full
+    product. Returns the q order and, per chunk, (g0, g1, a_hi, a_lo, BR, BL)
+    for ``R_right[:, order][:, :a_hi] @ BR + R_left[:, order][:, a_lo:] @ BL``.
+    """
+    n, G = len(q), len(grid)
+    order = np.argsort(q, kind="stable")
+    a = np.searchsorted(q[order], grid, side="right")  # terms right of their q_l at each node
+    bounds = np.unique(np.r_[0, np.searchsorted(a, np.arange(1, count) * n / count, side="left"), G])
+    chunks = []
+    for g0, g1 in zip(bounds[:-1], bounds[1:]):
+        cols = np.r_[g0:g1, G + g0:G + g1, 2 * G + g0:2 * G + g1]
+        a_hi, a_lo = int(a[g1 - 1]), int(a[g0])
+        BR = np.ascontiguousarray(B[order[:a_hi]][:, cols])
+        BL = np.ascontiguousarray(B[n + order[a_lo:]][:, cols])
+        chunks.append((int(g0), int(g1), a_hi, a_lo, BR, BL))
+    return order, chunks
+
+
 def merge(base: dict, extra: dict, pos: np.ndarray) -> dict:
     """Insert ``extra`` columns (C, W) at new positions ``pos`` (C, W) among ``base`` (C, N) columns.
 
@@ -189,14 +226,16 @@ def merge(base: dict, extra: dict, pos: np.ndarray) -> dict:
     """
     C, W = pos.shape
     N = next(a.shape[-1] for a in base.values())
-    keep = np.ones((C, N + W), dtype=bool)
-    rows = np.repeat(np.arange(C), W)
-    keep[rows, pos.ravel()] = False
+    new = (np.repeat(np.arange(C) * (N + W), W) + pos.ravel())  # flat positions of the new columns
+    keep = np.ones(C * (N + W), dtype=bool)
+    keep[new] = False
+    old = np.flatnonzero(keep)  # integer scatters: faster than boolean-mask assignment
     out = {}
     for f, a in base.items():
         m = np.empty((C, N + W))
-        m[keep] = np.broadcast_to(a, (C, N)).ravel()
-        m[rows, pos.ravel()] = extra[f].ravel()
+        flat = m.reshape(-1)
+        flat[old] = np.broadcast_to(a, (C, N)).reshape(-1)
+        flat[new] = extra[f].reshape(-1)
         out[f] = m
     return out
 

@@ -163,3 +163,26 @@ def test_extrema_in_a_few_rows_give_the_full_insertion_results(need_eps_i, monke
     np.testing.assert_array_equal(e_part, e_all)
     np.testing.assert_allclose(d_part, d_all, rtol=1e-13, atol=1e-16)  # sums of other lengths: last bits
     assert (d_all[:, 0] > 0).sum() > 100
+
+
+@pytest.mark.parametrize("integer", [False, True])
+@pytest.mark.parametrize("count", [1, 3, 8, 50])
+def test_chunked_product_equals_the_full_one(integer, count):
+    """The matrix form's product in grid chunks that skip B's zero blocks equals R @ B (ties of q
+    with each other and with grid nodes included)."""
+    q, shifts = _case(2, integer)
+    model = select_density(q, kernel="laplace", bandwidth="auto")
+    grid = risk.base_grid(model, (q[None, :] - shifts).ravel())
+    plan = _laplace.GridPlan(model.points, model.bandwidths, grid)
+    R = np.exp(np.concatenate([-shifts, shifts], axis=1) / np.r_[model.bandwidths, model.bandwidths])
+    full = R @ plan.B
+    order, chunks = _laplace._triangular_chunks(model.points, grid, plan.B, count)
+    n, G = len(q), len(grid)
+    got = np.full_like(full, np.nan)
+    for g0, g1, a_hi, a_lo, BR, BL in chunks:
+        part = R[:, :n][:, order][:, :a_hi] @ BR + R[:, n:][:, order][:, a_lo:] @ BL
+        w = g1 - g0
+        for k in range(3):
+            got[:, k * G + g0:k * G + g1] = part[:, k * w:(k + 1) * w]
+    np.testing.assert_allclose(got, full, rtol=1e-13, atol=1e-13 * np.abs(full).max())
+    assert sum(BR.size + BL.size for *_, BR, BL in chunks) < (0.8 if count > 2 else 1.01) * plan.B.size
