@@ -454,6 +454,11 @@ def _direction(nd: _Nodes, Ls, Lr, Ll, eps, num, den):
     return out
 
 
+#: the node fields of p̂ and of p̂_i: value, right and left slopes, CDF
+_P = ("p", "pr", "pl", "F")
+_PI = ("pi", "pir", "pil", "Fi")
+
+
 def _one_level(nd: _Nodes, L, Lr, Ll, eps: float) -> np.ndarray:
     """δ_i at one ε: both directions of :func:`_direction` from one pass over the intervals."""
     x = nd.x
@@ -497,10 +502,6 @@ def _one_level(nd: _Nodes, L, Lr, Ll, eps: float) -> np.ndarray:
 
         d += np.bincount(rr, weights=part(num) - growth * part(den), minlength=C)
     return np.clip(np.maximum(d1, d2), 0.0, 1.0)[:, None]
-
-
-_P = ("p", "pr", "pl", "F")
-_PI = ("pi", "pir", "pil", "Fi")
 
 
 def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
