@@ -434,24 +434,30 @@ def _direction(nd: _Nodes, Ls, Lr, Ll, eps, num, den):
         rr, kk = np.repeat(rows, c), np.repeat(ks, c)
         e = np.repeat(start[rows, ks], c) + (np.arange(total) - np.repeat(np.cumsum(c) - c, c))
     if len(rr):
-        N = x.shape[1]
-        a = rr * N + kk  # flat index of each cut interval's left node (and a + 1 of its right one)
-        ia = rr * (N - 1) + kk
-        hh = h.ravel()[ia]
-        la, lc = Ls.ravel()[a], Ls.ravel()[a + 1]
-        t = _hermite_root(la, lc, Lr.ravel()[a], Ll.ravel()[a + 1], hh, eps[e])
-        rising = lc > la
-        basis = _partial_basis(t)
-
-        def part(f):
-            v, dr, dl, F = (getattr(nd, g).ravel() for g in f)
-            mass = np.clip(F[a + 1] - F[a], 0, None)
-            m = np.clip(_partial_mass(basis, hh, v[a], v[a + 1], dr[a], dl[a + 1], mass), 0, mass)
-            return np.where(rising, mass - m, m)
-
-        contrib = part(num) - growth[e] * part(den)
+        contrib = _cut_contributions(nd, Ls, Lr, Ll, h, rr, kk, eps[e], num, den, growth[e])
         out += np.bincount(rr * E + e, weights=contrib, minlength=C * E).reshape(C, E)
     return out
+
+
+def _cut_contributions(nd: _Nodes, Ls, Lr, Ll, h, rr, kk, level, num, den, growth, sign: float = 1.0):
+    """∫ (num − e^ε den) over the part of each cut interval (row ``rr``, interval ``kk``) where
+    sign·Ls > ``level``: the root of the cubic Hermite model of sign·Ls there, then the
+    quartic-corrected partial masses of both densities (``growth`` = e^ε)."""
+    N = nd.x.shape[1]
+    a = rr * N + kk  # flat index of each cut interval's left node (and a + 1 of its right one)
+    hh = h[rr, kk]
+    la, lc = sign * Ls.ravel()[a], sign * Ls.ravel()[a + 1]
+    t = _hermite_root(la, lc, sign * Lr.ravel()[a], sign * Ll.ravel()[a + 1], hh, level)
+    rising = lc > la  # inside the region right of the root, else left of it
+    basis = _partial_basis(t)
+
+    def part(f):
+        v, dr, dl, F = (getattr(nd, g).ravel() for g in f)
+        mass = np.clip(F[a + 1] - F[a], 0, None)
+        m = np.clip(_partial_mass(basis, hh, v[a], v[a + 1], dr[a], dl[a + 1], mass), 0, mass)
+        return np.where(rising, mass - m, m)
+
+    return part(num) - growth * part(den)
 
 
 #: the node fields of p̂ and of p̂_i: value, right and left slopes, CDF
@@ -478,29 +484,13 @@ def _one_level(nd: _Nodes, L, Lr, Ll, eps: float) -> np.ndarray:
           - growth * (np.sum(dFi, axis=1, where=up) + np.sum(tail_Fi, axis=1, where=tails > eps)))
     d2 = (np.sum(dFi, axis=1, where=down) + np.sum(tail_Fi, axis=1, where=tails < -eps)
           - growth * (np.sum(dF, axis=1, where=down) + np.sum(tail_F, axis=1, where=tails < -eps)))
-    N = x.shape[1]
-    C = x.shape[0]
-    for d, level, cut, num, den in ((d1, eps, (lo_v <= eps) & (hi_v > eps), _P, _PI),
-                                    (d2, -eps, (lo_v < -eps) & (hi_v >= -eps), _PI, _P)):
+    # intervals a level cuts; {L < −ε} is {−L > ε}: the second direction reads L negated
+    for d, sign, cut, num, den in ((d1, 1.0, (lo_v <= eps) & (hi_v > eps), _P, _PI),
+                                   (d2, -1.0, (lo_v < -eps) & (hi_v >= -eps), _PI, _P)):
         rr, kk = np.nonzero(cut & (h > 0))
-        if not len(rr):
-            continue
-        a = rr * N + kk
-        hh = h[rr, kk]
-        la, lc = L.ravel()[a], L.ravel()[a + 1]
-        t = _hermite_root(la, lc, Lr.ravel()[a], Ll.ravel()[a + 1], hh, np.full(len(a), level))
-        # the part of the interval inside the region: right of the root where L rises through
-        # ε (or falls through −ε), left of it otherwise
-        rising = (lc > la) if level > 0 else (lc < la)
-        basis = _partial_basis(t)
-
-        def part(f):
-            v, dr, dl, F = (getattr(nd, g).ravel() for g in f)
-            mass = np.clip(F[a + 1] - F[a], 0, None)
-            m = np.clip(_partial_mass(basis, hh, v[a], v[a + 1], dr[a], dl[a + 1], mass), 0, mass)
-            return np.where(rising, mass - m, m)
-
-        d += np.bincount(rr, weights=part(num) - growth * part(den), minlength=C)
+        if len(rr):
+            part = _cut_contributions(nd, L, Lr, Ll, h, rr, kk, eps, num, den, growth, sign)
+            d += np.bincount(rr, weights=part, minlength=x.shape[0])
     return np.clip(np.maximum(d1, d2), 0.0, 1.0)[:, None]
 
 
