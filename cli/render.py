@@ -57,8 +57,12 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     for col in (result.id_column, "eps_i", "delta", "databases", "largest shift"):
         t.add_column(col, justify="right")
     for row in top_df.iter_rows(named=True):
-        eps_i = "inf (sole)" if row["sole_contributor"] else _fmt(row["eps_i"] if row["eps_i"] is not None
-                                                                   else row["eps_bound"])
+        if row["sole_contributor"]:
+            eps_i = "inf (sole)"
+        elif row["eps_i"] is None:  # not evaluated exactly: the screening bound, marked as one
+            eps_i = f"<= {_fmt(row['eps_bound'])}"
+        else:
+            eps_i = _fmt(row["eps_i"])
         t.add_row(show_id(row[result.id_column]), eps_i, _fmt(row["delta"]), str(row["n_databases"]),
                   _fmt(row["max_abs_shift"]))
     con.print(t)
