@@ -177,10 +177,11 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
                     need_eps_i: bool = True) -> list:
     """Add the interior extrema of L as nodes (L is then monotone between nodes).
 
-    Returns a list of parts ``(nodes, L, Lr, Ll, rows)``: the first has
-    every row (``rows`` = None), as given; when some rows have extrema to
-    add, a second part holds just those rows with their extrema inserted,
-    and its results replace the first part's for them. (Few rows have
+    Returns a list of parts ``(nodes, L, rows)`` (the nodes carry L's slopes
+    as ``Lr``, ``Ll``): the first has every row (``rows`` = None), as given;
+    when some rows have extrema to add, a second part holds just those rows
+    with their extrema inserted, and its results replace the first part's
+    for them. (Few rows have
     extrema that matter: widening every row would cost a full copy.)
 
     With ``curvature_at(rows, ks)`` (Laplace kernels: K with L'' ≥ −K on those
@@ -202,7 +203,8 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
         matters = _laplace.matters(lo, hi, top[rows], levels)
         rows, ks = rows[matters], ks[matters]
     if not len(rows):
-        return [(nd, L, Lr, Ll, None)]
+        nd.Lr, nd.Ll = Lr, Ll
+        return [(nd, L, None)]
     t = _hermite_extremum(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks])
     xe = nd.x[rows, ks] + t * h[rows, ks]
     values = dict(zip(_Nodes.FIELDS, (xe, *evaluate_at(rows, xe))))
@@ -214,8 +216,12 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
     if len(part) < C:
         base = {f: a[part] for f, a in base.items()}
     merged = _laplace.insert_after(base, len(part), rows, ks, values)
-    extended = (_Nodes(**merged), merged["L"], merged["Lr"], merged["Ll"])
-    return [extended + (None,)] if len(part) == C else [(nd, L, Lr, Ll, None), extended + (part,)]
+    ext = _Nodes(**merged)
+    ext.Lr, ext.Ll = merged["Lr"], merged["Ll"]
+    if len(part) == C:
+        return [(ext, merged["L"], None)]
+    nd.Lr, nd.Ll = Lr, Ll
+    return [(nd, L, None), (ext, merged["L"], part)]
 
 
 def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
@@ -232,8 +238,8 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
     certified sup |L| is at most ``clear_below`` are dropped. With
     ``need_eps_i=False`` the nodes serve δ_i at ``levels`` only: nodes that
     could matter only for sup |L| are left out. Returns the parts of
-    :func:`_insert_extrema` (nodes, L = log p̂ − log p̂_i on them, its slopes,
-    the part's rows among those kept) and the indices of the rows kept.
+    :func:`_insert_extrema` (nodes with L's slopes, L = log p̂ − log p̂_i on
+    them, the part's rows among those kept) and the indices of the rows kept.
     """
     C = shifts.shape[0]
     rows = np.arange(C)
@@ -269,10 +275,7 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
 
         def curvature_at(r, k):
             return _interval_curvature(r, nd.x[r, k], nd.x[r, k + 1], grid, K_grid, 1.0 / b.min() ** 2)
-    parts = _insert_extrema(nd, L, Lr, Ll, evaluate_at, curvature_at, levels, need_eps_i)
-    for part in parts:
-        part[0].Lr, part[0].Ll = part[2], part[3]
-    return parts, rows
+    return _insert_extrema(nd, L, Lr, Ll, evaluate_at, curvature_at, levels, need_eps_i), rows
 
 
 def individual_eps(model: DensityModel, nd: _Nodes, L: np.ndarray, shifts: np.ndarray) -> np.ndarray:
@@ -562,7 +565,7 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
                 eps_i[r], delta[r], exact[r] = np.nan, 0.0, False
                 r = r[kept]
                 exact[r] = True
-            for nd, L, _, _, sub in parts:  # a later part replaces its rows' results
+            for nd, L, sub in parts:  # a later part replaces its rows' results
                 rs = r if sub is None else r[sub]
                 eps_i[rs] = individual_eps(model, nd, L, shifts[rs]) if need_eps_i else np.nan
                 if eps is not None:

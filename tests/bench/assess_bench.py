@@ -127,7 +127,7 @@ def main() -> None:
         walls = [r[0] for r in res]
         med = statistics.median(walls)
         medians[key] = med
-        rows.append((key, label, target, med, walls, max(r[1] for r in res), res[0][2]["sweep"][0]["n_at_risk"]))
+        rows.append((label, target, med, walls, max(r[1] for r in res), res[0][2]["sweep"][0]["n_at_risk"]))
         print(f"{label}: median {med:.1f} s; runs: {', '.join(f'{x:.1f}' for x in walls)}", flush=True)
     # the machine drifts over a long benchmark: the baseline is measured again after the runs, and
     # every ratio uses the median of all baseline runs
@@ -135,7 +135,7 @@ def main() -> None:
     b_all = statistics.median(base + after)
     print(f"baseline again after the runs: {', '.join(f'{x:.1f}' for x in after)} s; "
           f"median of all {len(base + after)} baseline runs: {b_all:.1f} s")
-    for key, label, target, med, walls, rss, at_risk in rows:
+    for label, target, med, walls, rss, at_risk in rows:
         tgt = f"target ≤ {target:g}×" if target else f"target ≤ 1.5× (b) = {1.5 * medians.get('b', float('nan')):.1f} s"
         print(f"{label}: median {med:.1f} s = {med / b_all:.2f}× baseline ({tgt}); peak RSS {rss:.2f} GB; "
               f"at risk at the smallest eps: {at_risk:,}; runs: {', '.join(f'{x:.1f}' for x in walls)}")
