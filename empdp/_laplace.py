@@ -270,7 +270,7 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
         L = np.log(p) - np.log(pi)
         Lr, Ll = pr / p - pir / pi, pl / p - pil / pi
         top = np.nanmax(np.abs(L), axis=1, keepdims=True)
-    K = row_curvature(shifts, b, plan.curvature)
+    K = row_curvature(shifts, b, plan.curvature, cells)
     rows = np.arange(C)
     if clear_below is not None:
         # only rows whose grid values stay within ±clear_below can be cleared: bound them
@@ -333,14 +333,19 @@ def _tail_limits(q: np.ndarray, b: np.ndarray, shifts: np.ndarray) -> np.ndarray
 
 
 def cell_curvature(q: np.ndarray, b: np.ndarray, grid: np.ndarray, E: np.ndarray | None = None):
-    """Shared per-cell quantities for :func:`row_curvature`: (S_var, S_all, reach), each (G − 1,).
+    """Shared per-cell quantities for :func:`row_curvature`: (S_var, S_all, reach, flip, D, at_q).
 
     On grid cell g, with p̂'s terms ℓ_l(x − q_l) (monotone there: every q_l is
-    a node) and slopes s_l = ∓1/b_l (right/left of q_l):
+    a node), slopes s_l = ∓1/b_l (right/left of q_l) and c_g the midpoint of
+    p̂'s log-slope s̄ = p̂'/p̂ at the cell's two ends:
 
     - S_all ≥ sup Σ_l ℓ_l/b_l² / Σ_l ℓ_l,
-    - S_var ≥ sup Σ_l ℓ_l (s_l − c_g)² / Σ_l ℓ_l for the cell's mean slope c_g,
-    - reach = min_l dist(cell, q_l)/b_l.
+    - S_var ≥ sup Σ_l ℓ_l (s_l − c_g)² / Σ_l ℓ_l,
+    - reach = min_l dist(cell, q_l)/b_l,
+    - flip (n, G − 1) ≥ sup ℓ_l (s_l + c_g)² / Σ_m ℓ_m: term l's share with its slope flipped,
+    - D ≥ sup (s̄ − c_g)²: s̄ is nondecreasing on the cell ((log p̂)'' ≥ 0), so
+      D is half the cell's rise of s̄, squared,
+    - at_q (n,): the grid index of each q_l.
 
     Each sup takes every numerator term at its larger end value and the
     denominator at its smaller ones.
@@ -351,30 +356,71 @@ def cell_curvature(q: np.ndarray, b: np.ndarray, grid: np.ndarray, E: np.ndarray
     low = np.minimum(E[:, :-1], E[:, 1:]).sum(axis=0)
     a, c = grid[None, :-1], grid[None, 1:]
     slope = np.where(a >= q[:, None], -1.0, 1.0) / b[:, None]  # no q_l inside a cell
-    mid = E[:, :-1] + E[:, 1:]
     with np.errstate(divide="ignore", invalid="ignore"):
-        c_g = (mid * slope).sum(axis=0) / mid.sum(axis=0)
+        s_a = (E[:, :-1] * slope).sum(axis=0) / E[:, :-1].sum(axis=0)
+        s_c = (E[:, 1:] * slope).sum(axis=0) / E[:, 1:].sum(axis=0)
+        c_g = (s_a + s_c) / 2
         S_all = (top / (b * b)[:, None]).sum(axis=0) / low
         S_var = (top * (slope - c_g) ** 2).sum(axis=0) / low
+        flip = top * (slope + c_g) ** 2 / low
+    D = ((s_c - s_a) / 2) ** 2
     dist = np.maximum(0.0, np.maximum(a - q[:, None], q[:, None] - c)) / b[:, None]
     fix = lambda S: np.where(np.isfinite(S), S, np.inf)  # noqa: E731
-    return fix(S_var), fix(S_all), dist.min(axis=0)
+    at_q = np.searchsorted(grid, q, side="left")
+    return fix(S_var), fix(S_all), dist.min(axis=0), fix(flip), fix(D), at_q
 
 
-def row_curvature(shifts: np.ndarray, b: np.ndarray, curvature) -> np.ndarray:
+def row_curvature(shifts: np.ndarray, b: np.ndarray, curvature, kink_cells: np.ndarray | None = None) -> np.ndarray:
     """K (C, G − 1) with L'' ≥ −K on every grid cell between the kinks of p̂_i.
 
-    L'' = (log p̂)'' − (log p̂_i)'' with (log p̂)'' ≥ 0, and (log p̂_i)'' is the
-    variance of its terms' slopes under its weights, which differ from p̂'s
-    by at most e^{±M_i} in each term. Where no kink interval of the row
-    reaches into the cell (M_i < reach), p̂_i's slopes are p̂'s and
-    (log p̂_i)'' ≤ e^{2 M_i} S_var; elsewhere ≤ e^{2 M_i} S_all; always ≤ 1/b_min²
-    (see :func:`cell_curvature`).
+    Between kinks, (log f)'' of a Laplace mixture is the variance of its
+    terms' slopes under the weights w_l ∝ ℓ_l, so L'' = Var_w(s) − Var_v(s′),
+    where p̂_i's weights v_l ∝ w_l r_l, with r_l = ℓ_l(x − k_l)/ℓ_l(x − q_l) ∈
+    [e^{−M_i}, e^{M_i}], and p̂_i's slopes s′_l are p̂'s except inside the
+    kink interval between q_l and k_l, where they are flipped. Two bounds:
+
+    - with Var_w(s) ≥ 0: Var_v(s′) ≤ e^{2 M_i} S_var where no kink interval
+      of the row reaches into the cell (M_i < reach), else ≤ e^{2 M_i} S_all;
+      always ≤ 1/b_min²;
+    - with ``kink_cells`` (C, n) (``searchsorted(grid, q − shifts, side="right") − 1``):
+      Var_w(s) = Σ_l w_l (s_l − c)² − (s̄ − c)², Var_v(s′) ≤ Σ_l v_l (s′_l − c)² and
+      v_l/w_l = r_l/Σ_m w_m r_m ≤ e^{2 M_i}, so term by term
+      L'' ≥ −[(e^{2 M_i} − 1) S_var + e^{2 M_i} Σ_{l flipped in the cell} flip_l + D],
+      far smaller for small M_i (the quantities of :func:`cell_curvature`).
     """
-    S_var, S_all, reach = curvature
+    S_var, S_all, reach, flip, D, at_q = curvature
+    cap = 1.0 / b.min() ** 2
     M = (np.abs(shifts) / b).max(axis=1, initial=0.0)[:, None]
-    S = np.where(M < reach[None, :], S_var[None, :], S_all[None, :])
-    return np.minimum(1.0 / b.min() ** 2, np.exp(2 * M) * S)
+
+    def coarse(M):
+        S = np.where(M < reach[None, :], S_var[None, :], S_all[None, :])
+        return np.minimum(cap, np.exp(2 * M) * S)
+
+    if kink_cells is None:
+        return coarse(M)
+    C, n = shifts.shape
+    cells = S_var.shape[0]
+    # the cells each kink interval meets: [cell(k_l), cell(q_l)) for k_l < q_l, [cell(q_l), cell(k_l)]
+    # for k_l > q_l, none for k_l = q_l (q_l is a node; a kink on a node adds a cell: K only loosens)
+    lo = np.clip(np.minimum(kink_cells, at_q), 0, cells).ravel()
+    hi = np.clip(np.maximum(kink_cells + (shifts < 0), at_q), 0, cells).ravel()
+    pairs = np.flatnonzero(hi > lo)
+    grow = np.exp(2 * M[:, 0])
+    index, weight = [], []
+    for o in range(int((hi - lo).max(initial=0))):  # kink intervals span one or two cells, rarely more
+        if o:
+            pairs = pairs[hi[pairs] > lo[pairs] + o]
+        row, g = pairs // n, lo[pairs] + o
+        index.append(row * cells + g)
+        weight.append(grow[row] * flip.ravel()[pairs % n * cells + g])
+    K = np.expm1(2 * M) * S_var[None, :] + D[None, :]
+    if index:
+        K += np.bincount(np.concatenate(index), np.concatenate(weight), minlength=C * cells).reshape(C, cells)
+    np.minimum(K, cap, out=K)
+    big = np.flatnonzero(M[:, 0] > 0.5)  # large moves: the first bound can be the tighter one
+    if len(big):
+        K[big] = np.minimum(K[big], coarse(M[big]))
+    return K
 
 
 def cell_bounds(La, Lc, ma, mc, h, K):

@@ -179,10 +179,11 @@ def test_one_level_equals_the_sweep_of_both_directions(kernel):
     for eps in (0.0, 0.02, 0.1):
         levels = np.unique([-eps, eps])
         parts, kept = risk.node_values(model, shifts, grid, plan, levels)
-        nd, L = parts[-1][:2]
-        one = risk.sweep_delta(nd, L, np.array([eps]))[:, 0]
-        both = np.maximum(risk._direction(nd, L, nd.Lr, nd.Ll, np.array([eps, 1e9]), risk._P, risk._PI),
-                          risk._direction(nd, -L, -nd.Lr, -nd.Ll, np.array([eps, 1e9]), risk._PI, risk._P))
-        np.testing.assert_allclose(one, np.clip(both[:, 0], 0, 1), rtol=1e-12, atol=1e-15)
-        cut += int((one > 0).sum())
+        for nd, L, _ in parts:  # every row, and again those with extrema inserted
+            one = risk.sweep_delta(nd, L, np.array([eps]))[:, 0]
+            both = np.maximum(
+                risk._direction(nd, L, nd.Lr, nd.Ll, np.array([eps, 1e9]), risk._P, risk._PI),
+                risk._direction(nd, -L, -nd.Lr, -nd.Ll, np.array([eps, 1e9]), risk._PI, risk._P))
+            np.testing.assert_allclose(one, np.clip(both[:, 0], 0, 1), rtol=1e-12, atol=1e-15)
+            cut += int((one > 0).sum())
     assert cut > 50
