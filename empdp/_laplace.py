@@ -250,8 +250,10 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     only for δ_i at ``levels``), or if it lies outside the grid. ``levels``
     (sorted ±ε) None asks for ε_i only.
 
-    Returns ``(values, rows, K)``: the node values of the rows kept and
-    their :func:`row_curvature` on the grid cells. With
+    Returns ``(values, rows, K)``: the node values of the rows kept (with
+    ``certified``: 1 on a node whose interval to the next node is a cell
+    whose kinks were left out, so nothing in it matters) and their
+    :func:`row_curvature` on the grid cells. With
     ``clear_below`` a row is dropped when the certified bounds show
     sup |L| ≤ ``clear_below`` (then ε_i ≤ clear_below and δ_i(ε) = 0 for
     every ε ≥ clear_below); otherwise every row is kept.
@@ -295,14 +297,20 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     cell = g[r, c]
     lo, hi = cell_bounds(L[r, cell], L[r, cell + 1], Lr[r, cell], Ll[r, cell + 1], x[cell + 1] - x[cell], K[r, cell])
     take = outside & ~on_node
-    take[r, c] = matters(lo, hi, top[r, 0] if need_eps_i else np.inf, levels)
+    take[r, c] = need = matters(lo, hi, top[r, 0] if need_eps_i else np.inf, levels)
+    # cells whose kinks were left out: their bounds show that nothing in them matters, which
+    # :func:`empdp.risk._insert_extrema` need not check again (the same cell, the same bounds)
+    certified = np.zeros((C, G))
+    certified[r[~need], cell[~need]] = 1.0
+    base["certified"] = certified
     kr, kc = np.nonzero(take)
     if not len(kr):
         return {f: np.broadcast_to(a, (C, G)).copy() for f, a in base.items()}, rows, K
     kx = kinks[kr, kc]
     kv = [a[:, 0] for a in plan.shared_at(kx[:, None])]
     kvi = [a[:, 0] for a in direct(kx[:, None], (q[None, :] - shifts)[kr], b)]
-    return insert_after(base, C, kr, g[kr, kc], dict(zip(FIELDS, (kx, *kv, *kvi)))), rows, K
+    values = dict(zip(FIELDS, (kx, *kv, *kvi)), certified=np.zeros(len(kx)))
+    return insert_after(base, C, kr, g[kr, kc], values), rows, K
 
 
 def tail_limits(plan: GridPlan, shifts: np.ndarray) -> np.ndarray:

@@ -174,7 +174,7 @@ EXTREMA_SHARE = 0.25
 
 def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
                     levels: np.ndarray | None = None,
-                    need_eps_i: bool = True) -> list:
+                    need_eps_i: bool = True, certified: np.ndarray | None = None) -> list:
     """Add the interior extrema of L as nodes (L is then monotone between nodes).
 
     Returns a list of parts ``(nodes, L, rows)`` (the nodes carry L's slopes
@@ -190,11 +190,15 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
     ``levels`` or the row's largest |L| are added: elsewhere the interval
     lies on one side of every level and below ε_i, and its exact masses suffice.
     With ``need_eps_i=False`` only the levels count (ε_i is not asked for).
+    Intervals starting at a node with ``certified`` nonzero were shown by the
+    same bounds not to matter (see :func:`empdp._laplace.node_values`).
     """
     C = nd.x.shape[0]
     h = np.diff(nd.x, axis=1)
     ma, mc = Lr[:, :-1], Ll[:, 1:]
     turn = (h > 0) & (((ma > 0) & (mc < 0)) | ((ma < 0) & (mc > 0)))
+    if certified is not None:
+        turn &= certified[:, :-1] == 0
     rows, ks = np.nonzero(turn)
     if curvature_at is not None and len(rows):
         top = np.abs(L).max(axis=1) if need_eps_i else np.full(C, np.inf)
@@ -243,10 +247,11 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
     """
     C = shifts.shape[0]
     rows = np.arange(C)
-    K_grid = None
+    K_grid = certified = None
     if plan is not None:
         values, rows, K_grid = _laplace.node_values(plan, shifts, levels, clear_below, need_eps_i)
         nd = _Nodes(**values)
+        certified = values["certified"]
         shifts = shifts[rows]
         kinks = model.points[None, :] - shifts
         b = model.bandwidths
@@ -275,7 +280,7 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
 
         def curvature_at(r, k):
             return _interval_curvature(r, nd.x[r, k], nd.x[r, k + 1], grid, K_grid, 1.0 / b.min() ** 2)
-    return _insert_extrema(nd, L, Lr, Ll, evaluate_at, curvature_at, levels, need_eps_i), rows
+    return _insert_extrema(nd, L, Lr, Ll, evaluate_at, curvature_at, levels, need_eps_i, certified), rows
 
 
 def individual_eps(model: DensityModel, nd: _Nodes, L: np.ndarray, shifts: np.ndarray) -> np.ndarray:
