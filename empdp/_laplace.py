@@ -232,7 +232,7 @@ def merge(base: dict, extra: dict, pos: np.ndarray) -> dict:
     old = np.flatnonzero(keep)  # integer scatters: faster than boolean-mask assignment
     out = {}
     for f, a in base.items():
-        m = np.empty((C, N + W))
+        m = np.empty((C, N + W), dtype=a.dtype)
         flat = m.reshape(-1)
         flat[old] = np.broadcast_to(a, (C, N)).reshape(-1)
         flat[new] = extra[f].reshape(-1)
@@ -251,7 +251,7 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     (sorted ±ε) None asks for ε_i only.
 
     Returns ``(values, rows, K)``: the node values of the rows kept (with
-    ``certified``: 1 on a node whose interval to the next node is a cell
+    ``certified``: True on a node whose interval to the next node is a cell
     whose kinks were left out, so nothing in it matters) and their
     :func:`row_curvature` on the grid cells. With
     ``clear_below`` a row is dropped when the certified bounds show
@@ -300,8 +300,8 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     take[r, c] = need = matters(lo, hi, top[r, 0] if need_eps_i else np.inf, levels)
     # cells whose kinks were left out: their bounds show that nothing in them matters, which
     # :func:`empdp.risk._insert_extrema` need not check again (the same cell, the same bounds)
-    certified = np.zeros((C, G))
-    certified[r[~need], cell[~need]] = 1.0
+    certified = np.zeros((C, G), dtype=bool)
+    certified[r[~need], cell[~need]] = True
     base["certified"] = certified
     kr, kc = np.nonzero(take)
     if not len(kr):
@@ -309,7 +309,7 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     kx = kinks[kr, kc]
     kv = [a[:, 0] for a in plan.shared_at(kx[:, None])]
     kvi = [a[:, 0] for a in direct(kx[:, None], (q[None, :] - shifts)[kr], b)]
-    values = dict(zip(FIELDS, (kx, *kv, *kvi)), certified=np.zeros(len(kx)))
+    values = dict(zip(FIELDS, (kx, *kv, *kvi)), certified=np.zeros(len(kx), dtype=bool))
     return insert_after(base, C, kr, g[kr, kc], values), rows, K
 
 

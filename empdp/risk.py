@@ -190,7 +190,7 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
     ``levels`` or the row's largest |L| are added: elsewhere the interval
     lies on one side of every level and below ε_i, and its exact masses suffice.
     With ``need_eps_i=False`` only the levels count (ε_i is not asked for).
-    Intervals starting at a node with ``certified`` nonzero were shown by the
+    Intervals starting at a node where ``certified`` is True were shown by the
     same bounds not to matter (see :func:`empdp._laplace.node_values`).
     """
     C = nd.x.shape[0]
@@ -198,7 +198,7 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
     ma, mc = Lr[:, :-1], Ll[:, 1:]
     turn = (h > 0) & (((ma > 0) & (mc < 0)) | ((ma < 0) & (mc > 0)))
     if certified is not None:
-        turn &= certified[:, :-1] == 0
+        turn &= ~certified[:, :-1]
     rows, ks = np.nonzero(turn)
     if curvature_at is not None and len(rows):
         top = np.abs(L).max(axis=1) if need_eps_i else np.full(C, np.inf)
