@@ -105,6 +105,7 @@ class GridPlan:
         rem = (self.E * np.exp(z) * z ** (TAYLOR_TERMS + 1)).sum(axis=0) / _FACT[TAYLOR_TERMS + 1]
         self.taylor_ok = rem <= 1e-15 * self.shared[0]
         self.curvature = cell_curvature(q, b, grid, self.E)
+        self.at_q = self.curvature[-1]  # grid index of each q_l
 
     def shared_at(self, x: np.ndarray):
         """p̂'s value, slopes and CDF at points x (C, m) from the grid's Taylor series (exact to 1e-15).
@@ -157,7 +158,7 @@ class GridPlan:
         # (Δ > 0): [k_il, q_l) (at q_l the right-hand form is exact); kink right of q_l
         # (Δ ≤ 0): [q_l, k_il] (at k_il the left slope, also when k_il = q_l).
         kinks = q - shifts
-        at_q = np.searchsorted(x, q, side="left")[None, :]
+        at_q = self.at_q[None, :]
         left_of_q = shifts > 0
         right_end = (np.searchsorted(x, kinks, side="right") if kink_cells is None else kink_cells + 1)
         on_node = x[np.clip(right_end - 1, 0, G - 1)] == kinks  # (with right_end ≥ 1; else no node ≤ k)
