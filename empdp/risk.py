@@ -336,183 +336,186 @@ def effective_region(model: DensityModel, shifts: np.ndarray, nd: _Nodes | None 
 
 
 # ------------------------------------------------------------------- sweep
-def _partial_basis(t):
-    """Primitives on [0, t] of the cubic Hermite basis h00, h10, h01, h11 and of the quartic bubble t²(1−t)²."""
-    t2 = t * t
-    t3 = t2 * t
-    t4 = t2 * t2
-    return (t4 / 2 - t3 + t, t4 / 4 - 2 * t3 / 3 + t2 / 2, t3 - t4 / 2, t4 / 4 - t3 / 3,
-            t3 / 3 - t4 / 2 + t4 * t / 5)
+def _mass_poly(h, va, vc, da, dc, mass):
+    """Coefficients (of t, …, t⁵) of ∫_0^{th} of the quartic-corrected Hermite model of a density
+    on an interval of length h, as a polynomial in t ∈ [0, 1].
 
-
-def _partial_mass(basis, h, va, vc, da, dc, mass):
-    """∫_0^t of the quartic-corrected Hermite model of a density on an interval of length h
-    (``basis`` = :func:`_partial_basis` of t).
-
-    The model matches values and one-sided slopes at both ends, and its
-    integral over the whole interval equals the exact ``mass``.
+    The model is the cubic Hermite interpolant of the values va, vc and one-sided slopes da, dc
+    at both ends, plus a multiple of the bubble t²(1−t)² that makes its integral over the whole
+    interval the exact ``mass``.
     """
-    i00, i10, i01, i11, iq = basis
-    cubic_full = h * ((va + vc) / 2 + h * (da - dc) / 12)
-    c = 30 * (mass - cubic_full) / h
-    return h * (va * i00 + h * da * i10 + vc * i01 + h * dc * i11) + h * c * iq
+    A, B, Cc, D = h * va, h * h * da, h * vc, h * h * dc
+    Q = 30 * (mass - (A + Cc) / 2 - (B - D) / 12)  # the bubble's weight times ∫ t²(1−t)² = 1/30
+    return A, B / 2, Cc - A + (Q - 2 * B - D) / 3, (A - Cc - Q) / 2 + (B + D) / 4, Q / 5
 
 
-def _hermite_root(La, Lc, ma, mc, h, level, iters=10):
-    """t ∈ [0, 1] where the monotone cubic Hermite model of L crosses ``level`` (safeguarded Newton).
+def _cubic_root(a0, a1, a2, a3, rising, t, tol=1e-4, iters=12):
+    """t ∈ [0, 1] where a0 + a1 t + a2 t² + a3 t³ (rising or falling from end to end) is zero,
+    by Newton's method safeguarded by bisection, from the starting points ``t``.
 
-    Each root stops once its step is at most 1e-10 of the cell (Newton converges quadratically, so
-    the root is then far more accurate; and a root error e·h moves the partial mass by O(e² h²),
-    the integrand vanishing at the root: below 1e-20 here); the others go on, in a shrinking set.
+    A root stops once its step is at most ``tol`` (of the cell). Newton converges quadratically,
+    so the error left is of order tol² (times the cubic's |a''/a'|, O(1) on these cells): from
+    the linear guess, two steps reach that for nearly every root. A root error e moves the
+    partial masses by O(e²) of the cell's, the integrand vanishing at the root: about 1e-16 of
+    the cell's mass at tol = 1e-4. Every root iterates until most have stopped; the last few go
+    on alone.
     """
-    rising = Lc > La
-    # the model as a cubic in t: a0 + a1 t + a2 t² + a3 t³
-    hma, hmc = h * ma, h * mc
-    a0 = La - level
-    a1 = hma
-    a2 = 3 * (Lc - La) - 2 * hma - hmc
-    a3 = 2 * (La - Lc) + hma + hmc
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.clip((level - La) / (Lc - La), 0, 1)
-    t = np.nan_to_num(t, nan=0.5)
     out = t.copy()
-    active = np.arange(len(t))
+    active = None  # the roots iterated (None: all)
+    done = np.zeros(len(t), dtype=bool)  # of those, the ones already stopped
     lo, hi = np.zeros_like(t), np.ones_like(t)
     for _ in range(iters):
         H = ((a3 * t + a2) * t + a1) * t + a0
         dH = (3 * a3 * t + 2 * a2) * t + a1
-        above = (H > 0) == rising  # root lies left of t
+        above = (H > 0) == rising  # the root lies left of t
         hi = np.where(above, t, hi)
         lo = np.where(above, lo, t)
         with np.errstate(divide="ignore", invalid="ignore"):
             newton = t - H / dH
         # a Newton step that stays in the bracket (or stays put, at an exact root) is taken
-        ok = (newton >= lo) & (newton <= hi)  # False for NaN
-        step = np.where(ok, newton, 0.5 * (lo + hi))
-        out[active] = step
-        moving = np.abs(step - t) > 1e-10
-        if moving.all():
-            t = step
-            continue
-        if not moving.any():
+        step = np.where((newton >= lo) & (newton <= hi), newton, 0.5 * (lo + hi))  # NaN: bisect
+        # a stopped root keeps its value: each root's result depends on itself only, not on
+        # the roots it is iterated with
+        if active is None:
+            out = np.where(done, out, step)
+        else:
+            out[active] = np.where(done, out[active], step)
+        done |= np.abs(step - t) <= tol
+        t = step
+        left = len(done) - np.count_nonzero(done)
+        if left == 0:
             break
-        active, t, lo, hi, rising, a0, a1, a2, a3 = (
-            v[moving] for v in (active, step, lo, hi, rising, a0, a1, a2, a3))
+        if left <= len(done) // 4:  # few left: go on with those only
+            keep = np.flatnonzero(~done)
+            active = keep if active is None else active[keep]
+            t, lo, hi, rising, a0, a1, a2, a3 = (v[keep] for v in (t, lo, hi, rising, a0, a1, a2, a3))
+            done = np.zeros(len(active), dtype=bool)
     return out
 
 
-def _direction(nd: _Nodes, Ls, Lr, Ll, eps, num, den):
-    """∫_{Ls>ε} (num − e^ε den) for every row and every ε (ascending)."""
-    C, G = Ls.shape
-    E = len(eps)
-    x = nd.x
-    Fn, Fd = getattr(nd, num[3]), getattr(nd, den[3])
-    h = np.diff(x, axis=1)
-    La, Lc = Ls[:, :-1], Ls[:, 1:]
-    dFn = np.clip(np.diff(Fn, axis=1), 0, None)
-    dFd = np.clip(np.diff(Fd, axis=1), 0, None)
-    # intervals plus the two tails (log-ratio frozen at the end nodes)
-    wn = np.concatenate([dFn, Fn[:, :1], 1 - Fn[:, -1:]], axis=1)
-    wd = np.concatenate([dFd, Fd[:, :1], 1 - Fd[:, -1:]], axis=1)
-    # L is clipped to ±700, so e^ε beyond e^700 changes nothing (and must not overflow)
-    growth = np.exp(np.minimum(eps, 700.0))
-    if E == 1:  # one level: masks instead of the binning below (same sums)
-        lo_v, hi_v = np.minimum(La, Lc), np.maximum(La, Lc)
-        inside = np.concatenate([lo_v, Ls[:, :1], Ls[:, -1:]], axis=1) > eps[0]
-        out = (np.sum(wn, axis=1, where=inside) - growth[0] * np.sum(wd, axis=1, where=inside))[:, None]
-        rr, kk = np.nonzero((h > 0) & (lo_v <= eps[0]) & (hi_v > eps[0]))  # intervals the level cuts
-        e = np.zeros(len(rr), dtype=np.intp)
-    else:
-        # searchsorted is monotone, so the index of min(La, Lc) is the min of the nodes' indices:
-        # one search over the nodes serves the intervals, the tails and the cuts
-        at = np.searchsorted(eps, Ls, side="left")
-        start, stop = np.minimum(at[:, :-1], at[:, 1:]), np.maximum(at[:, :-1], at[:, 1:])
-        first = np.concatenate([start, at[:, :1], at[:, -1:]], axis=1)  # fully inside for e < first
-        flat = (np.arange(C)[:, None] * (E + 1) + first).ravel()
-        bn = np.bincount(flat, weights=wn.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
-        bd = np.bincount(flat, weights=wd.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
-        rn = np.cumsum(bn[:, ::-1], axis=1)[:, ::-1]
-        rd = np.cumsum(bd[:, ::-1], axis=1)[:, ::-1]
-        out = rn[:, 1:] - growth[None, :] * rd[:, 1:]
-        # intervals cut by a level ε: lo ≤ ε < hi
-        cnt = np.where(h > 0, stop - start, 0)
-        rows, ks = np.nonzero(cnt)
-        c = cnt[rows, ks]
-        total = int(c.sum())
-        rr, kk = np.repeat(rows, c), np.repeat(ks, c)
-        e = np.repeat(start[rows, ks], c) + (np.arange(total) - np.repeat(np.cumsum(c) - c, c))
-    if len(rr):
-        contrib = _cut_contributions(nd, Ls, Lr, Ll, h, rr, kk, eps[e], num, den, growth[e])
-        out += np.bincount(rr * E + e, weights=contrib, minlength=C * E).reshape(C, E)
-    return out
-
-
-def _cut_contributions(nd: _Nodes, Ls, Lr, Ll, h, rr, kk, level, num, den, growth, sign: float = 1.0):
-    """∫ (num − e^ε den) over the part of each cut interval (row ``rr``, interval ``kk``) where
-    sign·Ls > ``level``: the root of the cubic Hermite model of sign·Ls there, then the
-    quartic-corrected partial masses of both densities (``growth`` = e^ε)."""
-    N = nd.x.shape[1]
-    a = rr * N + kk  # flat index of each cut interval's left node (and a + 1 of its right one)
-    hh = h[rr, kk]
-    la, lc = sign * Ls.ravel()[a], sign * Ls.ravel()[a + 1]
-    t = _hermite_root(la, lc, sign * Lr.ravel()[a], sign * Ll.ravel()[a + 1], hh, level)
-    rising = lc > la  # inside the region right of the root, else left of it
-    basis = _partial_basis(t)
-
-    def part(f):
-        v, dr, dl, F = (getattr(nd, g).ravel() for g in f)
-        mass = np.clip(F[a + 1] - F[a], 0, None)
-        m = np.clip(_partial_mass(basis, hh, v[a], v[a + 1], dr[a], dl[a + 1], mass), 0, mass)
-        return np.where(rising, mass - m, m)
-
-    return part(num) - growth * part(den)
-
+#: cuts per step of :func:`_cut_sums` (its temporaries stay in cache)
+CUT_CHUNK = 8192
 
 #: the node fields of p̂ and of p̂_i: value, right and left slopes, CDF
 _P = ("p", "pr", "pl", "F")
 _PI = ("pi", "pir", "pil", "Fi")
 
 
-def _one_level(nd: _Nodes, L, Lr, Ll, eps: float) -> np.ndarray:
-    """δ_i at one ε: both directions of :func:`_direction` from one pass over the intervals."""
-    x = nd.x
-    h = np.diff(x, axis=1)
-    dF = np.clip(np.diff(nd.F, axis=1), 0, None)
-    dFi = np.clip(np.diff(nd.Fi, axis=1), 0, None)
-    La, Lc = L[:, :-1], L[:, 1:]
-    lo_v, hi_v = np.minimum(La, Lc), np.maximum(La, Lc)
-    growth = np.exp(min(eps, 700.0))  # L is clipped to ±700
-    up, down = lo_v > eps, hi_v < -eps  # intervals inside {L > ε} and {L < −ε}
-    # the tails beyond the end nodes, with L frozen at its end values
-    left, right = L[:, 0], L[:, -1]
-    tail_F = np.stack([nd.F[:, 0], 1 - nd.F[:, -1]], axis=1)
-    tail_Fi = np.stack([nd.Fi[:, 0], 1 - nd.Fi[:, -1]], axis=1)
-    tails = np.stack([left, right], axis=1)
-    d1 = (np.sum(dF, axis=1, where=up) + np.sum(tail_F, axis=1, where=tails > eps)
-          - growth * (np.sum(dFi, axis=1, where=up) + np.sum(tail_Fi, axis=1, where=tails > eps)))
-    d2 = (np.sum(dFi, axis=1, where=down) + np.sum(tail_Fi, axis=1, where=tails < -eps)
-          - growth * (np.sum(dF, axis=1, where=down) + np.sum(tail_F, axis=1, where=tails < -eps)))
-    # intervals a level cuts; {L < −ε} is {−L > ε}: the second direction reads L negated
-    for d, sign, cut, num, den in ((d1, 1.0, (lo_v <= eps) & (hi_v > eps), _P, _PI),
-                                   (d2, -1.0, (lo_v < -eps) & (hi_v >= -eps), _PI, _P)):
-        rr, kk = np.nonzero(cut & (h > 0))
-        if len(rr):
-            part = _cut_contributions(nd, L, Lr, Ll, h, rr, kk, eps, num, den, growth, sign)
-            d += np.bincount(rr, weights=part, minlength=x.shape[0])
-    return np.clip(np.maximum(d1, d2), 0.0, 1.0)[:, None]
+def _cut_sums(nd: _Nodes, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=None, count=None):
+    """∫ (num − e^ε den) over the part of each cut interval where sign·L > ε, summed by row and level.
+
+    Interval j (row ``rr[j]``, interval ``kk[j]``) is cut by the levels ``first[j]``, …,
+    ``first[j] + count[j] − 1`` of ``eps`` (one level, ``eps[0]``, when ``count`` is None).
+    On each, the cut point is the root of the cubic Hermite model of sign·L, and the masses
+    left of it come from the quartic-corrected Hermite models of both densities. The models'
+    coefficients are formed once per interval and shared by the levels that cut it.
+    Returns the sums, (rows, len(eps)).
+    """
+    C, N = L.shape
+    E = len(eps)
+    a = rr * N + kk  # flat index of each interval's left node (and a + 1 of its right one)
+    hh = h[rr, kk]
+    la, lc = sign * L.ravel()[a], sign * L.ravel()[a + 1]
+    hma, hmc = hh * (sign * Lr.ravel()[a]), hh * (sign * Ll.ravel()[a + 1])
+    d = lc - la
+
+    def poly(f):
+        v, dr, dl, F = (getattr(nd, g).ravel() for g in f)
+        mass = np.clip(F[a + 1] - F[a], 0, None)
+        return (*_mass_poly(hh, v[a], v[a + 1], dr[a], dl[a + 1], mass), mass)
+
+    # per interval: la, d, then the cubic's a1..a3, then both densities' mass polynomials
+    per = np.stack((la, d, hma, 3 * d - 2 * hma - hmc, hma + hmc - 2 * d, *poly(num), *poly(den)))
+    if count is None:
+        e = np.zeros(len(rr), dtype=np.intp)
+        j = None
+    else:
+        j = np.repeat(np.arange(len(rr)), count)
+        e = np.repeat(first - np.cumsum(count) + count, count) + np.arange(len(j))
+    contrib = np.empty(len(e))
+    for c0 in range(0, len(e), CUT_CHUNK):  # cache-sized chunks: a dozen temporaries per step
+        c1 = min(c0 + CUT_CHUNK, len(e))
+        pc = per[:, c0:c1] if j is None else per[:, j[c0:c1]]
+        la, d, a1, a2, a3 = pc[:5]
+        level = eps[e[c0:c1]]
+        rising = d > 0  # the region sign·L > ε lies right of the root, else left of it
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t0 = np.nan_to_num(np.clip((level - la) / d, 0, 1), nan=0.5)
+        t = _cubic_root(la - level, a1, a2, a3, rising, t0)
+
+        def part(k1, k2, k3, k4, k5, mass):
+            m = np.clip(t * (k1 + t * (k2 + t * (k3 + t * (k4 + t * k5)))), 0, mass)
+            return np.where(rising, mass - m, m)
+
+        contrib[c0:c1] = part(*pc[5:11]) - growth[e[c0:c1]] * part(*pc[11:17])
+    at = rr if j is None else rr[j]
+    return np.bincount(at * E + e, weights=contrib, minlength=C * E).reshape(C, E)
 
 
 def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
-    """δ_i(ε) for every row and every ε in ``eps`` (ascending, ≥ 0)."""
+    """δ_i(ε) for every row and every ε in ``eps`` (ascending, ≥ 0):
+
+        max( ∫_{L>ε} (p̂ − e^ε p̂_i),  ∫_{L<−ε} (p̂_i − e^ε p̂) ),
+
+    both directions from one pass over the intervals ({L < −ε} is {−L > ε}). Whole
+    intervals and the tails (L frozen at the end nodes) add exact CDF differences, binned by
+    the first level that no longer covers them; the intervals a level cuts add
+    :func:`_cut_sums`.
+    """
     Lr, Ll = nd.Lr, nd.Ll
     if Lr is None:
         _, Lr, Ll = _log_ratio(nd)
-    if len(eps) == 1:
-        return _one_level(nd, L, Lr, Ll, float(eps[0]))
-    p, pi = _P, _PI
-    d1 = _direction(nd, L, Lr, Ll, eps, p, pi)
-    d2 = _direction(nd, -L, -Lr, -Ll, eps, pi, p)
-    return np.clip(np.maximum(d1, d2), 0.0, 1.0)
+    C, N = L.shape
+    E = len(eps)
+    h = np.diff(nd.x, axis=1)
+    # masses of the intervals, then of the two tails
+    w_p = np.concatenate([np.clip(np.diff(nd.F, axis=1), 0, None), nd.F[:, :1], 1 - nd.F[:, -1:]], axis=1)
+    w_pi = np.concatenate([np.clip(np.diff(nd.Fi, axis=1), 0, None), nd.Fi[:, :1], 1 - nd.Fi[:, -1:]], axis=1)
+    # L is clipped to ±700, so e^ε beyond e^700 changes nothing (and must not overflow)
+    growth = np.exp(np.minimum(eps, 700.0))
+    if E == 1:
+        # one level: masks instead of the binning below (the same sums)
+        e0 = float(eps[0])
+        La, Lc = L[:, :-1], L[:, 1:]
+        lo_v, hi_v = np.minimum(La, Lc), np.maximum(La, Lc)
+        ends = np.concatenate([lo_v, L[:, :1], L[:, -1:]], axis=1)
+        up = ends > e0
+        ends[:, :-2] = hi_v
+        down = ends < -e0
+        d1 = np.sum(w_p, axis=1, where=up) - growth[0] * np.sum(w_pi, axis=1, where=up)
+        d2 = np.sum(w_pi, axis=1, where=down) - growth[0] * np.sum(w_p, axis=1, where=down)
+        out = [d1[:, None], d2[:, None]]
+        cuts = [np.nonzero((lo_v <= e0) & (hi_v > e0) & (h > 0)),
+                np.nonzero((lo_v < -e0) & (hi_v >= -e0) & (h > 0))]
+        for k, (sign, num, den) in enumerate(((1.0, _P, _PI), (-1.0, _PI, _P))):
+            rr, kk = cuts[k]
+            if len(rr):
+                out[k] = out[k] + _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth)
+        return np.clip(np.maximum(*out), 0.0, 1.0)
+    # the levels ±ε in one ascending list: one search serves both directions, and since
+    # searchsorted is monotone, an interval's range of levels is that of its end nodes
+    at = np.searchsorted(np.r_[-eps[::-1], eps], L, side="left")
+    rows = np.arange(C)[:, None] * (E + 1)
+    out = []
+    for sign, num, den, wn, wd, idx in ((1.0, _P, _PI, w_p, w_pi, np.maximum(at - E, 0)),
+                                        (-1.0, _PI, _P, w_pi, w_p, E - np.minimum(at, E))):
+        # idx: the number of levels below sign·L at each node (ties go either way: an interval
+        # whose end sits on a level adds the same mass whole or cut)
+        start, stop = np.minimum(idx[:, :-1], idx[:, 1:]), np.maximum(idx[:, :-1], idx[:, 1:])
+        # an interval (or tail) lies inside {sign·L > ε} for the levels below ``first``
+        first = np.concatenate([start, idx[:, :1], idx[:, -1:]], axis=1)
+        flat = (rows + first).ravel()
+        bn = np.bincount(flat, weights=wn.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
+        bd = np.bincount(flat, weights=wd.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
+        d = np.cumsum(bn[:, ::-1], axis=1)[:, -2::-1] - growth * np.cumsum(bd[:, ::-1], axis=1)[:, -2::-1]
+        # intervals cut by the levels start ≤ e < stop
+        cnt = np.where(h > 0, stop - start, 0)
+        rr, kk = np.nonzero(cnt)
+        if len(rr):
+            d += _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth,
+                           first=start[rr, kk], count=cnt[rr, kk])
+        out.append(d)
+    return np.clip(np.maximum(*out), 0.0, 1.0)
 
 
 #: cells per evaluation block: rows × max(nodes, n²) for the matrix form, rows × nodes otherwise.

@@ -84,8 +84,12 @@ def test_delta_vanishes_at_and_above_eps_i():
     model = select_density(q, kernel="laplace", bandwidth=0.4)
     eps_i, _ = evaluate(model, shifts)
     _, below = evaluate(model, shifts[2:3], [eps_i[2] * 0.98])
-    _, at = evaluate(model, shifts[2:3], [eps_i[2]])
-    assert below[0, 0] > 0 and at[0, 0] == 0
+    again, at = evaluate(model, shifts[2:3], [eps_i[2]])
+    # alone, the row has other nodes: its ε_i may differ in the last bits, and δ_i at an ε a few
+    # ulps below ε_i is positive but far below 1e-15
+    assert abs(again[0] - eps_i[2]) <= 1e-14 and below[0, 0] > 1e-6 and 0 <= at[0, 0] <= 1e-15
+    _, above = evaluate(model, shifts[2:3], [again[0], again[0] * (1 + 1e-12)], need_eps_i=False)
+    assert np.all(above == 0)
 
 
 def test_delta_decreases_with_epsilon():
@@ -130,14 +134,18 @@ def test_screening_off_changes_nothing(sample_path, kernel):
     a = assess(sample_path, **kw)
     b = assess(sample_path, screening=False, **kw)
     assert b.n_evaluated == b.n_individuals > a.n_evaluated
-    np.testing.assert_array_equal(a.delta, b.delta)
-    np.testing.assert_array_equal(a.total_risk, b.total_risk)
+    # the same numbers, up to rounding: without screening an individual is evaluated in another
+    # block, and the matrix product's rounding depends on the block's rows (a few ulps of p̂_i)
+    same = dict(rtol=1e-12, atol=1e-17)
+    np.testing.assert_allclose(a.delta, b.delta, **same)
+    np.testing.assert_allclose(a.total_risk, b.total_risk, **same)
     np.testing.assert_array_equal(a.n_at_risk, b.n_at_risk)
-    assert a.eps_all == b.eps_all
-    np.testing.assert_array_equal(a.individuals["delta"].to_numpy(), b.individuals["delta"].to_numpy())
+    assert a.eps_all == pytest.approx(b.eps_all, rel=1e-12, abs=0)
+    np.testing.assert_allclose(a.individuals["delta"].to_numpy(), b.individuals["delta"].to_numpy(), **same)
     ev = a.individuals["eps_i"].to_numpy()
     ok = np.isfinite(ev)
-    np.testing.assert_array_equal(ev[ok], b.individuals["eps_i"].to_numpy()[ok])
+    assert ok.sum() > 100
+    np.testing.assert_allclose(ev[ok], b.individuals["eps_i"].to_numpy()[ok], **same)
 
 
 def test_assess_summary_consistent(sample_path):
@@ -165,8 +173,9 @@ def test_huge_epsilon_gives_zero_risk_without_overflow(kernel):
 
 @pytest.mark.parametrize("kernel", ["laplace", "gaussian"])
 def test_one_level_equals_the_sweep_of_both_directions(kernel):
-    """At a single ε, δ_i comes from one pass over the intervals (both directions at once); it must
-    equal the general sweep's two directions, ∫_{L>ε} (p̂ − e^ε p̂_i) and ∫_{L<−ε} (p̂_i − e^ε p̂)."""
+    """At a single ε, δ_i comes from masks over the intervals; with more levels, from masses binned
+    by level and cut intervals shared by the levels that cut them. Both must give the same δ_i
+    (and a level far above every |L| must give 0)."""
     from empdp import risk
 
     rng = np.random.default_rng(11)
@@ -181,9 +190,8 @@ def test_one_level_equals_the_sweep_of_both_directions(kernel):
         parts, kept = risk.node_values(model, shifts, grid, plan, levels)
         for nd, L, _ in parts:  # every row, and again those with extrema inserted
             one = risk.sweep_delta(nd, L, np.array([eps]))[:, 0]
-            both = np.maximum(
-                risk._direction(nd, L, nd.Lr, nd.Ll, np.array([eps, 1e9]), risk._P, risk._PI),
-                risk._direction(nd, -L, -nd.Lr, -nd.Ll, np.array([eps, 1e9]), risk._PI, risk._P))
-            np.testing.assert_allclose(one, np.clip(both[:, 0], 0, 1), rtol=1e-12, atol=1e-15)
+            both = risk.sweep_delta(nd, L, np.array([eps, eps * 1.01 + 1e-3, 1e9]))
+            np.testing.assert_allclose(one, both[:, 0], rtol=1e-12, atol=1e-15)
+            assert np.all(both[:, 2] == 0) and np.all(both[:, 1] <= both[:, 0])
             cut += int((one > 0).sum())
     assert cut > 50
