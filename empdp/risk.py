@@ -466,6 +466,24 @@ def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
     if Lr is None:
         _, Lr, Ll = _log_ratio(nd)
     C, N = L.shape
+    step = max(1, SWEEP_CELLS // N)
+    if C <= step:
+        return _sweep(nd, L, Lr, Ll, eps)
+    out = np.empty((C, len(eps)))
+    for r in range(0, C, step):  # cache-sized row chunks (contiguous views)
+        rows = slice(r, r + step)
+        part = _Nodes(**{f: getattr(nd, f)[rows] for f in _Nodes.FIELDS})
+        out[rows] = _sweep(part, L[rows], Lr[rows], Ll[rows], eps)
+    return out
+
+
+#: nodes per row chunk of :func:`sweep_delta`: its dozens of (rows × nodes) temporaries stay in cache
+SWEEP_CELLS = 32_768
+
+
+def _sweep(nd: _Nodes, L, Lr, Ll, eps):
+    """:func:`sweep_delta` on one chunk of rows."""
+    C, N = L.shape
     E = len(eps)
     h = np.diff(nd.x, axis=1)
     # masses of the intervals, then of the two tails

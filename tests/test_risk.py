@@ -171,6 +171,27 @@ def test_huge_epsilon_gives_zero_risk_without_overflow(kernel):
     assert np.all(np.isfinite(eps_i)) and np.all(delta[:, 1] == 0) and np.any(delta[:, 0] > 0)
 
 
+def test_sweep_chunks_change_nothing(monkeypatch):
+    """The sweep runs in cache-sized chunks of rows and of cuts; every row's δ_i must be exactly the
+    same with any chunking (each root and each row's sums depend on that row only)."""
+    from empdp import risk
+
+    rng = np.random.default_rng(12)
+    q = np.sort(rng.normal(0, 1, 50))
+    model = select_density(q, kernel="laplace", bandwidth="auto")
+    shifts = rng.normal(0, 0.05, (40, 50)) * rng.random((40, 1)) * 4
+    grid = risk.base_grid(model, (q[None, :] - shifts).ravel())
+    eps = np.geomspace(0.005, 0.5, 30)
+    parts, _ = risk.node_values(model, shifts, grid, risk.grid_plan(model, grid), np.r_[-eps[::-1], eps])
+    whole = [(risk.sweep_delta(nd, L, eps), risk.sweep_delta(nd, L, eps[:1])) for nd, L, _ in parts]
+    assert sum(int((one > 0).sum()) for _, one in whole) > 20
+    monkeypatch.setattr(risk, "SWEEP_CELLS", 1)  # one row per chunk
+    monkeypatch.setattr(risk, "CUT_CHUNK", 7)
+    for (nd, L, _), (many, one) in zip(parts, whole):
+        np.testing.assert_array_equal(risk.sweep_delta(nd, L, eps), many)
+        np.testing.assert_array_equal(risk.sweep_delta(nd, L, eps[:1]), one)
+
+
 @pytest.mark.parametrize("kernel", ["laplace", "gaussian"])
 def test_one_level_equals_the_sweep_of_both_directions(kernel):
     """At a single ε, δ_i comes from masks over the intervals; with more levels, from masses binned
