@@ -349,16 +349,37 @@ def _mass_poly(h, va, vc, da, dc, mass):
     return A, B / 2, Cc - A + (Q - 2 * B - D) / 3, (A - Cc - Q) / 2 + (B + D) / 4, Q / 5
 
 
-def _cubic_root(a0, a1, a2, a3, rising, t, tol=1e-4, iters=12):
-    """t ∈ [0, 1] where a0 + a1 t + a2 t² + a3 t³ (rising or falling from end to end) is zero,
-    by Newton's method safeguarded by bisection, from the starting points ``t``.
+def _cubic_root(a0, a1, a2, a3, rise, t, tol=1e-4):
+    """t ∈ [0, 1] where a0 + a1 t + a2 t² + a3 t³ is zero, from the starting points ``t`` (the
+    linear guesses); ``rise`` is the cubic's change from t = 0 to 1 (its sign: rising or falling).
 
-    A root stops once its step is at most ``tol`` (of the cell). Newton converges quadratically,
-    so the error left is of order tol² (times the cubic's |a''/a'|, O(1) on these cells): from
-    the linear guess, two steps reach that for nearly every root. A root error e moves the
-    partial masses by O(e²) of the cell's, the integrand vanishing at the root: about 1e-16 of
-    the cell's mass at tol = 1e-4. Every root iterates until most have stopped; the last few go
-    on alone.
+    Two Newton steps, and the second one's size bounds the error: Newton converges
+    quadratically, so when that step is at most ``tol`` (of the cell) the error left is of
+    order tol² (times the cubic's |a''/a'|, O(1) on these cells). A root error e moves the
+    partial masses by O(e²) of the cell's, the integrand vanishing at the root: about 1e-16
+    of the cell's mass at tol = 1e-4. On these cells nearly every root gets there; the others
+    (a larger or non-finite second step, or one that leaves [0, 1]) are found by
+    :func:`_bracketed_root`, to tol².
+    Each root depends on its own coefficients only.
+    """
+    t0 = t
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for k in range(2):
+            H = ((a3 * t + a2) * t + a1) * t + a0
+            dH = (3 * a3 * t + 2 * a2) * t + a1
+            step = H / dH
+            t = np.clip(t - step, 0.0, 1.0) if k == 0 else t - step
+    # (a root the second step leaves outside [0, 1] is one of a model that is not monotone there)
+    bad = np.flatnonzero(~((np.abs(step) <= tol) & (t >= 0.0) & (t <= 1.0)))
+    if len(bad):
+        t[bad] = _bracketed_root(*(v[bad] for v in (a0, a1, a2, a3)), rise[bad] > 0, t0[bad], tol=tol * tol)
+    return t
+
+
+def _bracketed_root(a0, a1, a2, a3, rising, t, tol=1e-8, iters=60):
+    """:func:`_cubic_root` by Newton's method safeguarded by bisection (``rising``: the cubic's
+    direction): a root stops once its step is at most ``tol``. Every root iterates until most have stopped; the last few go on
+    alone.
     """
     out = t.copy()
     active = None  # the roots iterated (None: all)
@@ -419,10 +440,15 @@ def _cut_sums(nd: _Nodes, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, fir
     hma, hmc = hh * (sign * Lr.ravel()[a]), hh * (sign * Ll.ravel()[a + 1])
     d = lc - la
 
+    rising = d > 0  # the region sign·L > ε lies right of the root, else left of it
+    flip = np.where(rising, -1.0, 1.0)
+
     def poly(f):
+        """The mass inside the region as c0 + k1 t + … + k5 t⁵ (t the root), and the whole mass."""
         v, dr, dl, F = (getattr(nd, g).ravel() for g in f)
         mass = np.clip(F[a + 1] - F[a], 0, None)
-        return (*_mass_poly(hh, v[a], v[a + 1], dr[a], dl[a + 1], mass), mass)
+        k = _mass_poly(hh, v[a], v[a + 1], dr[a], dl[a + 1], mass)
+        return (np.where(rising, mass, 0.0), *(flip * c for c in k), mass)
 
     # per interval: la, d, then the cubic's a1..a3, then both densities' mass polynomials
     per = np.stack((la, d, hma, 3 * d - 2 * hma - hmc, hma + hmc - 2 * d, *poly(num), *poly(den)))
@@ -435,19 +461,17 @@ def _cut_sums(nd: _Nodes, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, fir
     contrib = np.empty(len(e))
     for c0 in range(0, len(e), CUT_CHUNK):  # cache-sized chunks: a dozen temporaries per step
         c1 = min(c0 + CUT_CHUNK, len(e))
-        pc = per[:, c0:c1] if j is None else per[:, j[c0:c1]]
+        pc = per[:, c0:c1] if j is None else np.take(per, j[c0:c1], axis=1)
         la, d, a1, a2, a3 = pc[:5]
         level = eps[e[c0:c1]]
-        rising = d > 0  # the region sign·L > ε lies right of the root, else left of it
         with np.errstate(divide="ignore", invalid="ignore"):
             t0 = np.nan_to_num(np.clip((level - la) / d, 0, 1), nan=0.5)
-        t = _cubic_root(la - level, a1, a2, a3, rising, t0)
+        t = _cubic_root(la - level, a1, a2, a3, d, t0)
 
-        def part(k1, k2, k3, k4, k5, mass):
-            m = np.clip(t * (k1 + t * (k2 + t * (k3 + t * (k4 + t * k5)))), 0, mass)
-            return np.where(rising, mass - m, m)
+        def part(k0, k1, k2, k3, k4, k5, mass):
+            return np.clip(k0 + t * (k1 + t * (k2 + t * (k3 + t * (k4 + t * k5)))), 0, mass)
 
-        contrib[c0:c1] = part(*pc[5:11]) - growth[e[c0:c1]] * part(*pc[11:17])
+        contrib[c0:c1] = part(*pc[5:12]) - growth[e[c0:c1]] * part(*pc[12:19])
     at = rr if j is None else rr[j]
     return np.bincount(at * E + e, weights=contrib, minlength=C * E).reshape(C, E)
 

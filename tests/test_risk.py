@@ -216,3 +216,36 @@ def test_one_level_equals_the_sweep_of_both_directions(kernel):
             assert np.all(both[:, 2] == 0) and np.all(both[:, 1] <= both[:, 0])
             cut += int((one > 0).sum())
     assert cut > 50
+
+
+def test_cubic_roots_of_hermite_models(monkeypatch):
+    """The cut points: two Newton steps for tame cells, the bracketed iteration for the rest
+    (steep or non-monotone Hermite models); every root must solve the cubic inside [0, 1]."""
+    from empdp import risk
+
+    rng = np.random.default_rng(13)
+    m = 20_000
+    la, d = rng.normal(0, 1, m), rng.normal(0, 1, m)
+    # end slopes (times h) near the secant for most cells, wild for a fifth of them
+    wild = rng.random(m) < 0.2
+    hma = d * np.where(wild, rng.normal(0, 6, m), rng.uniform(0.95, 1.05, m))
+    hmc = d * np.where(wild, rng.normal(0, 6, m), rng.uniform(0.95, 1.05, m))
+    a2, a3 = 3 * d - 2 * hma - hmc, hma + hmc - 2 * d
+    level = la + d * rng.uniform(0, 1, m)
+    t0 = np.clip((level - la) / d, 0, 1)
+    calls = []
+    inner = risk._bracketed_root
+
+    def counted(*args, **kw):
+        calls.append(len(args[0]))
+        return inner(*args, **kw)
+
+    monkeypatch.setattr(risk, "_bracketed_root", counted)
+    t = risk._cubic_root(la - level, hma, a2, a3, d, t0)
+    assert 0 < sum(calls) < m // 2  # both paths are taken
+    assert np.all((t >= 0) & (t <= 1))
+    H = ((a3 * t + a2) * t + hma) * t + la - level
+    dH = (3 * a3 * t + 2 * a2) * t + hma
+    # the residual, in units of the cell: a root error below 1e-7 (1e-10 for nearly all tame cells)
+    err = np.abs(H) / np.maximum(np.abs(dH), np.abs(d))
+    assert np.quantile(err[~wild], 0.999) < 1e-10 and err.max() < 1e-7
