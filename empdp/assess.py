@@ -34,6 +34,10 @@ MIN_EVAL_ROWS = 128
 #: individuals fetched for the ε_all search up front, and the search's first batch
 SEARCH_PREFETCH = 32768
 SEARCH_BATCH = 256
+#: blocks evaluated between two looks at the summary (see _Accumulator.needed)
+WAVE_BLOCKS = 8
+#: Σ log(1 − δ_i(ε)) at or below which δ*(ε) = −expm1(·) is 1.0 in float64 (it is from about −38)
+SATURATED = -60.0
 
 
 def _no_progress(stage: str, done: int, total: int) -> None:
@@ -107,15 +111,34 @@ class _Accumulator:
         self.at_risk = np.zeros(E, dtype=np.int64)
 
     def add(self, codes: np.ndarray, d: np.ndarray) -> None:
+        """Add the δ_i of ``codes`` (NaN: positive, not computed; see :meth:`needed`)."""
         if self.kernel == "gaussian":
             d[d <= risk.GAUSSIAN_TOL] = 0.0  # below the stated tolerance: reported as 0
         if not len(codes):
             return
-        self.max_delta = np.maximum(self.max_delta, d.max(axis=0))
+        skipped = np.isnan(d)
+        known = np.where(skipped, 0.0, d)
+        self.max_delta = np.maximum(self.max_delta, known.max(axis=0))
         with np.errstate(divide="ignore"):
-            self.log_survive += np.log1p(-d).sum(axis=0, dtype=np.longdouble)
-        self.at_risk += (d > 0).sum(axis=0)
+            self.log_survive += np.log1p(-known).sum(axis=0, dtype=np.longdouble)
+        self.at_risk += ((d > 0) | skipped).sum(axis=0)
         self.first[codes] = d[:, 0]
+
+    def needed(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The ε at which every δ_i of the next blocks is still needed, and the caps at the others
+        (``only`` and ``cap`` of :func:`empdp.risk.evaluate`; None: every δ_i is needed).
+
+        Once Σ log(1 − δ_i(ε)) ≤ :data:`SATURATED`, the total risk δ*(ε) is 1.0 in float64 whatever
+        the other δ_i are; then only δ_i above the largest so far can change the summary, and
+        δ_i(ε) ≤ δ_i(ε_min) shows which cannot. δ_i at the smallest ε are always computed (they
+        are reported per individual), and whether δ_i > 0 is known at every ε. Laplace kernels
+        only (for Gaussian kernels δ_i > 0 counts from the tolerance, not from sup |L|).
+        """
+        saturated = self.log_survive <= SATURATED
+        saturated[0] = False
+        if self.kernel != "laplace" or not saturated.any():
+            return None
+        return ~saturated, self.max_delta.copy()
 
 
 @dataclass
@@ -318,26 +341,33 @@ def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory
             chunk = codes[a:a + cache.capacity]
             cache.prefetch(chunk)
 
-            def one(block):
+            def one(block, needed):
                 shifts = cache.take(block)
                 grid = risk.base_grid(model, (q[None, :] - shifts).ravel())
+                only, cap = needed or (None, None)
                 return risk.evaluate(model, shifts, eps if with_delta else None, grid=grid,
                                      plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i,
-                                     return_exact=True)
+                                     return_exact=True, only=only, cap=cap)
 
-            # blocks depend on the chunk only, never on ``threads``: results are the same for any count
+            # blocks and waves depend on the chunk only, never on ``threads``: results are the same
+            # for any count
             size = min(EVAL_ROWS, max(MIN_EVAL_ROWS, -(-len(chunk) // 4)))
             blocks = [chunk[b:b + size] for b in range(0, len(chunk), size)]
-            # the cache is only read while blocks are evaluated; results come back in order
-            results = pool.map(one, blocks) if pool is not None and len(blocks) > 1 else map(one, blocks)
-            for block, (e_i, d, ex) in zip(blocks, results):
-                eps_i[block] = e_i
-                exact[block] = ex
-                if with_delta:
-                    acc.add(block, d)
-                    evaluated_delta[block] = True
-                done += len(block)
-                progress(stage, done, len(codes))
+            for w in range(0, len(blocks), WAVE_BLOCKS):
+                wave = blocks[w:w + WAVE_BLOCKS]
+                # the δ_i the blocks need, from the summary of the waves before
+                needed = [acc.needed() if with_delta else None] * len(wave)
+                # the cache is only read while blocks are evaluated; results come back in order
+                results = (pool.map(one, wave, needed) if pool is not None and len(wave) > 1
+                           else map(one, wave, needed))
+                for block, (e_i, d, ex) in zip(wave, results):
+                    eps_i[block] = e_i
+                    exact[block] = ex
+                    if with_delta:
+                        acc.add(block, d)
+                        evaluated_delta[block] = True
+                    done += len(block)
+                    progress(stage, done, len(codes))
             if release:
                 cache.keep(codes[a + cache.capacity:])
 

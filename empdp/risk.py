@@ -132,6 +132,14 @@ def _evaluate(model: DensityModel, x: np.ndarray, kinks: np.ndarray) -> _Nodes:
     return _Nodes(x=x, **{f: a / n for f, a in acc.items()})
 
 
+def _take_rows(nd: _Nodes, rows: np.ndarray) -> _Nodes:
+    """The nodes of some rows (with their slopes of L)."""
+    out = _Nodes(**{f: getattr(nd, f)[rows] for f in _Nodes.FIELDS})
+    if nd.Lr is not None:
+        out.Lr, out.Ll = nd.Lr[rows], nd.Ll[rows]
+    return out
+
+
 def _log_ratio(nd: _Nodes):
     with np.errstate(divide="ignore", invalid="ignore"):
         L = np.log(nd.p) - np.log(nd.pi)
@@ -573,7 +581,8 @@ def grid_plan(model: DensityModel, grid: np.ndarray) -> _laplace.GridPlan | None
 
 def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = None,
              grid: np.ndarray | None = None, plan: _laplace.GridPlan | None = None,
-             need_eps_i: bool = True, return_exact: bool = False):
+             need_eps_i: bool = True, return_exact: bool = False, only: np.ndarray | None = None,
+             cap: np.ndarray | None = None):
     """ε_i and δ_i(ε) for each row of ``shifts`` (C, n).
 
     Returns ``(eps_i, delta)`` with ``delta`` of shape (C, len(eps)) or None.
@@ -582,6 +591,13 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
     is NaN, and rows whose certified bounds show ε_i ≤ min(eps) get δ_i = 0
     without their exact evaluation. ``return_exact`` adds a third value: which
     rows were evaluated exactly (the others were cleared by their bounds).
+
+    ``only`` (a mask over ``eps``, True at the smallest ε) asks for δ_i at
+    those ε, and at the others only for rows whose δ_i at the smallest ε
+    exceeds ``cap`` there (δ_i decreases with ε: the other rows' δ_i(ε) are at
+    most the cap). Where not computed, δ_i is NaN if it is positive (sup |L|
+    > ε: the nodes still hold every crossing of ε, so the largest |L| on them
+    decides) and 0 otherwise.
     """
     shifts = np.atleast_2d(np.asarray(shifts, dtype=np.float64))
     C, n = shifts.shape
@@ -596,7 +612,11 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
     if eps is not None:
         eps = np.asarray(eps, dtype=np.float64)
         order = np.argsort(eps)
-        levels = np.unique(np.r_[-eps, eps])
+        levels = np.unique(np.r_[-eps, eps])  # every ε: the nodes hold every crossing, also with ``only``
+        wanted = np.ones(len(eps), dtype=bool) if only is None else np.asarray(only, dtype=bool)
+        computed, skipped = order[wanted[order]], order[~wanted[order]]  # ascending ε
+        if len(skipped) and (not wanted[order[0]] or cap is None):
+            raise ValueError("only must keep the smallest epsilon, and comes with cap")
         clear = None if need_eps_i else float(eps.min())
     eps_i = np.empty(C)
     delta = None if eps is None else np.empty((C, len(eps)))
@@ -620,7 +640,14 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
                 eps_i[rs] = individual_eps(model, nd, L, shifts[rs]) if need_eps_i else np.nan
                 if eps is not None:
                     d = np.empty((len(rs), len(eps)))
-                    d[:, order] = sweep_delta(nd, L, eps[order])
+                    if len(computed):
+                        d[:, computed] = sweep_delta(nd, L, eps[computed])
+                    if len(skipped):
+                        top = np.abs(L).max(axis=1, keepdims=True)
+                        d[:, skipped] = np.where(top > eps[skipped], np.nan, 0.0)
+                        over = np.flatnonzero((d[:, order[:1]] > cap[skipped][None, :]).any(axis=1))
+                        if len(over):
+                            d[np.ix_(over, skipped)] = sweep_delta(_take_rows(nd, over), L[over], eps[skipped])
                     delta[rs] = d
     if delta is not None and model.kernel == "laplace":
         delta[eps_i[:, None] <= eps[None, :]] = 0.0  # exact: δ_i(ε) = 0 for ε ≥ ε_i

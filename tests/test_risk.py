@@ -249,3 +249,59 @@ def test_cubic_roots_of_hermite_models(monkeypatch):
     # the residual, in units of the cell: a root error below 1e-7 (1e-10 for nearly all tame cells)
     err = np.abs(H) / np.maximum(np.abs(dH), np.abs(d))
     assert np.quantile(err[~wild], 0.999) < 1e-10 and err.max() < 1e-7
+
+
+def test_levels_left_out_keep_the_sign_and_the_rows_above_the_cap():
+    """``only``/``cap``: δ_i at the ε kept as before; at the others NaN exactly where δ_i > 0, except
+    for rows whose δ_i at the smallest ε exceeds the cap there, which get their δ_i."""
+    from empdp import risk
+
+    rng = np.random.default_rng(14)
+    q = np.sort(rng.normal(0, 1, 50))
+    model = select_density(q, kernel="laplace", bandwidth="auto")
+    shifts = rng.normal(0, 0.05, (60, 50)) * rng.random((60, 1)) * 4
+    eps = np.geomspace(0.005, 0.5, 20)
+    _, full = evaluate(model, shifts, eps, need_eps_i=False)
+    only = np.zeros(len(eps), dtype=bool)
+    only[[0, 5, 19]] = True
+    cap = np.full(len(eps), np.quantile(full[:, 0], 0.8))
+    _, part = evaluate(model, shifts, eps, need_eps_i=False, only=only, cap=cap)
+    np.testing.assert_allclose(part[:, only], full[:, only], rtol=1e-12, atol=1e-17)
+    above = full[:, 0] > cap[0]
+    assert 0 < above.sum() < len(above)
+    np.testing.assert_allclose(part[above], full[above], rtol=1e-12, atol=1e-17)
+    rest = part[~above][:, ~only]
+    assert np.array_equal(np.isnan(rest), full[~above][:, ~only] > 0) and np.isnan(rest).sum() > 20
+    assert np.all(rest[~np.isnan(rest)] == 0)
+    with pytest.raises(ValueError):
+        evaluate(model, shifts, eps, only=~only, cap=cap)  # the smallest ε must be kept
+def test_saturated_levels_change_no_summary(sample_path, monkeypatch):
+    """Once the total risk at an ε has saturated, later blocks skip δ_i there unless they can
+    exceed the worst so far: the worst case and the at-risk counts must not change. (The
+    threshold is raised here so that the small sample saturates; at the real one δ* is 1.0.)"""
+    import importlib
+
+    A = importlib.import_module("empdp.assess")
+    kw = dict(id="countyid", by="year", query="mean(murdrate)", kernel="laplace",
+              epsilon=list(np.geomspace(0.02, 0.5, 12)), threads=1)
+    monkeypatch.setattr(A, "EVAL_ROWS", 128)
+    monkeypatch.setattr(A, "WAVE_BLOCKS", 1)
+    full = assess(sample_path, **kw)
+    skipped = []
+    evaluate = A.risk.evaluate
+
+    def counting(*args, **kwargs):
+        skipped.append(0 if kwargs.get("only") is None else int((~kwargs["only"]).sum()))
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(A.risk, "evaluate", counting)
+    monkeypatch.setattr(A, "SATURATED", -0.05)
+    part = assess(sample_path, **kw)
+    assert sum(skipped) > 10
+    np.testing.assert_array_equal(part.n_at_risk, full.n_at_risk)
+    np.testing.assert_allclose(part.delta, full.delta, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(part.individuals["delta"].to_numpy(), full.individuals["delta"].to_numpy(),
+                               rtol=1e-9, atol=1e-17)
+    kept = np.log1p(-full.total_risk) > -0.05  # never saturated: every δ_i counted
+    assert kept.any() and (~kept).any()
+    np.testing.assert_allclose(part.total_risk[kept], full.total_risk[kept], rtol=1e-12)
