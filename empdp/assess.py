@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -34,8 +35,8 @@ MIN_EVAL_ROWS = 128
 #: individuals fetched for the ε_all search up front, and the search's first batch
 SEARCH_PREFETCH = 32768
 SEARCH_BATCH = 256
-#: blocks evaluated between two looks at the summary (see _Accumulator.needed)
-WAVE_BLOCKS = 8
+#: blocks in flight between a block's results and their use in planning others (_Accumulator.needed)
+LAG_BLOCKS = 8
 #: Σ log(1 − δ_i(ε)) at or below which δ*(ε) = −expm1(·) is 1.0 in float64 (it is from about −38)
 SATURATED = -60.0
 
@@ -349,25 +350,33 @@ def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory
                                      plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i,
                                      return_exact=True, only=only, cap=cap)
 
-            # blocks and waves depend on the chunk only, never on ``threads``: results are the same
-            # for any count
+            def add(block, result):
+                nonlocal done
+                e_i, d, ex = result
+                eps_i[block] = e_i
+                exact[block] = ex
+                if with_delta:
+                    acc.add(block, d)
+                    evaluated_delta[block] = True
+                done += len(block)
+                progress(stage, done, len(codes))
+
+            # blocks depend on the chunk only, never on ``threads``; block k is planned from the
+            # summary of blocks 0 … k − LAG_BLOCKS − 1 exactly (results are added in order), so
+            # the results are the same for any thread count, and the threads never wait for a wave
             size = min(EVAL_ROWS, max(MIN_EVAL_ROWS, -(-len(chunk) // 4)))
             blocks = [chunk[b:b + size] for b in range(0, len(chunk), size)]
-            for w in range(0, len(blocks), WAVE_BLOCKS):
-                wave = blocks[w:w + WAVE_BLOCKS]
-                # the δ_i the blocks need, from the summary of the waves before
-                needed = [acc.needed() if with_delta else None] * len(wave)
-                # the cache is only read while blocks are evaluated; results come back in order
-                results = (pool.map(one, wave, needed) if pool is not None and len(wave) > 1
-                           else map(one, wave, needed))
-                for block, (e_i, d, ex) in zip(wave, results):
-                    eps_i[block] = e_i
-                    exact[block] = ex
-                    if with_delta:
-                        acc.add(block, d)
-                        evaluated_delta[block] = True
-                    done += len(block)
-                    progress(stage, done, len(codes))
+            pending = deque()  # (index, block, future or result), in order
+            for k, block in enumerate(blocks):
+                while pending and pending[0][0] < k - LAG_BLOCKS:
+                    _, b, res = pending.popleft()
+                    add(b, res.result() if pool is not None else res)
+                needed = acc.needed() if with_delta else None  # the δ_i this block needs
+                # the cache is only read while blocks are evaluated
+                pending.append((k, block, pool.submit(one, block, needed) if pool is not None
+                                else one(block, needed)))
+            for _, b, res in pending:
+                add(b, res.result() if pool is not None else res)
             if release:
                 cache.keep(codes[a + cache.capacity:])
 

@@ -132,8 +132,8 @@ def _evaluate(model: DensityModel, x: np.ndarray, kinks: np.ndarray) -> _Nodes:
     return _Nodes(x=x, **{f: a / n for f, a in acc.items()})
 
 
-def _take_rows(nd: _Nodes, rows: np.ndarray) -> _Nodes:
-    """The nodes of some rows (with their slopes of L)."""
+def _take_rows(nd: _Nodes, rows) -> _Nodes:
+    """The nodes of some rows (an index array, or a slice: views), with their slopes of L."""
     out = _Nodes(**{f: getattr(nd, f)[rows] for f in _Nodes.FIELDS})
     if nd.Lr is not None:
         out.Lr, out.Ll = nd.Lr[rows], nd.Ll[rows]
@@ -386,8 +386,8 @@ def _cubic_root(a0, a1, a2, a3, rise, t, tol=1e-4):
 
 def _bracketed_root(a0, a1, a2, a3, rising, t, tol=1e-8, iters=60):
     """:func:`_cubic_root` by Newton's method safeguarded by bisection (``rising``: the cubic's
-    direction): a root stops once its step is at most ``tol``. Every root iterates until most have stopped; the last few go on
-    alone.
+    direction): a root stops once its step is at most ``tol``. Every root iterates until most
+    have stopped; the last few go on alone.
     """
     out = t.copy()
     active = None  # the roots iterated (None: all)
@@ -504,8 +504,7 @@ def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
     out = np.empty((C, len(eps)))
     for r in range(0, C, step):  # cache-sized row chunks (contiguous views)
         rows = slice(r, r + step)
-        part = _Nodes(**{f: getattr(nd, f)[rows] for f in _Nodes.FIELDS})
-        out[rows] = _sweep(part, L[rows], Lr[rows], Ll[rows], eps)
+        out[rows] = _sweep(_take_rows(nd, rows), L[rows], Lr[rows], Ll[rows], eps)
     return out
 
 

@@ -285,7 +285,7 @@ def test_saturated_levels_change_no_summary(sample_path, monkeypatch):
     kw = dict(id="countyid", by="year", query="mean(murdrate)", kernel="laplace",
               epsilon=list(np.geomspace(0.02, 0.5, 12)), threads=1)
     monkeypatch.setattr(A, "EVAL_ROWS", 128)
-    monkeypatch.setattr(A, "WAVE_BLOCKS", 1)
+    monkeypatch.setattr(A, "LAG_BLOCKS", 1)
     full = assess(sample_path, **kw)
     skipped = []
     evaluate = A.risk.evaluate
