@@ -527,6 +527,8 @@ def _sweep(nd: _Nodes, L, Lr, Ll, eps):
         e0 = float(eps[0])
         La, Lc = L[:, :-1], L[:, 1:]
         lo_v, hi_v = np.minimum(La, Lc), np.maximum(La, Lc)
+        # each interval lies in {L > ε} if its lower end does, in {L < −ε} if its upper end does;
+        # the tails by their end values (one buffer serves both tests)
         ends = np.concatenate([lo_v, L[:, :1], L[:, -1:]], axis=1)
         up = ends > e0
         ends[:, :-2] = hi_v
@@ -639,8 +641,7 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
                 eps_i[rs] = individual_eps(model, nd, L, shifts[rs]) if need_eps_i else np.nan
                 if eps is not None:
                     d = np.empty((len(rs), len(eps)))
-                    if len(computed):
-                        d[:, computed] = sweep_delta(nd, L, eps[computed])
+                    d[:, computed] = sweep_delta(nd, L, eps[computed])  # never empty: min ε is kept
                     if len(skipped):
                         top = np.abs(L).max(axis=1, keepdims=True)
                         d[:, skipped] = np.where(top > eps[skipped], np.nan, 0.0)
