@@ -30,6 +30,25 @@ _FACT = np.cumprod(np.r_[1.0, np.arange(1.0, TAYLOR_TERMS + 3)])
 
 FIELDS = ("x", "p", "pr", "pl", "F", "pi", "pir", "pil", "Fi")
 
+#: |L| is capped here (beyond it e^ε overflows; the densities are then 0 to double precision)
+L_CAP = 700.0
+
+
+def log_ratio(p, pi, pr, pir, pl, pil):
+    """L = log p̂ − log p̂_i and its right and left slopes, as :func:`finite_log_ratio` leaves them."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return finite_log_ratio(np.log(p) - np.log(pi), pr / p - pir / pi, pl / p - pil / pi)
+
+
+def finite_log_ratio(L, Lr, Ll):
+    """L clipped to ±:data:`L_CAP` (NaN, where both densities vanish: 0), non-finite slopes 0."""
+    if np.isfinite(L).all():
+        L = np.clip(L, -L_CAP, L_CAP)
+    else:
+        L = np.clip(np.nan_to_num(L, nan=0.0, posinf=L_CAP, neginf=-L_CAP), -L_CAP, L_CAP)
+    Lr, Ll = (s if np.isfinite(s).all() else np.nan_to_num(s, nan=0.0, posinf=0.0, neginf=0.0) for s in (Lr, Ll))
+    return L, Lr, Ll
+
 
 #: cells of one (rows × nodes × terms) block in :func:`direct`: small enough to stay in cache
 DIRECT_CELLS = 160_000
@@ -45,18 +64,26 @@ def direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray):
     if C <= step:
         return _direct(x, centers, b)
     out = [np.empty((C, m)) for _ in range(4)]
+    # two (step, m, n) work buffers serve every block (fresh ones would cost page faults)
+    work = (np.empty((step, m, len(b))), np.empty((step, m, len(b))))
     for a in range(0, C, step):
-        part = _direct(x[a:a + step], centers if centers.ndim == 1 else centers[a:a + step], b)
+        part = _direct(x[a:a + step], centers if centers.ndim == 1 else centers[a:a + step], b, work)
         for o, p in zip(out, part):
             o[a:a + step] = p
     return tuple(out)
 
 
-def _direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray):
+def _direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray, work=None):
     n = len(b)
+    C, m = x.shape
     c = centers[None, None, :] if centers.ndim == 1 else centers[:, None, :]
-    U = (x + 0.0)[:, :, None] - c  # + 0.0: no −0.0 in x, so U carries the side of the kink in its sign
-    e = np.abs(U)
+    if work is None:
+        U, e = np.empty((C, m, n)), np.empty((C, m, n))
+    else:
+        U, e = work[0][:C], work[1][:C]
+    # + 0.0: no −0.0 in x, so U carries the side of the kink in its sign
+    np.subtract((x + 0.0)[:, :, None], c, out=U)
+    np.abs(U, out=e)
     e *= -1.0 / b
     np.exp(e, out=e)  # e^{−|x − c_l|/b_l}; the weights 1/(2 b_l n) go into the products below
     w = 0.5 / (b * n)
@@ -253,7 +280,8 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
 
     Returns ``(values, rows, K)``: the node values of the rows kept (with
     ``certified``: True on a node whose interval to the next node is a cell
-    whose kinks were left out, so nothing in it matters) and their
+    whose kinks were left out, so nothing in it matters, and the log-ratio
+    ``L``, ``Lr``, ``Ll`` of :func:`log_ratio`) and their
     :func:`row_curvature` on the grid cells. With
     ``clear_below`` a row is dropped when the certified bounds show
     sup |L| ≤ ``clear_below`` (then ε_i ≤ clear_below and δ_i(ε) = 0 for
@@ -304,6 +332,8 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     certified = np.zeros((C, G), dtype=bool)
     certified[r[~need], cell[~need]] = True
     base["certified"] = certified
+    # the log-ratio on the grid (as risk._log_ratio would compute it again after the merge)
+    base.update(zip(("L", "Lr", "Ll"), finite_log_ratio(L, Lr, Ll)))
     kr, kc = np.nonzero(take)
     if not len(kr):
         return {f: np.broadcast_to(a, (C, G)).copy() for f, a in base.items()}, rows, K
@@ -311,6 +341,7 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     kv = [a[:, 0] for a in plan.shared_at(kx[:, None])]
     kvi = [a[:, 0] for a in direct(kx[:, None], (q[None, :] - shifts)[kr], b)]
     values = dict(zip(FIELDS, (kx, *kv, *kvi)), certified=np.zeros(len(kx), dtype=bool))
+    values.update(zip(("L", "Lr", "Ll"), log_ratio(kv[0], kvi[0], kv[1], kvi[1], kv[2], kvi[2])))
     return insert_after(base, C, kr, g[kr, kc], values), rows, K
 
 

@@ -141,14 +141,7 @@ def _take_rows(nd: _Nodes, rows) -> _Nodes:
 
 
 def _log_ratio(nd: _Nodes):
-    with np.errstate(divide="ignore", invalid="ignore"):
-        L = np.log(nd.p) - np.log(nd.pi)
-        Lr = nd.pr / nd.p - nd.pir / nd.pi
-        Ll = nd.pl / nd.p - nd.pil / nd.pi
-    big = 700.0
-    return (np.clip(np.nan_to_num(L, nan=0.0, posinf=big, neginf=-big), -big, big),
-            np.nan_to_num(Lr, nan=0.0, posinf=0.0, neginf=0.0),
-            np.nan_to_num(Ll, nan=0.0, posinf=0.0, neginf=0.0))
+    return _laplace.log_ratio(nd.p, nd.pi, nd.pr, nd.pir, nd.pl, nd.pil)
 
 
 def _hermite_extremum(La, Lc, ma, mc, h):
@@ -259,6 +252,7 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
     if plan is not None:
         values, rows, K_grid = _laplace.node_values(plan, shifts, levels, clear_below, need_eps_i)
         nd = _Nodes(**values)
+        L, Lr, Ll = values["L"], values["Lr"], values["Ll"]
         certified = values["certified"]
         shifts = shifts[rows]
         kinks = model.points[None, :] - shifts
@@ -279,7 +273,7 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
         def evaluate_at(r, xe):
             e = _evaluate(model, xe[:, None], kinks[r])
             return [getattr(e, f)[:, 0] for f in _Nodes.FIELDS[1:]]
-    L, Lr, Ll = _log_ratio(nd)
+        L, Lr, Ll = _log_ratio(nd)
     curvature_at = None
     if model.kernel == "laplace":
         b = model.bandwidths

@@ -57,6 +57,31 @@ def test_direct_matches_kernel_terms():
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-15)
 
 
+def test_direct_blocks_reuse_their_buffers_without_changing_a_bit(monkeypatch):
+    rng = np.random.default_rng(2)
+    b = rng.uniform(0.2, 1.0, 9)
+    c = rng.normal(size=(23, 9))
+    x = np.c_[c[:, :1], rng.normal(size=(23, 2))]  # one node at a kink per row
+    whole = _laplace.direct(x, c, b)
+    monkeypatch.setattr(_laplace, "DIRECT_CELLS", 4 * 3 * 9)  # blocks of 4 rows, the last one of 3
+    for w, g in zip(whole, _laplace.direct(x, c, b)):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("seed", [4, 6])
+def test_node_log_ratio_is_that_of_the_merged_nodes(seed):
+    q, shifts = _case(seed)
+    model = select_density(q, kernel="laplace", bandwidth="auto")
+    ok = (np.abs(shifts) / model.bandwidths).max(axis=1) <= _laplace.MAX_BOUND
+    grid = risk.base_grid(model, (q[None, :] - shifts).ravel())
+    plan = _laplace.GridPlan(q, model.bandwidths, grid)
+    values, _, _ = _laplace.node_values(plan, shifts[ok], np.array([-0.05, 0.05]))
+    assert values["x"].shape[1] > len(grid)  # kinks were inserted
+    again = _laplace.log_ratio(*(values[f] for f in ("p", "pi", "pr", "pir", "pl", "pil")))
+    for f, a in zip(("L", "Lr", "Ll"), again):
+        np.testing.assert_array_equal(values[f], a)
+
+
 @pytest.mark.parametrize("integer", [False, True])
 def test_matrix_form_gives_the_direct_results(integer, monkeypatch):
     q, shifts = _case(5, integer)
