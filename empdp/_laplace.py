@@ -123,9 +123,11 @@ class GridPlan:
         self.shared = [a[0] for a in direct(grid[None, :], q, b)]  # p̂: p, pr, pl, F
         # Taylor coefficients of p̂ to the right of each grid node (no q_l inside a grid cell):
         # the m-th right derivative is Σ_l (∓1/b_l)^m ℓ_l(x_g), − right of q_l, + left of it.
-        rate = np.where(self.right, -1.0, 1.0) / bc
-        k = np.arange(TAYLOR_TERMS + 1)
-        self.taylor = np.einsum("lg,lgk->kg", self.E, rate[:, :, None] ** k) / _FACT[:TAYLOR_TERMS + 1, None]
+        # As two small products, AR's terms at rate −1/b_l and AL's at +1/b_l (an einsum over the
+        # (n, G, K) powers cost 30 ms a plan, 3% of a large run's evaluation)
+        k = np.arange(TAYLOR_TERMS + 1)[:, None]
+        inv = 1.0 / b[None, :]
+        self.taylor = ((-inv) ** k @ AR + inv ** k @ AL) / _FACT[:TAYLOR_TERMS + 1, None]
         # a cell is safe when the series' remainder over the whole cell is below 1e-15 of p̂ there
         h = np.diff(grid, append=grid[-1])
         z = h[None, :] / b[:, None]

@@ -15,7 +15,9 @@ SPEC 4.3) and ``shifts(codes)`` (dense Δ rows of the chosen individuals only).
 
 from __future__ import annotations
 
+import queue
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -507,11 +509,59 @@ def _arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     return tab.read_all() if hasattr(tab, "read_all") else tab
 
 
-def _arrow_batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 1 << 20):
-    """Run ``sql`` and stream the result as Arrow record batches (DuckDB 1.x and 2.x spellings)."""
+#: record batches DuckDB may produce ahead of the consumer in :func:`_arrow_batches`
+PREFETCH_BATCHES = 3
+
+
+def _arrow_batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 1 << 20,
+                   prefetch: int = PREFETCH_BATCHES):
+    """Run ``sql`` and stream the result as Arrow record batches (DuckDB 1.x and 2.x spellings).
+
+    A reader pulled on demand leaves DuckDB idle while the caller works on a batch; with
+    ``prefetch`` > 0 a background thread pulls up to that many batches ahead (on the 10^8-row
+    dense screen: 16.7–18.4 s → 13.1 s). The connection is used by one thread at a time: the
+    caller must not use it until the generator is exhausted or closed.
+    """
     rel = con.sql(sql)
-    reader = getattr(rel, "to_arrow_reader", None) or getattr(rel, "fetch_arrow_reader")
-    yield from reader(rows)
+    reader = (getattr(rel, "to_arrow_reader", None) or getattr(rel, "fetch_arrow_reader"))(rows)
+    if prefetch <= 0:
+        yield from reader
+        return
+    ready: queue.Queue = queue.Queue(maxsize=prefetch)
+    stop = threading.Event()
+    end = object()
+
+    def offer(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def pull() -> None:
+        try:
+            for batch in reader:
+                if not offer(batch):
+                    return
+            offer(end)
+        except BaseException as exc:  # handed to the consumer, raised there
+            offer(exc)
+
+    worker = threading.Thread(target=pull, name="empdp-fetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()  # the consumer stopped early (or failed): the thread ends after its current batch
+        worker.join()
 
 
 def _factorize(ids: pl.Series, name: str) -> tuple[pl.Series, np.ndarray]:
