@@ -59,11 +59,14 @@ def query_options(f):
                                      "default: 4GB or 40% of memory, whichever is smaller).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Threads for reading and for the exact evaluation (default: every core).")
+@click.option("--workers", type=click.Choice(["auto", "threads", "processes"]), default="auto", show_default=True,
+              help="Evaluate individuals in threads or in worker processes (auto: processes when there are "
+                   "many; about 10% faster on two cores). Same results either way.")
 @click.option("--drop-null-ids", is_flag=True, help="Drop rows whose id is NULL instead of failing.")
 @click.option("--no-screening", is_flag=True, help="Evaluate every individual exactly (slower; same results).")
 @output_options
 def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth, out, report, calibration, audit,
-               save_result, hash_ids, hash_key_file, memory_limit, threads, drop_null_ids, no_screening, as_json,
+               save_result, hash_ids, hash_key_file, memory_limit, threads, workers, drop_null_ids, no_screening, as_json,
                quiet, verbose, debug):
     """Per-individual empirical privacy risk of releasing QUERY of each database.
 
@@ -94,7 +97,7 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
     with progress_bars(not (as_json or quiet), log) as progress:
         result = assess(source, id=id_col, by=by, query=query, where=where, sql=sql,
                         epsilon=list(epsilon) or None, kernel=kernel, bandwidth=parse_bandwidth(bandwidth),
-                        memory_limit=memory_limit, threads=threads, drop_null_ids=drop_null_ids,
+                        memory_limit=memory_limit, threads=threads, workers=workers, drop_null_ids=drop_null_ids,
                         exact_all=bool(out), screening=not no_screening, progress=progress)
     log_summary(result, time.perf_counter() - started)
     with progress_bars(not (as_json or quiet), log) as progress:

@@ -65,6 +65,9 @@ class Panel:
     description: str
     columns: dict
     n_null_ids: int = 0
+    #: SQL mapping the ``by`` column to its 0-based database index without a join (integer
+    #: labels), or None: then :meth:`base_sql` joins the table ``__labels``
+    label_index: str | None = None
 
     @property
     def n_databases(self) -> int:
@@ -77,6 +80,9 @@ class Panel:
         conds = [f"{quote_ident(self.id)} IS NOT NULL"]
         if where:
             conds.append(f"({where})")
+        if self.label_index is not None:
+            return (f"SELECT {self.label_index} AS __j, {quote_ident(self.id)} AS __i{cols} "
+                    f"FROM {SOURCE_VIEW} WHERE {' AND '.join(conds)}")
         return (
             f"SELECT __lab.__j AS __j, {quote_ident(self.id)} AS __i{cols} "
             f"FROM {SOURCE_VIEW} JOIN __labels AS __lab "
@@ -286,7 +292,37 @@ def open_panel(
     con.execute("CREATE TEMP TABLE __labels AS SELECT * FROM "
                 f"(SELECT {qb} AS __label, (row_number() OVER (ORDER BY {qb}) - 1)::INTEGER AS __j "
                 f"FROM (SELECT DISTINCT {qb} FROM {SOURCE_VIEW}))")
+    panel.label_index = _label_index(qb, columns[by], labels)
     return panel
+
+
+#: widest range of integer labels mapped to database indices by a list lookup (not a join)
+LABEL_SPAN = 65536
+
+
+def _label_index(qb: str, dtype: str, labels: list) -> str | None:
+    """SQL for the 0-based index of the label in column ``qb``, from its value, for integer labels.
+
+    Joining every row to the label table costs as much as the per-(database, id) aggregation
+    itself when both sides stream (10^8 Parquet rows: 15–18 s against 9–11 s without it).
+    Contiguous integer labels (years, 0..n−1) are an offset; others within :data:`LABEL_SPAN`
+    are a lookup in a list literal. Other types (text, dates, ...) keep the join (None).
+    """
+    if not dtype.upper().startswith(("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT",
+                                     "UINTEGER", "UBIGINT", "HUGEINT", "UHUGEINT")):
+        return None
+    lo, hi = int(labels[0]), int(labels[-1])
+    if not (-(2**62) < lo <= hi < 2**62):
+        return None
+    offset = f"(CAST({qb} AS BIGINT) - ({lo}))"
+    if hi - lo + 1 == len(labels):
+        return f"{offset}::INTEGER"
+    if hi - lo + 1 > LABEL_SPAN:
+        return None
+    table = [-1] * (hi - lo + 1)
+    for j, label in enumerate(labels):
+        table[int(label) - lo] = j
+    return f"[{','.join(map(str, table))}][{offset} + 1]::INTEGER"
 
 
 def as_float_array(values: Any) -> np.ndarray:

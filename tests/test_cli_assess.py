@@ -64,6 +64,10 @@ def test_results_do_not_depend_on_the_thread_count(sample_path, monkeypatch):
     assert one.exit_code == 0, one.output
     assert one.output == two.output
     assert json.loads(one.output)["sweep"][0]["n_at_risk"] > 0
+    # worker processes (spawned, the blocks' shift rows pickled to them) give the same bits
+    procs = run(args + ["--threads", "2", "--workers", "processes"])
+    assert procs.exit_code == 0, procs.output
+    assert procs.output == one.output
 
 
 def test_bad_thread_count(sample_path):

@@ -1,6 +1,7 @@
 """Leave-one-out values equal re-running the query without the individual (DuckDB)."""
 
 import duckdb
+import pandas as pd
 import numpy as np
 import pytest
 
@@ -197,3 +198,55 @@ def test_assessment_does_not_keep_the_held_matrix():
     ids = full.ids.to_list()[:4]
     defined = ~full.undefined[:4]
     np.testing.assert_allclose(a.shifts_of(ids)[defined], full.shifts[:4][defined], rtol=1e-13, atol=1e-15)
+
+
+def test_streamed_batches_arrive_whole_and_in_order_with_prefetch():
+    """The background thread that pulls DuckDB's batches ahead hands over every row, in order;
+    a consumer that stops early ends it; an error in the query reaches the consumer."""
+    from empdp.loo import _arrow_batches
+
+    con = duckdb.connect()
+    sql = "SELECT range AS v FROM range(10000)"
+    for prefetch in (0, 1, 3):
+        got = np.concatenate([b.column(0).to_numpy() for b in _arrow_batches(con, sql, rows=1000, prefetch=prefetch)])
+        np.testing.assert_array_equal(got, np.arange(10000))
+    stream = _arrow_batches(con, sql, rows=100, prefetch=2)
+    first = next(stream)
+    stream.close()  # returns once the thread has stopped: the connection is free again
+    assert first.num_rows == 100
+    assert con.execute("SELECT 41 + 1").fetchall() == [(42,)]
+    bad = "SELECT CASE WHEN range < 5000 THEN range ELSE error('boom at ' || range) END AS v FROM range(10000)"
+    raised = []
+    for prefetch in (0, 2):  # the same error as without the thread (Arrow's reader wraps DuckDB's)
+        with pytest.raises(Exception, match="boom") as info:
+            for _ in _arrow_batches(con, bad, rows=100, prefetch=prefetch):
+                pass
+        raised.append(type(info.value))
+    assert raised[0] is raised[1]
+
+
+@pytest.mark.parametrize("query", ["mean(x)", "sum(x)/sum(w)", "median(x)"])
+def test_database_labels_of_any_type_give_the_same_results(query):
+    """Integer labels map to database indices by an offset (contiguous) or a list lookup (gaps),
+    other types by a join: the same data under each labelling gives the same values, in label order."""
+    from empdp.data import open_panel
+
+    df = random_panel(3)
+    years = sorted(df["year"].unique())
+    relabel = {
+        "contiguous": (dict(zip(years, years)), True),
+        "gaps": (dict(zip(years, [-7, 0, 3, 40, 41, 900][:len(years)])), True),
+        "wide": (dict(zip(years, [10**9 + 10**5 * k ** 2 for k in range(len(years))])), False),
+        "text": (dict(zip(years, [f"db{y}" for y in years])), False),
+        "date": (dict(zip(years, pd.to_datetime([f"{y}-03-01" for y in years]).date)), False),
+    }
+    ref = None
+    for name, (mapping, fast) in relabel.items():
+        d = df.assign(year=df["year"].map(mapping))
+        assert (open_panel(d, id="id", by="year").label_index is not None) == fast, name
+        r = leave_one_out(d, id="id", by="year", query=query)
+        if ref is None:
+            ref = r
+            continue
+        np.testing.assert_array_equal(r.q, ref.q, err_msg=name)
+        np.testing.assert_array_equal(r.shifts, ref.shifts, err_msg=name)
