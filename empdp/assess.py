@@ -67,7 +67,7 @@ def _check_threads(threads) -> int:
 
 def _evaluate_block(model: DensityModel, shifts: np.ndarray, eps, need_eps_i: bool, only, cap):
     """Exact ε_i, δ_i and the exact-evaluation flags of one block of shift rows, on its own grid."""
-    grid = risk.base_grid(model, (model.points[None, :] - shifts).ravel())
+    grid = risk.base_grid(model, model.points[None, :] - shifts)
     return risk.evaluate(model, shifts, eps, grid=grid, plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i,
                          return_exact=True, only=only, cap=cap)
 

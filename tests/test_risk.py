@@ -6,6 +6,7 @@ import pytest
 from empdp.assess import assess
 from empdp.density import DensityModel, select_density
 from empdp.loo import leave_one_out
+from empdp import risk
 from empdp.risk import delta_upper_bound, evaluate, term_delta, total_risk
 from reference import brute_force_risk
 
@@ -308,3 +309,19 @@ def test_saturated_levels_change_no_summary(sample_path, monkeypatch):
     kept = np.log1p(-full.total_risk) > -0.05  # never saturated: every δ_i counted
     assert kept.any() and (~kept).any()
     np.testing.assert_allclose(part.total_risk[kept], full.total_risk[kept], rtol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_grid_from_kinks_by_term_equals_grid_from_flat_kinks(seed):
+    """Kinks given by term ((rows, n)) are pre-filtered by their distance to their own q_j: the
+    grid is exactly the one the flat kinks give (only kinks the nearest-q rule drops are dropped)."""
+    rng = np.random.default_rng(seed)
+    n = [5, 20, 100][seed % 3]
+    q = rng.standard_t(2, n)
+    model = select_density(q, kernel="laplace", bandwidth="auto")
+    scale = [0.01, 0.3, 3.0, 30.0][seed % 4]
+    shifts = rng.normal(scale=scale, size=(200, n)) * model.bandwidths
+    kinks = model.points[None, :] - shifts
+    flat, by_term = risk.base_grid(model, kinks.ravel()), risk.base_grid(model, kinks)
+    np.testing.assert_array_equal(flat, by_term)
+    assert (len(flat) > len(risk.base_grid(model))) == (scale > 1)  # only far kinks add nodes
