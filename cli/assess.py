@@ -61,13 +61,13 @@ def query_options(f):
               help="Threads for reading and for the exact evaluation (default: every core).")
 @click.option("--workers", type=click.Choice(["auto", "threads", "processes"]), default="auto", show_default=True,
               help="Evaluate individuals in threads or in worker processes (auto: processes when there are "
-                   "many; about 10% faster on two cores). Same results either way.")
+                   "many; about 15% faster on two cores). Same results either way.")
 @click.option("--drop-null-ids", is_flag=True, help="Drop rows whose id is NULL instead of failing.")
 @click.option("--no-screening", is_flag=True, help="Evaluate every individual exactly (slower; same results).")
 @output_options
 def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth, out, report, calibration, audit,
-               save_result, hash_ids, hash_key_file, memory_limit, threads, workers, drop_null_ids, no_screening, as_json,
-               quiet, verbose, debug):
+               save_result, hash_ids, hash_key_file, memory_limit, threads, workers, drop_null_ids, no_screening,
+               as_json, quiet, verbose, debug):
     """Per-individual empirical privacy risk of releasing QUERY of each database.
 
     Drops each individual from every database, re-computes the query, and

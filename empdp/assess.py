@@ -360,7 +360,7 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
     workers
         ``"threads"`` (default) evaluates individuals in ``threads`` threads;
         ``"processes"`` in as many worker processes, ``"auto"`` in processes for
-        stages of at least :data:`PROCESS_ROWS` individuals (about 10% faster
+        stages of at least :data:`PROCESS_ROWS` individuals (about 15% faster
         on two cores; the CLI's default). Worker processes are started with
         'spawn', which imports the calling program's main module again: guard
         its work with ``if __name__ == "__main__":``. Results are the same.

@@ -222,12 +222,9 @@ def _dense_log_ratio(q, b, shifts, grid, per_cell=40):
     return (np.log(p)[None, :] - np.log(pi)).reshape(len(shifts), len(grid) - 1, per_cell)
 
 
-@pytest.mark.parametrize("kind", ["mean", "spread", "integer", "fixed"])
-def test_cell_bounds_hold_between_the_grid_nodes(kind):
-    """The certified bounds on L over each grid cell (row curvature from the kink intervals that
-    reach the cell) hold at dense interior points, kinks of p̂_i inside the cells included; and
-    they are tight enough to matter (the refined curvature is what clears rows and leaves kinks out)."""
-    rng = np.random.default_rng(11)
+def _bounds_case(kind: str, seed: int):
+    """A panel-like case on its shared grid: (q, b, shifts, grid, plan, L, Lr, Ll, kink cells, K)."""
+    rng = np.random.default_rng(seed)
     if kind == "integer":
         q, shifts = _case(4, integer=True)
     else:
@@ -248,6 +245,15 @@ def test_cell_bounds_hold_between_the_grid_nodes(kind):
     Lr, Ll = pr / p - pir / pi, pl / p - pil / pi
     cells = np.searchsorted(grid, q - shifts, side="right") - 1
     K = _laplace.row_curvature(shifts, b, plan.curvature, cells)
+    return q, b, shifts, grid, plan, L, Lr, Ll, cells, K
+
+
+@pytest.mark.parametrize("kind", ["mean", "spread", "integer", "fixed"])
+def test_cell_bounds_hold_between_the_grid_nodes(kind):
+    """The certified bounds on L over each grid cell (row curvature from the kink intervals that
+    reach the cell) hold at dense interior points, kinks of p̂_i inside the cells included; and
+    they are tight enough to matter (the refined curvature is what clears rows and leaves kinks out)."""
+    q, b, shifts, grid, plan, L, Lr, Ll, cells, K = _bounds_case(kind, 11)
     lo, hi = _laplace.cell_bounds(L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:], np.diff(grid), K)
     dense = _dense_log_ratio(q, b, shifts, grid)
     tol = 1e-10 * (1 + np.abs(L).max())
@@ -265,23 +271,7 @@ def test_lower_bounds_from_the_kinks_hold_and_tighten(kind):
     """The lower bounds on L that use the kinks' positions (tangents at each kink, L'' ≥ −K between
     them; min(La, Lc) − K h²/8 on cells without a kink) hold at dense interior points and at the
     kinks themselves, are never looser than :func:`cell_bounds`, and are much tighter on many cells."""
-    rng = np.random.default_rng(12)
-    q = np.sort(rng.normal(0, 0.004, 60))
-    mu = rng.normal(0, 10, (40, 1)) if kind != "spread" else rng.standard_t(2, (40, 1)) * 10
-    shifts = (mu + rng.normal(0, 1, (40, 60))) * 4e-6
-    shifts[:5] *= rng.uniform(5, 300, (5, 1))
-    shifts[5:10, rng.random(60) < 0.3] = 0.0
-    model = select_density(q, kernel="laplace", bandwidth=float(np.std(q)) / 3 if kind == "fixed" else "auto")
-    q, b = model.points, model.bandwidths
-    shifts = shifts[(np.abs(shifts) / b).max(axis=1) <= _laplace.MAX_BOUND]
-    grid = risk.base_grid(model, (q[None, :] - shifts).ravel())
-    plan = _laplace.GridPlan(q, b, grid)
-    p, pr, pl, _ = plan.shared
-    pi, pir, pil, _ = plan.shifted(shifts)
-    L = np.log(p) - np.log(pi)
-    Lr, Ll = pr / p - pir / pi, pl / p - pil / pi
-    cells = np.searchsorted(grid, q - shifts, side="right") - 1
-    K = _laplace.row_curvature(shifts, b, plan.curvature, cells)
+    q, b, shifts, grid, plan, L, Lr, Ll, cells, K = _bounds_case(kind, 12)
     lo, _ = _laplace.cell_bounds(L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:], np.diff(grid), K)
     kinks, g = np.sort(q - shifts, axis=1), np.sort(cells, axis=1)
     on_node = (g >= 0) & (grid[np.clip(g, 0, len(grid) - 1)] == kinks)
