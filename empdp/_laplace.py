@@ -335,13 +335,9 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     need = matters(lo, hi, top_k, levels)
     if need.any():  # the cells that seem to matter, again with the lower bounds the kinks allow
         k = np.flatnonzero(need)  # every kink of such a cell (the bounds are the cell's)
-        flat = r[k] * G + cell[k]
-        starts = np.r_[True, flat[1:] != flat[:-1]]
-        first = k[starts]
-        pr, pc = r[first], cell[first]
-        lo_cell = kink_lower_bound(lo[first], L[pr, pc], L[pr, pc + 1], Lr[pr, pc], Ll[pr, pc + 1],
-                                   x[pc + 1] - x[pc], K[pr, pc], np.cumsum(starts) - 1, kinks[r[k], c[k]] - x[cell[k]])
-        need[k] = matters(np.repeat(lo_cell, np.diff(np.r_[np.flatnonzero(starts), len(k)])), hi[k], top_k[k], levels)
+        starts, pair = _by_cell(r[k], cell[k], G)
+        lo_cell = _kinks_lower(lo[k[starts]], L, Lr, Ll, x, K, r[k], cell[k], kinks[r[k], c[k]], starts, pair)
+        need[k] = matters(lo_cell[pair], hi[k], top_k[k], levels)
     take = outside & ~on_node
     take[r, c] = need
     # cells whose kinks were left out: their bounds show that nothing in them matters, which
@@ -381,15 +377,26 @@ def _refined_lower(lo, L, Lr, Ll, x, K, kinks, g, on_node, below):
         lo = np.where(smooth & (chord > lo), chord, lo)
         weak = lo.ravel()[flat] < below  # the kinks of cells whose bound is still too low
     if weak.any():
-        r, cell, flat = r[weak], cell[weak], flat[weak]
-        t = kinks[r, c[weak]] - x[cell]
-        starts = np.r_[True, flat[1:] != flat[:-1]]
-        pair = np.cumsum(starts) - 1
+        r, cell = r[weak], cell[weak]
+        starts, pair = _by_cell(r, cell, cells)
         pr, pc = r[starts], cell[starts]
-        new = kink_lower_bound(lo[pr, pc], L[pr, pc], L[pr, pc + 1], Lr[pr, pc], Ll[pr, pc + 1], h[pc], K[pr, pc],
-                               pair, t)
-        lo[pr, pc] = new
+        lo[pr, pc] = _kinks_lower(lo[pr, pc], L, Lr, Ll, x, K, r, cell, kinks[r, c[weak]], starts, pair)
     return lo
+
+
+def _by_cell(r, cell, width: int):
+    """Kinks (row ``r``, grid cell ``cell``; sorted by row, then position) grouped by cell: whether
+    each is its cell's first, and its cell's index among the cells."""
+    flat = r * width + cell
+    starts = np.r_[True, flat[1:] != flat[:-1]]
+    return starts, np.cumsum(starts) - 1
+
+
+def _kinks_lower(lo, L, Lr, Ll, x, K, r, cell, xk, starts, pair):
+    """:func:`kink_lower_bound` of the cells of kinks at ``xk`` (grouped by :func:`_by_cell`)."""
+    pr, pc = r[starts], cell[starts]
+    return kink_lower_bound(lo, L[pr, pc], L[pr, pc + 1], Lr[pr, pc], Ll[pr, pc + 1], x[pc + 1] - x[pc], K[pr, pc],
+                            pair, xk - x[cell])
 
 
 def tail_limits(plan: GridPlan, shifts: np.ndarray) -> np.ndarray:
