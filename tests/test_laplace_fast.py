@@ -275,7 +275,8 @@ def test_lower_bounds_from_the_kinks_hold_and_tighten(kind):
     lo, _ = _laplace.cell_bounds(L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:], np.diff(grid), K)
     kinks, g = np.sort(q - shifts, axis=1), np.sort(cells, axis=1)
     on_node = (g >= 0) & (grid[np.clip(g, 0, len(grid) - 1)] == kinks)
-    tight = _laplace._refined_lower(lo.copy(), L, Lr, Ll, grid, K, kinks, g, on_node, np.inf)
+    r, c = np.divmod(np.arange(lo.size), lo.shape[1])
+    tight = _laplace.cells_lower(r, c, L, Lr, Ll, grid, K, kinks, g, on_node, np.inf).reshape(lo.shape)
     assert np.all(tight >= lo)
     tol = 1e-10 * (1 + np.abs(L).max())
     assert np.all(_dense_log_ratio(q, b, shifts, grid) >= tight[:, :, None] - tol)
@@ -288,3 +289,25 @@ def test_lower_bounds_from_the_kinks_hold_and_tighten(kind):
     # kinks' positions take back at least a fifth of the bound (10-15% of them gain over 25% here)
     gain = (tight - lo)[r, g[r, c]] / np.maximum(np.abs(lo[r, g[r, c]]), 1e-300)
     assert np.quantile(gain, 0.9) > 0.2
+
+
+@pytest.mark.parametrize("kind", ["mean", "spread", "fixed"])
+def test_clearing_decides_as_bounding_every_cell(kind):
+    """The clearing's first pass (hi and a crossing-free lower bound on every cell, full bounds
+    only where that falls short) clears exactly the rows that the full bounds on every cell clear,
+    at levels from "almost none" to "almost all"."""
+    q, b, shifts, grid, plan, L, Lr, Ll, cells, K = _bounds_case(kind, 13)
+    kinks, g = np.sort(q - shifts, axis=1), np.sort(cells, axis=1)
+    on_node = (g >= 0) & (grid[np.clip(g, 0, len(grid) - 1)] == kinks)
+    C, G1 = K.shape
+    r, c = np.divmod(np.arange(C * G1), G1)
+    _, hi = _laplace.cell_bounds(L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:], np.diff(grid), K)
+    rows = np.arange(C)
+    cleared = []
+    for level in np.quantile(np.abs(L).max(axis=1), [0.1, 0.5, 0.9]) * [1.0, 1.5, 3.0]:
+        lo = _laplace.cells_lower(r, c, L, Lr, Ll, grid, K, kinks, g, on_node, -level).reshape(C, G1)
+        full = np.maximum(hi, -lo).max(axis=1) <= level
+        fast = _laplace._within(rows, L, Lr, Ll, grid, K, kinks, g, on_node, level)
+        np.testing.assert_array_equal(fast, full)
+        cleared.append(full.mean())
+    assert min(cleared) < 0.5 < max(cleared)  # the levels test both outcomes
