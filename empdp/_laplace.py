@@ -363,8 +363,8 @@ def _within(rows, L, Lr, Ll, x, K, kinks, g, on_node, level) -> np.ndarray:
 
     The decision is that of :func:`cell_bounds` and :func:`cells_lower` on every cell, at a
     fraction of the passes. A first pass takes hi of :func:`cell_bounds` and a lower bound that
-    needs neither the V's crossing nor the kinks: on [0, h] each end tangent of the V is at
-    least its end value minus h times its slope's fall across the cell, minus K h²/2, so
+    needs neither the V's crossing nor the kinks: on [0, h] the arm of the V from a falls at
+    most h·max(−ma, 0) + K h²/2 below La, the arm from c at most h·max(mc, 0) + K h²/2 below Lc, so
 
         L ≥ max(La + h·min(ma, 0), Lc − h·max(mc, 0)) − K h²/2,
 
