@@ -176,10 +176,11 @@ class GridPlan:
         Rm, Rp = np.exp(-r), np.exp(r)
         V, Dr, Fi = (np.empty((C, G)) for _ in range(3))
         order = self.chunks[0]
-        Rm_s, Rp_s = Rm[:, order], Rp[:, order]
-        for g0, g1, a_hi, a_lo, BR, BL in self.chunks[1]:
+        # left-hand weights then right-hand ones, each in q order: a chunk's terms are one column range
+        R = np.concatenate([Rp[:, order], Rm[:, order]], axis=1)
+        for g0, g1, lo, hi, BB in self.chunks[1]:
             w = g1 - g0
-            part = Rm_s[:, :a_hi] @ BR + Rp_s[:, a_lo:] @ BL
+            part = R[:, lo:hi] @ BB
             V[:, g0:g1], Dr[:, g0:g1], Fi[:, g0:g1] = part[:, :w], part[:, w:2 * w], part[:, 2 * w:]
         Fi += self.n_right
         Dl = Dr.copy()
@@ -231,8 +232,10 @@ def _triangular_chunks(q: np.ndarray, grid: np.ndarray, B: np.ndarray, count: in
     chunk of nodes [g0, g1) needs the right-hand forms of the terms with
     q_l ≤ x_{g1−1} and the left-hand forms of those with q_l > x_{g0}: with
     chunks holding n/count of the q_l each, about (1 + 1/count)/2 of the full
-    product. Returns the q order and, per chunk, (g0, g1, a_hi, a_lo, BR, BL)
-    for ``R_right[:, order][:, :a_hi] @ BR + R_left[:, order][:, a_lo:] @ BL``.
+    product. Returns the q order and, per chunk, (g0, g1, lo, hi, BB) for
+    ``R[:, lo:hi] @ BB`` with R = [R_left[:, order], R_right[:, order]] (C × 2n): the left-hand
+    forms of the terms from a_lo on, then the right-hand forms of the first a_hi, one column
+    range, so one product per chunk.
     """
     n, G = len(q), len(grid)
     order = np.argsort(q, kind="stable")
@@ -242,9 +245,8 @@ def _triangular_chunks(q: np.ndarray, grid: np.ndarray, B: np.ndarray, count: in
     for g0, g1 in zip(bounds[:-1], bounds[1:]):
         cols = np.r_[g0:g1, G + g0:G + g1, 2 * G + g0:2 * G + g1]
         a_hi, a_lo = int(a[g1 - 1]), int(a[g0])
-        BR = np.ascontiguousarray(B[order[:a_hi]][:, cols])
-        BL = np.ascontiguousarray(B[n + order[a_lo:]][:, cols])
-        chunks.append((int(g0), int(g1), a_hi, a_lo, BR, BL))
+        BB = np.ascontiguousarray(np.concatenate([B[n + order[a_lo:]], B[order[:a_hi]]])[:, cols])
+        chunks.append((int(g0), int(g1), a_lo, n + a_hi, BB))
     return order, chunks
 
 
