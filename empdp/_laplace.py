@@ -273,7 +273,8 @@ def merge(base: dict, extra: dict, pos: np.ndarray) -> dict:
 
 
 def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = None,
-                clear_below: float | None = None, need_eps_i: bool = True):
+                clear_below: float | None = None, need_eps_i: bool = True,
+                sup_levels: np.ndarray | None = None):
     """Exact densities on the grid plus the row's kinks that matter, merged in order (before extrema).
 
     A kink of p̂_i strictly inside a grid cell becomes a node only if the
@@ -282,7 +283,9 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     :func:`matters`, with
     the row's largest |L| on the grid unless ``need_eps_i`` is False: then
     only for δ_i at ``levels``), or if it lies outside the grid. ``levels``
-    (sorted ±ε) None asks for ε_i only.
+    (sorted ±ε) None asks for ε_i only. At ``sup_levels`` (sorted ε > 0) only
+    whether sup |L| exceeds them is asked: the nodes' largest |L| must decide it,
+    which needs nodes in far fewer cells than every crossing does.
 
     Returns ``(values, rows, K)``: the node values of the rows kept (with
     ``certified``: True on a node whose interval to the next node is a cell
@@ -330,12 +333,12 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     cell = g[r, c]
     lo, hi = cell_bounds(L[r, cell], L[r, cell + 1], Lr[r, cell], Ll[r, cell + 1], x[cell + 1] - x[cell], K[r, cell])
     top_k = top[r, 0] if need_eps_i else np.full(len(r), np.inf)
-    need = matters(lo, hi, top_k, levels)
+    need = matters(lo, hi, top_k, levels, sup_levels, top[r, 0])
     if need.any():  # the cells that seem to matter, again with the lower bounds the kinks allow
         k = np.flatnonzero(need)  # every kink of such a cell (the bounds are the cell's)
         starts, pair = _by_cell(r[k], cell[k], G)
         lo_cell = _kinks_lower(lo[k[starts]], L, Lr, Ll, x, K, r[k], cell[k], kinks[r[k], c[k]], starts, pair)
-        need[k] = matters(lo_cell[pair], hi[k], top_k[k], levels)
+        need[k] = matters(lo_cell[pair], hi[k], top_k[k], levels, sup_levels, top[r[k], 0])
     take = outside & ~on_node
     take[r, c] = need
     # cells whose kinks were left out: their bounds show that nothing in them matters, which
@@ -613,12 +616,19 @@ def kink_lower_bound(lo, La, Lc, ma, mc, h, K, pair, t):
         return np.maximum(lo, np.where(np.isfinite(tight), tight, -np.inf))
 
 
-def matters(lo, hi, top, levels=None) -> np.ndarray:
-    """Bounds not finite, |L| bound above ``top``, or a level strictly between lo and hi."""
+def matters(lo, hi, top, levels=None, sup_levels=None, row_top=None) -> np.ndarray:
+    """Bounds not finite, |L| bound above ``top``, a level strictly between lo and hi, or a level
+    of ``sup_levels`` (sorted, positive) in [``row_top``, max(hi, −lo)): one that the nodes' largest
+    |L| (``row_top``) does not exceed but L might inside, so whether sup |L| exceeds it is open.
+    """
     with np.errstate(invalid="ignore"):
         need = ~(np.isfinite(lo) & np.isfinite(hi)) | (hi > top) | (-lo > top)
     if levels is not None and len(levels):
         need |= np.searchsorted(levels, lo, side="right") < np.searchsorted(levels, hi, side="left")
+    if sup_levels is not None and len(sup_levels):
+        with np.errstate(invalid="ignore"):
+            bound = np.maximum(hi, -lo)
+        need |= np.searchsorted(sup_levels, row_top, side="left") < np.searchsorted(sup_levels, bound, side="left")
     return need
 
 
