@@ -473,11 +473,16 @@ def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory
         want = np.union1d(want, candidates(eps[0])[:cache.capacity])
     cache.prefetch(want)
     eps_all, pos, batch = 0.0, 0, SEARCH_BATCH
+    falling = -eps_bound[order]  # ascending
     while pos < len(order) and (exhaustive or eps_bound[order[pos]] > eps_all):
-        todo = order[pos:pos + batch]
+        # a batch stops at the last bound above ε_all so far: the rows after it cannot raise ε_all
+        # (at 10^6 × 100 the doubling batches went 60% past the ~20,000 rows that can)
+        live = len(order) if exhaustive else int(np.searchsorted(falling, -eps_all, side="left"))
+        end = min(pos + batch, live)
+        todo = order[pos:end]
         run(todo[np.isnan(eps_i[todo])], eps is not None, "eps_all")
-        eps_all = max(eps_all, float(np.nanmax(eps_i[order[:pos + batch]], initial=0.0)))
-        pos, batch = pos + batch, batch * 2
+        eps_all = max(eps_all, float(np.nanmax(eps_i[order[:end]], initial=0.0)))
+        pos, batch = end, batch * 2
     if eps is None:
         eps = default_epsilons(eps_all)
         acc = _Accumulator(m, model.kernel, len(eps))
