@@ -195,10 +195,7 @@ class GridPlan:
         left_end = right_end - (on_node & (right_end > 0))  # searchsorted(x, kinks, side="left")
         lo = np.where(left_of_q, left_end, at_q).ravel()
         hi = np.where(left_of_q, at_q, right_end).ravel()
-        cnt = hi - lo
-        total = int(cnt.sum())
-        pair = np.repeat(np.arange(C * n), cnt)
-        g = np.repeat(lo, cnt) + (np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+        pair, g = expand_ranges(lo, hi - lo)
         row, term = pair // n, pair % n
         bl = b[term]
         u = x[g] - kinks.ravel()[pair]
@@ -217,6 +214,12 @@ class GridPlan:
         add(Dl, (np.where(u > 0, -tv, tv) - ms) / bl)
         add(Fi, np.where(u < 0, bl * tv, 1.0 / n - bl * tv) - np.where(side, 1.0 / n - bl * mv, bl * mv))
         return V, Dr, Dl, Fi
+
+
+def expand_ranges(first: np.ndarray, count: np.ndarray):
+    """The index ranges [first_j, first_j + count_j) laid end to end: (j of each, the index)."""
+    owner = np.repeat(np.arange(len(count)), count)
+    return owner, first[owner] + (np.arange(len(owner)) - (np.cumsum(count) - count)[owner])
 
 
 #: grid chunks of the matrix form's product (see :func:`_triangular_chunks`)
@@ -420,9 +423,7 @@ def cells_lower(r, cell, L, Lr, Ll, x, K, kinks, g, on_node, below):
         lo = np.where(smooth & (chord > lo), chord, lo)
         weak = np.flatnonzero(~smooth & (lo < below))
     if len(weak):
-        count = stop[weak] - first[weak]
-        pair = np.repeat(np.arange(len(weak)), count)
-        k = first[weak][pair] + (np.arange(len(pair)) - np.repeat(np.cumsum(count) - count, count))
+        pair, k = expand_ranges(first[weak], stop[weak] - first[weak])
         lo[weak] = kink_lower_bound(lo[weak], La[weak], Lc[weak], ma[weak], mc[weak], h[weak], Kc[weak], pair,
                                     kinks[kr[k], kc[k]] - x[cell[weak]][pair])
     return lo

@@ -473,8 +473,7 @@ def _cut_sums(nd: _Nodes, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, fir
         e = np.zeros(len(rr), dtype=np.intp)
         j = None
     else:
-        j = np.repeat(np.arange(len(rr)), count)
-        e = np.repeat(first - np.cumsum(count) + count, count) + np.arange(len(j))
+        j, e = _laplace.expand_ranges(first, count)
     contrib = np.empty(len(e))
     for c0 in range(0, len(e), CUT_CHUNK):  # cache-sized chunks: a dozen temporaries per step
         c1 = min(c0 + CUT_CHUNK, len(e))

@@ -5,8 +5,10 @@ database, x = μ_i + noise with heavy-tailed individual effects μ_i (so some
 individuals are at risk). Baseline: the time DuckDB alone takes for the
 unavoidable per-(database, individual) aggregation of the same file
 (``SELECT by, id, count(*), sum(x) ... GROUP BY by, id``, fully consumed),
-measured in the same run: before the runs, just before each run (paired), and after them. Each empdp run is a fresh ``empdp assess`` process;
-wall time and peak RSS (the largest sampled sum over the process and its worker processes) are reported.
+measured in the same run: before the runs, just before each run (paired), and
+after them. Each empdp run is a fresh ``empdp assess`` process; wall time and
+peak RSS (the largest sampled sum over the process and its worker processes)
+are reported.
 
     python tests/bench/assess_bench.py --individuals 1000000 --databases 100 --repeats 3
     python tests/bench/assess_bench.py --individuals 100000 --only a,b --repeats 3   # quick look

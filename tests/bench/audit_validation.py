@@ -25,6 +25,7 @@ Single process; seeds are fixed (run r uses seed 1000 + r).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 
@@ -93,14 +94,13 @@ def _laws(name, x, y):
         pmf = truth.rr_pmf if name == "randomized_response" else truth.shuffled_rr_pmf
         f, g = pmf(x, p["p"]), pmf(y, p["p"])
         return f, g, np.ones_like(f)
-    if name in ("laplace", "gaussian"):
-        noise = name
-        scale = p["sensitivity"] / p["epsilon"] if name == "laplace" else p["sigma"] * p["sensitivity"]
-        laws = [(np.array([_stat(d)]), np.ones(1)) for d in (x, y)]
-    elif name.startswith("subsampled_"):
-        noise = name.split("_")[1]
+    if name in ("laplace", "gaussian", "subsampled_laplace", "subsampled_gaussian"):
+        noise = name.removeprefix("subsampled_")
         scale = p["sensitivity"] / p["epsilon"] if noise == "laplace" else p["sigma"] * p["sensitivity"]
-        laws = [truth._subsample_law(d, p["q"]) for d in (x, y)]
+        if name == noise:
+            laws = [(np.array([_stat(d)]), np.ones(1)) for d in (x, y)]
+        else:
+            laws = [truth._subsample_law(d, p["q"]) for d in (x, y)]
     elif name == "noisy_gd":
         noise = "gaussian"
         moments = [truth.noisy_gd_moments(_vec(d).mean(), p["sigma"], p["lr"], int(p["steps"])) for d in (x, y)]
@@ -118,6 +118,7 @@ def _laws(name, x, y):
     return f, g, w
 
 
+@functools.lru_cache(maxsize=None)  # rows with and without bias correction share it
 def oracle_tightness(name, order, n, alpha=0.05):
     """The median LB/D_α that SPEC 7.2's bound would reach, to first order, with the exact laws
     in place of the estimates: max over the floor τ (hard floor, log grid) and both directions
