@@ -13,7 +13,8 @@ Prints one table per section with the issue's targets and PASS/FAIL:
   coverage ≥ 0.93, median LB/D_α ≥ 0.8. The subsampled Laplace rows (no target) and the
   subsampled Gaussian at n = 2e5 are extra. Beside each row, "oracle": the median LB/D_α the
   same bound would reach, to first order, with the exact output laws instead of the
-  estimates, at its best floor τ (:func:`oracle_tightness`).
+  estimates, at its best floor τ (:func:`oracle_tightness`); "binned": the same for a bound
+  on binned outputs, which needs no floor (:func:`binned_oracle_tightness`).
 - Timing (median of 10): MPL Laplace (B = 10, n = 2e4, N = 5e4) ≤ 0.5 s; Rényi Gaussian
   (n = 1e5) ≤ 2 s.
 - DP-Sniper comparison: Laplace ε0 = 0.1 on a ladder of (n, N): the smallest with median
@@ -49,6 +50,18 @@ def ok(flag):
     return "PASS" if flag else "FAIL"
 
 
+def cover_check(cover, runs, nominal=0.95, target=0.93):
+    """PASS/FAIL of a coverage target, with how often a bound of exactly the nominal level
+    covers this little in ``runs`` runs when it fails: at 200 runs a 95% bound falls below
+    0.93 about one time in twelve, so a FAIL alone does not show a bound below its level."""
+    verdict = ok(cover >= target)
+    if cover < target:
+        misses = int(round((1 - cover) * runs))
+        verdict += f" (an exact {nominal:.0%} bound misses >= {misses}/{runs} with p = " \
+                   f"{stats.binom.sf(misses - 1, runs, 1 - nominal):.2f})"
+    return verdict
+
+
 def section_mpl(runs, svt_runs):
     print("\n== MPL (pure DP), alpha = 0.05 ==")
     print(f"{'mechanism':16s} {'eps0':>5s} {'runs':>5s} {'n':>7s} {'N':>7s} {'cover':>6s} "
@@ -71,7 +84,7 @@ def section_mpl(runs, svt_runs):
                       f"{'inf':>14s} {'-':>15s} {dt:6.2f}  {target}")
                 continue
             cover = float(np.mean(lbs <= eps))
-            target = f"cover {ok(cover >= 0.93)}"
+            target = f"cover {cover_check(cover, r_count)}"
             if eps > 0.5:
                 target += f", tight {ok(med / eps >= 0.9)}"
             print(f"{name:16s} {eps:5.1f} {r_count:5d} {n:7d} {N:7d} {cover:6.3f} {med / eps:10.3f} "
@@ -152,12 +165,54 @@ def oracle_tightness(name, order, n, alpha=0.05):
     return best / exact
 
 
+@functools.lru_cache(maxsize=None)
+def binned_oracle_tightness(name, order, n, alpha=0.05):
+    """The oracle of :func:`oracle_tightness` for a bound on *binned* outputs instead of a floor:
+    bins of width w·(spread of the output), merged from each tail until every bin expects at
+    least k outputs of the denominator law, best over w, k and both directions. Binning is
+    post-processing, so D_α of the binned laws is ≤ D_α and needs no floor: this checks that
+    the gap to 1 left by the floor is not an artefact of the floor. None for discrete laws."""
+    mech = builtin(name)
+    x, y = mech.renyi_pairs[0]
+    laws = _laws(name, x, y)
+    if laws is None or len(laws[0]) < 1000:
+        return None
+    f0, g0, w = laws
+    a, z = float(order), stats.norm.ppf(1 - alpha)
+    idx = np.arange(len(f0), dtype=float)
+    mean = np.sum(w * g0 * idx)
+    spread = np.sqrt(np.sum(w * g0 * idx * idx) - mean * mean)  # in grid points
+
+    def merged(P, Q, k):  # left to right, then right to left: every bin has Q >= k/n
+        for _ in range(2):
+            cut = np.searchsorted(np.cumsum(Q), np.arange(1, int(np.sum(Q) * n / k) + 1) * k / n)
+            ends = np.unique(np.minimum(cut, len(Q) - 1))
+            starts = np.concatenate([[0], ends[:-1] + 1])
+            P, Q = np.add.reduceat(P, starts)[::-1], np.add.reduceat(Q, starts)[::-1]
+        return P, Q
+
+    best = -np.inf
+    for f, g in ((f0, g0), (g0, f0)):
+        for width in (0.01, 0.02, 0.05, 0.1):
+            starts = np.arange(0, len(f), max(1, int(width * spread)))
+            P0, Q0 = np.add.reduceat(w * f, starts), np.add.reduceat(w * g, starts)
+            for k in (5, 10, 20, 40, 80, 160):
+                P, Q = merged(P0, Q0, k)
+                r = P / Q
+                T = np.sum(P * r ** (a - 1))
+                w1, w2 = a * r ** (a - 1), (1 - a) * r ** a
+                var = (np.sum(P * w1 ** 2) - np.sum(P * w1) ** 2 + np.sum(Q * w2 ** 2) - np.sum(Q * w2) ** 2) / n
+                best = max(best, (np.log(T) - z * np.sqrt(var) / T) / (a - 1))
+    return best / mech.true_renyi_over(order, [(x, y)], True)
+
+
 def section_renyi(runs):
     print("\n== Rényi DP, alpha = 0.05 ==")
     print("oracle: the median LB/D the same floored bound would reach, to first order, with the exact")
     print("        laws in place of the estimates, at its best floor: how much of the gap to 1 is n")
+    print("binned: the same with the outputs binned (tails merged) instead of a floor, best binning")
     print(f"{'mechanism':20s} {'n':>7s} {'order':>5s} {'runs':>5s} {'D_true':>8s} {'cover':>6s} "
-          f"{'medLB/D':>8s} {'oracle':>6s} {'s/run':>6s}  target")
+          f"{'medLB/D':>8s} {'oracle':>6s} {'binned':>6s} {'s/run':>6s}  target")
     cells = [(name, 100_000, {}) for name in RENYI] + RENYI_EXTRA
     for name, n, opts in cells:
         for order in (2, 3):
@@ -171,8 +226,11 @@ def section_renyi(runs):
             extra = "" if targeted else " (extra, no target" + (", no bias correction)" if opts else ")")
             cap = oracle_tightness(name, order, n)
             cap = "" if cap is None else f"{cap:.3f}"
-            print(f"{name:20s} {n:7d} {order:5d} {runs:5d} {d:8.4f} {cover:6.3f} {med:8.3f} {cap:>6s} {dt:6.2f}  "
-                  f"cover {ok(cover >= 0.93)}, tight {ok(med >= 0.8)}{extra}")
+            binned = binned_oracle_tightness(name, order, n)
+            binned = "-" if binned is None else f"{binned:.3f}"
+            print(f"{name:20s} {n:7d} {order:5d} {runs:5d} {d:8.4f} {cover:6.3f} {med:8.3f} {cap:>6s} {binned:>6s} "
+                  f"{dt:6.2f}  "
+                  f"cover {cover_check(cover, runs)}, tight {ok(med >= 0.8)}{extra}")
             sys.stdout.flush()
 
 
