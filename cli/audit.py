@@ -8,7 +8,6 @@ import math
 import click
 
 from empdp.errors import InputError
-
 from empdp.io import read_json
 
 from ._common import emit_json, output_options, progress_bars, setup_logging
@@ -17,11 +16,27 @@ BUILTINS = ("laplace, gaussian, noisy_max, noisy_max_value, exponential, svt2, s
             "randomized_response, shuffled_rr, subsampled_laplace, subsampled_gaussian, noisy_gd")
 
 
+def _is_patterns(value: str) -> bool:
+    """Exactly 'patterns' or 'patterns:K' with K an integer; any other value is a file path."""
+    name, sep, k = value.partition(":")
+    if name != "patterns":
+        return False
+    if not sep:
+        return True
+    try:
+        int(k)
+    except ValueError:
+        return False
+    return True
+
+
 def _pairs(value):
     """--pairs: a JSON file of [x, x_prime] pairs, or 'patterns' / 'patterns:K'."""
-    if value is None or value.startswith("patterns"):
+    if value is None or _is_patterns(value):
         return value
-    data = read_json(value, "pairs file", " (or use --pairs patterns)")
+    if not value.strip():
+        raise InputError("--pairs is empty; give a JSON file of [x, x_prime] pairs, or 'patterns' / 'patterns:K'")
+    data = read_json(value, "pairs file", " (or use --pairs patterns, or patterns:K for K queries)")
     if not isinstance(data, list):
         raise InputError(f"pairs file {value!r} must hold a JSON list of [x, x_prime] pairs")
     return data
@@ -34,9 +49,13 @@ def _region(value):
         lo, hi = (float(v) for v in value.split(","))
     except ValueError:
         raise click.BadParameter(f"expected LO,HI (two numbers), got {value!r}", param_hint="--region") from None
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
-        raise click.BadParameter(f"expected finite LO ≤ HI, got {value!r}", param_hint="--region")
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):  # lo == hi is an empty region
+        raise click.BadParameter(f"expected finite LO < HI (LO strictly below HI), got {value!r}",
+                                 param_hint="--region")
     return (lo, hi)
+
+
+SEED = click.IntRange(min=0)  # NumPy seeds are non-negative
 
 
 def _fmt(v):
@@ -49,7 +68,7 @@ def _fmt(v):
 
 def _common_options(f):
     f = output_options(f)
-    f = click.option("--seed", type=int, default=None, help="Seed for reproducible runs.")(f)
+    f = click.option("--seed", type=SEED, default=None, help="Seed for reproducible runs (an integer ≥ 0).")(f)
     f = click.option("--alpha", type=float, default=0.05, show_default=True,
                      help="Error level: the bound holds with probability ≈ 1 − alpha.")(f)
     f = click.option("--pairs", default=None,
@@ -104,7 +123,8 @@ def audit():
 @_common_options
 @click.option("--n", "n", type=int, default=20000, show_default=True, help="Stage-1 outputs per database.")
 @click.option("--N", "N", type=int, default=50000, show_default=True, help="Stage-2 outputs (fresh, N > n).")
-@click.option("--region", default=None, metavar="LO,HI", help="Region C searched for the worst output.")
+@click.option("--region", default=None, metavar="LO,HI", callback=lambda ctx, param, value: _region(value),
+              help="Region C searched for the worst output (LO < HI).")
 def mpl_cmd(mechanism, params, pairs, alpha, seed, n, N, region, as_json, quiet, verbose, debug):
     """MPL lower bound on the pure-DP epsilon (Askin, Kutta, Dette 2022)."""
     from empdp.audit import mpl
@@ -112,7 +132,7 @@ def mpl_cmd(mechanism, params, pairs, alpha, seed, n, N, region, as_json, quiet,
 
     setup_logging(verbose, quiet, debug)
     with progress_bars(enabled=not as_json and not quiet) as progress:  # the library logs its stages
-        res = mpl(mechanism, _pairs(pairs), n=n, N=N, region=_region(region), alpha=alpha, rng=seed,
+        res = mpl(mechanism, _pairs(pairs), n=n, N=N, region=region, alpha=alpha, rng=seed,
                   params=parse_params(params), progress=progress)
     d = res.to_dict()
     if as_json:
@@ -147,7 +167,7 @@ def renyi_cmd(mechanism, params, pairs, alpha, seed, order, n, as_json, quiet, v
 @click.option("--top", type=int, default=5, show_default=True, help="Riskiest individuals audited.")
 @click.option("--order", type=float, default=2.0, show_default=True, help="Rényi order alpha > 1.")
 @click.option("--alpha", type=float, default=0.05, show_default=True, help="Error level of the bounds.")
-@click.option("--seed", type=int, default=None, help="Seed for reproducible runs.")
+@click.option("--seed", type=SEED, default=None, help="Seed for reproducible runs (an integer ≥ 0).")
 @output_options
 def release_cmd(calibration, source, top, order, alpha, seed, as_json, quiet, verbose, debug):
     """Audit a calibration from 'empdp calibrate' on its SOURCE (SPEC 7.4).

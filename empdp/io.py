@@ -76,5 +76,10 @@ def read_json(path: str | os.PathLike, what: str, hint: str = ""):
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{what} {str(path)!r} does not exist{hint}") from None
+    except IsADirectoryError:
+        raise InputError(f"{what} {str(path)!r} is a folder, not a JSON file{hint}") from None
+    except OSError as exc:  # permission denied, a broken device, ...
+        raise InputError(f"{what} {str(path)!r} cannot be read: {exc.strerror or exc}; "
+                         "check that it is a readable file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{what} {str(path)!r} is not valid JSON: {exc}") from None

@@ -14,9 +14,13 @@ def as_rng(rng) -> np.random.Generator:
     """A NumPy Generator from a Generator, a seed, or None (fresh entropy)."""
     if isinstance(rng, np.random.Generator):
         return rng
-    if rng is None or isinstance(rng, (int, np.integer)):
+    if rng is None:
+        return np.random.default_rng()
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+        if rng < 0:  # NumPy's own ValueError would surface as an internal error
+            raise InputError(f"the seed (rng, --seed) must be a non-negative integer, got {int(rng)}")
         return np.random.default_rng(rng)
-    raise InputError(f"rng must be a numpy Generator or an integer seed, got {type(rng).__name__}")
+    raise InputError(f"rng must be a numpy Generator or a non-negative integer seed, got {type(rng).__name__}")
 
 
 def check_size(name: str, value, minimum: int = 10) -> int:
@@ -29,6 +33,21 @@ def check_level(alpha) -> float:
     if not isinstance(alpha, (int, float)) or not 0 < alpha < 0.5:
         raise InputError(f"alpha (the confidence bound's error level) must be in (0, 0.5), got {alpha!r}")
     return float(alpha)
+
+
+#: Largest Rényi order accepted: at higher orders D_α of n outputs rests on the single most
+#: extreme output, and α·log f overflows near 10^300.
+MAX_ORDER = 1e4
+
+
+def check_order(order) -> float:
+    """The Rényi order α: a finite number in (1, MAX_ORDER] (D_α divides by α − 1)."""
+    if isinstance(order, bool) or not isinstance(order, (int, float)) or not math.isfinite(order) or order <= 1:
+        raise InputError(f"the Rényi order must be a finite number > 1, got {order!r}")
+    if order > MAX_ORDER:
+        raise InputError(f"the Rényi order {order:g} is above {MAX_ORDER:g}, where no sample of outputs "
+                         "can bound D_α; for α → ∞ D_α is the pure-DP ε: use 'empdp audit mpl'")
+    return float(order)
 
 
 def draw(mechanism, database, size: int, rng: np.random.Generator) -> np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 from scipy import special
 
 from ..errors import InputError
-from .common import as_rng, jsonable
+from .common import as_rng, check_level, check_order, check_size, jsonable
 from .mechanisms import Mechanism
 from .mpl import mpl
 from .renyi import renyi
@@ -183,6 +183,14 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     from ..noise import Calibration
     from ..noise.exact import laplace_kde_eps
 
+    # check the options before the calibration is read and the exact values computed
+    # (order = 1 would otherwise fail in exact_values, after the slow part)
+    order, alpha = check_order(order), check_level(alpha)
+    if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
+        raise InputError(f"--top must be a positive integer, got {top!r}")
+    top = int(top)
+    n, N, n_renyi = check_size("n", n), check_size("N", N), check_size("n_renyi", n_renyi, 50)
+    rng = as_rng(rng)
     cal = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
     if loo is None:
         if source is None:
@@ -192,8 +200,6 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
         from ..loo import leave_one_out
 
         loo = leave_one_out(source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql)
-    if not isinstance(top, int) or top < 1:
-        raise InputError(f"--top must be a positive integer, got {top!r}")
     q = np.asarray(loo.q, float)
     shifts = np.atleast_2d(np.asarray(loo.shifts, float)).reshape(-1, q.size)
     ids = list(getattr(loo, "ids", None) if getattr(loo, "ids", None) is not None else range(len(shifts)))
@@ -224,7 +230,6 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     log.info("release audit: exact epsilon_i and D_%g for %d shortlisted of %d individuals in %.2f s",
              order, len(shortlist), len(rows), time.perf_counter() - t0)
 
-    rng = as_rng(rng)
     individuals = [{"id": ids[k], "exact_epsilon": exact[k][0], "exact_renyi": exact[k][1]} for k in chosen]
     mech = release_mechanism(q, shifts[np.array(chosen)], kernel, b, w, lam)
     pairs = [(-1, k) for k in range(len(chosen))]
