@@ -66,7 +66,7 @@ def test_user_sampler_and_pairs_file(tmp_path, monkeypatch):
     (("mpl", "-m", "laplace", "--param", "epsilon=-1"), "epsilon must be > 0"),
     (("mpl", "-m", "laplace", "--region", "1"), "LO,HI"),
     (("mpl", "-m", "laplace", "--pairs", "missing.json"), "does not exist"),
-    (("mpl", "-m", "laplace", "--pairs", "patterns"), "patterns:K"),
+    (("mpl", "-m", "laplace", "--pairs", "patterns"), "StatDP patterns do not apply"),
     (("renyi", "-m", "gaussian", "--order", 1), "order must be"),
     (("mpl", "-m", "nomodule_xyz:f"), "cannot import module"),
 ])

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import truth
-from .patterns import answer_counts, statdp_patterns
+from .patterns import answer_counts, scale_pairs, statdp_patterns
 
 Sampler = Callable[[Any, int, np.random.Generator], np.ndarray]
 
@@ -41,6 +41,12 @@ class Mechanism:
     ``feature(x, x2, outputs)`` is an optional per-pair post-processing that MPL
     applies before estimating (a sufficient statistic for the pair, see
     :func:`answer_counts`); post-processing never raises ε, so the bound stays valid.
+    ``inputs`` says what a database is, for checking pairs: ``"queries"`` (a vector
+    of query answers, compared entry by entry; StatDP patterns apply), ``"bits"``
+    (a 0/1 vector, compared entry by entry), ``"records"`` (one value per
+    individual, of which a statistic is released) or None (a user sampler: any
+    numbers, any lengths). ``input_length`` is the vector length the mechanism is
+    calibrated for, if it has one.
     """
 
     name: str
@@ -55,6 +61,8 @@ class Mechanism:
     pattern_dim: int | None = None
     ordered_queries: bool = False
     feature: Callable | None = None
+    inputs: str | None = None
+    input_length: int | None = None
 
     def __call__(self, database, size, rng):
         return self.sampler(database, size, rng)
@@ -64,7 +72,7 @@ class Mechanism:
         if self.pair_epsilon is None:
             return None
         return _cached(("eps", self.name, repr(sorted(self.params.items())), repr(pairs)),
-                       lambda: max(self.pair_epsilon(x, y) for x, y in pairs))
+                       lambda: _max_known(self.pair_epsilon(x, y) for x, y in pairs))
 
     def true_renyi_over(self, order: float, pairs, both_directions: bool = True) -> float | None:
         """max over ``pairs`` (and both directions) of the exact D_α (None if unknown)."""
@@ -75,13 +83,27 @@ class Mechanism:
             vals = [self.renyi_divergence(order, x, y) for x, y in pairs]
             if both_directions:
                 vals += [self.renyi_divergence(order, y, x) for x, y in pairs]
-            return max(vals)
+            return _max_known(vals)
 
         key = ("renyi", self.name, repr(sorted(self.params.items())), repr(pairs), order, both_directions)
         return _cached(key, compute)
 
 
 _EXACT: dict = {}
+
+
+def _max_known(values) -> float | None:
+    """The maximum of exact per-pair values, where a pair may be unknown (None).
+
+    One infinite value makes the maximum ∞ whatever the unknown ones are;
+    otherwise an unknown value makes it unknown.
+    """
+    values = list(values)
+    if any(v is not None and math.isinf(v) for v in values):
+        return math.inf
+    if any(v is None for v in values):
+        return None
+    return max(values)
 
 
 def _cached(key, compute):
@@ -103,11 +125,21 @@ def _stat(database) -> float:
     return float(_vec(database).sum())
 
 
-def _laplace_pairs():
-    return [(0.0, b / 10) for b in range(1, 11)]
+def _laplace_pairs(sensitivity=1.0):
+    return scale_pairs([(0.0, b / 10) for b in range(1, 11)], sensitivity)
 
 
 _PAPER_RENYI_PAIR = [([0.0] * 10, [1.0] + [0.0] * 9)]  # Kutta et al. 2024, eq. (21)
+
+
+def _paper_renyi_pair(sensitivity=1.0):
+    """Kutta et al.'s pair with the changed individual contributing the sensitivity."""
+    return scale_pairs(_PAPER_RENYI_PAIR, sensitivity)
+
+
+def _scaled_region(region, sensitivity):
+    """The evaluation region C in units of the sensitivity (the output scales with it)."""
+    return region if sensitivity == 1 else tuple(v * sensitivity for v in region)
 
 
 # ----------------------------------------------------------------------------- samplers
@@ -306,19 +338,25 @@ def builtin(name: str, **params) -> Mechanism:
     return _BUILDERS[name](p)
 
 
+# Default pairs and regions scale with the ``sensitivity`` parameter: adjacent inputs
+# differ by at most the sensitivity, so the pairs stay neighbouring and the exact ε or
+# D_α over them is the mechanism's (``scale_pairs``). At sensitivity 1 they are the papers'.
+
 def _build_laplace(p):
     eps, sens = p["epsilon"], p["sensitivity"]
     return Mechanism(
-        "laplace", _laplace(eps, sens), p, _laplace_pairs(), _PAPER_RENYI_PAIR, (-1.0, 1.0), eps,
+        "laplace", _laplace(eps, sens), p, _laplace_pairs(sens), _paper_renyi_pair(sens),
+        _scaled_region((-1.0, 1.0), sens), eps, inputs="records",
         pair_epsilon=lambda x, y: abs(_stat(x) - _stat(y)) * eps / sens,
         renyi_divergence=lambda a, x, y: truth.laplace_renyi(a, abs(_stat(x) - _stat(y)) * eps / sens))
 
 
 def _build_gaussian(p):
-    sd = p["sigma"] * p["sensitivity"]
+    sens = p["sensitivity"]
+    sd = p["sigma"] * sens
     return Mechanism(
-        "gaussian", _gaussian(p["sigma"], p["sensitivity"]), p, _laplace_pairs(), _PAPER_RENYI_PAIR,
-        (-1.0, 1.0), math.inf,
+        "gaussian", _gaussian(p["sigma"], sens), p, _laplace_pairs(sens), _paper_renyi_pair(sens),
+        _scaled_region((-1.0, 1.0), sens), math.inf, inputs="records",
         pair_epsilon=lambda x, y: math.inf if _stat(x) != _stat(y) else 0.0,
         renyi_divergence=lambda a, x, y: truth.gaussian_renyi(a, abs(_stat(x) - _stat(y)), sd))
 
@@ -326,19 +364,21 @@ def _build_gaussian(p):
 def _build_noisy_max(p):
     scale = 2.0 * p["sensitivity"] / p["epsilon"]
     return Mechanism(
-        "noisy_max", _noisy_max(p["epsilon"], p["sensitivity"]), p, statdp_patterns(6), None, None,
-        p["epsilon"], pattern_dim=6,
+        "noisy_max", _noisy_max(p["epsilon"], p["sensitivity"]), p,
+        statdp_patterns(6, sensitivity=p["sensitivity"]), None, None,
+        p["epsilon"], pattern_dim=6, inputs="queries",
         pair_epsilon=lambda x, y: truth.discrete_epsilon(truth.noisy_max_pmf(x, scale),
                                                          truth.noisy_max_pmf(y, scale)))
 
 
 def _build_noisy_max_value(p):
     k = 3
-    pairs = [((0.0,) * k, (b / 10,) * k) for b in range(1, 11)]
+    sens = p["sensitivity"]
+    pairs = scale_pairs([((0.0,) * k, (b / 10,) * k) for b in range(1, 11)], sens)
     return Mechanism(
-        "noisy_max_value", _noisy_max_value(p["epsilon"], p["sensitivity"], k), p, pairs, None,
-        (-1.0, 1.0), p["epsilon"], pattern_dim=None,
-        pair_epsilon=lambda x, y: truth.noisy_max_value_epsilon(x, y, k * p["sensitivity"] / p["epsilon"]))
+        "noisy_max_value", _noisy_max_value(p["epsilon"], sens, k), p, pairs, None,
+        _scaled_region((-1.0, 1.0), sens), p["epsilon"], pattern_dim=k, inputs="queries", input_length=k,
+        pair_epsilon=lambda x, y: truth.noisy_max_value_epsilon(x, y, k * sens / p["epsilon"]))
 
 
 def _build_exponential(p):
@@ -346,13 +386,14 @@ def _build_exponential(p):
     pairs = [(1.0, 1.0 + b / 10) for b in range(1, 11)]
     return Mechanism(
         "exponential", _exponential(p["epsilon"]), p, pairs, None, (0.0, 2.0), p["epsilon"],
+        inputs="records",
         pair_epsilon=lambda x, y: truth.exponential_pair_epsilon(_stat(x), _stat(y), lam))
 
 
 def _build_svt(variant):
     def build(p):
         eps, sens = p["epsilon"], p["sensitivity"]
-        pair = None
+        pair = renyi_div = None
         if variant in (2, 4):
             if variant == 4:
                 e4 = eps * 4.0 / 7.0
@@ -362,11 +403,19 @@ def _build_svt(variant):
 
             def pair(x, y, rho=rho, nu=nu):
                 return truth.discrete_epsilon(truth.svt_pmf(x, rho, nu), truth.svt_pmf(y, rho, nu))
+        elif variant == 5:  # no query noise: the answers are a cut of the queries (exact law)
+            def pair(x, y, rho=2 * sens / eps):
+                return truth.svt5_pair_values(x, y, rho)
+
+            def renyi_div(a, x, y, rho=2 * sens / eps):
+                return truth.svt5_pair_values(x, y, rho, order=a)
+        # SVT6 has neither: every answer vector has positive probability under every input
+        # (D_α and the fixed-m ε are finite), and their exact values are not computed here.
         return Mechanism(f"svt{variant}", _svt(variant, eps, 1.0, 1, sens), p,
-                         statdp_patterns(10, ordered=True),
+                         statdp_patterns(10, ordered=True, sensitivity=sens),
                          None, None, eps if variant in (2, 4) else math.inf, pair_epsilon=pair,
-                         pattern_dim=10, ordered_queries=True,
-                         feature=answer_counts if variant in (5, 6) else None)
+                         renyi_divergence=renyi_div, pattern_dim=10, ordered_queries=True,
+                         feature=answer_counts if variant in (5, 6) else None, inputs="queries")
 
     return build
 
@@ -375,7 +424,7 @@ def _build_rr(p):
     pr = p["p"]
     return Mechanism(
         "randomized_response", _randomized_response(pr), p, [(0, 1)], [(0, 1)], None,
-        math.log(pr / (1 - pr)),
+        math.log(pr / (1 - pr)), inputs="bits",
         pair_epsilon=lambda x, y: truth.discrete_epsilon(truth.rr_pmf(x, pr), truth.rr_pmf(y, pr)),
         renyi_divergence=lambda a, x, y: truth.discrete_renyi(a, truth.rr_pmf(x, pr), truth.rr_pmf(y, pr)))
 
@@ -383,8 +432,10 @@ def _build_rr(p):
 def _build_shuffled_rr(p):
     pr = p["p"]
     pair = [([0] * 10, [1] + [0] * 9)]
+    # post-processing of local RR, so ε ≤ ln(p/(1−p)); attained at the output "no ones"
+    # for any pair differing in one bit: P_x(0)/P_x'(0) = p/(1−p)
     return Mechanism(
-        "shuffled_rr", _shuffled_rr(pr), p, pair, pair, None, None,
+        "shuffled_rr", _shuffled_rr(pr), p, pair, pair, None, math.log(pr / (1 - pr)), inputs="bits",
         pair_epsilon=lambda x, y: truth.discrete_epsilon(truth.shuffled_rr_pmf(x, pr),
                                                          truth.shuffled_rr_pmf(y, pr)),
         renyi_divergence=lambda a, x, y: truth.discrete_renyi(
@@ -399,10 +450,12 @@ def _build_subsampled(noise):
         else:
             scale = p["sigma"] * p["sensitivity"]
             eps = math.inf
+        sens = p["sensitivity"]
         return Mechanism(
             f"subsampled_{noise}",
-            _subsampled(noise, p["q"], p.get("epsilon", 1.0), p.get("sigma", 1.0), p["sensitivity"]),
-            p, [(x, y) for x, y in _PAPER_RENYI_PAIR], _PAPER_RENYI_PAIR, (-2.0, 3.0), eps,
+            _subsampled(noise, p["q"], p.get("epsilon", 1.0), p.get("sigma", 1.0), sens),
+            p, _paper_renyi_pair(sens), _paper_renyi_pair(sens), _scaled_region((-2.0, 3.0), sens), eps,
+            inputs="records",
             pair_epsilon=(lambda x, y: truth.mixture_epsilon(noise, x, y, p["q"], scale))
             if noise == "laplace" else None,
             renyi_divergence=lambda a, x, y: truth.mixture_renyi(noise, a, x, y, p["q"], scale))
@@ -417,7 +470,7 @@ def _build_noisy_gd(p):
         return truth.gaussian_renyi(a, abs(mu_x - mu_y), sd)
 
     return Mechanism("noisy_gd", _noisy_gd(p["sigma"], p["lr"], p["steps"]), p, _PAPER_RENYI_PAIR,
-                     _PAPER_RENYI_PAIR, None, math.inf, renyi_divergence=div)
+                     _PAPER_RENYI_PAIR, None, math.inf, renyi_divergence=div, inputs="records")
 
 
 _BUILDERS = {
@@ -458,12 +511,16 @@ def load_mechanism(spec, params: dict | None = None) -> Mechanism:
         return builtin(spec, **params)
     elif isinstance(spec, str) and ":" in spec:
         module_name, _, attr = spec.partition(":")
+        if not module_name.strip() or not attr.strip():
+            raise InputError(f"mechanism {spec!r} must be module:function with both parts "
+                             "(e.g. mymech:sample for def sample(database, size, rng) in mymech.py)")
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.insert(0, os.getcwd())
         try:
             module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise InputError(f"cannot import module {module_name!r} for mechanism {spec!r}: {exc}") from None
+        except (Exception, SystemExit) as exc:  # the module's own errors (SyntaxError too) are bad input
+            raise InputError(f"cannot import module {module_name!r} for mechanism {spec!r}: "
+                             f"{_one_line(f'{type(exc).__name__}: {exc}', 200)}") from None
         fn = getattr(module, attr, None)
         if not callable(fn):
             raise InputError(f"module {module_name!r} has no callable {attr!r}")
@@ -495,38 +552,118 @@ def parse_params(items) -> dict:
     return out
 
 
+#: Number of queries of the StatDP patterns for a user sampler given ``pairs="patterns"``.
+USER_PATTERN_DIM = 5
+
+_NO_PATTERNS = {
+    "records": "its database is one value per individual and it releases a statistic of them "
+               "(a sum or mean), not one answer per query",
+    "bits": "its database is a vector of 0/1 bits, and the patterns' values 0, 1, 2 are not all bits",
+}
+
+
 def resolve_pairs(mechanism: Mechanism, pairs, kind: str) -> list:
-    """Pairs to audit: given pairs, ``"patterns"``/``"patterns:K"``, or the mechanism's defaults."""
+    """Pairs to audit: given pairs, ``"patterns"``/``"patterns:K"``, or the mechanism's defaults.
+
+    ``"patterns"`` are the StatDP input patterns (``statdp_patterns``) for K queries:
+    the built-in's number of queries (scaled to its sensitivity), or K = 5 for a user
+    sampler; ``"patterns:K"`` sets K. Built-ins whose database is not a query vector
+    (a statistic of records, or bits) reject them. Every database must be a number
+    or a flat list of finite numbers; for built-ins on query or bit vectors x and
+    x′ must have the same length (and the length the mechanism is calibrated for),
+    and bits must be 0 or 1. User samplers may compare databases of different
+    lengths (add/remove-one neighbours).
+    """
     if isinstance(pairs, str):
-        name, _, dim = pairs.partition(":")
-        if name != "patterns":
-            raise InputError(f"pairs must be a list of [x, x_prime], 'patterns' or 'patterns:K', got {pairs!r}")
-        if dim:
-            try:
-                k = int(dim)
-            except ValueError:
-                raise InputError(f"'patterns:K' needs an integer K, got {dim!r}") from None
-        elif mechanism.pattern_dim:
-            k = mechanism.pattern_dim
-        else:
-            raise InputError(f"mechanism {mechanism.name!r} has no vector input; "
-                             "give the number of queries as patterns:K")
-        return statdp_patterns(k, ordered=mechanism.ordered_queries)
-    if pairs is None:
+        pairs = _patterns(mechanism, pairs)
+    elif pairs is None:
         pairs = mechanism.mpl_pairs if kind == "mpl" else mechanism.renyi_pairs
         if pairs is None:
             pairs = mechanism.mpl_pairs or mechanism.renyi_pairs
         if pairs is None:
             raise InputError(f"mechanism {mechanism.name!r} has no default pairs; give --pairs")
-        return list(pairs)
+    elif isinstance(pairs, np.ndarray):
+        pairs = pairs.tolist()
+    elif not isinstance(pairs, (list, tuple)):
+        raise InputError(f"pairs must be a list of [x, x_prime], 'patterns' or 'patterns:K', "
+                         f"got {_short(pairs)}")
     pairs = list(pairs)
     if not pairs:
         raise InputError("no pairs of databases given")
-    for item in pairs:
-        if not (isinstance(item, (list, tuple)) and len(item) == 2):
-            raise InputError(f"each pair must be [x, x_prime], got {item!r}")
-        for db in item:
-            arr = np.asarray(db)
-            if arr.dtype.kind not in "biuf" or arr.ndim > 1 or (arr.size and not np.all(np.isfinite(arr))):
-                raise InputError(f"a database must be a number or a list of finite numbers, got {db!r}")
+    for i, item in enumerate(pairs):
+        _check_pair(mechanism, i, item)
     return pairs
+
+
+def _patterns(mechanism: Mechanism, spec: str) -> list:
+    """The StatDP patterns for ``"patterns"`` or ``"patterns:K"`` (see ``resolve_pairs``)."""
+    name, sep, dim = spec.partition(":")
+    if name != "patterns":
+        raise InputError(f"pairs must be a list of [x, x_prime], 'patterns' (StatDP patterns for the "
+                         f"built-in's number of queries, {USER_PATTERN_DIM} for a user sampler) or "
+                         f"'patterns:K' (K queries), got {spec!r}")
+    if mechanism.inputs in _NO_PATTERNS:
+        raise InputError(f"StatDP patterns do not apply to mechanism {mechanism.name!r}: "
+                         f"{_NO_PATTERNS[mechanism.inputs]}; audit its default pairs (give no pairs) "
+                         "or give a list of [x, x_prime] pairs (a JSON file for --pairs)")
+    if sep:
+        try:
+            k = int(dim)
+        except ValueError:
+            raise InputError(f"'patterns:K' needs an integer number of queries K, got {dim!r}") from None
+    else:
+        k = mechanism.pattern_dim or USER_PATTERN_DIM
+    sens = mechanism.params.get("sensitivity", 1.0) if mechanism.inputs == "queries" else 1.0
+    return statdp_patterns(k, ordered=mechanism.ordered_queries, sensitivity=sens)
+
+
+def _one_line(text: str, width: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _short(value, width: int = 60) -> str:
+    """A value's repr on one short line, for error messages."""
+    return _one_line(repr(value), width)
+
+
+def _database(db, where: str) -> np.ndarray:
+    """A database as a 0-d or 1-d float array, or InputError if it is not a number or flat list."""
+    bad = InputError(f"{where}: a database must be a number or a flat list of finite numbers "
+                     f"(e.g. 3 or [0, 1, 1]), got {_short(db)}")
+    if db is None or isinstance(db, (str, bytes, dict, set)):
+        raise bad
+    try:
+        arr = np.asarray(db)
+    except (ValueError, TypeError):  # ragged nesting
+        raise bad from None
+    if arr.dtype.kind not in "biuf" or arr.ndim > 1 or not np.all(np.isfinite(arr)):
+        raise bad
+    return arr
+
+
+def _check_pair(mechanism: Mechanism, i: int, item) -> None:
+    where = f"pairs[{i}]"
+    if not (isinstance(item, (list, tuple)) and len(item) == 2):
+        raise InputError(f"{where}: each pair must be [x, x_prime], got {_short(item)}")
+    x, y = (_database(db, where) for db in item)
+    kind = mechanism.inputs
+    if kind not in ("queries", "bits"):
+        return
+    what = "query answers" if kind == "queries" else "bits"
+
+    def size(a):
+        return "a number" if a.ndim == 0 else f"{a.size} entries"
+
+    if x.shape != y.shape:
+        raise InputError(f"{where}: x and x_prime must have the same length for {mechanism.name!r} (its "
+                         f"database is a vector of {what}, compared entry by entry), got {size(x)} and "
+                         f"{size(y)}")
+    if x.size == 0:
+        raise InputError(f"{where}: mechanism {mechanism.name!r} needs at least one entry in a database")
+    if mechanism.input_length is not None and x.size != mechanism.input_length:
+        raise InputError(f"{where}: mechanism {mechanism.name!r} is calibrated for "
+                         f"{mechanism.input_length} {what}, got {size(x)}")
+    if kind == "bits" and not (np.isin(x, (0, 1)).all() and np.isin(y, (0, 1)).all()):
+        raise InputError(f"{where}: mechanism {mechanism.name!r} takes bits (0 or 1), got "
+                         f"{_short(item[0])} and {_short(item[1])}")

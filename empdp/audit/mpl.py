@@ -107,15 +107,30 @@ class MPLResult:
         return jsonable(out)
 
 
-def _region_bounds(region, d: int, pooled: np.ndarray):
+def _check_region(region):
+    """The region C as a (2,) or (d, 2) float array; InputError unless finite with lo < hi."""
+    bad = InputError(f"region must be (lo, hi) or one (lo, hi) per output dimension, finite with "
+                     f"lo < hi, got {region!r}")
+    try:
+        arr = np.asarray(region, dtype=float)
+    except (ValueError, TypeError):
+        raise bad from None
+    if arr.shape[-1:] != (2,) or arr.ndim > 2 or arr.size == 0 or not np.all(np.isfinite(arr)) \
+            or np.any(arr[..., 0] >= arr[..., 1]):
+        raise bad
+    return arr
+
+
+def _region_bounds(region, d: int, pooled: np.ndarray | None):
+    """Lower and upper corners of the box C in d output dimensions ((lo, hi) applies to each)."""
     if region is None:
         return np.quantile(pooled, 0.005, axis=0), np.quantile(pooled, 0.995, axis=0)
-    arr = np.asarray(region, dtype=float)
+    arr = _check_region(region)
     if arr.shape == (2,):
         arr = np.tile(arr, (d, 1))
-    if arr.shape != (d, 2) or not np.all(np.isfinite(arr)) or np.any(arr[:, 0] > arr[:, 1]):
-        raise InputError(f"region must be (lo, hi) or one (lo, hi) per output dimension with lo ≤ hi, "
-                         f"got {region!r}")
+    if arr.shape != (d, 2):
+        raise InputError(f"region has {arr.shape[0]} (lo, hi) rows but the outputs have {d} dimensions; "
+                         f"give one (lo, hi) for all or one per dimension, got {region!r}")
     return arr[:, 0], arr[:, 1]
 
 
@@ -160,11 +175,12 @@ def _stage1_discrete(x, y, tau, zc, N, region, events: bool):
     k = len(cats)
     px, py = frequencies(cx, k), frequencies(cy, k)
     keep = np.ones(k, dtype=bool)
-    if region is not None and cats.shape[1] == 1:
-        lo, hi = np.asarray(region, float).ravel()[:2]
-        keep = (cats[:, 0] >= lo) & (cats[:, 0] <= hi)
+    if region is not None:  # a box: every coordinate of an output within its (lo, hi)
+        lo, hi = _region_bounds(region, cats.shape[1], None)
+        keep = np.all((cats >= lo) & (cats <= hi), axis=1)
         if not keep.any():
-            raise InputError(f"no observed output lies in the region {region!r}")
+            raise InputError(f"no observed output lies in the region {region!r} (for vector outputs, "
+                             "a box applied to every coordinate); widen it or omit it")
     fx, fy = np.maximum(px, tau), np.maximum(py, tau)
     ratio = np.log(fx) - np.log(fy)
     loss = np.abs(ratio)
@@ -205,6 +221,9 @@ def _dpl(x, y, is_discrete, o) -> dict:
         N = o["N"]
         h2 = h * (N / n) ** (-1.0 / (d + 4)) * N ** (-o["undersmooth"])
         pts, loss, crit = _stage1_continuous(x, y, h, lo, hi, t0, o["zc"], math.sqrt(N * np.prod(h2)))
+        if len(pts) == 0:
+            raise InputError(f"the region {np.column_stack([lo, hi]).tolist()} holds no evaluation point "
+                             "of the density estimate; widen it or omit it")
         scores = crit if o["selection"] == "lb" else loss
         i = int(np.argmax(scores))
         score = float(scores[i])
@@ -245,9 +264,11 @@ def mpl(mechanism, pairs=None, n: int = 20000, N: int = 50000, region=None, alph
         mechanism's default pairs. With x fixed and x′ over its neighbourhood the bound is
         the data-centric ε_x.
     n, N : stage-1 and stage-2 sample sizes per database (N > n).
-    region : the bounded set C, (lo, hi) or one (lo, hi) per output dimension; default: the
-        built-in's region, else the central 99% of the stage-1 outputs. Discrete outputs use
-        every observed value (restricted to [lo, hi] for scalar outputs when given).
+    region : the bounded set C, (lo, hi) or one (lo, hi) per output dimension, lo < hi; (lo, hi)
+        applies to every coordinate (a box). Default: the built-in's region, else the central
+        99% of the stage-1 outputs. Discrete outputs use every observed value, or when a region
+        is given the observed values inside the box (for vector outputs every coordinate, after
+        the ``feature``); both the single outputs and the events are restricted to it.
     alpha : error level; P(LB ≤ ε) ≥ 1 − alpha asymptotically (Theorem 2).
     rng : numpy Generator or seed.
     tau : density floor (default 20/n for frequencies, 10^-3 / output spread for densities).
@@ -263,7 +284,12 @@ def mpl(mechanism, pairs=None, n: int = 20000, N: int = 50000, region=None, alph
     mech = load_mechanism(mechanism, params)
     pairs = resolve_pairs(mech, pairs, "mpl")
     n, N = check_size("n", n), check_size("N", N)
+    if N <= n:
+        raise InputError(f"N (stage-2 outputs, {N}) must be larger than n (stage-1 outputs, {n}): stage 2 "
+                         "measures the selected output with fresh, more numerous samples")
     alpha = check_level(alpha)
+    if region is not None:
+        _check_region(region)
     if selection not in ("lb", "max"):
         raise InputError(f"selection must be 'lb' or 'max', got {selection!r}")
     if tau is not None and not (isinstance(tau, (int, float)) and tau > 0):
@@ -369,6 +395,11 @@ def mpl(mechanism, pairs=None, n: int = 20000, N: int = 50000, region=None, alph
         np.column_stack(_region_bounds(region, as_samples(xs).shape[1], np.vstack([xs, ys]))).tolist()
         if not is_discrete else np.asarray(region, float).tolist())
     true_eps = mech.epsilon
+    pairs_true = _safe(lambda: mech.true_epsilon_over(pairs))
+    if true_eps is not None and pairs_true is not None and pairs_true > true_eps * (1 + 1e-6) + 1e-9:
+        warnings.append(f"the exact epsilon over the audited pairs ({pairs_true:.4g}) exceeds the mechanism's "
+                        f"({true_eps:.4g}): the pairs are not neighbours for its sensitivity, so the bound "
+                        "may exceed the true value")
     return MPLResult(
         lower_bound=float(lb), estimate=best["estimate"], pair=(x_db, y_db), pair_index=b,
         t_hat=_point(t_hat), event=None if event is None else [_point(t) for t in event],
@@ -376,7 +407,7 @@ def mpl(mechanism, pairs=None, n: int = 20000, N: int = 50000, region=None, alph
         discrete=is_discrete, tau=float(tau_used),
         bandwidth=None if h2 is None else [float(v) for v in np.atleast_1d(h2)],
         region=region_out, selection=selection, true_value=true_eps,
-        pairs_true_value=_safe(lambda: mech.true_epsilon_over(pairs)),
+        pairs_true_value=pairs_true,
         feature=None if feature is None else getattr(feature, "__name__", "feature"),
         pair_estimates=estimates, loss_curve=loss_curve, warnings=warnings)
 

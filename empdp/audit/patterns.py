@@ -2,7 +2,8 @@
 and the per-pattern answer counts that summarise the outputs of query-wise mechanisms.
 
 Each pattern is a pair of query-answer vectors that differ by at most 1 in
-every component (counting queries on adjacent databases).
+every component (counting queries on adjacent databases); for queries of
+sensitivity s the values 0, 1, 2 become 1 − s, 1, 1 + s (``scale_pairs``).
 """
 
 from __future__ import annotations
@@ -17,20 +18,45 @@ PATTERN_NAMES = (
 )
 ORDERED_NAMES = ("one above rest below (last)", "one below rest above (last)")
 
+#: Largest number of queries for generated patterns (ten pairs of vectors of this length).
+MAX_PATTERN_DIM = 100_000
 
-def statdp_patterns(dim: int, ordered: bool = False) -> list[tuple[list[int], list[int]]]:
+
+def scale_pairs(pairs: list, sensitivity: float, centre: float = 0.0) -> list:
+    """Pairs for inputs of sensitivity s: every value v becomes centre + (v − centre)·s.
+
+    The reference pairs differ by at most 1 per entry; scaled, by at most s, so
+    they stay neighbouring. Scaling noise and inputs together leaves the law of
+    the (centred) output unchanged, so the exact ε or D_α over the pairs does not
+    depend on s. At s = 1 the pairs are returned as they are (bit-identical audits).
+    """
+    if sensitivity == 1:
+        return pairs
+
+    def scale(db):
+        if isinstance(db, (list, tuple)):
+            return type(db)(centre + (v - centre) * sensitivity for v in db)
+        return centre + (db - centre) * sensitivity
+
+    return [(scale(x), scale(y)) for x, y in pairs]
+
+
+def statdp_patterns(dim: int, ordered: bool = False, sensitivity: float = 1.0) -> list[tuple[list, list]]:
     """The eight StatDP patterns for ``dim`` queries, in the order of PATTERN_NAMES.
 
     With ``ordered`` (for mechanisms that read the queries in order, like the
     Sparse Vector variants) two more pairs put the odd query last instead of
     first: "one above rest below (last)" and "one below rest above (last)".
+    With ``sensitivity`` s ≠ 1 the values 0, 1, 2 become 1 − s, 1, 1 + s
+    (around the threshold T = 1 of the Sparse Vector variants).
     """
-    if int(dim) != dim or dim < 2:
-        raise InputError(f"StatDP patterns need at least 2 queries, got dimension {dim!r}")
+    if int(dim) != dim or not 2 <= dim <= MAX_PATTERN_DIM:
+        raise InputError(f"StatDP patterns need between 2 and {MAX_PATTERN_DIM:,} queries, "
+                         f"got dimension {dim!r}")
     dim = int(dim)
     half = dim // 2
     ones = [1] * dim
-    return [
+    return scale_pairs([
         (ones, [0] + [1] * (dim - 1)),
         (ones, [2] + [1] * (dim - 1)),
         (ones, [2] + [0] * (dim - 1)),
@@ -42,7 +68,7 @@ def statdp_patterns(dim: int, ordered: bool = False) -> list[tuple[list[int], li
     ] + ([
         (ones, [0] * (dim - 1) + [2]),
         (ones, [2] * (dim - 1) + [0]),
-    ] if ordered else [])
+    ] if ordered else []), sensitivity, centre=1.0)
 
 
 def answer_counts(x, x_prime, outputs) -> np.ndarray:

@@ -167,6 +167,45 @@ def svt_pmf(q, rho_scale: float, nu_scale: float, threshold: float = 1.0) -> np.
     return w @ np.exp(log_rho[:, None] + logs)
 
 
+def svt5_law(q, rho_scale: float, threshold: float = 1.0) -> dict:
+    """Law of SVT5's answers 1{q_i ≥ T + ρ} (no query noise), as {answers: probability}.
+
+    The answers are the queries at or above a cut: with v_1 < … < v_k the distinct
+    values of q, ρ ∈ (v_{j−1} − T, v_j − T] gives "q_i ≥ v_j" and ρ > v_k − T gives
+    none above. Every one of these k + 1 answer vectors has positive probability
+    (ρ is Laplace), and no other vector occurs: the support is exact even where a
+    probability underflows.
+    """
+    q = np.atleast_1d(np.asarray(q, float))
+    vals = np.unique(q)
+    edges = np.concatenate([[-np.inf], vals - threshold, [np.inf]])
+    lo, hi = edges[:-1], edges[1:]
+    cdf, sf = stats.laplace.cdf, stats.laplace.sf  # upper intervals by sf: no cancellation
+    mass = np.where(lo >= 0, sf(lo, scale=rho_scale) - sf(hi, scale=rho_scale),
+                    cdf(hi, scale=rho_scale) - cdf(lo, scale=rho_scale))
+    patterns = [tuple((q >= v).astype(int).tolist()) for v in vals] + [(0,) * q.size]
+    return dict(zip(patterns, mass.tolist()))
+
+
+def svt5_pair_values(x, y, rho_scale: float, order: float | None = None, threshold: float = 1.0):
+    """ε_{x,y} (``order`` None) or D_α(M(x) ‖ M(y)) of SVT5, or None when not exactly computable.
+
+    ∞ exactly when the supports differ (in the direction of D_α: x charges an
+    answer vector that y cannot give); otherwise from the two laws, unless a
+    probability underflowed to 0 (then the value is not known exactly).
+    """
+    px, py = svt5_law(x, rho_scale, threshold), svt5_law(y, rho_scale, threshold)
+    if order is None and set(px) != set(py):
+        return math.inf
+    if order is not None and not set(px) <= set(py):
+        return math.inf
+    keys = sorted(set(px) | set(py))
+    p, r = np.array([px.get(k, 0.0) for k in keys]), np.array([py.get(k, 0.0) for k in keys])
+    if np.any(p[[k in px for k in keys]] <= 0) or np.any(r[[k in py for k in keys]] <= 0):
+        return None
+    return discrete_epsilon(p, r) if order is None else discrete_renyi(order, p, r)
+
+
 # ----------------------------------------------------------------------------- continuous laws
 
 def noisy_max_value_epsilon(v, w, scale: float) -> float:
@@ -205,7 +244,9 @@ def _mixture_logpdf(noise: str, t, support, weights, scale):
         comp = -np.abs(t[:, None] - support[None, :]) / scale - math.log(2 * scale)
     else:
         comp = stats.norm.logpdf(t[:, None], loc=support[None, :], scale=scale)
-    return special.logsumexp(comp + np.log(weights)[None, :], axis=1)
+    with np.errstate(divide="ignore"):  # q = 1 gives zero weights: log 0 = −∞ drops them exactly
+        log_w = np.log(weights)
+    return special.logsumexp(comp + log_w[None, :], axis=1)
 
 
 def mixture_renyi(noise: str, order: float, x, y, q: float, scale: float) -> float:
