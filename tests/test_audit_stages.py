@@ -16,6 +16,7 @@ from empdp.audit.kde import contains
 from empdp.audit.patterns import answer_counts
 from empdp.audit.renyi import floored_divergence
 from empdp.cli.main import cli
+from empdp.errors import InputError
 
 BAR = "━"  # rich's bar glyph
 ESC = "\x1b["
@@ -118,6 +119,56 @@ def test_bias_correction_removes_the_plug_in_bias():
         est[noise] = np.mean([floored_divergence(a, b, np.ones(f.size), order, 1e-9, 1e10, n, n,
                                                  noise=noise)[0] for a, b in zip(fx, fy)])
     assert abs(est[1.0] - exact) < 0.3 * abs(est[None] - exact), (est, exact)
+
+
+def test_floored_divergence_on_a_log_scale_matches_the_direct_sum_and_survives_high_orders():
+    """Probabilities on 5 points: D̂ equals log Σ f^α s(g)^{1−α} / (α − 1) computed directly at
+    α = 3, and by logsumexp at α = 400, where f^α underflows (the old sum gave T = 0)."""
+    f, g = np.array([0.3, 0.25, 0.2, 0.15, 0.1]), np.array([0.1, 0.15, 0.2, 0.25, 0.3])
+    tau, eta = 1e-9, 1e12
+    s = np.logaddexp(eta * g, eta * tau) / eta
+    for order in (3.0, 400.0):
+        D, sigma, share, rel_se, corrected = floored_divergence(f, g, np.ones(5), order, tau, eta, 10**6, 10**6)
+        log_terms = order * np.log(f) + (1 - order) * np.log(s)
+        top = log_terms.max()
+        assert D == pytest.approx((top + math.log(np.exp(log_terms - top).sum())) / (order - 1), rel=1e-12)
+        assert math.isfinite(sigma) and sigma > 0 and share == 0.0 and not corrected
+    direct = math.log(np.sum(f ** 3 * s ** -2.0)) / 2
+    assert floored_divergence(f, g, np.ones(5), 3.0, tau, eta, 10**6, 10**6)[0] == pytest.approx(direct, rel=1e-12)
+
+
+def test_renyi_at_high_orders_skips_the_bias_correction_and_warns():
+    """Gaussian mechanism (D_α = α/2), n = 2000: at α = 50 the second-order correction used to put
+    the bound at 499 (D = 25); beyond its range it is skipped and the result says why."""
+    for seed in range(3):
+        res = renyi("gaussian", order=50, n=2000, rng=seed)
+        assert res.lower_bound <= res.true_value == 25.0
+        assert not res.bias_corrected
+        assert any("relative standard error" in w and "increase n" in w for w in res.warnings)
+    ok = renyi("gaussian", order=2, n=100_000, rng=1)
+    assert ok.bias_corrected and not any("relative standard error" in w for w in ok.warnings)
+
+
+def test_renyi_floor_grows_with_the_order():
+    """Laplace mechanism (ε = 1), α = 10, n = 10^4: with the floor tuned for α ≤ 3 the bound
+    exceeded D_α in 17 of 100 runs (noisy tail points raised to the 10th power); the floor
+    grown by α(α − 1)/6 keeps it below in all but the allowed few."""
+    runs = [renyi("laplace", order=10, n=10_000, rng=100 + s) for s in range(20)]
+    assert sum(r.lower_bound > r.true_value for r in runs) <= 1
+    assert np.median([r.lower_bound / r.true_value for r in runs]) > 0.9
+    low = renyi("laplace", order=3, n=10_000, rng=1)
+    high = renyi("laplace", order=10, n=10_000, rng=1)
+    assert high.tau / low.tau == pytest.approx(15, rel=0.1)  # the same spread, so h differs by little
+
+
+def test_renyi_extreme_orders_are_refused_or_computed_without_overflow():
+    import warnings
+    with pytest.raises(InputError, match="above 10000"):
+        renyi("gaussian", order=1e300, n=2000, rng=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow / invalid-value warnings either
+        res = renyi("gaussian", order=1000, n=2000, rng=1)
+    assert math.isfinite(res.lower_bound) and res.lower_bound <= res.true_value
 
 
 def test_progress_callback_reports_every_stage():

@@ -10,7 +10,9 @@ w₂ = (1 − α) f̂^α s(ĝ)^{−α} s′(ĝ); then LB = D̂ − z_{1−α_con
 
 Three refinements of SPEC 7.2, each measured in tests/bench/audit_validation.py:
 the floor τ is tied to the noise of the estimate (20/n for frequencies, the
-density where the KDE's relative error is 1/2 for densities); σ̂ is computed
+density where the KDE's relative error is 1/2 for densities; both times
+α(α − 1)/6 above α = 3, since the plug-in raises that noise to the power α);
+σ̂ is computed
 from densities at the ordinary rule-of-thumb bandwidth (a smooth nuisance
 functional; at the undersmoothed one, noise in the tails inflates it); and
 D̂ is corrected for its second-order bias (b_T/T − Var T̂/(2T²))/(α − 1),
@@ -19,7 +21,8 @@ high by O(1/(n h)); for small
 divergences such as the subsampled Laplace mechanism, D ≈ 0.05, that is one
 standard error and the uncorrected bound exceeds D in 15% of runs). The
 correction is applied where ĝ ≥ 4τ only: closer to the floor the expansion
-overshoots.
+overshoots; and not at all when T̂'s relative standard error exceeds 1/2 (high
+orders, few outputs), where the expansion fails: the result then says so.
 
 Several candidates (pairs, and both directions of each, since RDP bounds
 both) go through a pilot on n/5 fresh outputs per database: the candidates
@@ -45,8 +48,8 @@ import numpy as np
 from scipy import special, stats
 
 from ..errors import InputError
-from .common import (as_rng, check_level, check_size, continuous_dim, detect_discrete, draw,
-                     jsonable)
+from .common import (as_rng, check_level, check_order, check_size, continuous_dim, detect_discrete,
+                     draw, jsonable)
 from .kde import GAUSS_R, as_samples, binned_kde, categorize, frequencies, make_grid, rule_of_thumb
 from .mechanisms import load_mechanism, resolve_pairs
 
@@ -61,7 +64,17 @@ log = logging.getLogger("empdp.audit")
 #: short of the spread of D̂ (by 20% for the Gaussian, α = 3, at 10^-4).
 TAU_COUNTS = 20.0
 BIAS_MIN_FLOORS = 4.0
+#: The bias correction needs both of its terms, b_T/T and Var T̂/T², at most this large
+#: (σ̂_T/T̂ ≤ 0.5); beyond, the second-order expansion is not to be trusted.
+BIAS_TERMS_MAX = 0.25
+#: σ̂_T/T̂ above this: the normal approximation behind the bound is poor (a warning).
+REL_SE_WARN = 0.3
 TAU_NOISE = 4.0
+#: Both floors grow with α(α − 1)/6 above α = 3: the plug-in's convexity bias at a point is
+#: about α(α − 1)/2 times the relative variance of the estimate there, so a floor tuned for
+#: α ≤ 3 lets noisy points dominate T̂ at high orders (Laplace, α = 10, n = 10^5: the
+#: bound exceeded D_α in 23% of runs).
+FLOOR_ORDER_BASE = 6.0
 ETA_FACTOR = 10.0
 UNDERSMOOTH = 0.05
 GRID = 2000
@@ -133,52 +146,72 @@ def floored_divergence(f, g, weight, order: float, tau: float, eta: float, n: in
     (∫K_h² for a KDE, 1 for frequencies) the second-order bias of D̂ is removed:
     E log T̂ − log T ≈ b_T/T − Var T̂/(2T²), b_T = ½ Σ [∂²φ/∂f² Var f̂ + ∂²φ/∂g² Var ĝ],
     φ = f^α s(g)^{1−α}, Var f̂ ≈ f (c − f)/n (φ is convex, so T̂ runs high by O(1/(n h))).
-    Returns (D̂, σ̂_D, floor_share) where floor_share is the fraction of T̂ coming from
-    points where ĝ < τ (the floor binds there).
+    The expansion holds only while both terms are small; when either exceeds
+    BIAS_TERMS_MAX (high orders or few outputs, where T̂ is dominated by a few points)
+    the correction is not applied: it would overshoot, by orders of magnitude at α ≥ 25.
+    Sums run on a log scale (every term divided by the largest), so that high orders
+    neither overflow nor underflow.
+    Returns (D̂, σ̂_D, floor_share, rel_se, corrected): floor_share is the fraction of T̂
+    from points where ĝ < τ (the floor binds there), rel_se = σ̂_T / T̂, and corrected
+    says whether the bias correction was applied.
     """
     a = order
-    T, integrand, _, _ = _integral(f, g, weight, a, tau, eta)
+    top, T, integrand, _, _ = _integral(f, g, weight, a, tau, eta)
     if not T > 0:
         raise InputError("the two output samples do not overlap: the Rényi estimate is undefined")
     fv, gv = (f, g) if var_densities is None else var_densities
-    Tv, _, w1, w2 = _integral(fv, gv, weight, a, tau, eta)
+    top_v, Tv, _, w1, w2 = _integral(fv, gv, weight, a, tau, eta)
 
     def var(p, w):
         mass = float(np.sum(p * weight))
         mean = float(np.sum(p * w * weight)) / mass
         return max(float(np.sum(p * w * w * weight)) / mass - mean * mean, 0.0)
 
-    var_t = var(fv, w1) / n + var(gv, w2) / m
-    D = math.log(T) / (a - 1)
+    var_t = var(fv, w1) / n + var(gv, w2) / m  # Var T̂ · e^{−2 top_v}
+    D = (top + math.log(T)) / (a - 1)
+    rel_se = math.sqrt(var_t) / Tv if Tv > 0 else math.inf
+    corrected = False
     if noise is not None:  # E log T̂ ≈ log T + bias_T/T − Var T̂/(2T²)
-        D -= (_bias(fv, gv, weight, a, tau, eta, noise, n, m) / T - var_t / (2 * T * T)) / (a - 1)
-    sigma_d = math.sqrt(var_t) / ((a - 1) * (Tv if Tv > 0 else T))
+        shift = math.exp(top_v - top) / T
+        bias_rel = _bias(fv, gv, weight, a, tau, eta, noise, n, m, top_v) * shift
+        var_rel = var_t * shift * shift
+        if abs(bias_rel) <= BIAS_TERMS_MAX and max(var_rel, rel_se * rel_se) <= BIAS_TERMS_MAX:
+            D -= (bias_rel - var_rel / 2) / (a - 1)
+            corrected = True
+    sigma_d = rel_se / (a - 1)
     share = float(np.sum(integrand * weight * (g < tau))) / T
-    return D, sigma_d, share
+    return D, sigma_d, share, rel_se, corrected
 
 
-def _bias(f, g, weight, a, tau, eta, c, n, m):
-    """½ Σ weight·[φ_ff Var f̂ + φ_gg Var ĝ] for φ = f^α s(g)^{1−α}, Var f̂ = f(c − f)/n."""
+def _bias(f, g, weight, a, tau, eta, c, n, m, top):
+    """e^{−top} · ½ Σ weight·[φ_ff Var f̂ + φ_gg Var ĝ] for φ = f^α s(g)^{1−α}, Var f̂ = f(c − f)/n."""
     s, ds = _floor(g, tau, eta)
     pos = f > 0
-    fa1 = np.where(pos, np.exp((a - 1) * np.log(np.where(pos, f, 1.0))), 0.0)  # f^{α−1}
-    term_f = a * (a - 1) * fa1 * s ** (1 - a) * np.maximum(c - f, 0.0) / n
-    phi_gg = (1 - a) * fa1 * f * s ** (-a) * (-a * ds * ds / s + eta * ds * (1 - ds))
+    logf = np.log(np.where(pos, f, 1.0))
+    scaled = np.exp(np.where(pos, a * (logf - np.log(s)) + np.log(s) - top, -np.inf))  # φ e^{−top}
+    term_f = a * (a - 1) * scaled / np.where(pos, f, 1.0) * np.maximum(c - f, 0.0) / n
+    phi_gg = (1 - a) * scaled / s * (-a * ds * ds / s + eta * ds * (1 - ds))
     term_g = phi_gg * g * np.maximum(c - g, 0.0) / m
     reliable = g >= BIAS_MIN_FLOORS * tau  # the expansion fails where ĝ is within noise of the floor
     return 0.5 * float(np.sum((term_f + term_g) * weight * reliable))
 
 
 def _integral(f, g, weight, a, tau, eta):
-    """T = Σ f^α s(g)^{1−α}·weight, its integrand, and the weights w₁ = ∂/∂f, w₂ = ∂/∂g (SPEC 7.2)."""
+    """The terms of T = Σ f^α s(g)^{1−α}·weight on a log scale: (top, T e^{−top}, integrand
+    e^{−top}, w₁ e^{−top}, w₂ e^{−top}) with top the largest log term and w₁ = ∂/∂f,
+    w₂ = ∂/∂g of the integrand (SPEC 7.2). top = −inf when f is 0 everywhere."""
     s, ds = _floor(g, tau, eta)
     pos = f > 0
     logf = np.where(pos, np.log(np.where(pos, f, 1.0)), -np.inf)
     logs = np.log(s)
-    integrand = np.where(pos, np.exp(a * logf + (1 - a) * logs), 0.0)
-    w1 = np.where(pos, a * np.exp((a - 1) * logf + (1 - a) * logs), 0.0)
-    w2 = np.where(pos, (1 - a) * np.exp(a * logf - a * logs) * ds, 0.0)
-    return float(np.sum(integrand * weight)), integrand, w1, w2
+    logterm = a * (logf - logs) + logs
+    top = float(np.max(logterm)) if logterm.size else -math.inf
+    if not math.isfinite(top):
+        return top, 0.0, np.zeros_like(f), np.zeros_like(f), np.zeros_like(f)
+    integrand = np.exp(logterm - top)
+    w1 = np.where(pos, a * np.exp(logterm - top - np.where(pos, logf, 0.0)), 0.0)
+    w2 = (1 - a) * np.exp(logterm - top - logs) * ds
+    return top, float(np.sum(integrand * weight)), integrand, w1, w2
 
 
 def _grid_sizes(d: int, grid_size: int):
@@ -240,7 +273,7 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
     alpha : error level of the bound (P(LB ≤ D_α) ≈ 1 − alpha for large n).
     tau, eta : floor of the denominator density and sharpness of the floor (default
         τ = 20/n for frequencies, 4·R(K)^d/(n Π h) for densities (≈ 2·10^-4 per unit
-        output spread at n = 10^5), η = 10/τ).
+        output spread at n = 10^5), both times max(1, α(α − 1)/6); η = 10/τ).
     discrete : force relative frequencies (True) or KDE (False); default: detect.
     bandwidth : KDE bandwidth per dimension (default 1.06 σ̂ n^{-1/5} · n^{-undersmooth}).
     both_directions : audit D_α(M(x) ‖ M(x′)) and D_α(M(x′) ‖ M(x)) (RDP bounds both).
@@ -249,9 +282,7 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
     """
     mech = load_mechanism(mechanism, params)
     pairs = resolve_pairs(mech, pairs, "renyi")
-    if not isinstance(order, (int, float)) or not math.isfinite(order) or order <= 1:
-        raise InputError(f"the Rényi order must be a finite number > 1, got {order!r}")
-    order = float(order)
+    order = check_order(order)
     n = check_size("n", n, 50)
     alpha = check_level(alpha)
     if tau is not None and not (isinstance(tau, (int, float)) and tau > 0):
@@ -269,12 +300,14 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
         ys = draw(mech, pair[1], size, rng)
         return xs, ys
 
+    grow = max(1.0, order * (order - 1) / FLOOR_ORDER_BASE)
+
     def setup(xs, ys):
         """(discrete, x, y, bandwidth for D̂, bandwidth for σ̂, floor τ) of one pair's outputs."""
         disc = detect_discrete(np.concatenate([np.ravel(xs), np.ravel(ys)]), discrete)
         x, y = as_samples(xs), as_samples(ys)
         if disc:
-            return disc, x, y, None, None, (tau if tau is not None else TAU_COUNTS / len(x))
+            return disc, x, y, None, None, (tau if tau is not None else TAU_COUNTS * grow / len(x))
         x, y = x.astype(float), y.astype(float)
         d = continuous_dim(x)
         if bandwidth is not None:
@@ -282,7 +315,7 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
         else:
             h = (rule_of_thumb(x, undersmooth=undersmooth) + rule_of_thumb(y, undersmooth=undersmooth)) / 2
             h_var = h * len(x) ** (undersmooth - VAR_UNDERSMOOTH)
-        t = tau if tau is not None else TAU_NOISE * GAUSS_R ** d / (len(x) * float(np.prod(h)))
+        t = tau if tau is not None else TAU_NOISE * grow * GAUSS_R ** d / (len(x) * float(np.prod(h)))
         return disc, x, y, h, h_var, t
 
     candidates = []
@@ -298,7 +331,7 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
         for b, pair in enumerate(pairs):
             disc, x, y, h, hv, t = setup(*sample(pair, n_sel))
             e = eta if eta is not None else ETA_FACTOR / t
-            for fwd, (D, s, _) in zip(directions, _estimates(x, y, order, disc, t, e, h, grid_size,
+            for fwd, (D, s, *_) in zip(directions, _estimates(x, y, order, disc, t, e, h, grid_size,
                                                              directions, hv, bias_correction)):
                 pilot.append((D, s, b, fwd))
                 candidates.append({"pair_index": b, "direction": "x||x'" if fwd else "x'||x",
@@ -319,18 +352,24 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
         dirs = tuple(fwd for fwd in directions if (b, fwd) in finalists)
         disc, x, y, h, hv, t = setup(*sample(pairs[b], n))
         e = eta if eta is not None else ETA_FACTOR / t
-        for fwd, (D, s, share) in zip(dirs, _estimates(x, y, order, disc, t, e, h, grid_size, dirs, hv,
-                                                       bias_correction)):
+        for fwd, (D, s, share, rel_se, corrected) in zip(
+                dirs, _estimates(x, y, order, disc, t, e, h, grid_size, dirs, hv, bias_correction)):
             candidates.append({"pair_index": b, "direction": "x||x'" if fwd else "x'||x",
                                "estimate": D, "sigma": s, "lower_bound": D - z * s, "stage": "final"})
             if best is None or D - z * s > best[0]:
-                best = (D - z * s, D, s, b, fwd, disc, t, e, h, share)
+                best = (D - z * s, D, s, b, fwd, disc, t, e, h, share, rel_se, corrected)
         report(stage, k + 1, len(final_pairs))
     log.info("Renyi bound: %d candidate(s) at level alpha/%d, %d pairs x 2 x %d outputs, %s, in %.2f s",
              len(finalists), len(finalists), len(final_pairs), n,
              "frequencies" if best[5] else "binned KDE", time.perf_counter() - t_final)
 
-    lb, D, s, b, fwd, disc, t, e, h, share = best
+    lb, D, s, b, fwd, disc, t, e, h, share, rel_se, corrected = best
+    if rel_se > REL_SE_WARN or (bias_correction and not corrected):
+        warnings.append(f"the estimated integral has a relative standard error of {rel_se:.2g}: at order "
+                        f"{order:g} and n = {n:,} it rests on a few outputs, the normal approximation "
+                        "behind the bound is poor" + ("" if corrected or not bias_correction else
+                                                      " and the bias correction was not applied")
+                        + "; increase n or lower the order")
     if share > 0.05:
         warnings.append(f"{share:.0%} of the estimated integral comes from outputs where the "
                         f"denominator density is below the floor tau = {t:.3g}: the bound is loose "
@@ -346,5 +385,5 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
         lower_bound=float(lb), estimate=float(D), order=order, pair=pair, pair_index=b,
         direction="x||x'" if fwd else "x'||x", sigma=float(s), n=n, alpha=alpha, discrete=disc,
         tau=float(t), eta=float(e), bandwidth=None if h is None else [float(v) for v in h],
-        selection=selection, bias_corrected=bias_correction, true_value=true_value,
+        selection=selection, bias_corrected=bias_correction and corrected, true_value=true_value,
         candidates=candidates, warnings=warnings)
