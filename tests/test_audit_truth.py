@@ -131,3 +131,15 @@ def test_release_kernel_is_the_convolution(kernel):
     x = np.linspace(-9, 9, 11)
     assert_allclose(release_kernel_logpdf(x, "laplace", b, (b / lam) ** 2, lam),
                     -np.abs(x) / lam - math.log(2 * lam), atol=1e-12)
+
+
+def test_exact_renyi_values_at_high_orders():
+    """Laplace: D_α → ε as α → ∞ (the closed form overflowed e^{(α−1)ε} near α = 700);
+    subsampling with q = 1 is the plain Gaussian mechanism, D_α = α Δ²/(2σ²) (the quadrature's
+    integrand overflowed at α = 50)."""
+    assert truth.laplace_renyi(1e4, 1.0) == pytest.approx(1 + math.log(1e4 / (2e4 - 1)) / (1e4 - 1), rel=1e-12)
+    assert truth.laplace_renyi(3, -1.0) == truth.laplace_renyi(3, 1.0)
+    x, y = builtin("subsampled_gaussian").renyi_pairs[0]
+    for order in (50, 200):
+        assert truth.mixture_renyi("gaussian", order, x, y, 1.0, 1.0) == pytest.approx(order / 2, rel=1e-9)
+    assert math.isfinite(builtin("subsampled_gaussian").true_renyi_over(50, [(x, y)], True))

@@ -11,6 +11,7 @@ Laplace mixtures produced by Poisson subsampling.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 from scipy import integrate, optimize, special, stats
@@ -27,8 +28,8 @@ def laplace_renyi(order: float, eps: float) -> float:
         return eps
     if a == 1:
         return eps + math.expm1(-eps)
-    return math.log(a / (2 * a - 1) * math.exp((a - 1) * eps)
-                    + (a - 1) / (2 * a - 1) * math.exp(-a * eps)) / (a - 1)
+    eps = abs(eps)  # log[a/(2a−1) e^{(a−1)ε} + (a−1)/(2a−1) e^{−aε}] with e^{(a−1)ε} taken out
+    return eps + math.log(a / (2 * a - 1) + (a - 1) / (2 * a - 1) * math.exp(-(2 * a - 1) * eps)) / (a - 1)
 
 
 def gaussian_renyi(order: float, delta: float, sigma: float) -> float:
@@ -258,12 +259,18 @@ def mixture_renyi(noise: str, order: float, x, y, q: float, scale: float) -> flo
     pad = (60 + 2 * order * span / scale) * scale
     lo, hi = pts[0] - pad, pts[-1] + pad
 
-    def integrand(t):
-        return math.exp(order * _mixture_logpdf(noise, t, sx, wx, scale)[0]
-                        + (1 - order) * _mixture_logpdf(noise, t, sy, wy, scale)[0])
+    def log_integrand(t):
+        return order * _mixture_logpdf(noise, t, sx, wx, scale) + (1 - order) * _mixture_logpdf(noise, t, sy, wy, scale)
 
-    val = integrate.quad(integrand, lo, hi, points=pts, limit=500, epsabs=1e-14, epsrel=1e-12)[0]
-    return math.log(val) / (order - 1)
+    top = float(np.max(log_integrand(np.linspace(lo, hi, 20001))))  # scale: high orders overflow e^x
+
+    def integrand(t):
+        return math.exp(log_integrand(t)[0] - top)
+
+    with warnings.catch_warnings():  # at α in the hundreds quad reports round-off near 1e-12
+        warnings.simplefilter("ignore", integrate.IntegrationWarning)
+        val = integrate.quad(integrand, lo, hi, points=pts, limit=500, epsabs=1e-14, epsrel=1e-12)[0]
+    return (top + math.log(val)) / (order - 1)
 
 
 def mixture_epsilon(noise: str, x, y, q: float, scale: float) -> float:
