@@ -11,8 +11,9 @@ from numpy.testing import assert_allclose
 import empdp.cli.main as main_mod
 from audit_cli_helpers import assert_one_line_exit_2, run
 from empdp.audit import truth
-from empdp.audit.mechanisms import BUILTIN_NAMES, builtin, load_mechanism, resolve_pairs
+from empdp.audit.mechanisms import BUILTIN_NAMES, builtin, load_mechanism
 from empdp.audit.mpl import mpl
+from empdp.audit.pairs import resolve_pairs
 from empdp.audit.patterns import statdp_patterns
 from empdp.audit.renyi import renyi
 from empdp.errors import InputError

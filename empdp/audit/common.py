@@ -96,3 +96,14 @@ def jsonable(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def one_line(text: str, width: int) -> str:
+    """``text`` on one line, cut to ``width`` characters with '...'."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def short(value, width: int = 60) -> str:
+    """A value's repr on one short line, for error messages."""
+    return one_line(repr(value), width)

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import truth
+from .common import one_line
 from .patterns import answer_counts, scale_pairs, statdp_patterns
 
 Sampler = Callable[[Any, int, np.random.Generator], np.ndarray]
@@ -520,7 +521,7 @@ def load_mechanism(spec, params: dict | None = None) -> Mechanism:
             module = importlib.import_module(module_name)
         except (Exception, SystemExit) as exc:  # the module's own errors (SyntaxError too) are bad input
             raise InputError(f"cannot import module {module_name!r} for mechanism {spec!r}: "
-                             f"{_one_line(f'{type(exc).__name__}: {exc}', 200)}") from None
+                             f"{one_line(f'{type(exc).__name__}: {exc}', 200)}") from None
         fn = getattr(module, attr, None)
         if not callable(fn):
             raise InputError(f"module {module_name!r} has no callable {attr!r}")
@@ -550,120 +551,3 @@ def parse_params(items) -> dict:
         except ValueError:
             out[key.strip()] = value
     return out
-
-
-#: Number of queries of the StatDP patterns for a user sampler given ``pairs="patterns"``.
-USER_PATTERN_DIM = 5
-
-_NO_PATTERNS = {
-    "records": "its database is one value per individual and it releases a statistic of them "
-               "(a sum or mean), not one answer per query",
-    "bits": "its database is a vector of 0/1 bits, and the patterns' values 0, 1, 2 are not all bits",
-}
-
-
-def resolve_pairs(mechanism: Mechanism, pairs, kind: str) -> list:
-    """Pairs to audit: given pairs, ``"patterns"``/``"patterns:K"``, or the mechanism's defaults.
-
-    ``"patterns"`` are the StatDP input patterns (``statdp_patterns``) for K queries:
-    the built-in's number of queries (scaled to its sensitivity), or K = 5 for a user
-    sampler; ``"patterns:K"`` sets K. Built-ins whose database is not a query vector
-    (a statistic of records, or bits) reject them. Every database must be a number
-    or a flat list of finite numbers; for built-ins on query or bit vectors x and
-    x′ must have the same length (and the length the mechanism is calibrated for),
-    and bits must be 0 or 1. User samplers may compare databases of different
-    lengths (add/remove-one neighbours).
-    """
-    if isinstance(pairs, str):
-        pairs = _patterns(mechanism, pairs)
-    elif pairs is None:
-        pairs = mechanism.mpl_pairs if kind == "mpl" else mechanism.renyi_pairs
-        if pairs is None:
-            pairs = mechanism.mpl_pairs or mechanism.renyi_pairs
-        if pairs is None:
-            raise InputError(f"mechanism {mechanism.name!r} has no default pairs; give --pairs")
-    elif isinstance(pairs, np.ndarray):
-        pairs = pairs.tolist()
-    elif not isinstance(pairs, (list, tuple)):
-        raise InputError(f"pairs must be a list of [x, x_prime], 'patterns' or 'patterns:K', "
-                         f"got {_short(pairs)}")
-    pairs = list(pairs)
-    if not pairs:
-        raise InputError("no pairs of databases given")
-    for i, item in enumerate(pairs):
-        _check_pair(mechanism, i, item)
-    return pairs
-
-
-def _patterns(mechanism: Mechanism, spec: str) -> list:
-    """The StatDP patterns for ``"patterns"`` or ``"patterns:K"`` (see ``resolve_pairs``)."""
-    name, sep, dim = spec.partition(":")
-    if name != "patterns":
-        raise InputError(f"pairs must be a list of [x, x_prime], 'patterns' (StatDP patterns for the "
-                         f"built-in's number of queries, {USER_PATTERN_DIM} for a user sampler) or "
-                         f"'patterns:K' (K queries), got {spec!r}")
-    if mechanism.inputs in _NO_PATTERNS:
-        raise InputError(f"StatDP patterns do not apply to mechanism {mechanism.name!r}: "
-                         f"{_NO_PATTERNS[mechanism.inputs]}; audit its default pairs (give no pairs) "
-                         "or give a list of [x, x_prime] pairs (a JSON file for --pairs)")
-    if sep:
-        try:
-            k = int(dim)
-        except ValueError:
-            raise InputError(f"'patterns:K' needs an integer number of queries K, got {dim!r}") from None
-    else:
-        k = mechanism.pattern_dim or USER_PATTERN_DIM
-    sens = mechanism.params.get("sensitivity", 1.0) if mechanism.inputs == "queries" else 1.0
-    return statdp_patterns(k, ordered=mechanism.ordered_queries, sensitivity=sens)
-
-
-def _one_line(text: str, width: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[:width - 3] + "..."
-
-
-def _short(value, width: int = 60) -> str:
-    """A value's repr on one short line, for error messages."""
-    return _one_line(repr(value), width)
-
-
-def _database(db, where: str) -> np.ndarray:
-    """A database as a 0-d or 1-d float array, or InputError if it is not a number or flat list."""
-    bad = InputError(f"{where}: a database must be a number or a flat list of finite numbers "
-                     f"(e.g. 3 or [0, 1, 1]), got {_short(db)}")
-    if db is None or isinstance(db, (str, bytes, dict, set)):
-        raise bad
-    try:
-        arr = np.asarray(db)
-    except (ValueError, TypeError):  # ragged nesting
-        raise bad from None
-    if arr.dtype.kind not in "biuf" or arr.ndim > 1 or not np.all(np.isfinite(arr)):
-        raise bad
-    return arr
-
-
-def _check_pair(mechanism: Mechanism, i: int, item) -> None:
-    where = f"pairs[{i}]"
-    if not (isinstance(item, (list, tuple)) and len(item) == 2):
-        raise InputError(f"{where}: each pair must be [x, x_prime], got {_short(item)}")
-    x, y = (_database(db, where) for db in item)
-    kind = mechanism.inputs
-    if kind not in ("queries", "bits"):
-        return
-    what = "query answers" if kind == "queries" else "bits"
-
-    def size(a):
-        return "a number" if a.ndim == 0 else f"{a.size} entries"
-
-    if x.shape != y.shape:
-        raise InputError(f"{where}: x and x_prime must have the same length for {mechanism.name!r} (its "
-                         f"database is a vector of {what}, compared entry by entry), got {size(x)} and "
-                         f"{size(y)}")
-    if x.size == 0:
-        raise InputError(f"{where}: mechanism {mechanism.name!r} needs at least one entry in a database")
-    if mechanism.input_length is not None and x.size != mechanism.input_length:
-        raise InputError(f"{where}: mechanism {mechanism.name!r} is calibrated for "
-                         f"{mechanism.input_length} {what}, got {size(x)}")
-    if kind == "bits" and not (np.isin(x, (0, 1)).all() and np.isin(y, (0, 1)).all()):
-        raise InputError(f"{where}: mechanism {mechanism.name!r} takes bits (0 or 1), got "
-                         f"{_short(item[0])} and {_short(item[1])}")

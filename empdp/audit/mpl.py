@@ -43,7 +43,8 @@ from .common import (as_rng, check_level, check_size, continuous_dim, detect_dis
                      jsonable)
 from .kde import (GAUSS_R, as_samples, binned_kde, categorize, contains, frequencies, grid_for,
                   kde_at, rule_of_thumb, scale_estimate)
-from .mechanisms import load_mechanism, resolve_pairs
+from .mechanisms import load_mechanism
+from .pairs import resolve_pairs
 
 log = logging.getLogger("empdp.audit")
 

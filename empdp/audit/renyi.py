@@ -51,7 +51,8 @@ from ..errors import InputError
 from .common import (as_rng, check_level, check_order, check_size, continuous_dim, detect_discrete,
                      draw, jsonable)
 from .kde import GAUSS_R, as_samples, binned_kde, categorize, frequencies, make_grid, rule_of_thumb
-from .mechanisms import load_mechanism, resolve_pairs
+from .mechanisms import load_mechanism
+from .pairs import resolve_pairs
 
 log = logging.getLogger("empdp.audit")
 
