@@ -75,7 +75,10 @@ def _common_options(f):
                      help="JSON file with a list of [x, x_prime] (numbers or lists), or 'patterns' "
                           "(StatDP input patterns; 'patterns:K' for K queries). Default: the built-in's pairs.")(f)
     f = click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
-                     help="Mechanism parameter (epsilon, sigma, q, p, sensitivity, ...); repeatable.")(f)
+                     help="Mechanism parameter, repeatable: epsilon (pure-DP built-ins), sigma (Gaussian "
+                          "noise multiplier: the noise sd is sigma x sensitivity), q (subsampling rate), p "
+                          "(keep probability of randomized response), sensitivity (default 1; default pairs "
+                          "differ by it).")(f)
     f = click.option("--mechanism", "-m", required=True, metavar="NAME|module:function",
                      help=f"Built-in ({BUILTINS}) or a sampler f(database, size, rng) importable "
                           "from the working directory or PYTHONPATH.")(f)
@@ -84,7 +87,11 @@ def _common_options(f):
 
 def _print_result(d: dict, title: str):
     click.echo(title)
-    rows = [("lower bound", d["lower_bound"]), ("estimate", d["estimate"])]
+    if d.get("method") == "renyi":
+        rows = [("lower bound", d["lower_bound"]), ("estimate", d["estimate"])]
+    else:  # MPL's estimate is the largest of the noisy stage-1 losses, biased up
+        rows = [("lower bound", d["lower_bound"]), ("loss at t_hat", d.get("loss_at_t_hat")),
+                ("stage-1 max loss", d["estimate"])]
     if d.get("true_value") is not None or d.get("true_value_infinite"):
         rows.append(("true value", math.inf if d.get("true_value_infinite") else d["true_value"]))
     rows += [("worst pair", json.dumps(d["pair"]))]
@@ -189,10 +196,12 @@ def release_cmd(calibration, source, top, order, alpha, seed, as_json, quiet, ve
         return
     click.echo(f"Release audit: target epsilon {_fmt(d['target_epsilon'])}, noise {d['noise']['kind']}, "
                f"curator kernel {d['curator_kernel']['kind']}")
-    click.echo(f"  {'id':>12s} {'exact eps_i':>12s} {'MPL est.':>9s} {'exact D_' + format(order, 'g'):>10s}")
+    click.echo(f"  {'id':>12s} {'exact eps_i':>12s} {'stage-1 max':>11s} {'exact D_' + format(order, 'g'):>10s}")
     for row in d["individuals"]:
         click.echo(f"  {str(row['id']):>12s} {_fmt(row['exact_epsilon']):>12s} "
-                   f"{_fmt(row.get('mpl_estimate')):>9s} {_fmt(row['exact_renyi']):>10s}")
+                   f"{_fmt(row.get('mpl_estimate')):>11s} {_fmt(row['exact_renyi']):>10s}")
+    click.echo("  (stage-1 max: MPL's largest noisy loss estimate for the individual, biased up; a screening "
+               "statistic, not a bound)")
     click.echo(f"  MPL lower bound   {_fmt(d['mpl_lower_bound'])}  <=  exact max eps {_fmt(d['exact_epsilon_max'])}"
                f"  <=  target {_fmt(d['target_epsilon'])}")
     click.echo(f"  Renyi lower bound {_fmt(d['renyi_lower_bound'])}  vs exact max D {_fmt(d['exact_renyi_max'])}")

@@ -505,7 +505,8 @@ def _audit_bound(d: dict, kind: str) -> str:
     lb, truth = d.get("lower_bound"), _true_value(d)
     renyi = kind == "renyi"
     rows = [(f"lower bound on {'D_α' if renyi else 'ε'} (confidence 1 − α)", _fmt(lb)),
-            ("point estimate", _fmt(d.get("estimate"))), ("worst pair", _e(d.get("pair", "–")))]
+            ("point estimate" if renyi else "largest stage-1 loss (biased up: the maximum of noisy estimates)",
+             _fmt(d.get("estimate"))), ("worst pair", _e(d.get("pair", "–")))]
     rows += [("order α", _fmt(d.get("order"))), ("direction", _e(d.get("direction", "–")))] if renyi else \
         [("output t̂ where the loss peaks", _fmt(d.get("t_hat")))]
     rows += [("samples n (search) / N (final)", f"{_fmt(d.get('n'))} / {_fmt(d.get('N'))}"),
@@ -532,7 +533,7 @@ def _audit_release(d: dict, show: Callable) -> str:
                        f"{'the release meets its target ε' if ok else 'CHECK FAILED'}</span>"),
             ("target ε", _fmt(d.get("target_epsilon"))),
             ("MPL lower bound ≤ exact max εᵢ", f"{_fmt(d.get('mpl_lower_bound'))} ≤ {_fmt(d.get('exact_epsilon_max'))}"),
-            ("MPL point estimate", _fmt(d.get("mpl_estimate"))),
+            ("MPL largest stage-1 loss (biased up)", _fmt(d.get("mpl_estimate"))),
             (f"Rényi lower bound vs exact max D_{order}",
              f"{_fmt(d.get('renyi_lower_bound'))} vs {_fmt(d.get('exact_renyi_max'))}"),
             ("noise", _e(f"{noise.get('kind', '–')}, weight at 0 {_fmt(noise.get('weight_zero'))}, "
@@ -540,7 +541,7 @@ def _audit_release(d: dict, show: Callable) -> str:
             ("curator kernel", _e(f"{ck.get('kind', '–')}, scale {_fmt(ck.get('scale'))}")),
             ("samples n / N (MPL), Rényi", f"{_fmt(d.get('n'))} / {_fmt(d.get('N'))}, {_fmt(d.get('n_renyi'))}"),
             ("α", _fmt(d.get("alpha")))]
-    head = (f"<tr><th>id</th><th class='n'>exact εᵢ</th><th class='n'>MPL estimate</th>"
+    head = (f"<tr><th>id</th><th class='n'>exact εᵢ</th><th class='n'>MPL stage-1 max</th>"
             f"<th class='n'>exact D<sub>{order}</sub></th></tr>")
     body = "".join(f"<tr><td><code>{_e(show(r.get('id')))}</code></td><td class='n'>{_fmt(r.get('exact_epsilon'))}</td>"
                    f"<td class='n'>{_fmt(r.get('mpl_estimate'))}</td><td class='n'>{_fmt(r.get('exact_renyi'))}</td></tr>"

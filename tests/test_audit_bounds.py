@@ -92,3 +92,18 @@ def test_reproducible_with_seed():
     a = mpl("laplace", n=2000, N=5000, rng=7)
     b = mpl("laplace", n=2000, N=5000, rng=np.random.default_rng(7))
     assert a.lower_bound == b.lower_bound and a.t_hat == b.t_hat
+
+
+def _laplace_2d(database, size, rng):
+    """Laplace(1) noise on each of two coordinates: ε = 1 for databases 1 apart in one coordinate."""
+    return np.asarray(database, float)[None, :] + rng.laplace(0.0, 1.0, (size, 2))
+
+
+def test_mpl_in_two_dimensions_does_not_chase_noisy_tails():
+    """Without a stage-1 penalty the 2-d search picked tail points whose noisy loss was large
+    (16 seeds: median LB 0.66, lower quartile 0.49, against ε = 1); with it 0.79 and 0.75."""
+    lbs = np.array([mpl(_laplace_2d, pairs=[([0, 0], [1, 0])], rng=s).lower_bound for s in range(16)])
+    assert np.median(lbs) > 0.72 and np.quantile(lbs, 0.25) > 0.65, lbs
+    assert np.sum(lbs > 1.0) <= 2, lbs
+    few = mpl(_laplace_2d, pairs=[([0, 0], [1, 0])], n=50, N=100, rng=1)
+    assert any("stage-2 outputs of one sample lie within a bandwidth" in w for w in few.warnings)
