@@ -268,6 +268,8 @@ def open_panel(
     if id == by:
         raise InputError(f"--id and --by are the same column {id!r}; the database label must differ from the id")
     qi, qb = quote_ident(id), quote_ident(by)
+    for col, what in ((id, "individual"), (by, "database")):
+        _require_one_json_type(con, columns, col, what)
     n_rows, n_null_id, n_null_by = con.execute(
         f"SELECT count(*), count(*) FILTER (WHERE {qi} IS NULL), count(*) FILTER (WHERE {qb} IS NULL) "
         f"FROM {SOURCE_VIEW}"
@@ -294,6 +296,20 @@ def open_panel(
                 f"FROM (SELECT DISTINCT {qb} FROM {SOURCE_VIEW}))")
     panel.label_index = _label_index(qb, columns[by], labels)
     return panel
+
+
+def _require_one_json_type(con: duckdb.DuckDBPyConnection, columns: dict, column: str, what: str) -> None:
+    """A JSON-typed column (DuckDB's type when a JSON source mixes, e.g., 1 and "1") must hold
+    one type of value: otherwise 1 and "1" are grouped apart and one {what} counts as two."""
+    if str(columns.get(column, "")).upper() != "JSON":
+        return
+    kinds = [r[0] for r in con.execute(
+        f"SELECT DISTINCT json_type({quote_ident(column)}) FROM {SOURCE_VIEW} "
+        f"WHERE {quote_ident(column)} IS NOT NULL ORDER BY 1").fetchall()]
+    if len(kinds) > 1:
+        raise InputError(f"column {column!r} mixes value types ({', '.join(k.lower() for k in kinds)}; e.g. 1 and "
+                         f"\"1\"), so one {what} would count as two; write it with one type in the source "
+                         f"(all numbers or all strings)")
 
 
 #: widest range of integer labels mapped to database indices by a list lookup (not a join)

@@ -1,0 +1,35 @@
+"""Sources whose id or label column mixes value types (JSON lines with 1 and "1")."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from empdp import assess
+from empdp.cli.main import cli
+from empdp.errors import InputError
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _panel(mixed_id=False, mixed_year=False):
+    return [{"id": str(i) if mixed_id and (i + y) % 2 else i, "year": str(y) if mixed_year and i == 1 else y,
+             "x": (i * 7 + y * 3) % 11 / 10} for i in range(1, 6) for y in range(2000, 2005)]
+
+
+@pytest.mark.parametrize("mixed_id,mixed_year,column", [(True, False, "'id'"), (False, True, "'year'")])
+def test_mixed_json_types_are_refused(tmp_path, mixed_id, mixed_year, column):
+    """DuckDB types such a column JSON and groups 1 apart from "1": 5 counties became 11."""
+    src = _write(tmp_path / "mixed.json", _panel(mixed_id, mixed_year))
+    with pytest.raises(InputError, match=f"column {column} mixes value types"):
+        assess(src, id="id", by="year", query="mean(x)")
+    res = CliRunner().invoke(cli, ["assess", src, "--id", "id", "--by", "year", "--query", "mean(x)", "-q"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "mixes value types" in res.output
+
+
+def test_one_json_type_is_fine(tmp_path):
+    src = _write(tmp_path / "clean.json", _panel())
+    assert assess(src, id="id", by="year", query="mean(x)").n_individuals == 5
