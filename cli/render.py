@@ -34,7 +34,9 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     summary.add_row("individuals", f"{result.n_individuals}  (id {result.id_column})")
     bw = f"{m.kernel}, scale {_fmt(m.scale)}" + (f", variable (a = {m.sensitivity:g})" if m.variable else ", fixed")
     summary.add_row("density model", bw)
-    summary.add_row("eps_all", f"{_fmt(result.eps_all)}  (every individual protected from here)")
+    sole = result.sole_contributors
+    summary.add_row("eps_all", f"{_fmt(result.eps_all)}  (every individual protected from here"
+                    + (f", except the {sole} sole contributor(s), who never are)" if sole else ")"))
     summary.add_row("sole contributors", str(result.sole_contributors))
     ind = result.independence
     summary.add_row("independence", f"Ljung-Box p = {_fmt(ind['ljung_box_p'], 3)}, trend p = {_fmt(ind['trend_p'], 3)}")
