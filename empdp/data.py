@@ -90,8 +90,9 @@ class Panel:
             f"WHERE {' AND '.join(conds)}"
         )
 
-    def require_numeric(self, column: str) -> None:
-        """Raise :class:`InputError` unless ``column`` exists, is numeric and finite."""
+    def require_numeric(self, column: str, where: str | None = None) -> None:
+        """Raise :class:`InputError` unless ``column`` exists, is numeric and finite (on the rows
+        that pass ``where``, the query's filter: rows it removes are never read)."""
         self.require_column(column)
         typ = self.columns[column].upper()
         if not typ.startswith(_NUMERIC_PREFIXES):
@@ -103,12 +104,14 @@ class Panel:
             q = quote_ident(column)
             bad = self.con.execute(
                 f"SELECT count(*) FILTER (WHERE isnan({q})), count(*) FILTER (WHERE isinf({q})) "
-                f"FROM {SOURCE_VIEW}"
+                f"FROM {SOURCE_VIEW}" + (f" WHERE ({where})" if where else "")
             ).fetchall()[0]
             if bad[0] or bad[1]:
                 raise InputError(
-                    f"column {column!r} has {bad[0]} NaN and {bad[1]} infinite values; "
-                    f"remove or impute them first (NULLs are ignored like SQL aggregates do)"
+                    f"column {column!r} has {bad[0]} NaN and {bad[1]} infinite values"
+                    + (" among the rows --where keeps" if where else "")
+                    + "; remove or impute them first, or filter them with --where "
+                      "(NULLs are ignored like SQL aggregates do)"
                 )
 
     def require_column(self, column: str) -> None:

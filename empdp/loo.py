@@ -81,7 +81,7 @@ class LooEngine:
         self.panel = panel
         self.query = query
         for col in query.columns:
-            panel.require_numeric(col)
+            panel.require_numeric(col, query.where)
         self._q: np.ndarray | None = None
         self._sparse: tuple | None = None  # in-memory engines: (ids, code, j, delta, undef)
         self._screened = False

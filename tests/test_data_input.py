@@ -33,3 +33,16 @@ def test_mixed_json_types_are_refused(tmp_path, mixed_id, mixed_year, column):
 def test_one_json_type_is_fine(tmp_path):
     src = _write(tmp_path / "clean.json", _panel())
     assert assess(src, id="id", by="year", query="mean(x)").n_individuals == 5
+
+
+def test_where_filters_rows_before_the_finiteness_check(tmp_path):
+    """An infinite value in a row --where removes is never read; one in a kept row is refused."""
+    rows = _panel()
+    rows[0]["x"] = float("inf")  # JSON Infinity: id 1, year 2000
+    src = tmp_path / "inf.json"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InputError, match="infinite"):
+        assess(str(src), id="id", by="year", query="mean(x)")
+    assert assess(str(src), id="id", by="year", query="mean(x)", where="x < 100").n_individuals == 5
+    with pytest.raises(InputError, match="among the rows --where keeps"):
+        assess(str(src), id="id", by="year", query="mean(x)", where="x > -1")
