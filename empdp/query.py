@@ -92,7 +92,11 @@ def parse_query(query: str | None = None, *, where: str | None = None, sql: str 
         if not _SQL_DB.search(sql):
             raise InputError("--sql must read the table 'db' (one database), e.g. "
                              "--sql 'SELECT avg(x) FROM db'")
-        return Query(form="sql", sql=sql.strip().rstrip(";"), text=sql.strip())
+        body = sql.strip().rstrip(";").strip()
+        if ";" in re.sub(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"", "", body):  # outside quoted text
+            raise InputError("--sql must be one SELECT statement (it holds ';' between statements); "
+                             "put the whole query in one SELECT")
+        return Query(form="sql", sql=body, text=sql.strip())
     text = query.strip()
     m = _RATIO.match(text)
     if m:

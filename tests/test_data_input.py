@@ -46,3 +46,13 @@ def test_where_filters_rows_before_the_finiteness_check(tmp_path):
     assert assess(str(src), id="id", by="year", query="mean(x)", where="x < 100").n_individuals == 5
     with pytest.raises(InputError, match="among the rows --where keeps"):
         assess(str(src), id="id", by="year", query="mean(x)", where="x > -1")
+
+
+def test_sql_with_two_statements_is_refused():
+    """DuckDB ran only the last statement and the tool then blamed 'the same query value'."""
+    from empdp.query import parse_query
+
+    with pytest.raises(InputError, match="one SELECT statement"):
+        parse_query(sql="SELECT avg(x) FROM db; SELECT 1")
+    assert parse_query(sql="SELECT avg(x) FROM db WHERE name <> 'a;b';").sql == \
+        "SELECT avg(x) FROM db WHERE name <> 'a;b'"
