@@ -153,20 +153,19 @@ def progress_bars(enabled: bool, logger: logging.Logger | None = None):
         stages.close()
 
 
-def check_output(path: str | None, option: str, suffixes: tuple, kinds: str) -> None:
-    """Refuse an output path with the wrong extension (``kinds`` names the right ones) or a
-    missing folder before any work is done, so a bad option never leaves half the outputs written."""
-    from pathlib import Path
-
+def check_output(path: str | None, option: str, suffixes: tuple | None = None, kinds: str = "") -> None:
+    """Refuse, before any work is done, an output path with the wrong extension (``kinds`` names the
+    right ones), a missing or unwritable folder, or an existing folder as the file: a bad option never
+    costs a long computation or leaves half the outputs written."""
     from empdp.errors import InputError
+    from empdp.io import check_output_path
 
     if path is None:
         return
-    if not path.lower().endswith(suffixes):
+    path = str(path)
+    if suffixes and not path.lower().endswith(suffixes):
         raise InputError(f"{option} {path!r} must end in {kinds}")
-    folder = Path(path).parent
-    if not folder.is_dir():
-        raise InputError(f"{option}: output folder {str(folder)!r} does not exist; create it first")
+    check_output_path(path, option)
 
 
 def write_table(df, path: str) -> None:

@@ -10,7 +10,7 @@ import polars as pl
 
 from empdp.assess import assess
 from empdp.errors import InputError
-from empdp.io import keyed_hash, load_hash_key
+from empdp.io import keyed_hash, load_hash_key, output_batch
 
 from ._common import check_output, emit_json, log, output_options, progress_bars, setup_logging, write_table
 from .report import extras_options, load_extras
@@ -100,7 +100,8 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
                         memory_limit=memory_limit, threads=threads, workers=workers, drop_null_ids=drop_null_ids,
                         exact_all=bool(out), screening=not no_screening, progress=progress)
     log_summary(result, time.perf_counter() - started)
-    with progress_bars(not (as_json or quiet), log) as progress:
+    # all outputs are committed together: a failure writing one leaves none of them
+    with progress_bars(not (as_json or quiet), log) as progress, output_batch():
         if out:
             cols = [result.id_column, "eps_i", "delta", "n_databases", "max_abs_shift", "eps_bound",
                     "sole_contributor"]

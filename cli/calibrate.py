@@ -121,6 +121,7 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
     log.info("calibration %s: epsilon %g, noise %s (weight at 0 %.4g, scale %.6g)", calibration, cal.epsilon,
              cal.noise["kind"], cal.noise["weight_zero"], cal.noise["scale"])
     ledger = ledger or str(Path(calibration).with_suffix(".ledger.sqlite"))
+    check_output(ledger, "--ledger")  # before the query is computed
     with progress_bars(not (as_json or quiet)) as progress:  # the library logs its stages
         if value is None:
             value = query_value(cal, source, database, memory_limit=memory_limit, progress=progress)
