@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import math
+import numbers
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -28,7 +29,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..io import read_json, write_text
-from .deconv import fourier_deconvolve, gaussian_fallback, laplace_closed_form
+from .deconv import KERNELS, fourier_deconvolve, gaussian_fallback, laplace_closed_form
 from .exact import laplace_kde_eps, minimal_lambda
 from .ledger import Ledger
 from .sampler import NoiseSampler
@@ -92,47 +93,66 @@ class Calibration:
     warnings: list = field(default_factory=list)
 
     # ------------------------------------------------------------- JSON
-    def to_dict(self) -> dict:
-        """The calibration JSON (SPEC 6, issue 3 contract); ``lambda`` is λ*."""
+    def _fields(self) -> dict:
         d = asdict(self)
         d["lambda"] = d.pop("lam")
         d["lambda_hausdorff"] = d.pop("lam_hausdorff")
         d["lambda_winf"] = d.pop("lam_winf")
+        return d
+
+    def to_dict(self) -> dict:
+        """The calibration JSON (SPEC 6, issue 3 contract) without its digest; ``lambda`` is λ*."""
+        d = self._fields()
         d["expected_abs_noise_plain_laplace"] = self.lam
         d["classical_dp_epsilon"] = None
-        d["classical_dp_explanation"] = _classical_note(self.noise["kind"])
+        d["classical_dp_explanation"] = _classical_note(self.noise.get("kind") if isinstance(self.noise, dict)
+                                                        else None)
         d["guarantee"] = GUARANTEE
         d["format"] = FORMAT
         return d
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False)
+        """The file :meth:`save` writes: :meth:`to_dict` plus ``digest``."""
+        return json.dumps({**self.to_dict(), "digest": self.digest}, indent=2, sort_keys=True, allow_nan=False)
 
     @property
     def digest(self) -> str:
-        """SHA-256 of the canonical JSON: ties ledger records to this calibration."""
-        return hashlib.sha256(self.to_json().encode()).hexdigest()
+        """SHA-256 of the canonical JSON of :meth:`to_dict`: ties ledger records to this calibration."""
+        return _digest(self.to_dict())
 
     def save(self, path) -> None:
-        """Write the JSON atomically."""
+        """Write the JSON (with its digest) atomically."""
         write_text(path, self.to_json() + "\n")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Calibration":
-        if d.get("format") != FORMAT:
-            raise InputError(f"not an empdp calibration file (format {d.get('format')!r}, expected {FORMAT!r})")
+    def from_dict(cls, d: dict, where: str = "calibration") -> "Calibration":
+        """A calibration from its JSON dict, every field checked (``where`` names it in errors).
+
+        A ``digest`` is verified when present, so an edited file is refused; files
+        written before empdp stored the digest have none and load after the field
+        checks alone. The digest catches edits, not forgery (anyone can recompute
+        a SHA-256): the field checks and the ledger's refusal of a non-positive ε
+        are what keep the budget from being bypassed.
+        """
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            got = d.get("format") if isinstance(d, dict) else None
+            raise InputError(f"{where} is not an empdp calibration file (format {got!r}, expected {FORMAT!r}); "
+                             "make one with 'empdp calibrate'")
         d = dict(d)
+        stored = d.pop("digest", None)
+        _check_fields(d, where)
+        if stored is not None and not (isinstance(stored, str) and stored == _digest(d)):
+            raise InputError(f"{where} was edited after 'empdp calibrate' wrote it (its digest does not match "
+                             "its contents); re-create it with 'empdp calibrate'")
         d["lam"], d["lam_hausdorff"], d["lam_winf"] = d.pop("lambda"), d.pop("lambda_hausdorff"), d.pop("lambda_winf")
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in names})
 
     @classmethod
     def load(cls, path) -> "Calibration":
-        """Read a calibration JSON written by :meth:`save`."""
-        d = read_json(path, "calibration file")
-        if not isinstance(d, dict):
-            raise InputError(f"calibration file {str(path)!r} is not an empdp calibration")
-        return cls.from_dict(d)
+        """Read a calibration JSON written by :meth:`save`, refusing damaged or edited files."""
+        where = f"calibration file {str(path)!r}"
+        return cls.from_dict(read_json(path, "calibration file"), where)
 
     # ---------------------------------------------------------- sampling
     def sampler(self, seed: int | None = None) -> NoiseSampler:
@@ -162,6 +182,7 @@ class Calibration:
         BudgetExceededError
             When the release would exceed the budget; nothing is written.
         """
+        _check_fields(self._fields(), "calibration")  # also objects built or changed in Python
         value = float(value)
         if not math.isfinite(value):
             raise InputError(f"the value to release must be finite; got {value}")
@@ -189,6 +210,79 @@ class Calibration:
         return {"value": rec["noisy_value"], "epsilon": self.epsilon, "budget_spent": spent,
                 "budget_left": left, "private": sampler.private, "seq": rec["seq"],
                 "ledger": None if ledger is None else str(ledger)}
+
+
+def _digest(d: dict) -> str:
+    """SHA-256 of the canonical JSON of a calibration dict (the same text the digest had before files carried it)."""
+    try:
+        text = json.dumps(d, indent=2, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):  # NaN or a non-JSON value: no file that save() wrote
+        return ""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+_FIX = "re-create the file with 'empdp calibrate'"
+_NOISE_KINDS = ("none", "laplace", "laplace_mixture")
+
+
+def _number(d: dict, key: str, where: str, *, positive: bool = False, integer: bool = False,
+            prefix: str = "", at_most: float = math.inf):
+    """``d[key]`` if a finite number in [0, at_most] (> 0 with ``positive``), else a one-line InputError."""
+    name = prefix + key
+    if key not in d:
+        raise InputError(f"{where}: field {name!r} is missing; {_FIX}")
+    v = d[key]
+    ok = isinstance(v, numbers.Integral if integer else numbers.Real) and not isinstance(v, bool)
+    if not ok or not math.isfinite(v) or v < 0 or v > at_most or (positive and v == 0):
+        need = ("a non-negative integer" if integer else f"a number in [0, {at_most:g}]" if at_most < math.inf
+                else f"a finite number {'>' if positive else '>='} 0")
+        raise InputError(f"{where}: field {name!r} must be {need}, got {v!r}; {_FIX}")
+    return v
+
+
+def _check_fields(d: dict, where: str) -> None:
+    """Check every field of a calibration dict (JSON names) once, at the boundary (SPEC 6.3–6.5)."""
+    eps = _number(d, "epsilon", where, positive=True)
+    lam = _number(d, "lambda", where)
+    for key in ("lambda_hausdorff", "lambda_winf", "expected_abs_noise", "verified_eps_max"):
+        _number(d, key, where)
+    for key in ("n_individuals", "n_sole_contributors", "n_databases"):
+        _number(d, key, where, integer=True)
+    if d["verified_eps_max"] > eps:
+        raise InputError(f"{where}: verified_eps_max {d['verified_eps_max']!r} exceeds epsilon {eps!r}, which "
+                         f"no calibration writes; {_FIX}")
+    for key, valid in (("curator_kernel", KERNELS), ("noise", _NOISE_KINDS)):
+        sub = d.get(key)
+        if key not in d:
+            raise InputError(f"{where}: field {key!r} is missing; {_FIX}")
+        if not isinstance(sub, dict):
+            raise InputError(f"{where}: field {key!r} must be an object with 'kind' and 'scale', got {sub!r}; {_FIX}")
+        if sub.get("kind") not in valid:
+            raise InputError(f"{where}: field '{key}.kind' must be one of {', '.join(valid)}, got {sub.get('kind')!r}; "
+                             f"{_FIX}")
+    _number(d["curator_kernel"], "scale", where, positive=True, prefix="curator_kernel.")
+    noise = d["noise"]
+    kind, w = noise["kind"], _number(noise, "weight_zero", where, prefix="noise.", at_most=1.0)
+    scale = _number(noise, "scale", where, positive=kind != "none", prefix="noise.")
+    # the weight that each kind has (NoiseSpec.mixture): none 1, laplace 0, laplace_mixture strictly between
+    need = {"none": "1", "laplace": "0", "laplace_mixture": "in (0, 1)"}[kind]
+    if not {"none": w == 1, "laplace": w == 0, "laplace_mixture": 0 < w < 1}[kind]:
+        raise InputError(f"{where}: field 'noise.weight_zero' must be {need} for noise of kind {kind!r}, "
+                         f"got {w!r}; {_FIX}")
+    if lam == 0 and kind != "none":
+        raise InputError(f"{where}: field 'lambda' must be > 0 when noise is added, got {lam!r}; {_FIX}")
+    if not math.isclose(d["expected_abs_noise"], (1 - w) * scale, rel_tol=1e-9, abs_tol=1e-300):
+        raise InputError(f"{where}: expected_abs_noise {d['expected_abs_noise']!r} does not match the noise "
+                         f"(weight_zero {w!r}, scale {scale!r}); {_FIX}")
+    for key in ("source", "source_description", "id", "by", "query", "where", "sql", "query_description"):
+        if not isinstance(d.get(key), (str, type(None))):
+            raise InputError(f"{where}: field {key!r} must be a string or null, got {d[key]!r}; {_FIX}")
+    for key, typ, name in (("deconvolution", dict, "an object"), ("warnings", list, "a list")):
+        if not isinstance(d.get(key, typ()), typ):
+            raise InputError(f"{where}: field {key!r} must be {name}, got {d[key]!r}; {_FIX}")
+    for key in ("n_bisected", "seconds"):
+        if key in d:
+            _number(d, key, where, integer=key == "n_bisected")
 
 
 def _g(v) -> str:

@@ -7,7 +7,10 @@ appends the record. A crash before COMMIT leaves no trace; after COMMIT the
 record survives (the noisy value may be lost to the user, never the ε).
 Triggers forbid UPDATE and DELETE, and every record carries the SHA-256 of
 its predecessor's hash plus its own fields, so :meth:`Ledger.verify` detects
-edits made behind SQLite's back.
+edits made behind SQLite's back. A release must spend a positive, finite ε
+(checked before the file is opened and by a trigger), so nothing can refund
+the budget. A file that is not a ledger (corrupt, truncated, another
+database) is refused as bad input before anything is written to it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,14 +49,30 @@ CREATE TRIGGER IF NOT EXISTS releases_no_update BEFORE UPDATE ON releases
 BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS releases_no_delete BEFORE DELETE ON releases
 BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS releases_positive_epsilon BEFORE INSERT ON releases
+WHEN NOT (NEW.epsilon > 0 AND NEW.epsilon < 1e308)
+BEGIN SELECT RAISE(ABORT, 'a release must spend a positive, finite epsilon'); END;
 """
+#: the columns an empdp ledger's ``releases`` table has
+_COLUMNS = {"seq", *FIELDS, "prev_hash", "hash"}
+#: SQLite primary result codes that mean "this file is not (or no longer) a usable database"
+_BAD_FILE_CODES = {11: "SQLITE_CORRUPT", 14: "SQLITE_CANTOPEN", 26: "SQLITE_NOTADB"}
 _GENESIS = "0" * 64
 #: relative slack on the budget comparison so that e.g. 3 × 0.1 fits a budget of 0.3
 _BUDGET_RTOL = 1e-9
 
 
 class LedgerError(EmpdpError):
-    """The ledger file is unreadable or its hash chain is broken (exit 1)."""
+    """The ledger's hash chain is broken or its accounting cannot be trusted (exit 1)."""
+
+
+class LedgerFileError(LedgerError, InputError):
+    """The ledger path is not an empdp ledger (corrupt, truncated, another file): bad input (exit 2)."""
+
+
+def _fix_hint() -> str:
+    return ("point --ledger at the right ledger file, or at a new path to start a new ledger "
+            "(this file was left unchanged)")
 
 
 def _record_hash(prev_hash: str, record: dict) -> str:
@@ -72,17 +92,50 @@ class Ledger:
     def __init__(self, path):
         self.path = Path(path)
 
+    def _bad_file(self, why) -> LedgerFileError:
+        return LedgerFileError(f"ledger {str(self.path)!r} is not a readable empdp ledger ({why}); {_fix_hint()}")
+
+    def _translate(self, exc: sqlite3.DatabaseError) -> EmpdpError:
+        """A corrupt, truncated or foreign file is bad input; anything else (a lock timeout, a full disk) is not."""
+        code = getattr(exc, "sqlite_errorcode", None)
+        if (code is not None and code & 0xFF in _BAD_FILE_CODES) or "malformed" in str(exc) \
+                or "not a database" in str(exc) or "no such column" in str(exc) or "has no column" in str(exc):
+            return self._bad_file(exc)
+        return LedgerError(f"ledger {str(self.path)!r}: {exc}")
+
     def _connect(self) -> sqlite3.Connection:
         if not self.path.parent.is_dir():
             raise InputError(f"ledger folder {str(self.path.parent)!r} does not exist")
+        if self.path.is_dir():
+            raise LedgerFileError(f"ledger {str(self.path)!r} is a folder, not a file; {_fix_hint()}")
+        existing = self.path.exists() and self.path.stat().st_size > 0
+        con = None
         try:
             con = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            if existing:  # read before anything writes, so a damaged or foreign file is never touched
+                self._probe(con)
             con.execute("PRAGMA journal_mode=WAL")
             con.execute("PRAGMA synchronous=FULL")
             con.executescript(_SCHEMA)
-        except sqlite3.DatabaseError as exc:
-            raise LedgerError(f"cannot open ledger {str(self.path)!r}: {exc}") from None
+        except (sqlite3.DatabaseError, LedgerError) as exc:
+            if con is not None:
+                con.close()
+            if isinstance(exc, LedgerError):
+                raise
+            raise self._translate(exc) from None
         return con
+
+    def _probe(self, con) -> None:
+        """Refuse a file that fails SQLite's quick check or holds tables that are not a ledger's."""
+        status = con.execute("PRAGMA quick_check").fetchone()[0]
+        if status != "ok":
+            raise self._bad_file(f"corrupt: {status}")
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            return
+        columns = {r[1] for r in con.execute("PRAGMA table_info(releases)")}
+        if not {"meta", "releases"} <= tables or columns != _COLUMNS:
+            raise self._bad_file("an SQLite database with other tables")
 
     # ------------------------------------------------------------------ reads
     def _read(self, fn):
@@ -91,11 +144,18 @@ class Ledger:
         con = self._connect()
         try:
             return fn(con)
+        except sqlite3.DatabaseError as exc:
+            raise self._translate(exc) from None
         finally:
             con.close()
 
-    @staticmethod
-    def _spent(con) -> float:
+    def _spent(self, con) -> float:
+        """Σ ε, refusing a ledger with a record that spent nothing or less (older empdp, edited calibration)."""
+        bad = con.execute("SELECT seq, epsilon FROM releases WHERE NOT (epsilon > 0 AND epsilon < 1e308) "
+                          "ORDER BY seq LIMIT 1").fetchone()
+        if bad:
+            raise LedgerError(f"ledger {str(self.path)!r}: record {bad[0]} spends epsilon {bad[1]!r}, not a "
+                              "positive number, so its total cannot be trusted; start a new ledger with --ledger")
         return float(con.execute("SELECT coalesce(sum(epsilon), 0) FROM releases").fetchone()[0])
 
     @staticmethod
@@ -174,7 +234,11 @@ class Ledger:
         BudgetExceededError
             When spent + ε would exceed the budget; nothing is written.
         """
-        eps = float(fields["epsilon"])
+        eps = fields.get("epsilon")
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps > 0):
+            raise InputError(f"a release must spend a positive, finite epsilon; got {eps!r} (check the "
+                             "calibration's 'epsilon')")
+        eps = float(eps)
         if budget is not None and not (math.isfinite(budget) and budget > 0):
             raise InputError(f"--budget must be a positive number; got {budget!r}")
         if budget is not None and not self.path.exists():
@@ -206,8 +270,11 @@ class Ledger:
                 rec["seq"] = cur.lastrowid
                 con.execute("COMMIT")
             except BaseException:
-                con.execute("ROLLBACK")
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
                 raise
+        except sqlite3.DatabaseError as exc:
+            raise self._translate(exc) from None
         finally:
             con.close()
         spent += eps

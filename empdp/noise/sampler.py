@@ -16,10 +16,13 @@ q_j by at most γ/2, which changes ε by at most γ/λ ≤ 2^-20.
 from __future__ import annotations
 
 import math
+import numbers
 import secrets
 from fractions import Fraction
 
 import numpy as np
+
+from ..errors import InputError
 
 _TWO64 = 1 << 64
 
@@ -122,15 +125,16 @@ class NoiseSampler:
     """
 
     def __init__(self, weight_zero: float, scale: float, seed: int | None = None):
-        if not 0.0 <= weight_zero <= 1.0:
-            raise ValueError(f"weight_zero must be in [0, 1], got {weight_zero}")
+        real = (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool))
+        if not (real(weight_zero) and 0.0 <= weight_zero <= 1.0):
+            raise InputError(f"noise weight_zero must be a number in [0, 1], got {weight_zero!r}")
+        if not (real(scale) and (weight_zero == 1.0 or (math.isfinite(scale) and scale > 0))):
+            raise InputError(f"noise Laplace scale must be a positive, finite number, got {scale!r}")
         self.weight_zero = float(weight_zero)
         self.scale = float(scale)
         self.bits = bits_source(seed)
         self.private = self.bits.private
         if self.weight_zero < 1.0:
-            if not (math.isfinite(self.scale) and self.scale > 0):
-                raise ValueError(f"Laplace scale must be positive and finite, got {scale}")
             self.grid_exp = 20 - math.floor(math.log2(self.scale))
             self.t = math.ceil(Fraction(self.scale) * Fraction(2) ** self.grid_exp)
             # floor(w·2^64)/2^64 ≤ w: a slightly smaller atom is a mixture of two ε-private noises

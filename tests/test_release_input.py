@@ -1,0 +1,257 @@
+"""Damaged or edited calibration files and ledgers are refused in one line, exit 2 (SPEC 6.4-6.5).
+
+The budget cannot be bypassed: no calibration field, edited file or old
+ledger record makes a release spend zero or negative epsilon.
+"""
+
+import json
+import math
+import sqlite3
+from pathlib import Path
+
+import pytest
+from audit_cli_helpers import assert_one_line_exit_2
+from click.testing import CliRunner
+
+import empdp.cli.main as main_mod
+from empdp.errors import InputError
+from empdp.noise import Calibration, Ledger, LedgerError
+from empdp.noise.ledger import _record_hash
+from empdp.noise.sampler import NoiseSampler
+
+SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
+QUERY = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]
+
+
+def run(*args):
+    """``empdp ARGS...`` in-process under the real error handling; arguments may be numbers."""
+    return CliRunner().invoke(main_mod.cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def cal_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cal") / "cal.json"
+    res = run("calibrate", SAMPLE, *QUERY, "--epsilon", 0.1, "--kernel", "laplace", "-o", path, "-q")
+    assert res.exit_code == 0, res.output
+    return path
+
+
+@pytest.fixture
+def cal_dict(cal_path):
+    d = json.loads(cal_path.read_text())
+    assert d["noise"]["kind"] == "laplace_mixture"  # noise is added: scale must be > 0
+    return d
+
+
+def write(tmp_path, d, name="edited.json", digest=False):
+    """Write ``d`` as a calibration file; without ``digest`` as an older empdp did (no digest)."""
+    d = dict(d)
+    if not digest:
+        d.pop("digest", None)
+    path = tmp_path / name
+    path.write_text(json.dumps(d, indent=2))
+    return path
+
+
+# ------------------------------------------------- 1. no refund, no free release
+
+@pytest.mark.parametrize("eps", [-1, 0, -0.5])
+def test_non_positive_epsilon_is_refused_and_spends_nothing(cal_dict, tmp_path, eps):
+    ledger = tmp_path / "l.sqlite"
+    good = write(tmp_path, cal_dict, "good.json", digest=True)
+    assert run("release", good, "--value", 1, "--ledger", ledger, "--budget", 0.15).exit_code == 0
+    bad = write(tmp_path, {**cal_dict, "epsilon": eps})
+    res = run("release", bad, "--value", 1, "--ledger", ledger, "--budget", 0.15)
+    assert_one_line_exit_2(res, "'epsilon'", str(bad), "empdp calibrate")
+    summary = Ledger(ledger).verify()
+    assert summary["n_releases"] == 1 and summary["spent"] == pytest.approx(0.1)
+    # the budget was not refunded: a second real release is refused
+    assert run("release", good, "--value", 1, "--ledger", ledger).exit_code == 1
+
+
+@pytest.mark.parametrize("eps", [0.0, -1.0, float("nan"), float("inf"), "0.5", None, True])
+def test_ledger_never_records_a_non_positive_spend(tmp_path, eps):
+    path = tmp_path / "l.sqlite"
+    fields = dict(query="q", source=None, database=None, epsilon=eps, weight_zero=0.2, private=True,
+                  calibration_digest="d")
+    fields["lambda"] = 1.0
+    with pytest.raises(InputError, match="positive, finite epsilon"):
+        Ledger(path).append(fields, lambda: 0.0)
+    assert not path.exists()
+
+
+def test_ledger_with_a_negative_record_from_an_older_empdp_is_refused(tmp_path):
+    path = tmp_path / "l.sqlite"
+    fields = dict(query="q", source=None, database=None, epsilon=0.5, weight_zero=0.2, private=True,
+                  calibration_digest="d")
+    fields["lambda"] = 1.0
+    first = Ledger(path).append(fields, lambda: 1.0, budget=1.0)
+    # what empdp wrote before epsilon was checked: a refund record, with a valid hash chain
+    con = sqlite3.connect(path)
+    con.execute("DROP TRIGGER releases_positive_epsilon")
+    rec = {**fields, "epsilon": -1.0, "time": "t", "noisy_value": 1.0, "private": 1}
+    h = _record_hash(first["hash"], rec)
+    con.execute("INSERT INTO releases (time, query, source, database, epsilon, lambda, weight_zero, noisy_value, "
+                "private, calibration_digest, prev_hash, hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                ("t", "q", None, None, -1.0, 1.0, 0.2, 1.0, 1, "d", first["hash"], h))
+    con.commit()
+    con.close()
+    with pytest.raises(LedgerError, match="record 2 spends epsilon -1.0"):
+        Ledger(path).append(fields, lambda: 1.0)
+    with pytest.raises(LedgerError, match="cannot be trusted"):
+        Ledger(path).verify()
+
+
+def test_calibration_changed_in_python_cannot_release(cal_path, tmp_path):
+    cal = Calibration.load(cal_path)
+    cal.epsilon = -1.0
+    with pytest.raises(InputError, match="'epsilon'"):
+        cal.release(1.0, ledger=tmp_path / "l.sqlite")
+    assert not (tmp_path / "l.sqlite").exists()
+
+
+# ----------------------------------------------- 2. damaged fields: one line, exit 2
+
+def _set(path, value):
+    def edit(d):
+        *parents, last = path
+        for p in parents:
+            d = d[p]
+        if value is KeyError:
+            del d[last]
+        else:
+            d[last] = value
+    return edit
+
+
+@pytest.mark.parametrize("path, value, field", [
+    (("noise", "scale"), -1, "'noise.scale'"),
+    (("noise", "scale"), 0, "'noise.scale'"),
+    (("noise", "scale"), "abc", "'noise.scale'"),
+    (("noise", "weight_zero"), 1.5, "'noise.weight_zero'"),
+    (("noise", "weight_zero"), -0.1, "'noise.weight_zero'"),
+    (("noise", "weight_zero"), 0.0, "'noise.weight_zero'"),  # kind laplace_mixture needs 0 < w < 1
+    (("noise", "weight_zero"), None, "'noise.weight_zero'"),
+    (("noise", "kind"), "uniform", "'noise.kind'"),
+    (("noise",), KeyError, "'noise'"),
+    (("noise",), [1, 2], "'noise'"),
+    (("curator_kernel", "kind"), "box", "'curator_kernel.kind'"),
+    (("curator_kernel", "scale"), -0.1, "'curator_kernel.scale'"),
+    (("curator_kernel",), KeyError, "'curator_kernel'"),
+    (("lambda",), -1, "'lambda'"),
+    (("lambda",), KeyError, "'lambda'"),
+    (("epsilon",), "0.1", "'epsilon'"),
+    (("epsilon",), True, "'epsilon'"),
+    (("epsilon",), 1e400, "'epsilon'"),  # inf in JSON terms
+    (("n_individuals",), 2.5, "'n_individuals'"),
+    (("query",), 7, "'query'"),
+    (("verified_eps_max",), 0.2, "verified_eps_max"),  # above epsilon: no calibration writes that
+    (("expected_abs_noise",), 0.0, "expected_abs_noise"),
+])
+def test_damaged_calibration_field_exits_2_naming_it(cal_dict, tmp_path, path, value, field):
+    _set(path, value)(cal_dict)
+    bad = write(tmp_path, cal_dict)
+    res = run("release", bad, "--value", 1, "--ledger", tmp_path / "l.sqlite", "--budget", 1)
+    assert_one_line_exit_2(res, field, str(bad))
+    assert not (tmp_path / "l.sqlite").exists()
+
+
+def test_nan_epsilon_exits_2(cal_dict, tmp_path):
+    bad = tmp_path / "nan.json"
+    cal_dict.pop("digest", None)
+    bad.write_text(json.dumps(cal_dict).replace('"epsilon": 0.1', '"epsilon": NaN'))
+    assert "NaN" in bad.read_text()
+    res = run("release", bad, "--value", 1, "--ledger", tmp_path / "l.sqlite")
+    assert_one_line_exit_2(res, "'epsilon'", "nan")
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"x"', "null"])
+def test_calibration_that_is_not_an_object_exits_2(tmp_path, text):
+    bad = tmp_path / "c.json"
+    bad.write_text(text)
+    assert_one_line_exit_2(run("release", bad, "--value", 1), "not an empdp calibration", str(bad))
+
+
+# --------------------------------------------------------------- digest
+
+def test_saved_calibration_carries_a_digest_that_matches(cal_path, cal_dict):
+    cal = Calibration.load(cal_path)
+    assert cal_dict["digest"] == cal.digest  # the same digest the ledger records
+    assert "digest" not in cal.to_dict()
+
+
+@pytest.mark.parametrize("key, value", [("epsilon", 0.2), ("query", "count(*)"), ("n_individuals", 5)])
+def test_edited_calibration_with_a_digest_is_refused(cal_dict, tmp_path, key, value):
+    bad = write(tmp_path, {**cal_dict, key: value}, digest=True)
+    res = run("release", bad, "--value", 1, "--ledger", tmp_path / "l.sqlite")
+    assert_one_line_exit_2(res, "was edited", str(bad), "empdp calibrate")
+    assert not (tmp_path / "l.sqlite").exists()
+
+
+def test_calibration_without_a_digest_still_loads(cal_dict, tmp_path):
+    old = write(tmp_path, cal_dict, "old.json")  # as written before calibrations carried a digest
+    assert "digest" not in json.loads(old.read_text())
+    assert Calibration.load(old).digest == cal_dict["digest"]
+    res = run("release", old, "--value", 1, "--ledger", tmp_path / "l.sqlite", "--json")
+    assert res.exit_code == 0, res.output
+
+
+# -------------------------------------------------- 3. corrupt or foreign ledger
+
+def _garbage(path, cal_path):
+    path.write_bytes(b"this is not a database\n" * 50)
+
+
+def _truncated(path, cal_path):
+    full = path.with_name("full.sqlite")
+    for _ in range(40):
+        assert run("release", cal_path, "--value", 1, "--ledger", full, "--seed", 1).exit_code == 0
+    con = sqlite3.connect(full)  # fold the WAL into the file, then cut it short
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    data = full.read_bytes()
+    assert len(data) > 8192
+    path.write_bytes(data[:len(data) // 2])
+
+
+def _foreign(path, cal_path):
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE customers (name TEXT)")
+    con.execute("INSERT INTO customers VALUES ('x')")
+    con.commit()
+    con.close()
+
+
+@pytest.mark.parametrize("make", [_garbage, _truncated, _foreign])
+def test_unreadable_ledger_exits_2_and_is_left_unchanged(cal_path, tmp_path, make):
+    ledger = tmp_path / "l.sqlite"
+    make(ledger, cal_path)
+    before = ledger.read_bytes()
+    res = run("release", cal_path, "--value", 1, "--ledger", ledger, "--budget", 1)
+    assert_one_line_exit_2(res, str(ledger), "--ledger", "not a readable empdp ledger")
+    assert ledger.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("l.")) == ["l.sqlite"]
+
+
+def test_ledger_path_that_is_a_folder_exits_2(cal_path, tmp_path):
+    res = run("release", cal_path, "--value", 1, "--ledger", tmp_path)
+    assert_one_line_exit_2(res, "folder", str(tmp_path))
+    with pytest.raises(InputError, match="is a folder"):  # the library refuses it too
+        Ledger(tmp_path).spent()
+
+
+def test_unreadable_ledger_is_still_a_ledger_error_in_python(tmp_path):
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"x" * 2000)
+    with pytest.raises(LedgerError) as info:
+        Ledger(bad).verify()
+    assert isinstance(info.value, InputError) and info.value.exit_code == 2
+
+
+# -------------------------------------------------------------- sampler
+
+@pytest.mark.parametrize("w, scale", [(1.5, 1.0), (math.nan, 1.0), ("0.2", 1.0), (0.2, "abc"), (0.2, -1.0),
+                                      (0.2, math.inf), (True, 1.0)])
+def test_sampler_refuses_bad_parameters_as_input_errors(w, scale):
+    with pytest.raises(InputError):
+        NoiseSampler(w, scale)
