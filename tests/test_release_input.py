@@ -10,10 +10,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from audit_cli_helpers import assert_one_line_exit_2
 from click.testing import CliRunner
 
 import empdp.cli.main as main_mod
+from audit_cli_helpers import assert_one_line_exit_2
 from empdp.errors import InputError
 from empdp.noise import Calibration, Ledger, LedgerError
 from empdp.noise.ledger import _record_hash
@@ -255,3 +255,17 @@ def test_unreadable_ledger_is_still_a_ledger_error_in_python(tmp_path):
 def test_sampler_refuses_bad_parameters_as_input_errors(w, scale):
     with pytest.raises(InputError):
         NoiseSampler(w, scale)
+
+
+def test_calibrating_a_source_of_sole_contributors_only_is_refused(tmp_path):
+    """One individual in every database: no leave-one-out is defined, and calibrate used to write
+    'no noise', after which release published the exact value as private."""
+    import pandas as pd
+
+    src = tmp_path / "oneid.parquet"
+    pd.DataFrame({"id": [1] * 4, "year": [2000, 2001, 2002, 2003], "x": [1.0, 2.0, 1.5, 3.0]}).to_parquet(src)
+    out = tmp_path / "cal.json"
+    res = CliRunner().invoke(main_mod.cli, ["calibrate", str(src), "--id", "id", "--by", "year", "--query", "mean(x)",
+                                   "--epsilon", "1", "-o", str(out)])
+    assert_one_line_exit_2(res, "only contributor to some database")
+    assert not out.exists()

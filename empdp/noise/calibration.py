@@ -329,6 +329,11 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
     if not (np.isfinite(q).all() and np.isfinite(shifts).all()):
         raise InputError("query values and leave-one-out shifts must be finite")
     undefined = np.zeros(len(shifts), bool) if undefined is None else np.asarray(undefined, bool)
+    if len(undefined) and undefined.all():  # λ* would be 0 over nobody: a vacuous "no noise needed"
+        raise InputError(f"every individual ({len(undefined)}) is the only contributor to some database: "
+                         "removing any of them leaves a database empty, so no noise level can protect "
+                         "them and there is nothing to calibrate; use a source with several individuals "
+                         "per database")
     progress = progress or _no_progress
     if density is None:
         from ..density import select_density
