@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import empdp
 import empdp.cli.main as main_mod
 from audit_cli_helpers import assert_one_line_exit_2
 from empdp.errors import InputError
@@ -30,9 +31,10 @@ def run(*args):
 
 @pytest.fixture(scope="module")
 def cal_path(tmp_path_factory):
+    """A calibration of the sample data at ε = 0.1 (Laplace kernel), written by the library."""
     path = tmp_path_factory.mktemp("cal") / "cal.json"
-    res = run("calibrate", SAMPLE, *QUERY, "--epsilon", 0.1, "--kernel", "laplace", "-o", path, "-q")
-    assert res.exit_code == 0, res.output
+    empdp.calibrate(SAMPLE, id="countyid", by="year", query="mean(murdrate)", epsilon=0.1,
+                    kernel="laplace").save(path)
     return path
 
 
