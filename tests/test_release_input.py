@@ -21,7 +21,6 @@ from empdp.noise.ledger import _record_hash
 from empdp.noise.sampler import NoiseSampler
 
 SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
-QUERY = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]
 
 
 def run(*args):
