@@ -131,7 +131,11 @@ class GridPlan:
         # a cell is safe when the series' remainder over the whole cell is below 1e-15 of p̂ there
         h = np.diff(grid, append=grid[-1])
         z = h[None, :] / b[:, None]
-        rem = (self.E * np.exp(z) * z ** (TAYLOR_TERMS + 1)).sum(axis=0) / _FACT[TAYLOR_TERMS + 1]
+        # cells of hundreds of scales (far in a gap between the points, see risk._fill_gaps)
+        # overflow e^z and z^15 (and E = 0 there gives 0·inf = NaN): the bound is then inf or
+        # NaN, the cell not safe, and its points are evaluated directly, as they should be
+        with np.errstate(over="ignore", invalid="ignore"):
+            rem = (self.E * np.exp(z) * z ** (TAYLOR_TERMS + 1)).sum(axis=0) / _FACT[TAYLOR_TERMS + 1]
         self.taylor_ok = rem <= 1e-15 * self.shared[0]
         self.curvature = cell_curvature(q, b, grid, self.E)
         self.at_q = self.curvature[-1]  # grid index of each q_l
@@ -533,7 +537,10 @@ def row_curvature(shifts: np.ndarray, b: np.ndarray, curvature, kink_cells: np.n
 
     def coarse(M):
         S = np.where(M < reach[None, :], S_var[None, :], S_all[None, :])
-        return np.minimum(cap, np.exp(2 * M) * S)
+        # e^{2M} overflows from M ≈ 355 (rows with shifts of hundreds of scales, direct path): the
+        # bound is then inf, or NaN where S = 0; fmin takes the cap for both, a valid (looser) bound
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.fmin(cap, np.exp(2 * M) * S)
 
     if kink_cells is None:
         return coarse(M)

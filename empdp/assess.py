@@ -23,9 +23,13 @@ from threadpoolctl import threadpool_limits
 from . import checks, risk
 from .density import DensityModel, select_density
 from .errors import InputError
-from .loo import LooEngine, make_engine
+from .loo import LooEngine, _memory_limit_bytes, make_engine
 
 Progress = Callable[[str, int, int], None]
+#: (bytes one evaluation's grid may take, the databases' names) for risk.base_grid
+GridBudget = tuple[float, list]
+#: the memory limit when DuckDB's cannot be read (bytes)
+DEFAULT_MEMORY_LIMIT = 4 * 10**9
 
 #: dense shift cells fetched from the engine in one scan and held at once (float64: 8 bytes each)
 FETCH_CELLS = 100_000_000
@@ -65,9 +69,12 @@ def _check_threads(threads) -> int:
     return int(threads)
 
 
-def _evaluate_block(model: DensityModel, shifts: np.ndarray, eps, need_eps_i: bool, only, cap):
-    """Exact ε_i, δ_i and the exact-evaluation flags of one block of shift rows, on its own grid."""
-    grid = risk.base_grid(model, model.points[None, :] - shifts)
+def _evaluate_block(model: DensityModel, shifts: np.ndarray, eps, need_eps_i: bool, only, cap,
+                    grid_budget: GridBudget | None = None):
+    """Exact ε_i, δ_i and the exact-evaluation flags of one block of shift rows, on its own grid
+    (refused, InputError, when it would not fit in ``grid_budget``)."""
+    budget, labels = grid_budget or (None, None)
+    grid = risk.base_grid(model, model.points[None, :] - shifts, budget=budget, labels=labels)
     return risk.evaluate(model, shifts, eps, grid=grid, plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i,
                          return_exact=True, only=only, cap=cap)
 
@@ -75,14 +82,15 @@ def _evaluate_block(model: DensityModel, shifts: np.ndarray, eps, need_eps_i: bo
 _WORKER: dict = {}
 
 
-def _start_worker(model: DensityModel) -> None:
+def _start_worker(model: DensityModel, grid_budget: GridBudget | None = None) -> None:
     """Worker process set-up: the density model, and single-threaded BLAS (as in the threads)."""
     _WORKER["model"] = model
+    _WORKER["grid_budget"] = grid_budget
     _WORKER["blas"] = threadpool_limits(limits=1, user_api="blas")
 
 
 def _evaluate_in_worker(shifts: np.ndarray, eps, need_eps_i: bool, only, cap):
-    return _evaluate_block(_WORKER["model"], shifts, eps, need_eps_i, only, cap)
+    return _evaluate_block(_WORKER["model"], shifts, eps, need_eps_i, only, cap, _WORKER.get("grid_budget"))
 
 
 class _Done:
@@ -104,8 +112,10 @@ class _Executors:
     that has at least :data:`PROCESS_ROWS` individuals and kept until the assessment ends.
     """
 
-    def __init__(self, stack: ExitStack, threads: int, workers: str, model: DensityModel):
+    def __init__(self, stack: ExitStack, threads: int, workers: str, model: DensityModel,
+                 grid_budget: GridBudget | None = None):
         self.stack, self.threads, self.workers, self.model = stack, threads, workers, model
+        self.grid_budget = grid_budget
         self.pool = None
         if threads > 1:
             self.pool = stack.enter_context(ThreadPoolExecutor(threads, thread_name_prefix="empdp-eval"))
@@ -122,11 +132,22 @@ class _Executors:
             if self.procs is None:
                 ctx = multiprocessing.get_context("spawn")
                 self.procs = self.stack.enter_context(ProcessPoolExecutor(
-                    self.threads, mp_context=ctx, initializer=_start_worker, initargs=(self.model,)))
+                    self.threads, mp_context=ctx, initializer=_start_worker,
+                    initargs=(self.model, self.grid_budget)))
             return self.procs.submit(_evaluate_in_worker, take(), eps, need_eps_i, only, cap)
+        budget = self.grid_budget
         if self.pool is not None:  # the rows are read in the thread that evaluates them
-            return self.pool.submit(lambda: _evaluate_block(self.model, take(), eps, need_eps_i, only, cap))
-        return _Done(_evaluate_block(self.model, take(), eps, need_eps_i, only, cap))
+            return self.pool.submit(lambda: _evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget))
+        return _Done(_evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget))
+
+
+def _memory_limit(engine: LooEngine) -> int:
+    """The memory limit in bytes: ``--memory-limit``, else its default (DuckDB's setting holds either)."""
+    try:
+        limit = _memory_limit_bytes(engine.panel.con)
+    except Exception:  # noqa: BLE001 - an engine without a DuckDB connection: the default
+        limit = 0
+    return limit or DEFAULT_MEMORY_LIMIT
 
 
 def _check_epsilons(epsilon) -> np.ndarray:
@@ -401,8 +422,13 @@ def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory
     eps_bound = risk.eps_upper_bound(model, screen.bound)
     eps_bound[undefined] = np.inf
 
+    # each evaluation in flight holds its own grid: they share the memory limit, and a grid that
+    # cannot fit is refused with the reason (the query values' span in bandwidths) before it is built
+    labels = list(engine.panel.labels)
+    grid_budget = (_memory_limit(engine) / threads, labels)
+    risk.base_grid(model, budget=grid_budget[0], labels=labels)  # the query values alone: refused early
     cache = _ShiftCache(engine, max(1, FETCH_CELLS // n))
-    executors = _Executors(stack, threads, workers, model)
+    executors = _Executors(stack, threads, workers, model, grid_budget)
     evaluated_delta = np.zeros(m, dtype=bool)
     exact = np.zeros(m, dtype=bool)  # evaluated exactly (ε_i, δ_i or both), not cleared by bounds
     acc = _Accumulator(m, model.kernel, 0 if eps is None else len(eps))
