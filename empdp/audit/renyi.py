@@ -161,7 +161,7 @@ def floored_divergence(f, g, weight, order: float, tau: float, eta: float, n: in
     if not T > 0:
         raise InputError("the two output samples do not overlap: the Rényi estimate is undefined")
     fv, gv = (f, g) if var_densities is None else var_densities
-    top_v, Tv, _, w1, w2 = _integral(fv, gv, weight, a, tau, eta)
+    top_v, Tv, phi_v, w1, w2 = _integral(fv, gv, weight, a, tau, eta)
 
     def var(p, w):
         mass = float(np.sum(p * weight))
@@ -174,7 +174,7 @@ def floored_divergence(f, g, weight, order: float, tau: float, eta: float, n: in
     corrected = False
     if noise is not None:  # E log T̂ ≈ log T + bias_T/T − Var T̂/(2T²)
         shift = math.exp(top_v - top) / T
-        bias_rel = _bias(fv, gv, weight, a, tau, eta, noise, n, m, top_v) * shift
+        bias_rel = _bias(fv, gv, phi_v, weight, a, tau, eta, noise, n, m) * shift
         var_rel = var_t * shift * shift
         if abs(bias_rel) <= BIAS_TERMS_MAX and max(var_rel, rel_se * rel_se) <= BIAS_TERMS_MAX:
             D -= (bias_rel - var_rel / 2) / (a - 1)
@@ -184,12 +184,11 @@ def floored_divergence(f, g, weight, order: float, tau: float, eta: float, n: in
     return D, sigma_d, share, rel_se, corrected
 
 
-def _bias(f, g, weight, a, tau, eta, c, n, m, top):
-    """e^{−top} · ½ Σ weight·[φ_ff Var f̂ + φ_gg Var ĝ] for φ = f^α s(g)^{1−α}, Var f̂ = f(c − f)/n."""
+def _bias(f, g, scaled, weight, a, tau, eta, c, n, m):
+    """½ Σ weight·[φ_ff Var f̂ + φ_gg Var ĝ] for φ = f^α s(g)^{1−α}, Var f̂ = f(c − f)/n, on the
+    scale of ``scaled`` = φ e^{−top} (the integrand :func:`_integral` returns)."""
     s, ds = _floor(g, tau, eta)
     pos = f > 0
-    logf = np.log(np.where(pos, f, 1.0))
-    scaled = np.exp(np.where(pos, a * (logf - np.log(s)) + np.log(s) - top, -np.inf))  # φ e^{−top}
     term_f = a * (a - 1) * scaled / np.where(pos, f, 1.0) * np.maximum(c - f, 0.0) / n
     phi_gg = (1 - a) * scaled / s * (-a * ds * ds / s + eta * ds * (1 - ds))
     term_g = phi_gg * g * np.maximum(c - g, 0.0) / m
