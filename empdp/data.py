@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,6 +37,13 @@ def quote_ident(name: str) -> str:
 
 def quote_literal(value: str) -> str:
     return "'" + str(value).replace("'", "''") + "'"
+
+
+def shorten(value, width: int = 80) -> str:
+    """``repr(value)`` on one line, cut to ``width`` characters with '…': user values echoed in
+    error messages (a 10,000-character --where must not fill the terminal)."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 @dataclass
@@ -72,6 +81,10 @@ class Panel:
     @property
     def n_databases(self) -> int:
         return len(self.labels)
+
+    def close(self) -> None:
+        """Close the connection and remove its spill folder."""
+        close_connection(self.con)
 
     def base_sql(self, columns: Sequence[str] = (), where: str | None = None) -> str:
         """SQL selecting ``by`` as ``__j`` (0-based database index), ``id`` as ``__i``,
@@ -183,6 +196,31 @@ def default_memory_limit() -> str:
     return f"{max(256, min(4096, int(0.4 * total / 2**20)))}MB"
 
 
+def spill_directory(con: duckdb.DuckDBPyConnection) -> str:
+    """A fresh owner-only (0700) folder for ``con``'s spill files, removed with the connection.
+
+    Spill files hold the user's rows, so they go neither to a '.tmp' in the working directory
+    nor to a predictable path in the shared temporary folder (where another user could plant
+    a symlink or read them). The folder is removed when ``con`` is garbage-collected, when
+    :meth:`Panel.close` runs, or at interpreter exit, whichever comes first.
+    """
+    path = tempfile.mkdtemp(prefix="empdp-duckdb-")  # mode 0700, a new random name
+    _SPILL[con] = weakref.finalize(con, shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+#: the finalizer removing each live connection's spill folder
+_SPILL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def close_connection(con: duckdb.DuckDBPyConnection) -> None:
+    """Close ``con`` and remove its spill folder now (not at garbage collection)."""
+    con.close()
+    fin = _SPILL.pop(con, None)
+    if fin is not None:
+        fin()
+
+
 def connect(memory_limit: str | None = None, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """A fresh in-memory DuckDB connection with a memory limit (e.g. ``'3GB'``; default
     :func:`default_memory_limit`) and, if given, a number of threads (default: DuckDB's, every core)."""
@@ -195,9 +233,7 @@ def connect(memory_limit: str | None = None, threads: int | None = None) -> duck
         raise InputError(f"--memory-limit {memory_limit!r} is not a size like '3GB': {exc}") from None
     if memory_limit:
         con.execute("SET preserve_insertion_order = false")
-    # spill files go to the system's temporary folder, not to a '.tmp' in the user's working directory
-    spill = os.path.join(tempfile.gettempdir(), f"empdp-duckdb-{os.getpid()}")
-    con.execute(f"SET temp_directory = {quote_literal(spill)}")
+    con.execute(f"SET temp_directory = {quote_literal(spill_directory(con))}")
     if threads:
         con.execute(f"SET threads = {int(threads)}")
     return con

@@ -26,13 +26,16 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from .data import Panel, open_panel, quote_ident
+from .data import Panel, open_panel, quote_ident, shorten as short
 from .errors import InputError
 from .query import Query, parse_query
 
 #: largest number of (individual, database) cells held as one dense Δ matrix (8 bytes each); it
 #: must also fit in a third of DuckDB's memory limit, so that a low --memory-limit stays low
 DENSE_CELLS = 100_000_000
+#: largest |query value| and |shift| accepted: the density model squares differences of them,
+#: and squares of larger numbers overflow a double (1.8e308)
+MAX_MAGNITUDE = 1e150
 _UNITS = {"": 1, "B": 1, "BYTES": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50,
           "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15}
 
@@ -87,21 +90,59 @@ class LooEngine:
         self._screened = False
         self._dense: np.ndarray | None = None  # every Δ row, when screen() could hold them
 
+    def close(self) -> None:
+        """Close the panel's DuckDB connection and remove its spill folder."""
+        self.panel.close()
+
     # ------------------------------------------------------------------ values
     def values(self) -> np.ndarray:
-        """f(X^j) for every database, in label order."""
+        """f(X^j) for every database, in label order.
+
+        Raises :class:`InputError` when a value overflows (or comes near the largest double):
+        such values are arithmetic noise, not a query's values.
+        """
         if self._q is None:
-            if self.query.is_decomposable:
-                self._q = self._decomposable_values()
-            else:
-                self._sparse = self._in_memory()
+            # values near 1e308 overflow inside the aggregates: checked below, without warnings
+            with np.errstate(all="ignore"):
+                if self.query.is_decomposable:
+                    q = self._decomposable_values()
+                else:
+                    self._sparse = self._in_memory()
+                    q = self._q
+            self._q = None
+            self._require_in_range(q)
+            self._q = q
         return self._q
+
+    def _require_in_range(self, values: np.ndarray, ids: pl.Series | None = None) -> None:
+        """Refuse query values (``ids`` None: one per database) or per-individual largest shifts
+        that are not finite or exceed :data:`MAX_MAGNITUDE` (the density model squares them)."""
+        values = np.asarray(values, dtype=np.float64)
+        bad = ~(np.abs(values) <= MAX_MAGNITUDE)  # NaN too
+        if not bad.any():
+            return
+        k = int(np.flatnonzero(bad)[0])
+        where = (f"database {short(self.panel.labels[k])}" if ids is None
+                 else f"individual {short(ids[k])} (and {int(bad.sum()) - 1} more)" if bad.sum() > 1
+                 else f"individual {short(ids[k])}")
+        cols = " and ".join(short(c) for c in dict.fromkeys(self.query.columns)) or "the columns it reads"
+        what = "value" if ids is None else "largest leave-one-out shift"
+        raise InputError(
+            f"the query {short(self.query.describe())} overflows: its {what} on {where} is {values[k]:.4g}, "
+            f"beyond what double precision carries through the risk model (|value| <= {MAX_MAGNITUDE:.0e}); "
+            f"rescale {cols} (e.g. express it in larger units) and rerun")
 
     # ---------------------------------------------------------------- screening
     def screen(self, scale: np.ndarray) -> Screen:
         """Per-individual summary and screening bound M_i = max_j |Δ_ij| / scale_j."""
         scale = np.asarray(scale, dtype=np.float64)
         self.values()
+        with np.errstate(all="ignore"):  # overflowing shifts are refused below, without warnings
+            out = self._screen(scale)
+        self._require_in_range(out.max_abs_shift, out.ids)
+        return out
+
+    def _screen(self, scale: np.ndarray) -> Screen:
         if self.query.is_decomposable:
             return self._decomposable_screen(scale)
         ids, code, j, delta, undef = self._sparse

@@ -1,6 +1,7 @@
 """Sources whose id or label column mixes value types (JSON lines with 1 and "1")."""
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -56,3 +57,49 @@ def test_sql_with_two_statements_is_refused():
         parse_query(sql="SELECT avg(x) FROM db; SELECT 1")
     assert parse_query(sql="SELECT avg(x) FROM db WHERE name <> 'a;b';").sql == \
         "SELECT avg(x) FROM db WHERE name <> 'a;b'"
+
+
+# ---------------------------------------------------------------- spill folder (issue 23, item 5)
+
+def _spill_dir(con):
+    return con.execute("SELECT current_setting('temp_directory')").fetchall()[0][0]
+
+
+def test_spill_folder_is_fresh_private_and_removed_on_close(tmp_path, monkeypatch):
+    """A predictable /tmp/empdp-duckdb-<pid> (0755) let another user plant a symlink there."""
+    import gc
+    import stat
+    import tempfile
+
+    from empdp.data import close_connection, connect
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    planted = tmp_path / f"empdp-duckdb-{os.getpid()}"
+    (tmp_path / "victim").mkdir()
+    planted.symlink_to(tmp_path / "victim")
+    con = connect()
+    spill = _spill_dir(con)
+    assert os.path.realpath(spill) != os.path.realpath(planted) and not os.path.islink(spill)
+    assert stat.S_IMODE(os.stat(spill).st_mode) == 0o700
+    other = connect()
+    assert _spill_dir(other) != spill  # not derived from the process id
+    close_connection(con)
+    assert not os.path.exists(spill)
+    spill = _spill_dir(other)
+    del other
+    gc.collect()
+    assert not os.path.exists(spill)  # removed with the connection
+
+
+def test_spill_folder_is_removed_at_interpreter_exit(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import tempfile; tempfile.tempdir = {!r}\n"
+            "from empdp.data import connect\n"
+            "con = connect()\n"
+            "print(con.execute(\"SELECT current_setting('temp_directory')\").fetchall()[0][0])\n"
+            ).format(str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    spill = out.stdout.strip()
+    assert spill.startswith(str(tmp_path)) and not os.path.exists(spill)

@@ -250,3 +250,45 @@ def test_database_labels_of_any_type_give_the_same_results(query):
             continue
         np.testing.assert_array_equal(r.q, ref.q, err_msg=name)
         np.testing.assert_array_equal(r.shifts, ref.shifts, err_msg=name)
+
+
+# ----------------------------------------------------- overflow (issue 23, item 7)
+
+def _huge_panel(scale):
+    rows = [(f"i{i}", y, scale * (0.5 + 0.05 * i) * (1 if y % 2 else 0.9)) for y in range(2000, 2006)
+            for i in range(10)]
+    return pd.DataFrame(rows, columns=["id", "year", "x"])
+
+
+@pytest.mark.parametrize("expr", ["mean(x)", "sum(x)", "var(x)", "std(x)", "median(x)", "max(x)",
+                                  "sum(x)/sum(x)", "quantile(x, 0.3)"])
+def test_values_near_the_largest_double_are_refused_without_warnings(expr):
+    """Values near 1e308 overflowed into NumPy warning dumps, then 'all databases give the same
+    query value' (mean, sum, var) or a NaN delta with exit 0 (median)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any RuntimeWarning fails the test
+        with pytest.raises(InputError, match=r"overflows: .* database 2000 .*rescale 'x'"):
+            leave_one_out(_huge_panel(1.7e308), id="id", by="year", query=expr)
+
+
+def test_overflowing_shifts_are_refused_and_name_the_individual():
+    """Values that cancel in the query (q small) still give shifts beyond double precision."""
+    df = _huge_panel(1.0)
+    df.loc[(df["id"] == "i3"), "x"] = 1e160
+    df.loc[(df["id"] == "i4"), "x"] = -1e160
+    with pytest.raises(InputError, match=r"largest leave-one-out shift on individual 'i3' \(and 1 more\)"):
+        leave_one_out(df, id="id", by="year", query="sum(x)")
+
+
+def test_cli_refuses_overflow_in_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from empdp.cli.main import cli
+
+    path = tmp_path / "big.parquet"
+    _huge_panel(1.7e308).to_parquet(path)
+    res = CliRunner().invoke(cli, ["assess", str(path), "--id", "id", "--by", "year", "--query", "median(x)",
+                                   "-e", "1"])
+    assert res.exit_code == 2 and res.output.startswith("Error: ") and res.output.count("\n") == 1, res.output
