@@ -17,12 +17,12 @@ from .report import extras_options, load_extras
 
 
 def parse_bandwidth(value: str):
-    if value is None or value == "auto":
-        return "auto"
+    if value is None or value in ("auto", "variable"):
+        return value or "auto"
     try:
         return float(value)
     except ValueError:
-        raise InputError(f"--bandwidth must be 'auto' or a positive number; got {value!r}") from None
+        raise InputError(f"--bandwidth must be auto, variable or a positive number; got {value!r}") from None
 
 
 def query_options(f):
@@ -43,16 +43,21 @@ def query_options(f):
 @click.option("--epsilon", "-e", "epsilon", multiple=True, type=float,
               help="Privacy level(s) to assess; repeat for several. Default: 50 values "
                    "log-spaced over [eps_all/20, 1.25 eps_all].")
-@click.option("--kernel", type=click.Choice(["auto", "laplace", "gaussian"]), default="auto", show_default=True,
-              help="Kernel of the density model (auto: by held-out likelihood).")
+@click.option("--kernel", type=click.Choice(["laplace", "gaussian", "auto"]), default="laplace", show_default=True,
+              help="Kernel of the density model: laplace (the model calibrate deconvolves; exact eps_i), "
+                   "gaussian (eps_i up to a stated tolerance) or auto (by held-out likelihood).")
 @click.option("--bandwidth", default="auto", show_default=True,
-              help="'auto' (variable bandwidths by held-out likelihood) or a fixed global kernel scale.")
+              help="auto (one global scale by held-out likelihood, as calibrate), variable (Abramson variable "
+                   "bandwidths; assess only) or a fixed global kernel scale.")
 @click.option("--out", "out", help="Write one row per individual to FILE.parquet or FILE.csv (mode 0600).")
 @click.option("--report", "report", help="Write a self-contained HTML report to FILE.html (mode 0600).")
 @extras_options
 @click.option("--save-result", "save_result", metavar="FILE.json",
               help="Keep the result for 'empdp report' (summary, model, sweep, riskiest rows and their shifts; "
-                   "mode 0600).")
+                   "mode 0600). The shifts and query values reveal the riskiest individuals' values: keep the "
+                   "file private, or add --without-shifts.")
+@click.option("--without-shifts", is_flag=True,
+              help="With --save-result: leave out the shift rows (the report then has no density plots).")
 @click.option("--hash-ids", is_flag=True, help="Replace ids by a keyed hash (HMAC-SHA256) in every output.")
 @click.option("--hash-key-file", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB (spills to disk beyond it; "
@@ -66,7 +71,7 @@ def query_options(f):
 @click.option("--no-screening", is_flag=True, help="Evaluate every individual exactly (slower; same results).")
 @output_options
 def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth, out, report, calibration, audit,
-               save_result, hash_ids, hash_key_file, memory_limit, threads, workers, drop_null_ids, no_screening,
+               save_result, without_shifts, hash_ids, hash_key_file, memory_limit, threads, workers, drop_null_ids, no_screening,
                as_json, quiet, verbose, debug):
     """Per-individual empirical privacy risk of releasing QUERY of each database.
 
@@ -87,6 +92,8 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
     check_output(out, "--out", (".parquet", ".pq", ".csv"), ".parquet or .csv")
     check_output(report, "--report", (".html", ".htm"), ".html")
     check_output(save_result, "--save-result", (".json",), ".json")
+    if without_shifts and not save_result:
+        raise InputError("--without-shifts applies to --save-result: give --save-result FILE.json too")
     if (calibration or audit) and not report:
         raise InputError("--calibration and --audit add sections to the HTML report: give --report FILE.html "
                          "too (or use 'empdp report' on a --save-result file)")
@@ -103,9 +110,10 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
     # all outputs are committed together: a failure writing one leaves none of them
     with progress_bars(not (as_json or quiet), log) as progress, output_batch():
         if out:
-            cols = [result.id_column, "eps_i", "delta", "n_databases", "max_abs_shift", "eps_bound",
+            cols = [result.id_column, "eps_i", "delta", "n_databases", "max_abs_shift", "epsilon", "eps_bound",
                     "sole_contributor"]
-            table = result.individuals.select(cols)
+            # the ε its delta column is at travels with the table
+            table = result.individuals.with_columns(pl.lit(float(result.epsilons[0])).alias("epsilon")).select(cols)
             if key:
                 table = table.with_columns(pl.col(result.id_column).map_elements(show, return_dtype=pl.Utf8))
             _write(progress, out, write_table, table, out)
@@ -117,7 +125,7 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
         if save_result:
             from empdp.result import save_result as save
 
-            _write(progress, save_result, save, result, save_result, hash_ids=key)
+            _write(progress, save_result, save, result, save_result, hash_ids=key, shifts=not without_shifts)
     if as_json:
         emit_json(result.to_dict())
     elif not quiet:

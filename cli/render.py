@@ -35,8 +35,12 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     bw = f"{m.kernel}, scale {_fmt(m.scale)}" + (f", variable (a = {m.sensitivity:g})" if m.variable else ", fixed")
     summary.add_row("density model", bw)
     sole = result.sole_contributors
-    summary.add_row("eps_all", f"{_fmt(result.eps_all)}  (every individual protected from here"
-                    + (f", except the {sole} sole contributor(s), who never are)" if sole else ")"))
+    except_sole = f", except the {sole} sole contributor(s), who never are" if sole else ""
+    if result.eps_tolerance:  # Gaussian kernels: protected only up to the tolerance
+        meaning = f"from here every individual's delta_i <= {result.eps_tolerance:g}{except_sole}"
+    else:
+        meaning = f"every individual protected (delta_i = 0) from here{except_sole}"
+    summary.add_row("eps_all", f"{_fmt(result.eps_all)}  ({meaning})")
     summary.add_row("sole contributors", str(result.sole_contributors))
     ind = result.independence
     summary.add_row("independence", f"Ljung-Box p = {_fmt(ind['ljung_box_p'], 3)}, trend p = {_fmt(ind['trend_p'], 3)}")
@@ -55,18 +59,15 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     con.print(sweep)
 
     top_df = result.riskiest(top)
-    t = Table(title=f"riskiest individuals (delta at epsilon = {_fmt(result.epsilons[0])})", title_justify="left")
-    for col in (result.id_column, "eps_i", "delta", "databases", "largest shift"):
-        t.add_column(col, justify="right")
+    tol = f" (eps_i: smallest epsilon with delta_i <= {result.eps_tolerance:g})" if result.eps_tolerance else ""
+    t = Table(title=f"riskiest individuals at epsilon = {_fmt(result.epsilons[0])}, by delta{tol}",
+              title_justify="left")
+    for col in (result.id_column, "delta", "eps_i", "databases", "largest shift", ""):
+        t.add_column(col, justify="right" if col else "left")
     for row in top_df.iter_rows(named=True):
-        if row["sole_contributor"]:
-            eps_i = "inf (sole)"
-        elif row["eps_i"] is None:  # not evaluated exactly: the screening bound, marked as one
-            eps_i = f"<= {_fmt(row['eps_bound'])}"
-        else:
-            eps_i = _fmt(row["eps_i"])
-        t.add_row(show_id(row[result.id_column]), eps_i, _fmt(row["delta"]), str(row["n_databases"]),
-                  _fmt(row["max_abs_shift"]))
+        eps_i = "inf (sole)" if row["sole_contributor"] else _fmt(row["eps_i"])
+        t.add_row(show_id(row[result.id_column]), _fmt(row["delta"]), eps_i, str(row["n_databases"]),
+                  _fmt(row["max_abs_shift"]), "sets eps_all" if row["sets_eps_all"] else "")
     con.print(t)
     if out:
         con.print(f"per-individual table written to {out} (mode 0600)")

@@ -81,13 +81,20 @@ def report(result, output, calibration, audit, epsilon, hash_ids, hash_key_file,
     log.info("result %s: %s over %d databases, %d individuals (%d rows and %d shift rows saved)", result,
              saved.query, saved.n_databases, saved.n_individuals, saved.individuals.height,
              len(saved.saved_shifts))
+    cal, aud = load_extras(calibration, audit)
+    audit_key = key
+    if aud is not None and aud.get("ids_hashed"):
+        audit_key = None  # 'empdp audit release --hash-ids' wrote pseudonyms already
+    elif saved.ids_hashed and aud is not None and aud.get("individuals") and not key:
+        raise InputError(f"the ids in {result!r} are pseudonyms but those of the audit {audit!r} are not: pass "
+                         "--hash-ids (with the key the result was saved with) so the report names nobody")
     if key and saved.ids_hashed:
         log.info("the ids in %s are already pseudonyms; not hashing them again", result)
         key = None
-    cal, aud = load_extras(calibration, audit)
     with progress_bars(not (as_json or quiet), log) as progress:
         progress(f"writing {output}", 0, 0)
-        render_report(saved, output, epsilon=epsilon, calibration=cal, audit=aud, hash_ids=key or False)
+        render_report(saved, output, epsilon=epsilon, calibration=cal, audit=aud, hash_ids=key or False,
+                      audit_hash_ids=audit_key or False)
         progress(f"writing {output}", 1, 1)
     sections = list(SECTIONS) + [s for s, d in (("calibration", cal), ("audit", aud)) if d is not None]
     if as_json:

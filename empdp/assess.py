@@ -21,7 +21,7 @@ import polars as pl
 from threadpoolctl import threadpool_limits
 
 from . import checks, risk
-from .density import DensityModel, select_density
+from .density import DEFAULT_KERNEL, DensityModel, select_density
 from .errors import InputError
 from .loo import LooEngine, _memory_limit_bytes, make_engine
 
@@ -284,12 +284,57 @@ class Assessment:
     def n_individuals(self) -> int:
         return self.individuals.height
 
-    def riskiest(self, k: int = 10) -> pl.DataFrame:
-        """The k individuals with the largest ε_i (sole contributors first)."""
-        df = self.individuals.with_columns(
-            pl.when(pl.col("sole_contributor")).then(float("inf")).otherwise(
-                pl.col("eps_i").fill_null(pl.col("eps_bound"))).alias("__rank"))
-        return df.sort("__rank", descending=True).head(k).drop("__rank")
+    @property
+    def eps_tolerance(self) -> float:
+        """τ in the definition of ε_i: 0 for Laplace kernels (δ_i(ε) = 0 exactly for ε ≥ ε_i); for
+        Gaussian kernels ε_i is the smallest ε with δ_i(ε) ≤ τ (their log-ratio is unbounded)."""
+        return 0.0 if self.model.kernel == "laplace" else float(risk.GAUSSIAN_TOL)
+
+    def riskiest(self, k: int = 10, epsilon: float | None = None) -> pl.DataFrame:
+        """The ``k`` riskiest individuals at ``epsilon`` (default: the smallest assessed ε).
+
+        Ranked by exact δ_i(ε), ties by exact ε_i; sole contributors (δ_i = 1, ε_i = ∞) first.
+        The individual that sets ε_all is always included (as an extra row when it is not among
+        the ``k``). Every row's ``delta`` and ``eps_i`` are exact: they are computed here for the
+        rows that need them, in decreasing order of certified upper bounds, until no other
+        individual can enter the table. Columns: the id, ``epsilon`` (the ε of ``delta``),
+        ``delta``, ``eps_i``, ``n_databases``, ``max_abs_shift``, ``sole_contributor`` and
+        ``sets_eps_all``.
+        """
+        eps = float(self.epsilons[0] if epsilon is None else epsilon)
+        if not (math.isfinite(eps) and eps >= 0):
+            raise InputError(f"epsilon must be finite and >= 0, got {epsilon!r}")
+        codes, delta, eps_i = _Ranking(self, eps).top(int(k))
+        ind = self.individuals[codes.tolist()] if len(codes) else self.individuals.head(0)
+        setter = _eps_all_code(self)
+        return pl.DataFrame({
+            self.id_column: ind[self.id_column],
+            "epsilon": np.full(len(codes), eps),
+            "delta": delta,
+            "eps_i": eps_i,
+            "n_databases": ind["n_databases"],
+            "max_abs_shift": ind["max_abs_shift"],
+            "sole_contributor": ind["sole_contributor"],
+            "sets_eps_all": codes == setter,
+        })
+
+    def exact_risk(self, codes: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+        """Exact (ε_i, δ_i(eps)) of the individuals at rows ``codes`` (sole contributors: ∞, 1)."""
+        codes = np.asarray(codes, dtype=np.int64)
+        out_eps, out_delta = np.full(len(codes), np.inf), np.ones(len(codes))
+        sole = self.individuals["sole_contributor"].to_numpy()[codes]
+        ok = np.flatnonzero(~sole)
+        if self.engine is None:  # loaded without its data: unknown
+            out_eps[ok], out_delta[ok] = np.nan, np.nan
+            return out_eps, out_delta
+        if len(ok):
+            shifts = self.engine.shifts(codes[ok])
+            with threadpool_limits(limits=1, user_api="blas"):  # as in assess: the same bits
+                e, d = risk.evaluate(self.model, shifts, np.array([eps]))
+            out_eps[ok], out_delta[ok] = e, d[:, 0]
+            if self.model.kernel != "laplace":
+                out_delta[ok] = np.where(out_delta[ok] <= risk.GAUSSIAN_TOL, 0.0, out_delta[ok])
+        return out_eps, out_delta
 
     def shifts_of(self, ids) -> np.ndarray:
         """Dense shift rows Δ_i· (len(ids), n) of the given individuals (for plots)."""
@@ -325,11 +370,14 @@ class Assessment:
             "independence": {k: _num(v) for k, v in self.independence.items()},
             "representativeness": self.representativeness,
             "sole_contributors": int(self.sole_contributors),
-            "n_evaluated_exactly": int(self.n_evaluated),
+            "n_evaluated": int(self.n_evaluated),
             "screening": self.screening,
-            "delta_tolerance": 0.0 if self.model.kernel == "laplace" else risk.GAUSSIAN_TOL,
+            "eps_tolerance": self.eps_tolerance,
             "warnings": list(self.warnings),
-            "notes": ["total_risk assumes the individuals' risks are independent (SPEC 10.3)"],
+            "notes": ["total_risk assumes the individuals' risks are independent"]
+            + ([f"kernel gaussian: eps_i is the smallest epsilon with delta_i <= eps_tolerance "
+                f"({self.eps_tolerance:g}), and delta_i below it is reported as 0; the log-ratio of Gaussian "
+                "densities is unbounded, so no epsilon makes delta_i exactly 0"] if self.eps_tolerance else []),
         }
 
 
@@ -348,7 +396,7 @@ def default_epsilons(eps_all: float, count: int = 50) -> np.ndarray:
 
 
 def assess(source: Any, *, id: str, by: str, query: str | None = None, where: str | None = None,
-           sql: str | None = None, epsilon=None, kernel: str = "auto", bandwidth="auto",
+           sql: str | None = None, epsilon=None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
            memory_limit: str | None = None, drop_null_ids: bool = False, exact_all: bool = False,
            screening: bool = True, threads: int | None = None, workers: str = "threads",
            progress: Progress | None = None) -> Assessment:
@@ -453,8 +501,9 @@ def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory
             def add(block, result):
                 nonlocal done
                 e_i, d, ex = result
-                eps_i[block] = e_i
-                exact[block] = ex
+                # a δ-only evaluation (NaN ε_i) keeps the exact ε_i the ε_all search found
+                eps_i[block] = np.where(np.isnan(e_i), eps_i[block], e_i)
+                exact[block] |= ex
                 if with_delta:
                     acc.add(block, d)
                     evaluated_delta[block] = True
@@ -562,3 +611,92 @@ def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory
         delta=max_delta, total_risk=total, n_at_risk=at_risk, eps_all=eps_all, individuals=individuals,
         independence=indep, representativeness=rep, warnings=warnings, sole_contributors=sole,
         n_evaluated=n_evaluated, screening=screening, engine=engine)
+
+
+def _eps_all_code(a) -> int:
+    """Row of the individual whose exact ε_i is ε_all (-1 when every ε_i is 0 or unknown)."""
+    e = a.individuals["eps_i"].fill_null(np.nan).to_numpy().astype(float)
+    e = np.where(a.individuals["sole_contributor"].to_numpy(), np.nan, e)
+    if not np.isfinite(e).any() or np.nanmax(e) <= 0:
+        return -1
+    return int(np.nanargmax(e))
+
+
+class _Ranking:
+    """Branch and bound for :meth:`Assessment.riskiest`: exact values only where a row can rank.
+
+    Upper bounds: δ_i(ε) ≤ δ_i(ε_min) for ε ≥ ε_min (δ_i decreases in ε; δ_i(ε_min) is exact for
+    every individual) and the screening bound ``risk.delta_upper_bound``; ε_i ≤ ``eps_bound``.
+    """
+
+    BATCH = 256
+
+    def __init__(self, a, eps: float):
+        self.a, self.eps = a, eps
+        ind = a.individuals
+        self.sole = ind["sole_contributor"].to_numpy()
+        self.bound = ind["eps_bound"].to_numpy().astype(float)
+        known_eps = ind["eps_i"].fill_null(np.nan).to_numpy().astype(float)
+        self.eps_i = known_eps.copy()
+        self.delta = np.full(len(self.sole), np.nan)
+        first = ind["delta"].to_numpy().astype(float)
+        e0 = float(a.epsilons[0])
+        n_present = ind["n_databases"].to_numpy()
+        upper = risk.delta_upper_bound(a.model.kernel, eps, self.bound, n_present, a.n_databases)
+        if math.isclose(eps, e0, rel_tol=1e-12, abs_tol=0.0):
+            self.delta[:] = first  # exact for every individual
+            upper = first
+        elif eps > e0:
+            upper = np.minimum(upper, first)
+        if a.model.kernel == "laplace":
+            upper = np.where(self.bound <= eps, 0.0, upper)
+        upper = np.where(self.sole, 1.0, upper)
+        self.upper = upper
+        self.delta[self.sole] = 1.0
+        self.eps_i[self.sole] = np.inf
+
+    def _evaluate(self, codes: np.ndarray) -> None:
+        todo = codes[np.isnan(self.delta[codes]) | np.isnan(self.eps_i[codes])]
+        if len(todo):
+            self.eps_i[todo], self.delta[todo] = self.a.exact_risk(todo, self.eps)
+
+    def top(self, k: int):
+        m = len(self.sole)
+        k = max(0, min(k, m))
+        chosen = np.empty(0, dtype=np.int64)
+        if k:
+            # 1. by δ_i(ε): rows in decreasing order of their bound until the k-th exact δ beats the next bound
+            order = np.argsort(-self.upper, kind="stable")
+            pos = 0
+            while pos < m:
+                kth = np.sort(np.nan_to_num(self.delta[order[:pos]], nan=0.0))[::-1]
+                kth = kth[k - 1] if len(kth) >= k else 0.0
+                if self.upper[order[pos]] <= 0 or (len(order[:pos]) >= k and self.upper[order[pos]] < kth):
+                    break
+                end = min(m, pos + max(self.BATCH, k))
+                self._evaluate(order[pos:end])
+                pos = end
+            looked = order[:pos]
+            positive = looked[self.delta[looked] > 0]
+            chosen = positive
+            if len(chosen) < k:
+                # 2. the rest at δ_i(ε) = 0, by exact ε_i: decreasing bounds until the next cannot enter
+                rest = np.setdiff1d(np.arange(m), chosen)
+                rest = rest[np.argsort(-self.bound[rest], kind="stable")]
+                need, pos = k - len(chosen), 0
+                while pos < len(rest):
+                    seen = np.sort(np.nan_to_num(self.eps_i[rest[:pos]], nan=-1.0))[::-1]
+                    if pos >= need and self.bound[rest[pos]] < seen[need - 1]:
+                        break
+                    end = min(len(rest), pos + max(self.BATCH, need))
+                    self._evaluate(rest[pos:end])
+                    pos = end
+                chosen = np.concatenate([chosen, rest[:pos]])
+            self._evaluate(chosen)
+            rank = np.lexsort((-self.eps_i[chosen], -self.delta[chosen]))
+            chosen = chosen[rank][:k]
+        setter = _eps_all_code(self.a)
+        if setter >= 0 and setter not in chosen:
+            self._evaluate(np.array([setter]))
+            chosen = np.append(chosen, setter)
+        return chosen, self.delta[chosen], self.eps_i[chosen]

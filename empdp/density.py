@@ -16,6 +16,8 @@ from scipy.special import log_ndtr, logsumexp, ndtr
 from .errors import InputError
 
 KERNELS = ("laplace", "gaussian")
+#: the kernel of every command unless the user opts into another (see :func:`select_density`)
+DEFAULT_KERNEL = "laplace"
 SENSITIVITIES = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
@@ -144,28 +146,43 @@ def reference_scale(q: np.ndarray) -> float:
     return 0.9 * spread * len(q) ** (-0.2)
 
 
-def select_density(q, kernel: str = "auto", bandwidth="auto", variable: bool = True,
-                   n_scales: int = 41) -> DensityModel:
-    """Choose kernel, scale b and sensitivity a by leave-one-out log-likelihood (SPEC 3).
+#: the values of ``bandwidth`` besides a number (the default first)
+BANDWIDTHS = ("auto", "variable")
+
+
+def select_density(q, kernel: str = DEFAULT_KERNEL, bandwidth="auto", n_scales: int = 41) -> DensityModel:
+    """Choose kernel, scale b and sensitivity a by leave-one-out log-likelihood.
+
+    The default, a Laplace kernel of one global scale, is the model of every
+    command (assess, calibrate, report, the release audit): its log-ratios
+    are bounded, so ε_i exists exactly, and only it can be deconvolved into
+    release noise, so the assessment and the calibration describe the same
+    release (calibrate adds no noise at ε exactly when assess finds nobody at
+    risk at ε).
 
     Parameters
     ----------
     q : array (n,)
         Query values of the n databases.
-    kernel : 'auto', 'laplace' or 'gaussian'
-    bandwidth : 'auto' or float
-        A float fixes the global scale b with no variable part (exactly reproducible).
-    variable : bool
-        Allow Abramson variable bandwidths (sensitivity a ∈ {0, .25, .5, .75, 1}).
+    kernel : 'laplace' (default), 'gaussian' or 'auto' (chosen by likelihood)
+    bandwidth : 'auto' (default), 'variable' or float
+        'auto' chooses one global scale by likelihood; 'variable' also
+        chooses an Abramson sensitivity a ∈ {0, .25, .5, .75, 1} (variable
+        bandwidths; assessment only: no single noise law deconvolves them);
+        a float fixes the global scale b with no variable part.
     """
     q = np.asarray(q, dtype=np.float64)
     if kernel not in ("auto",) + KERNELS:
-        raise InputError(f"unknown kernel {kernel!r}; use auto, laplace or gaussian")
+        raise InputError(f"unknown kernel {kernel!r}; use laplace, gaussian or auto")
+    variable = bandwidth == "variable"
     kernels = KERNELS if kernel == "auto" else (kernel,)
     if len(q) < 2:
         raise InputError("at least 2 databases are needed to fit the density model")
-    if bandwidth != "auto" and bandwidth is not None:
-        b = float(bandwidth)
+    if bandwidth not in BANDWIDTHS and bandwidth is not None:
+        try:
+            b = float(bandwidth)
+        except (TypeError, ValueError):
+            raise InputError(f"--bandwidth must be auto, variable or a positive number; got {bandwidth!r}") from None
         if not (np.isfinite(b) and b > 0):
             raise InputError(f"--bandwidth must be a positive number; got {bandwidth!r}")
         fits = [(k, b, 0.0, loo_loglik(k, q, np.full(len(q), b))) for k in kernels]

@@ -181,9 +181,15 @@ def _summary(a, eps: float, idx, exact: bool) -> str:
     model += f" (LOO log-likelihood {_fmt(m.loglik)})"
     at = "" if exact or idx is None else f" (at assessed ε = {_fmt(a.epsilons[idx])} ≤ ε: an upper bound)"
     val = (lambda arr: _fmt(arr[idx])) if idx is not None else (lambda arr: "–")
+    tol = getattr(a, "eps_tolerance", 0.0)
+    if tol:  # Gaussian kernels: δ_i ≤ τ from ε_all, never "protected"
+        label = f"ε_all (every δᵢ ≤ {_fmt(tol)} from here" + (
+            f", except {a.sole_contributors:,} sole contributor(s))" if a.sole_contributors else ")")
+    else:
+        label = ("ε_all (everyone protected)" if not a.sole_contributors
+                 else f"ε_all (all but {a.sole_contributors:,} sole contributor(s) protected)")
     cards = _cards([
-        ("ε_all (everyone protected)" if not a.sole_contributors
-         else f"ε_all (all but {a.sole_contributors:,} sole contributor(s) protected)", _fmt(a.eps_all)),
+        (label, _fmt(a.eps_all)),
         ("chosen ε", _fmt(eps)),
         ("worst-case δ(ε)", val(a.delta)),
         ("total risk δ*(ε)", val(a.total_risk)),
@@ -274,46 +280,55 @@ def _has_shifts(a) -> bool:
 
 
 def _top_rows(a, eps: float, show: Callable, k: int):
-    """The riskiest rows with δ_i at ``eps`` (exact for the shown rows) and their shift vectors."""
-    top = a.riskiest(k)
+    """The riskiest rows at ``eps`` (exact δ_i and ε_i, see ``riskiest``) and their shift vectors."""
+    top = a.riskiest(k, eps)
     rows = list(top.iter_rows(named=True))
     shifts = None
-    delta_eps = np.array([r["delta"] for r in rows], dtype=float)
-    exact = False
     if rows and _has_shifts(a):
-        shifts = a.shifts_of([r[a.id_column] for r in rows])
-        ok = np.array([not r["sole_contributor"] for r in rows]) & np.isfinite(shifts).all(axis=1)
-        if ok.any():
-            _, d = risk.evaluate(a.model, shifts[ok], np.array([eps]))
-            delta_eps[ok] = d[:, 0]
-        exact = True
-    for r, d in zip(rows, delta_eps):
-        r["delta_eps"] = 1.0 if r["sole_contributor"] else float(d)
+        try:
+            shifts = a.shifts_of([r[a.id_column] for r in rows])
+        except InputError:  # a saved result without these rows' shifts: no density plots
+            shifts = None
+    for r in rows:
         r["shown_id"] = show(r[a.id_column])
-    return rows, shifts, exact
+    return rows, shifts, _ranking_note(a, eps, k)
 
 
-def _riskiest(a, eps: float, rows, exact: bool) -> str:
-    at = _fmt(eps if exact else a.epsilons[0])
-    head = ("<tr><th class='n'>#</th><th>id</th><th class='n'>ε<sub>i</sub></th>"
-            f"<th class='n'>δ<sub>i</sub> at ε = {at}</th><th class='n'>databases present</th>"
-            "<th class='n'>largest |shift|</th><th>note</th></tr>")
+def _ranking_note(a, eps: float, k: int) -> str:
+    note = getattr(a, "ranking_note", None)  # a saved result knows only its saved rows
+    return note(eps, k) if callable(note) else ""
+
+
+def _riskiest(a, eps: float, rows, note: str) -> str:
+    tol = getattr(a, "eps_tolerance", 0.0)
+    head = ("<tr><th class='n'>#</th><th>id</th>"
+            f"<th class='n'>δ<sub>i</sub> at ε = {_fmt(eps)}</th><th class='n'>ε<sub>i</sub></th>"
+            "<th class='n'>databases present</th><th class='n'>largest shift</th><th>note</th></tr>")
     body = []
     for n, r in enumerate(rows, 1):
+        notes = []
         if r["sole_contributor"]:
-            eps_i, note = "∞", "sole contributor to a database"
-        elif r["eps_i"] is None:
-            eps_i, note = f"≤ {_fmt(r['eps_bound'])}", "bound from screening"
+            eps_i = "∞"
+            notes.append("sole contributor to a database")
         else:
-            eps_i, note = _fmt(r["eps_i"]), ""
-        body.append(f"<tr><td class='n'>{n}</td><td><code>{_e(r['shown_id'])}</code></td><td class='n'>{eps_i}</td>"
-                    f"<td class='n'>{_fmt(r['delta_eps'])}</td>"
+            eps_i = _fmt(r["eps_i"])
+        if r.get("sets_eps_all"):
+            notes.append("sets ε_all")
+        body.append(f"<tr><td class='n'>{n}</td><td><code>{_e(r['shown_id'])}</code></td>"
+                    f"<td class='n'>{_fmt(r['delta'])}</td><td class='n'>{eps_i}</td>"
                     f"<td class='n'>{r['n_databases']} / {a.n_databases}</td>"
-                    f"<td class='n'>{_fmt(r['max_abs_shift'])}</td><td>{_e(note)}</td></tr>")
-    text = ("ε<sub>i</sub> is the individual's empirical privacy loss: the largest factor (on the log scale) by "
-            "which the query's distribution changes when the individual is removed from every database; they "
-            "are fully protected (δ<sub>i</sub> = 0) at any ε ≥ ε<sub>i</sub>. The largest shift is the biggest "
-            "change in the query value caused by removing them from one database.")
+                    f"<td class='n'>{_fmt(r['max_abs_shift'])}</td><td>{_e('; '.join(notes))}</td></tr>")
+    text = ("Ranked by δ<sub>i</sub>(ε) at the chosen ε, ties by ε<sub>i</sub>; both are exact for every row "
+            "shown, and the individual that sets ε_all is always listed. ε<sub>i</sub> is the individual's "
+            "empirical privacy loss: the largest factor (on the log scale) by which the query's distribution "
+            "changes when the individual is removed from every database")
+    text += (f"; with Gaussian kernels this log-ratio is unbounded, so ε<sub>i</sub> is the smallest ε at which "
+             f"δ<sub>i</sub>(ε) ≤ {_fmt(tol)}." if tol else
+             "; they are fully protected (δ<sub>i</sub> = 0) at any ε ≥ ε<sub>i</sub>.")
+    text += (" The largest shift is the biggest change in the query value caused by removing them from one "
+             "database.")
+    if note:
+        text += " " + _e(note)
     return _section("riskiest", f"The {len(rows)} riskiest individuals",
                     f"<table><thead>{head}</thead><tbody>{''.join(body)}</tbody></table>", _explain(text))
 
@@ -340,7 +355,7 @@ def _densities(a, eps: float, rows, shifts) -> str:
         top.plot(q, np.zeros_like(q), "|", color=BLUE, ms=12, mew=1.2, transform=tr, clip_on=False)
         top.plot(q - s, np.full_like(q, 0.06), "|", color=ORANGE, ms=8, mew=1, transform=tr, clip_on=False)
         r = rows[k]
-        top.set_title(f"id {r['shown_id']}\nεᵢ = {_fmt(r['eps_i'], 3)}, δᵢ(ε) = {_fmt(r['delta_eps'], 3)}",
+        top.set_title(f"id {r['shown_id']}\nεᵢ = {_fmt(r['eps_i'], 3)}, δᵢ(ε) = {_fmt(r['delta'], 3)}",
                       fontsize=10)
         lr = m.logpdf(x) - m.logpdf(x, shifts=s)
         bot.plot(x, lr, color=PURPLE, lw=1.4)
@@ -395,7 +410,8 @@ def _calibration(c: dict) -> str:
     kind = noise.get("kind", "–")
     w, lam = noise.get("weight_zero"), noise.get("scale")
     if kind == "none":
-        desc = "no noise needed: the data's own variation already reaches the target ε"
+        desc = ("no noise is added: the curator's density model is already ε-private for every individual "
+                "(the assessment finds nobody at risk at this ε), so a release publishes the exact value")
     elif kind == "laplace_mixture":
         desc = (f"with probability {_fmt(w)} add nothing, otherwise add Laplace noise of scale {_fmt(lam)}")
     else:
@@ -458,6 +474,11 @@ def audit_kind(d) -> str:
     if kind not in AUDIT_KINDS or key not in d:
         raise InputError("not an empdp audit result: expected the JSON printed by "
                          "'empdp audit mpl|renyi|release --json'")
+    for name in (key, "true_value", "estimate", "exact_epsilon_max", "target_epsilon"):
+        v = d.get(name)
+        if not (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))):
+            raise InputError(f"audit result: field {name!r} must be a number or null, got "
+                             f"{str(v)[:40]!r}; re-create it with 'empdp audit ... --json'")
     return kind
 
 
@@ -562,7 +583,7 @@ def _audit(d: dict, show: Callable = str) -> str:
 # ---------------------------------------------------------------- entry points
 
 def report_html(assessment, *, epsilon: float | None = None, calibration: dict | None = None,
-                audit: dict | None = None, hash_ids=False) -> str:
+                audit: dict | None = None, hash_ids=False, audit_hash_ids=None) -> str:
     """The risk report of an assessment as one self-contained HTML string.
 
     Parameters
@@ -580,6 +601,9 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
     hash_ids : bool, bytes, str or callable
         Replace ids by pseudonyms: a key (HMAC-SHA256, :func:`keyed_hash`), a callable, or ``True`` for a
         random per-report key.
+    audit_hash_ids : as ``hash_ids``, optional
+        For the audit section's ids (default: ``hash_ids``); differs when the result's ids were
+        hashed when it was saved but the audit's were not.
 
     Returns
     -------
@@ -594,14 +618,14 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
         audit_kind(audit)
     show = _id_formatter(hash_ids)
     idx, exact = _at(a, eps)
-    rows, shifts, exact_rows = _top_rows(a, eps, show, TOP_TABLE)
+    rows, shifts, note = _top_rows(a, eps, show, TOP_TABLE)
     body = [_summary(a, eps, idx, exact), _risk_curves(a, eps), _at_risk(a, eps),
-            _riskiest(a, eps, rows, exact_rows), _densities(a, eps, rows, shifts),
+            _riskiest(a, eps, rows, note), _densities(a, eps, rows, shifts),
             _representativeness(a)]
     if calibration is not None:
         body.append(_calibration(calibration))
     if audit is not None:
-        body.append(_audit(audit, show))
+        body.append(_audit(audit, show if audit_hash_ids is None else _id_formatter(audit_hash_ids)))
     try:
         from importlib.metadata import version
         ver = version("empdp")
@@ -620,11 +644,12 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
 
 
 def render_report(assessment, path, *, epsilon: float | None = None, calibration: dict | None = None,
-                  audit: dict | None = None, hash_ids=False) -> None:
+                  audit: dict | None = None, hash_ids=False, audit_hash_ids=None) -> None:
     """Write :func:`report_html` to ``path`` atomically, owner-only (mode 0600; SPEC 8).
 
     Parameters are those of :func:`report_html`; nothing is written if rendering fails.
     """
-    text = report_html(assessment, epsilon=epsilon, calibration=calibration, audit=audit, hash_ids=hash_ids)
+    text = report_html(assessment, epsilon=epsilon, calibration=calibration, audit=audit, hash_ids=hash_ids,
+                       audit_hash_ids=audit_hash_ids)
     with atomic_path(path, private=True) as tmp:
         tmp.write_text(text, encoding="utf-8")

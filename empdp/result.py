@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from . import risk
 from .assess import Assessment
 from .density import DensityModel
 from .errors import InputError
@@ -41,7 +42,7 @@ FORMAT = "empdp-result/1"
 TABLE_ROWS = 1000
 #: of those, rows whose dense shifts Δ_i· are kept (at least the report's table, ``report.TOP_TABLE``)
 SHIFT_ROWS = 20
-_FLOAT_COLUMNS = ("eps_i", "eps_bound", "delta", "max_abs_shift")
+_FLOAT_COLUMNS = ("eps_i", "delta", "max_abs_shift")
 
 
 @dataclass
@@ -66,9 +67,57 @@ class SavedAssessment(Assessment):
     def has_shifts(self) -> bool:
         return self.saved_shifts is not None and len(self.saved_shifts) > 0
 
-    def riskiest(self, k: int = 10) -> pl.DataFrame:
-        """The k riskiest individuals (the rows are saved in that order)."""
-        return self.individuals.head(k)
+    def riskiest(self, k: int = 10, epsilon: float | None = None) -> pl.DataFrame:
+        """The ``k`` riskiest saved individuals at ``epsilon`` (columns as on a live result).
+
+        At the saved ε (the smallest assessed) the rows were ranked and made exact when the file
+        was written. At another ε the rows whose shifts are saved get their exact δ_i(ε) and are
+        ranked again; :meth:`ranking_note` says when rows without saved shifts could rank higher.
+        The individual that sets ε_all stays in the table.
+        """
+        eps = float(self.epsilons[0] if epsilon is None else epsilon)
+        table = self.individuals.with_columns(pl.lit(eps).alias("epsilon"))
+        if not self._at_saved_epsilon(eps):
+            shifted = min(table.height, 0 if self.saved_shifts is None else len(self.saved_shifts))
+            delta = np.full(table.height, np.nan)
+            sole = table["sole_contributor"].to_numpy()
+            delta[:shifted] = 1.0
+            ok = np.flatnonzero(~sole[:shifted] & np.isfinite(self.saved_shifts[:shifted]).all(axis=1))
+            if len(ok):
+                _, d = risk.evaluate(self.model, self.saved_shifts[ok], np.array([eps]))
+                delta[ok] = np.where(d[:, 0] <= self.eps_tolerance, 0.0, d[:, 0]) if self.eps_tolerance \
+                    else d[:, 0]
+            table = table.head(shifted).with_columns(pl.Series("delta", delta[:shifted]))
+            table = table.sort(["delta", "eps_i"], descending=True, nulls_last=True)
+        top = table.head(k)
+        setter = table.filter(pl.col("sets_eps_all"))
+        if setter.height and not top["sets_eps_all"].any():
+            top = pl.concat([top, setter.head(1)])
+        return top.select([self.id_column, "epsilon", "delta", "eps_i", "n_databases", "max_abs_shift",
+                           "sole_contributor", "sets_eps_all"])
+
+    def _at_saved_epsilon(self, eps: float) -> bool:
+        return math.isclose(eps, float(self.epsilons[0]), rel_tol=1e-12, abs_tol=0.0)
+
+    def ranking_note(self, eps: float, k: int = 10) -> str:
+        """Why the top ``k`` at ``eps`` may not be the whole population's top rows ('' when certified).
+
+        For ε above the saved one, δ_i(ε) ≤ δ_i(saved ε): rows without saved shifts cannot outrank
+        a k-th exact δ_i(ε) at least as large as their saved δ_i.
+        """
+        if self._at_saved_epsilon(eps):
+            return ""
+        top = self.riskiest(k, eps)
+        kept = 0 if self.saved_shifts is None else len(self.saved_shifts)
+        first = self.individuals["delta"].to_numpy()
+        others = first[kept:] if kept < len(first) else first[-1:] if self.total_individuals > len(first) else []
+        plain = top.filter(~pl.col("sets_eps_all"))["delta"].to_numpy()
+        if eps > float(self.epsilons[0]) and len(plain) >= k and (
+                not len(others) or plain[k - 1] >= float(np.nanmax(others))):
+            return ""
+        return (f"This result was saved with δ_i at ε = {float(self.epsilons[0]):.4g}; at ε = {eps:.4g} the table "
+                "ranks the saved individuals whose shifts the file keeps (render the report from the data, "
+                "'empdp assess --report -e', for the whole population).")
 
     def shifts_of(self, ids) -> np.ndarray:
         """Saved dense shift rows Δ_i· (len(ids), n) of the given individuals."""
@@ -127,11 +176,16 @@ def _plain(obj):
 
 # ------------------------------------------------------------------ save
 
-def result_dict(a: Assessment, *, hash_ids: bytes | None = None) -> dict:
-    """The content of a result file (see the module docstring); ids hashed with the key ``hash_ids``."""
+def result_dict(a: Assessment, *, hash_ids: bytes | None = None, shifts: bool = True) -> dict:
+    """The content of a result file (see the module docstring); ids hashed with the key ``hash_ids``.
+
+    ``shifts=False`` leaves the shift rows out: with them and the query values anyone can
+    reconstruct the riskiest individuals' values (for a mean, x = q_j + (n_j − 1)·Δ_ij).
+    """
     top = a.riskiest(TABLE_ROWS)
     ids = top[a.id_column].to_list()
-    shifts = a.shifts_of(ids[:SHIFT_ROWS]) if ids else np.zeros((0, a.n_databases))
+    rows = ids[:SHIFT_ROWS] if shifts else []
+    shifts = a.shifts_of(rows) if rows else np.zeros((0, a.n_databases))
     show = (lambda v: keyed_hash(v, hash_ids)) if hash_ids else _scalar
     m = a.model
     summary = a.to_dict()
@@ -164,12 +218,14 @@ def result_dict(a: Assessment, *, hash_ids: bytes | None = None) -> dict:
             **{c: _enc(top[c].to_numpy()) for c in _FLOAT_COLUMNS},
             "n_databases": [int(v) for v in top["n_databases"]],
             "sole_contributor": [bool(v) for v in top["sole_contributor"]],
+            "sets_eps_all": [bool(v) for v in top["sets_eps_all"]],
         },
+        "individuals_epsilon": _enc(a.epsilons[:1])[0],
         "shifts": [_enc(row) for row in shifts],
     }
 
 
-def save_result(a: Assessment, path, *, hash_ids: bytes | None = None) -> None:
+def save_result(a: Assessment, path, *, hash_ids: bytes | None = None, shifts: bool = True) -> None:
     """Write the result file of ``a`` to ``path`` atomically, owner-only (mode 0600).
 
     Parameters
@@ -178,8 +234,12 @@ def save_result(a: Assessment, path, *, hash_ids: bytes | None = None) -> None:
         A live result of :func:`empdp.assess` (it needs its data for the shift rows).
     hash_ids : bytes, optional
         Key of :func:`empdp.io.keyed_hash`: ids are saved as pseudonyms.
+    shifts : bool
+        Keep the shift rows of the riskiest individuals (the report's density plots need them).
+        They reveal those individuals' values to anyone who reads the file: ``False`` for a
+        file to share.
     """
-    text = json.dumps(result_dict(a, hash_ids=hash_ids), allow_nan=False)
+    text = json.dumps(result_dict(a, hash_ids=hash_ids, shifts=shifts), allow_nan=False)
     with atomic_path(path, private=True) as tmp:
         tmp.write_text(text + "\n", encoding="utf-8")
 
@@ -241,7 +301,10 @@ def _from_dict(d: dict) -> SavedAssessment:
         **{c: pl.Series(c, _dec(ind[c]), dtype=pl.Float64, nan_to_null=True) for c in _FLOAT_COLUMNS},
         "n_databases": pl.Series("n_databases", ind["n_databases"], dtype=pl.Int64),
         "sole_contributor": pl.Series("sole_contributor", ind["sole_contributor"], dtype=pl.Boolean),
-    }).select([id_col, "eps_i", "eps_bound", "delta", "n_databases", "max_abs_shift", "sole_contributor"])
+        # files written before the table was ranked exactly did not mark the ε_all individual
+        "sets_eps_all": pl.Series("sets_eps_all", ind.get("sets_eps_all", [False] * len(ind[id_col])),
+                                  dtype=pl.Boolean),
+    }).select([id_col, "eps_i", "delta", "n_databases", "max_abs_shift", "sole_contributor", "sets_eps_all"])
     shifts = np.array([_dec(row) for row in d["shifts"]], dtype=float).reshape(-1, n)
     if len(shifts) > table.height:
         raise ValueError(f"{len(shifts)} shift rows for {table.height} individuals")

@@ -85,7 +85,8 @@ def test_out_table(sample_path, tmp_path):
     assert df["eps_i"].null_count() == 0  # --out computes every ε_i exactly
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     summary = json.loads(res.output)
-    assert summary["sweep"][0]["epsilon"] == 0.1  # delta column is at the smallest ε
+    assert summary["sweep"][0]["epsilon"] == 0.1  # delta column is at the smallest ε, and says so
+    assert (df["epsilon"] == 0.1).all()
     assert df["delta"].max() == pytest.approx(summary["sweep"][0]["delta"])
     csv = tmp_path / "risk.csv"
     assert run(["assess", sample_path, *BASE, "-e", "0.1", "--out", str(csv), "-q"]).exit_code == 0
@@ -244,26 +245,3 @@ def test_bad_options(tmp_path, args, needle):
 def test_usage_error_is_one_line(sample_path):
     line = one_line_error(run(["assess", sample_path, "--by", "year"]))
     assert "--id" in line
-
-
-def test_riskiest_table_marks_bounds(sample_path):
-    """An individual without an exact ε_i (not needed without --out) is shown with its screening
-    bound, marked as an upper bound, never as if it were ε_i."""
-    import io
-
-    from rich.console import Console
-
-    from empdp import assess
-    from empdp.cli.render import print_assessment
-
-    r = assess(sample_path, id="countyid", by="year", query="mean(murdrate)", kernel="laplace",
-               bandwidth=0.05, epsilon=[0.1])
-    top = r.individuals.sort("eps_bound", descending=True).head(3)
-    unknown = top[r.id_column][1]
-    r.individuals = r.individuals.with_columns(
-        pl.when(pl.col(r.id_column) == unknown).then(None).otherwise(pl.col("eps_i")).alias("eps_i"))
-    buf = io.StringIO()
-    print_assessment(r, console=Console(file=buf, width=200, highlight=False), top=3)
-    line = next(s for s in buf.getvalue().splitlines() if f" {unknown} " in s)
-    bound = r.individuals.filter(pl.col(r.id_column) == unknown)["eps_bound"][0]
-    assert f"<= {bound:.4g}" in line

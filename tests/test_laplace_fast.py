@@ -22,7 +22,7 @@ def _case(seed, integer=False):
     return q, shifts
 
 
-@pytest.mark.parametrize("bandwidth", [0.4, "auto"])
+@pytest.mark.parametrize("bandwidth", [0.4, "auto", "variable"])
 @pytest.mark.parametrize("integer", [False, True])
 def test_grid_values_match_direct_sums(bandwidth, integer):
     q, shifts = _case(3, integer)
@@ -71,7 +71,7 @@ def test_direct_blocks_reuse_their_buffers_without_changing_a_bit(monkeypatch):
 @pytest.mark.parametrize("seed", [4, 6])
 def test_node_log_ratio_is_that_of_the_merged_nodes(seed):
     q, shifts = _case(seed)
-    model = select_density(q, kernel="laplace", bandwidth="auto")
+    model = select_density(q, kernel="laplace", bandwidth="variable")
     ok = (np.abs(shifts) / model.bandwidths).max(axis=1) <= _laplace.MAX_BOUND
     grid = risk.base_grid(model, (q[None, :] - shifts).ravel())
     plan = _laplace.GridPlan(q, model.bandwidths, grid)
@@ -85,7 +85,7 @@ def test_node_log_ratio_is_that_of_the_merged_nodes(seed):
 @pytest.mark.parametrize("integer", [False, True])
 def test_matrix_form_gives_the_direct_results(integer, monkeypatch):
     q, shifts = _case(5, integer)
-    model = select_density(q, kernel="laplace", bandwidth="auto")
+    model = select_density(q, kernel="laplace", bandwidth="variable")
     eps = np.array([0.01, 0.1, 0.5])
     e_fast, d_fast = risk.evaluate(model, shifts, eps)
     monkeypatch.setattr(_laplace, "MAX_BOUND", -1.0)  # every row through the direct kernel sums
@@ -103,7 +103,7 @@ def test_kinks_left_out_never_change_the_result(seed, monkeypatch):
     end slopes occur (seed 1); the node selection must keep their kinks."""
     rng = np.random.default_rng(seed)
     q = np.sort(rng.normal(0, 0.004, 100))
-    model = select_density(q, kernel="laplace", bandwidth="auto")
+    model = select_density(q, kernel="laplace", bandwidth="variable")
     mu = rng.standard_t(3, (400, 1)) * 10
     shifts = (mu + rng.normal(0, 1, (400, 100))) * 4e-5 * np.sign(rng.normal(size=(400, 1)))
     eps = np.array([0.05, 0.2, 0.6])
@@ -120,7 +120,7 @@ def test_cells_left_out_never_change_the_result(seed, monkeypatch):
     or ε_i; taking every cell must give the same ε_i and δ_i (fast and direct paths)."""
     rng = np.random.default_rng(seed)
     q = np.sort(rng.normal(0, 0.004, 100))
-    model = select_density(q, kernel="laplace", bandwidth="auto")
+    model = select_density(q, kernel="laplace", bandwidth="variable")
     mu = rng.standard_t(3, (300, 1)) * 10
     shifts = (mu + rng.normal(0, 1, (300, 100))) * 4e-5 * np.sign(rng.normal(size=(300, 1)))
     shifts[:20] *= 40  # beyond MAX_BOUND: the direct path
@@ -146,7 +146,7 @@ def test_rows_cleared_by_their_bounds_have_no_risk():
     evaluation's although the δ-only nodes leave out what only sup |L| needs."""
     rng = np.random.default_rng(3)
     q = np.sort(rng.normal(0, 0.004, 100))
-    model = select_density(q, kernel="laplace", bandwidth="auto")
+    model = select_density(q, kernel="laplace", bandwidth="variable")
     mu = rng.normal(0, 10, (600, 1))
     shifts = (mu + rng.normal(0, 1, (600, 100))) * 4e-5
     e_full, d_full = risk.evaluate(model, shifts, np.array([0.1, 0.3]))
@@ -167,7 +167,7 @@ def test_extrema_in_a_few_rows_give_the_full_insertion_results(need_eps_i, monke
     part); the results must equal inserting the extrema into every row."""
     rng = np.random.default_rng(7)
     q = np.sort(rng.normal(0, 0.004, 100))
-    model = select_density(q, kernel="laplace", bandwidth="auto")
+    model = select_density(q, kernel="laplace", bandwidth="variable")
     mu = rng.normal(0, 10, (500, 1))
     shifts = (mu + rng.normal(0, 1, (500, 100))) * 4e-5
     eps = np.array([0.004, 0.02])
@@ -196,7 +196,7 @@ def test_chunked_product_equals_the_full_one(integer, count):
     """The matrix form's product in grid chunks that skip B's zero blocks equals R @ B (ties of q
     with each other and with grid nodes included)."""
     q, shifts = _case(2, integer)
-    model = select_density(q, kernel="laplace", bandwidth="auto")
+    model = select_density(q, kernel="laplace", bandwidth="variable")
     grid = risk.base_grid(model, (q[None, :] - shifts).ravel())
     plan = _laplace.GridPlan(model.points, model.bandwidths, grid)
     R = np.exp(np.concatenate([-shifts, shifts], axis=1) / np.r_[model.bandwidths, model.bandwidths])
@@ -234,7 +234,7 @@ def _bounds_case(kind: str, seed: int):
         shifts = (mu + rng.normal(0, 1, (40, 60))) * 4e-6  # M_i of a few hundredths, as in a large panel
         shifts[:5] *= rng.uniform(5, 300, (5, 1))  # larger moves: kink intervals over several cells
         shifts[5:10, rng.random(60) < 0.3] = 0.0  # absent from some databases
-    bandwidth = float(np.std(q)) / 3 if kind == "fixed" else "auto"
+    bandwidth = float(np.std(q)) / 3 if kind == "fixed" else "variable"
     model = select_density(q, kernel="laplace", bandwidth=bandwidth)
     q, b = model.points, model.bandwidths
     shifts = shifts[(np.abs(shifts) / b).max(axis=1) <= _laplace.MAX_BOUND]

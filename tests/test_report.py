@@ -9,6 +9,8 @@ import stat
 from pathlib import Path
 
 import numpy as np
+
+from empdp import risk
 import pytest
 from numpy.testing import assert_allclose
 
@@ -116,10 +118,14 @@ def test_hashed_ids(result):
 
 
 def test_table_delta_matches_assessment(result):
-    # δ_i recomputed for the table at the smallest ε equals the assessment's column
-    rows, shifts, exact = _top_rows(result, float(result.epsilons[0]), str, 10)
-    assert exact and shifts.shape == (10, result.n_databases)
-    assert_allclose([r["delta_eps"] for r in rows], [r["delta"] for r in rows], atol=1e-9)
+    # the table's δ_i and ε_i are exact: recomputed from the shifts, and equal to the assessment's column
+    rows, shifts, _ = _top_rows(result, float(result.epsilons[0]), str, 10)
+    assert shifts.shape == (len(rows), result.n_databases) and len(rows) >= 10
+    eps_i, d = risk.evaluate(result.model, shifts, result.epsilons[:1])
+    assert_allclose([r["delta"] for r in rows], d[:, 0], atol=1e-12)
+    assert_allclose([r["eps_i"] for r in rows], eps_i, rtol=1e-12)
+    column = dict(zip(*result.individuals.select(result.id_column, "delta").to_dict(as_series=False).values()))
+    assert_allclose([r["delta"] for r in rows], [column[r[result.id_column]] for r in rows], atol=1e-12)
 
 
 def test_epsilon_between_sweep_points(result):

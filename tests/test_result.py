@@ -8,10 +8,12 @@ import stat
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
-from numpy.testing import assert_array_equal
+from numpy.testing import assert_allclose, assert_array_equal
 
 from conftest import random_panel
+from empdp import risk
 from empdp.assess import assess
 from empdp.errors import InputError
 from empdp.io import keyed_hash
@@ -70,9 +72,22 @@ def test_loaded_result_reads_as_the_live_one(live, saved):
 
 def test_loaded_result_renders_the_same_report(live, saved):
     _, r = saved
-    eps = float(live.epsilons[5])
     assert SHIFT_ROWS >= TOP_TABLE  # the report's table and density plots need these rows
+    eps = float(live.epsilons[0])  # the ε the saved table was ranked at
     assert _no_timestamp(report_html(r, epsilon=eps)) == _no_timestamp(report_html(live, epsilon=eps))
+
+
+def test_loaded_result_at_another_epsilon_is_exact_and_says_what_it_ranks(live, saved):
+    # at another ε the saved rows with shifts get exact δ_i(ε); rows beyond them may rank higher in
+    # the population, and the report says so instead of showing a wrong ranking as the truth
+    _, r = saved
+    eps = float(live.epsilons[5])
+    top = r.riskiest(TOP_TABLE, eps)
+    _, d = risk.evaluate(live.model, live.shifts_of(top["countyid"].to_list()), np.array([eps]))
+    assert_allclose(top["delta"].to_numpy(), d[:, 0], atol=1e-12)
+    assert (np.diff(top.filter(~pl.col("sets_eps_all"))["delta"].to_numpy()) <= 0).all()
+    assert r.ranking_note(eps, TOP_TABLE) in report_html(r, epsilon=eps).replace("&#x27;", "'")
+    assert r.ranking_note(float(live.epsilons[0]), TOP_TABLE) == ""
 
 
 def test_shifts_beyond_the_saved_rows_are_refused(live, saved):
@@ -88,7 +103,7 @@ def test_sole_contributors_and_string_ids_survive(tmp_path):
     r = load_result(tmp_path / "r.json")
     top = r.riskiest(1).row(0, named=True)
     assert top["id"] == "solo" and top["sole_contributor"] and top["eps_i"] == np.inf
-    assert r.individuals.equals(a.riskiest(a.n_individuals))
+    assert r.riskiest(a.n_individuals).equals(a.riskiest(a.n_individuals))
     assert r.sole_contributors == 1 and r.total_risk[0] == 1.0
 
 

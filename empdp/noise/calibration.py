@@ -335,12 +335,16 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
                          "them and there is nothing to calibrate; use a source with several individuals "
                          "per database")
     progress = progress or _no_progress
+    if bandwidth == "variable":
+        raise InputError("--bandwidth variable is for assess only: no single noise law deconvolves kernels of "
+                         "different widths; calibrate with --bandwidth auto (the default, the model assess uses "
+                         "by default) or a number")
     if density is None:
         from ..density import select_density
 
         t = time.perf_counter()
         progress("density model", 0, 1)
-        density = select_density(q, kernel=kernel, bandwidth=bandwidth, variable=False)
+        density = select_density(q, kernel=kernel, bandwidth=bandwidth)
         progress("density model", 1, 1)
         log.info("curator kernel: %s, scale %.6g (%s, %d candidate(s), LOO log-likelihood %.6g) in %.2f s",
                  density.kernel, density.scale, density.selected_by, len(density.candidates), density.loglik,
@@ -361,11 +365,19 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
              time.perf_counter() - t)
     t = time.perf_counter()
     if kind == "laplace":
-        noise = laplace_closed_form(b, search.lam)
+        # No noise exactly when the curator's own model P̂ ⋆ ℓ_b is ε-private for everyone: the
+        # question assess answers (nobody at risk at ε), decided on the same exact ε_i, not on
+        # b ≥ λ*, which holds only up to the bisection's tolerance. ε_i(λ) falls as λ grows
+        # (ℓ_λ' = ℓ_λ ⋆ h for λ' > λ, and smoothing both densities by h cannot raise their
+        # ratio), so otherwise λ* > b and the closed form applies.
+        at_b = laplace_kde_eps(q, B, b) if rows.any() else np.zeros(0)
+        if float(at_b.max(initial=0.0)) <= epsilon:
+            noise = laplace_closed_form(b, 0.0)
+            eps_max = float(at_b.max(initial=0.0))
+        else:
+            noise = laplace_closed_form(b, search.lam)
+            eps_max = float(search.eps.max(initial=0.0))
         deconv = {"method": "closed form (Laplace kernel)", "feasible": True}
-        # released density P̂ ⋆ ℓ_b ⋆ h is P̂ ⋆ ℓ_λ*, or P̂ ⋆ ℓ_b when b ≥ λ* (no noise)
-        verified = search.eps if noise.kind != "none" or not rows.any() else laplace_kde_eps(q, B, b)
-        eps_max = float(verified.max(initial=0.0))
     else:
         check = fourier_deconvolve(kind, b, max(search.lam, b))
         deconv = {"method": "feasible family w*delta_0 + (1-w)*Laplace(lambda') (Gaussian kernel)",
@@ -379,7 +391,9 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
              noise.kind, noise.weight_zero, noise.scale, noise.expected_abs, eps_max, deconv["method"],
              time.perf_counter() - t)
     if noise.kind == "none":
-        notes.append("the curator kernel is already at least as wide as lambda*: no noise is added")
+        notes.append("no noise is added: the curator's density model is already epsilon-private for every "
+                     "individual (assess with the same options finds nobody at risk at this epsilon), so the "
+                     "exact value is released")
     if eps_max > epsilon:  # pragma: no cover - the searches verify before returning
         raise RuntimeError(f"verification failed: max eps_i = {eps_max} > {epsilon}")
     for note in notes:
