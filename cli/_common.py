@@ -157,6 +157,7 @@ def check_output(path: str | None, option: str, suffixes: tuple | None = None, k
     """Refuse, before any work is done, an output path with the wrong extension (``kinds`` names the
     right ones), a missing or unwritable folder, or an existing folder as the file: a bad option never
     costs a long computation or leaves half the outputs written."""
+    from empdp.data import shorten
     from empdp.errors import InputError
     from empdp.io import check_output_path
 
@@ -164,18 +165,19 @@ def check_output(path: str | None, option: str, suffixes: tuple | None = None, k
         return
     path = str(path)
     if suffixes and not path.lower().endswith(suffixes):
-        raise InputError(f"{option} {path!r} must end in {kinds}")
+        raise InputError(f"{option} {shorten(path)} must end in {kinds}")
     check_output_path(path, option)
 
 
 def write_table(df, path: str) -> None:
     """Write a polars frame to Parquet or CSV (by extension), atomically, owner-only."""
+    from empdp.data import shorten
     from empdp.errors import InputError
     from empdp.io import atomic_path
 
     lower = path.lower()
     if not lower.endswith((".parquet", ".pq", ".csv")):
-        raise InputError(f"--out {path!r} must end in .parquet or .csv")
+        raise InputError(f"--out {shorten(path)} must end in .parquet or .csv")
     with atomic_path(path, private=True) as tmp:
         if lower.endswith(".csv"):
             df.write_csv(tmp)

@@ -40,10 +40,19 @@ def quote_literal(value: str) -> str:
 
 
 def shorten(value, width: int = 80) -> str:
-    """``repr(value)`` on one line, cut to ``width`` characters with '…': user values echoed in
-    error messages (a 10,000-character --where must not fill the terminal)."""
-    text = " ".join(repr(value).split())
-    return text if len(text) <= width else text[:width - 1] + "…"
+    """``repr(value)`` on one line, cut to ``width`` characters (:func:`clip`): user values echoed
+    in error messages (a 10,000-character --where must not fill the terminal)."""
+    return clip(repr(value), width)
+
+
+def clip(text: str, width: int = 80) -> str:
+    """``text`` on one line, cut to ``width`` characters by a '…' in the middle (the end of a
+    path, its file name, stays visible)."""
+    text = " ".join(str(text).split())
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
 
 
 @dataclass

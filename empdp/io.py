@@ -20,47 +20,168 @@ def check_output_path(path: str | os.PathLike, what: str = "output") -> None:
     """Refuse, before any work, an output ``path`` that cannot be written.
 
     Its folder must exist and accept new files (tried by creating and removing
-    one) and ``path`` must not be a folder. ``what`` names the option in the
-    one-line :class:`~empdp.errors.InputError`.
+    one), its name must fit the file system, and ``path`` must not be a folder.
+    ``what`` names the option in the one-line :class:`~empdp.errors.InputError`.
     """
     os.unlink(_temp_beside(Path(path), what, ".probe"))
+
+
+def _shorten(value, width: int = 80) -> str:
+    from .data import shorten
+
+    return shorten(value, width)
+
+
+def _clip(text: str, width: int) -> str:
+    from .data import clip
+
+    return clip(text, width)
+
+
+#: longest part of the target's name kept in its temporary's name (which adds ~15 characters)
+_TEMP_NAME = 200
+#: temporaries of a target older than this are left over from a killed run and removed
+STALE_SECONDS = 3600
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name[:_TEMP_NAME]}."
+
+
+def _require_short_name(path: Path, what: str) -> None:
+    """An :class:`InputError` if the file name or the whole path is longer than the system allows."""
+    from .errors import InputError
+
+    folder = path.parent
+    try:
+        name_max = os.pathconf(folder if folder.is_dir() else ".", "PC_NAME_MAX")
+        path_max = os.pathconf(folder if folder.is_dir() else ".", "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    if len(os.fsencode(path.name)) > name_max:
+        raise InputError(f"{what} {_shorten(str(path))}: the file name is {len(os.fsencode(path.name))} bytes "
+                         f"long, over the {name_max} this file system allows; choose a shorter name")
+    if len(os.fsencode(os.path.abspath(path))) >= path_max:
+        raise InputError(f"{what} {_shorten(str(path))}: the path is over the {path_max} bytes this system "
+                         f"allows; choose a shorter path")
 
 
 def _temp_beside(path: Path, what: str, suffix: str) -> str:
     """A new empty file in the folder of ``path``, or an :class:`InputError` saying why there can be none."""
     from .errors import InputError
 
+    shown = _shorten(str(path))
+    _require_short_name(path, what)
     folder = path.parent
-    if path.is_dir():
-        raise InputError(f"{what} {str(path)!r} is an existing folder; give a file path (inside it, or instead)")
-    if not folder.is_dir():
-        if folder.exists():
-            raise InputError(f"{what} {str(path)!r}: {str(folder)!r} is a file, not a folder; choose another path")
-        raise InputError(f"{what} {str(path)!r}: output folder {str(folder)!r} does not exist; create it first")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=folder)
+        is_dir, folder_is_dir, folder_exists = path.is_dir(), folder.is_dir(), folder.exists()
+    except OSError as exc:  # a path through a file, a loop of links, ...
+        raise InputError(f"{what} {shown}: {exc.strerror or exc}; choose another path") from None
+    if is_dir:
+        raise InputError(f"{what} {shown} is an existing folder; give a file path (inside it, or instead)")
+    if not folder_is_dir:
+        if folder_exists:
+            raise InputError(f"{what} {shown}: {_shorten(str(folder))} is a file, not a folder; choose another path")
+        raise InputError(f"{what} {shown}: output folder {_shorten(str(folder))} does not exist; create it first")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=suffix, dir=folder)
     except OSError as exc:
-        raise InputError(f"{what} {str(path)!r}: cannot create files in the folder {str(folder)!r} "
+        raise InputError(f"{what} {shown}: cannot create files in the folder {_shorten(str(folder))} "
                          f"({exc.strerror or exc}); choose a writable folder") from None
     os.close(fd)
     return tmp
+
+
+def remove_stale_temporaries(path: str | os.PathLike, older_than: float = STALE_SECONDS) -> list[str]:
+    """Remove the temporaries of ``path`` left by a killed run; return their paths.
+
+    Only regular files of this user named like the temporaries of ``path``
+    (``.NAME.XXXXXXXX.tmp``, ``.tmp.old`` or ``.probe``) and not modified for
+    ``older_than`` seconds are removed: a run still writing them is never touched.
+    """
+    import re
+    import stat
+    import time
+
+    path = Path(path)
+    pattern = re.compile(re.escape(_temp_prefix(path)) + r"[A-Za-z0-9_]{8}(?:\.tmp|\.tmp\.old|\.probe)")
+    now, removed = time.time(), []
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return removed
+    for name in names:
+        if not pattern.fullmatch(name):
+            continue
+        full = os.path.join(path.parent, name)
+        try:
+            st = os.lstat(full)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and now - st.st_mtime > older_than:
+                os.unlink(full)
+                removed.append(full)
+        except OSError:
+            continue
+    return removed
+
+
+def refuse_overwrite(out_path: str | os.PathLike | None, *input_paths, option: str = "--out") -> None:
+    """Refuse an output path that is one of the inputs (or inside an input folder).
+
+    ``input_paths`` are the command's input files, globs, folders or
+    ``FILE.duckdb::TABLE`` sources; anything else (a data frame, None) is skipped.
+    Links are resolved, so a symbolic or hard link to an input is refused too.
+    Raises :class:`~empdp.errors.InputError` naming ``option``.
+    """
+    import glob
+
+    from .errors import InputError
+
+    if out_path is None:
+        return
+    out = os.fspath(out_path)
+    real_out = os.path.realpath(out)
+    for source in input_paths:
+        if not isinstance(source, (str, os.PathLike)):
+            continue
+        source = os.fspath(source)
+        if "::" in source and not os.path.exists(source):
+            source = source.rsplit("::", 1)[0]
+        candidates = glob.glob(source, recursive=True) if any(c in source for c in "*?[") else [source]
+        for inp in candidates:
+            real_in = os.path.realpath(inp)
+            same = real_in == real_out
+            if not same and os.path.exists(out) and os.path.exists(inp) and not os.path.isdir(inp):
+                try:
+                    same = os.path.samefile(out, inp)
+                except OSError:
+                    same = False
+            if same:
+                raise InputError(f"{option} {_shorten(out)} is the input {_shorten(inp)}: writing it would "
+                                 f"destroy the input; choose another output file")
+            if os.path.isdir(inp) and os.path.commonpath([real_in, real_out]) == real_in:
+                raise InputError(f"{option} {_shorten(out)} is inside the input folder {_shorten(inp)}: the "
+                                 f"next read of the folder would include it; write it elsewhere")
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, private: bool = False):
     """Yield a temporary path beside ``path``; rename it over ``path`` on success.
 
-    Nothing is left behind if the body raises. With ``private`` the file is
-    created with mode 0600 (per-individual outputs are sensitive, SPEC 8).
-    Inside :func:`output_batch` the rename waits for the batch to commit.
+    Nothing is left behind if the body raises, and temporaries of ``path`` that
+    a killed run left (over an hour old) are removed. With ``private`` the file
+    is created with mode 0600 (per-individual outputs are sensitive); otherwise
+    a file it replaces keeps its mode. Inside :func:`output_batch` the rename
+    waits for the batch to commit.
     """
     path = Path(path)
     tmp = _temp_beside(path, "output", ".tmp")
+    remove_stale_temporaries(path)
+    mode = _mode(path, private)
     batch = _BATCH.get()
     try:
-        os.chmod(tmp, 0o600 if private else 0o644)
+        os.chmod(tmp, mode)
         yield Path(tmp)
-        os.chmod(tmp, 0o600 if private else 0o644)
+        os.chmod(tmp, mode)
         if batch is None:
             os.replace(tmp, path)
         else:
@@ -72,6 +193,16 @@ def atomic_path(path: str | os.PathLike, private: bool = False):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _mode(path: Path, private: bool) -> int:
+    """0600 for private files; otherwise the mode of the file replaced, or 0644 for a new one."""
+    if private:
+        return 0o600
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        return 0o644
 
 
 @contextlib.contextmanager
@@ -162,18 +293,39 @@ def load_hash_key(path: str | None = None) -> bytes:
     return key
 
 
+#: integers with more digits are read as floats (inf beyond a double), as 1e400 is: the
+#: checks of each file refuse them by name; Python refuses to convert over 4300 digits
+_MAX_DIGITS = 308
+
+
+def _json_int(text: str) -> int | float:
+    return int(text) if len(text) <= _MAX_DIGITS else float(text)
+
+
 def read_json(path: str | os.PathLike, what: str, hint: str = ""):
-    """Parse a JSON file, raising :class:`InputError` naming ``what`` it should be."""
+    """Parse a JSON file, raising :class:`InputError` naming ``what`` it should be.
+
+    Integers of more than 308 digits are read as floats (like 1e400), for the
+    callers' checks to refuse by name; nesting deeper than Python can parse is
+    refused here, in one line (never an internal error).
+    """
     from .errors import InputError
 
+    shown = _shorten(str(path))
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
+        return json.loads(text, parse_int=_json_int)
     except FileNotFoundError:
-        raise InputError(f"{what} {str(path)!r} does not exist{hint}") from None
+        raise InputError(f"{what} {shown} does not exist{hint}") from None
     except IsADirectoryError:
-        raise InputError(f"{what} {str(path)!r} is a folder, not a JSON file{hint}") from None
+        raise InputError(f"{what} {shown} is a folder, not a JSON file{hint}") from None
     except OSError as exc:  # permission denied, a broken device, ...
-        raise InputError(f"{what} {str(path)!r} cannot be read: {exc.strerror or exc}; "
+        raise InputError(f"{what} {shown} cannot be read: {exc.strerror or exc}; "
                          "check that it is a readable file") from None
+    except RecursionError:
+        raise InputError(f"{what} {shown} nests lists or objects too deeply to read (empdp's files nest "
+                         f"a few levels); check that it is the right file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{what} {str(path)!r} is not valid JSON: {exc}") from None
+        raise InputError(f"{what} {shown} is not valid JSON: {_clip(exc, 120)}") from None
+    except ValueError as exc:  # e.g. Python's limit on the digits of an integer
+        raise InputError(f"{what} {shown} cannot be read as JSON: {_clip(exc, 120)}") from None

@@ -218,3 +218,81 @@ def test_library_writers_refuse_a_folder_or_unwritable_folder_as_input_errors(tm
     with pytest.raises(InputError, match="writable folder"):
         io.write_text(locked / "x.json", "x")
     assert files_under(tmp_path) == ["d.json", "locked"]
+
+
+# ---------------------------------------------------- names, overwrites, leftovers (issue 23)
+
+def test_a_file_name_too_long_is_one_line_exit_2(tmp_path, panel, no_work):
+    """A 300-character --out name was an internal error (OSError ENAMETOOLONG)."""
+    out = tmp_path / ("a" * 300 + ".csv")
+    line = one_line_error(run(["assess", panel, *QUERY, "--out", out]))
+    assert "--out" in line and "file name is 304 bytes long" in line and "shorter name" in line
+    assert len(line) < 300 and files_under(tmp_path) == []
+
+
+def test_a_long_name_that_fits_is_written(tmp_path):
+    """The temporary beside a 250-character name must itself fit (it adds ~15 characters)."""
+    target = tmp_path / ("b" * 250 + ".txt")
+    io.write_text(target, "ok")
+    assert target.read_text() == "ok" and files_under(tmp_path) == [target.name]
+
+
+@pytest.mark.parametrize("how", ["same", "symlink", "hardlink", "glob", "folder", "duckdb"])
+def test_refuse_overwrite_names_the_input(tmp_path, how):
+    data = tmp_path / "data.csv"
+    data.write_text("a\n1\n")
+    out, source = data, str(data)
+    if how == "symlink":
+        out = tmp_path / "link.csv"
+        out.symlink_to(data)
+    elif how == "hardlink":
+        out = tmp_path / "hard.csv"
+        os.link(data, out)
+    elif how == "glob":
+        source = str(tmp_path / "*.csv")
+    elif how == "folder":
+        out, source = tmp_path / "new.parquet", str(tmp_path)
+    elif how == "duckdb":
+        source = str(data) + "::t"
+    with pytest.raises(InputError, match="--out .*(is the input|inside the input folder)"):
+        io.refuse_overwrite(out, None, source, option="--out")
+    assert data.read_text() == "a\n1\n"
+
+
+def test_refuse_overwrite_lets_other_paths_through(tmp_path):
+    (tmp_path / "data.csv").write_text("a\n1\n")
+    io.refuse_overwrite(tmp_path / "out.csv", str(tmp_path / "data.csv"), object(), option="--out")
+    io.refuse_overwrite(None, str(tmp_path / "data.csv"))
+    io.refuse_overwrite(tmp_path / "sub" / "x.csv", str(tmp_path / "su*.csv"))
+
+
+def test_stale_temporaries_of_the_target_are_removed(tmp_path):
+    """A kill -9 between the temporary's creation and its rename leaves '.NAME.XXXXXXXX.tmp' behind."""
+    import time
+
+    target = tmp_path / "r.json"
+    stale = [tmp_path / ".r.json.abcd1234.tmp", tmp_path / ".r.json.abcd1234.tmp.old",
+             tmp_path / ".r.json.zz_y9876.probe"]
+    fresh = tmp_path / ".r.json.fresh123.tmp"  # another run may be writing it now
+    other = [tmp_path / ".s.json.abcd1234.tmp", tmp_path / ".r.json.notours.txt", tmp_path / "keep.tmp"]
+    hour_ago = time.time() - 2 * io.STALE_SECONDS
+    for p in stale + other + [fresh]:
+        p.write_text("x")
+        if p is not fresh:
+            os.utime(p, (hour_ago, hour_ago))
+    io.write_text(target, "new")
+    assert files_under(tmp_path) == sorted([target.name, fresh.name, *(p.name for p in other)])
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_overwrite_keeps_a_private_mode(tmp_path, private):
+    import stat
+
+    target = tmp_path / "out.txt"
+    io.write_text(target, "first", private=True)
+    os.chmod(target, 0o600)
+    io.write_text(target, "second", private=private)
+    assert target.read_text() == "second" and stat.S_IMODE(os.stat(target).st_mode) == 0o600
+    fresh = tmp_path / "new.txt"
+    io.write_text(fresh, "x", private=private)
+    assert stat.S_IMODE(os.stat(fresh).st_mode) == (0o600 if private else 0o644)
