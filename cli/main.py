@@ -2,19 +2,35 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import sys
 import traceback
 
 import click
-import duckdb
 
 from empdp import __version__
 from empdp.errors import EmpdpError
 
-from .assess import assess_cmd
-from .audit import audit
-from .calibrate import calibrate, release
-from .report import report
+#: command -> (module, object, one-line help); modules load only when their command runs, so
+#: ``empdp --help`` and an audit do not pay for polars, DuckDB and the assessment stack
+COMMANDS = {
+    "assess": (".assess", "assess_cmd", "How much releasing a statistic reveals about each individual."),
+    "calibrate": (".calibrate", "calibrate", "The least noise that reaches a target epsilon."),
+    "release": (".calibrate", "release", "Add that noise to a new value and record it in the ledger."),
+    "ledger": (".ledger", "ledger", "Show or verify a release ledger and print its chain head."),
+    "audit": (".audit", "audit", "Black-box lower bounds on a mechanism's epsilon (MPL, Renyi)."),
+    "report": (".report", "report", "The HTML report of an assessment saved with --save-result."),
+}
+
+
+def _duckdb_errors() -> tuple:
+    """DuckDB's bad-input and out-of-memory exception types, if DuckDB was loaded (else none)."""
+    duckdb = sys.modules.get("duckdb")
+    if duckdb is None:
+        return (), ()
+    return ((duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
+             duckdb.ConversionException, duckdb.InvalidInputException), (duckdb.OutOfMemoryException,))
 
 
 class EmpdpGroup(click.Group):
@@ -40,16 +56,38 @@ class EmpdpGroup(click.Group):
             _fail(exc.format_message() + hint, 2 if isinstance(exc, click.UsageError) else exc.exit_code)
         except EmpdpError as exc:
             _fail(exc, exc.exit_code, debug)
-        except (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
-                duckdb.ConversionException, duckdb.InvalidInputException) as exc:
-            _fail("the query or filter is not valid SQL for this source: " + str(exc).splitlines()[0], 2, debug)
-        except (MemoryError, duckdb.OutOfMemoryException) as exc:
+        except MemoryError as exc:
             _fail(f"out of memory ({exc or 'MemoryError'}); try --memory-limit or a machine with more memory",
                   1, debug)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
         except Exception as exc:  # noqa: BLE001 - last line of defence: one line, no traceback
+            bad_sql, no_memory = _duckdb_errors()
+            if isinstance(exc, bad_sql):
+                _fail("the query or filter is not valid SQL for this source: " + str(exc).splitlines()[0], 2,
+                      debug)
+            if isinstance(exc, no_memory):
+                _fail(f"out of memory ({exc}); try --memory-limit or a machine with more memory", 1, debug)
             _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)", 1, debug)
+
+    def list_commands(self, ctx):
+        return [name for name in COMMANDS if self._available(name)]
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS or not self._available(name):
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(module, __package__), attr)
+
+    @staticmethod
+    def _available(name: str) -> bool:
+        return importlib.util.find_spec(COMMANDS[name][0], __package__) is not None
+
+    def format_commands(self, ctx, formatter):
+        """The command list from :data:`COMMANDS`, without importing the commands."""
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 def _fail(message, code: int, debug: bool = False):
@@ -64,20 +102,9 @@ def _fail(message, code: int, debug: bool = False):
 def cli():
     """Empirical differential privacy for repeated databases.
 
-    \b
-    assess     how much releasing a statistic reveals about each individual
-    calibrate  the least noise that reaches a target epsilon
-    release    add that noise to a new value and record it in a ledger
-    audit      black-box lower bounds on a mechanism's epsilon (MPL, Renyi)
-    report     the HTML report of an assessment saved with --save-result
+    Start with 'empdp assess --help'; the README explains the method and every
+    quantity the commands print.
     """
-
-
-cli.add_command(assess_cmd)
-cli.add_command(calibrate)
-cli.add_command(release)
-cli.add_command(audit)
-cli.add_command(report)
 
 
 def main(argv=None):

@@ -12,7 +12,7 @@ import empdp.cli.main as main_mod
 from empdp.audit import audit_release
 from empdp.cli.audit import audit
 
-assert main_mod.cli.commands["audit"] is audit  # registered in cli/main.py
+assert main_mod.cli.get_command(None, "audit") is audit  # registered in cli/main.py
 
 SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
 KEYS = {"lower_bound", "estimate", "pair", "t_hat", "n", "N", "alpha", "true_value"}

@@ -216,7 +216,7 @@ def test_stage_two_must_be_larger(n, N):
 
 
 def test_cli_default_sizes_satisfy_n_below_N():
-    defaults = {p.name: p.default for p in main_mod.cli.commands["audit"].commands["mpl"].params}
+    defaults = {p.name: p.default for p in main_mod.cli.get_command(None, "audit").commands["mpl"].params}
     assert defaults["n"] < defaults["N"]
     assert_one_line_exit_2(run("mpl", "-m", "laplace", "--N", defaults["n"]), "larger than n")
 

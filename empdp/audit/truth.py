@@ -10,11 +10,17 @@ Laplace mixtures produced by Poisson subsampling.
 
 from __future__ import annotations
 
+import importlib
 import math
 import warnings
 
 import numpy as np
-from scipy import integrate, optimize, special, stats
+
+
+def _scipy(name: str):
+    """A scipy submodule, imported on first use: the true values of most mechanisms need none, and
+    importing scipy.stats/integrate/optimize costs the audit command about a second."""
+    return importlib.import_module(f"scipy.{name}")
 
 
 # ----------------------------------------------------------------------------- closed forms
@@ -50,7 +56,7 @@ def exponential_epsilon(lam: float) -> float:
 
 def exponential_lambda(eps: float) -> float:
     """The λ at which the exponential mechanism is exactly ε-DP (ε ∈ [λ, 2λ])."""
-    return optimize.brentq(lambda lam: exponential_epsilon(lam) - eps, eps / 2 * 0.999, eps * 1.001,
+    return _scipy("optimize").brentq(lambda lam: exponential_epsilon(lam) - eps, eps / 2 * 0.999, eps * 1.001,
                            xtol=1e-14, rtol=1e-14)
 
 
@@ -91,7 +97,7 @@ def discrete_renyi(order: float, p: np.ndarray, q: np.ndarray) -> float:
     if np.any((p > 0) & (q <= 0)):
         return math.inf
     m = p > 0
-    return float(special.logsumexp(order * np.log(p[m]) + (1 - order) * np.log(q[m])) / (order - 1))
+    return float(_scipy("special").logsumexp(order * np.log(p[m]) + (1 - order) * np.log(q[m])) / (order - 1))
 
 
 def rr_pmf(bits, p: float) -> np.ndarray:
@@ -181,7 +187,7 @@ def svt5_law(q, rho_scale: float, threshold: float = 1.0) -> dict:
     vals = np.unique(q)
     edges = np.concatenate([[-np.inf], vals - threshold, [np.inf]])
     lo, hi = edges[:-1], edges[1:]
-    cdf, sf = stats.laplace.cdf, stats.laplace.sf  # upper intervals by sf: no cancellation
+    cdf, sf = _scipy("stats").laplace.cdf, _scipy("stats").laplace.sf  # upper intervals by sf: no cancellation
     mass = np.where(lo >= 0, sf(lo, scale=rho_scale) - sf(hi, scale=rho_scale),
                     cdf(hi, scale=rho_scale) - cdf(lo, scale=rho_scale))
     patterns = [tuple((q >= v).astype(int).tolist()) for v in vals] + [(0,) * q.size]
@@ -218,11 +224,11 @@ def noisy_max_value_epsilon(v, w, scale: float) -> float:
         z = (t[:, None] - u[None, :]) / scale
         logcdf = _laplace_logcdf(z)
         logpdf = -np.abs(z) - math.log(2 * scale)
-        return special.logsumexp(logpdf - logcdf, axis=1) + logcdf.sum(axis=1)
+        return _scipy("special").logsumexp(logpdf - logcdf, axis=1) + logcdf.sum(axis=1)
 
     grid = float(np.max(np.abs(logf(v) - logf(w))))
     left = abs((w.sum() - v.sum()) / scale)  # t → −∞: all components in their left tails
-    right = abs(special.logsumexp(v / scale) - special.logsumexp(w / scale))  # t → +∞
+    right = abs(_scipy("special").logsumexp(v / scale) - _scipy("special").logsumexp(w / scale))  # t → +∞
     return max(grid, left, right)
 
 
@@ -244,10 +250,10 @@ def _mixture_logpdf(noise: str, t, support, weights, scale):
     if noise == "laplace":
         comp = -np.abs(t[:, None] - support[None, :]) / scale - math.log(2 * scale)
     else:
-        comp = stats.norm.logpdf(t[:, None], loc=support[None, :], scale=scale)
+        comp = _scipy("stats").norm.logpdf(t[:, None], loc=support[None, :], scale=scale)
     with np.errstate(divide="ignore"):  # q = 1 gives zero weights: log 0 = −∞ drops them exactly
         log_w = np.log(weights)
-    return special.logsumexp(comp + log_w[None, :], axis=1)
+    return _scipy("special").logsumexp(comp + log_w[None, :], axis=1)
 
 
 def mixture_renyi(noise: str, order: float, x, y, q: float, scale: float) -> float:
@@ -268,8 +274,8 @@ def mixture_renyi(noise: str, order: float, x, y, q: float, scale: float) -> flo
         return math.exp(log_integrand(t)[0] - top)
 
     with warnings.catch_warnings():  # at α in the hundreds quad reports round-off near 1e-12
-        warnings.simplefilter("ignore", integrate.IntegrationWarning)
-        val = integrate.quad(integrand, lo, hi, points=pts, limit=500, epsabs=1e-14, epsrel=1e-12)[0]
+        warnings.simplefilter("ignore", _scipy("integrate").IntegrationWarning)
+        val = _scipy("integrate").quad(integrand, lo, hi, points=pts, limit=500, epsabs=1e-14, epsrel=1e-12)[0]
     return (top + math.log(val)) / (order - 1)
 
 
@@ -285,6 +291,6 @@ def mixture_epsilon(noise: str, x, y, q: float, scale: float) -> float:
     sy, wy = _subsample_law(y, q)
     pts = np.array(sorted(set(sx.tolist()) | set(sy.tolist())))
     at = np.abs(_mixture_logpdf(noise, pts, sx, wx, scale) - _mixture_logpdf(noise, pts, sy, wy, scale))
-    left = abs(special.logsumexp(sx / scale, b=wx) - special.logsumexp(sy / scale, b=wy))
-    right = abs(special.logsumexp(-sx / scale, b=wx) - special.logsumexp(-sy / scale, b=wy))
+    left = abs(_scipy("special").logsumexp(sx / scale, b=wx) - _scipy("special").logsumexp(sy / scale, b=wy))
+    right = abs(_scipy("special").logsumexp(-sx / scale, b=wx) - _scipy("special").logsumexp(-sy / scale, b=wy))
     return float(max(at.max(), left, right))
