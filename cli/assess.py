@@ -10,7 +10,7 @@ import polars as pl
 
 from empdp.assess import assess
 from empdp.errors import InputError
-from empdp.io import keyed_hash, load_hash_key, output_batch
+from empdp.io import keyed_hash, load_hash_key, output_batch, refuse_overwrite
 
 from ._common import check_output, emit_json, log, output_options, progress_bars, setup_logging, write_table
 from .report import extras_options, load_extras
@@ -92,6 +92,10 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
     check_output(out, "--out", (".parquet", ".pq", ".csv"), ".parquet or .csv")
     check_output(report, "--report", (".html", ".htm"), ".html")
     check_output(save_result, "--save-result", (".json",), ".json")
+    outputs = {"--out": out, "--report": report, "--save-result": save_result}
+    for option, path in outputs.items():  # never write over an input, nor two outputs to one file
+        refuse_overwrite(path, source, calibration, audit, option=option)
+        refuse_overwrite(path, *[p for o, p in outputs.items() if o != option and p], option=option)
     if without_shifts and not save_result:
         raise InputError("--without-shifts applies to --save-result: give --save-result FILE.json too")
     if (calibration or audit) and not report:

@@ -7,7 +7,7 @@ import math
 import click
 
 from empdp.errors import InputError
-from empdp.io import load_hash_key, read_json
+from empdp.io import load_hash_key, read_json, refuse_overwrite
 
 from ._common import check_output, emit_json, log, output_options, progress_bars, setup_logging
 
@@ -75,6 +75,7 @@ def report(result, output, calibration, audit, epsilon, hash_ids, hash_key_file,
 
     setup_logging(verbose, quiet, debug)
     check_output(output, "-o", (".html", ".htm"), ".html")
+    refuse_overwrite(output, result, calibration, audit, option="-o")
     check_epsilon(epsilon)
     key = load_hash_key(hash_key_file) if hash_ids or hash_key_file else None
     saved = load_result(result)
