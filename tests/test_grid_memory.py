@@ -35,8 +35,9 @@ def test_tiny_bandwidth_grid_with_far_kinks_is_small():
     assert len(risk.base_grid(model, model.points[None, :] - shifts, budget=1e9)) < 100_000
 
 
-def test_grid_without_far_gaps_is_unchanged():
-    """A gap narrower than 2 FAR_GAP scales gets no new nodes: grids (and results) stay as they were."""
+def test_grid_without_far_gaps_is_unchanged(monkeypatch):
+    """A gap narrower than 2 FAR_GAP scales gets no new nodes: the grid and the results are those of
+    the grid built without gap filling, bit for bit."""
     rng = np.random.default_rng(1)
     q = np.r_[rng.normal(size=20), 40.0]  # 40 scales of b = 1 away: within 2 × 700 scales
     model = select_density(q, kernel="laplace", bandwidth=1.0)
@@ -44,6 +45,16 @@ def test_grid_without_far_gaps_is_unchanged():
     pts = np.sort(np.r_[q, (q[None, :] - shifts).ravel()])
     prov = np.sort(rng.uniform(pts[0], pts[-1], 100))
     np.testing.assert_array_equal(risk._fill_gaps(prov, pts, np.full(len(pts), 1.0), 46.0, risk.FAR_GAP["laplace"]), prov)
+    eps = np.array([0.1, 0.5, 2.0])
+    grid = risk.base_grid(model, model.points[None, :] - shifts)
+    with_fill = risk.evaluate(model, shifts, eps, grid=grid)
+    monkeypatch.setattr(risk, "_fill_gaps", lambda prov, *args: prov)  # the grid as it was built before
+    plain = risk.base_grid(model, model.points[None, :] - shifts)
+    np.testing.assert_array_equal(grid, plain)
+    without = risk.evaluate(model, shifts, eps, grid=plain)
+    np.testing.assert_array_equal(with_fill[0], without[0])
+    np.testing.assert_array_equal(with_fill[1], without[1])
+    assert (with_fill[1] > 0).any()  # the comparison covers positive δ_i, not only zeros
 
 
 def test_far_outlier_results_match_the_dense_grid():
