@@ -49,6 +49,13 @@ def query_options(f):
 @click.option("--bandwidth", default="auto", show_default=True,
               help="auto (one global scale by held-out likelihood, as calibrate), variable (Abramson variable "
                    "bandwidths; assess only) or a fixed global kernel scale.")
+@click.option("--adversary", metavar="QUERY",
+              help="What the adversary knows about each database, a named query over the whole table (e.g. "
+                   "\"count(*)\", \"sum(popul)\"): the risk is then conditional on it.")
+@click.option("--adversary-sql", metavar="SQL", help="The adversary statistic as SQL over the table 'db'.")
+@click.option("--buckets", type=int, default=None,
+              help="Cut the databases into this many groups by the adversary statistic (default: as many as "
+                   "keep 10 databases each, at most 5).")
 @click.option("--out", "out", help="Write one row per individual to FILE.parquet or FILE.csv (mode 0600).")
 @click.option("--report", "report", help="Write a self-contained HTML report to FILE.html (mode 0600).")
 @extras_options
@@ -70,7 +77,8 @@ def query_options(f):
 @click.option("--drop-null-ids", is_flag=True, help="Drop rows whose id is NULL instead of failing.")
 @click.option("--no-screening", is_flag=True, help="Evaluate every individual exactly (slower; same results).")
 @output_options
-def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth, out, report, calibration, audit,
+def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth, adversary, adversary_sql, buckets,
+               out, report, calibration, audit,
                save_result, without_shifts, hash_ids, hash_key_file, memory_limit, threads, workers, drop_null_ids, no_screening,
                as_json, quiet, verbose, debug):
     """Per-individual empirical privacy risk of releasing QUERY of each database.
@@ -109,7 +117,8 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
         result = assess(source, id=id_col, by=by, query=query, where=where, sql=sql,
                         epsilon=list(epsilon) or None, kernel=kernel, bandwidth=parse_bandwidth(bandwidth),
                         memory_limit=memory_limit, threads=threads, workers=workers, drop_null_ids=drop_null_ids,
-                        exact_all=bool(out), screening=not no_screening, progress=progress)
+                        exact_all=bool(out), screening=not no_screening, adversary=adversary,
+                        adversary_sql=adversary_sql, buckets=buckets, progress=progress)
     log_summary(result, time.perf_counter() - started)
     # all outputs are committed together: a failure writing one leaves none of them
     with progress_bars(not (as_json or quiet), log) as progress, output_batch():
@@ -117,6 +126,8 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
             cols = [result.id_column, "eps_i", "delta", "n_databases", "max_abs_shift", "epsilon", "eps_bound",
                     "sole_contributor"]
             # the ε its delta column is at travels with the table
+            if result.adversary:
+                cols.append("bucket")  # the adversary bucket that sets the individual's eps_i
             table = result.individuals.with_columns(pl.lit(float(result.epsilons[0])).alias("epsilon")).select(cols)
             if key:
                 table = table.with_columns(pl.col(result.id_column).map_elements(show, return_dtype=pl.Utf8))

@@ -33,7 +33,8 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     summary.add_row("databases", f"{result.n_databases}  (by {result.by_column})")
     summary.add_row("individuals", f"{result.n_individuals}  (id {result.id_column})")
     bw = f"{m.kernel}, scale {_fmt(m.scale)}" + (f", variable (a = {m.sensitivity:g})" if m.variable else ", fixed")
-    summary.add_row("density model", bw)
+    summary.add_row("density model", bw + ("  (unconditional; each adversary bucket has its own, below)"
+                                           if result.adversary else ""))
     sole = result.sole_contributors
     except_sole = f", except the {sole} sole contributor(s), who never are" if sole else ""
     if result.eps_tolerance:  # Gaussian kernels: protected only up to the tolerance
@@ -48,7 +49,11 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     for w in result.warnings:
         con.print(f"[yellow]warning:[/yellow] {w}")
 
-    sweep = Table(title="risk by epsilon", title_justify="left")
+    if result.adversary:
+        _print_adversary(con, result)
+
+    sweep = Table(title="risk by epsilon" + (" (conditional on the adversary statistic)" if result.adversary
+                                             else ""), title_justify="left")
     for col in ("epsilon", "delta (worst)", "total risk", "at risk"):
         sweep.add_column(col, justify="right")
     E = len(result.epsilons)
@@ -75,3 +80,16 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
         con.print(f"HTML report written to {report} (mode 0600)")
     if saved:
         con.print(f"result saved to {saved} (mode 0600); render it with 'empdp report {saved} -o FILE.html'")
+
+
+def _print_adversary(con, result) -> None:
+    """The buckets side by side with the unconditional risk: what the adversary's knowledge costs."""
+    adv = result.adversary
+    t = Table(title=f"adversary knows {adv['statistic']}: eps_all by bucket "
+                    f"(unconditional eps_all {_fmt(adv['unconditional']['eps_all'])})", title_justify="left")
+    for col in ("bucket", "statistic from", "to", "databases", "bandwidth", "eps_all"):
+        t.add_column(col, justify="right")
+    for k, b in enumerate(adv["buckets"]):
+        t.add_row(str(k), _fmt(b["lo"]), _fmt(b["hi"]), str(b["n_databases"]), _fmt(b["bandwidth"]),
+                  _fmt(b["eps_all"]))
+    con.print(t)

@@ -275,6 +275,9 @@ class Assessment:
     n_evaluated: int
     screening: bool
     engine: LooEngine | None = field(default=None, repr=False)
+    #: with an adversary: the JSON ``adversary`` object, and the buckets (:mod:`empdp.adversary`)
+    adversary: dict | None = None
+    buckets: list | None = field(default=None, repr=False)
 
     @property
     def n_databases(self) -> int:
@@ -330,7 +333,12 @@ class Assessment:
         if len(ok):
             shifts = self.engine.shifts(codes[ok])
             with threadpool_limits(limits=1, user_api="blas"):  # as in assess: the same bits
-                e, d = risk.evaluate(self.model, shifts, np.array([eps]))
+                if self.buckets:
+                    from .adversary import bucket_risk
+
+                    e, d, _, _ = bucket_risk(self.buckets, shifts, np.array([eps]))
+                else:
+                    e, d = risk.evaluate(self.model, shifts, np.array([eps]))
             out_eps[ok], out_delta[ok] = e, d[:, 0]
             if self.model.kernel != "laplace":
                 out_delta[ok] = np.where(out_delta[ok] <= risk.GAUSSIAN_TOL, 0.0, out_delta[ok])
@@ -373,6 +381,7 @@ class Assessment:
             "n_evaluated": int(self.n_evaluated),
             "screening": self.screening,
             "eps_tolerance": self.eps_tolerance,
+            **({"adversary": self.adversary} if self.adversary else {}),
             "warnings": list(self.warnings),
             "notes": ["total_risk assumes the individuals' risks are independent"]
             + ([f"kernel gaussian: eps_i is the smallest epsilon with delta_i <= eps_tolerance "
@@ -399,6 +408,7 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
            sql: str | None = None, epsilon=None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
            memory_limit: str | None = None, drop_null_ids: bool = False, exact_all: bool = False,
            screening: bool = True, threads: int | None = None, workers: str = "threads",
+           adversary: str | None = None, adversary_sql: str | None = None, buckets: int | None = None,
            progress: Progress | None = None) -> Assessment:
     """Per-individual empirical privacy risk of releasing a query of repeated databases.
 
@@ -433,6 +443,13 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
         on two cores; the CLI's default). Worker processes are started with
         'spawn', which imports the calling program's main module again: guard
         its work with ``if __name__ == "__main__":``. Results are the same.
+    adversary, adversary_sql, buckets
+        What the adversary knows about each database: a named query form
+        (e.g. ``"count(*)"``) or SQL over ``db``, computed on the whole table
+        (``where`` does not apply). The databases are cut into ``buckets``
+        groups by it (default: as many as keep 10 databases each, at most 5)
+        and the risk is the largest conditional risk over the buckets (see
+        :mod:`empdp.adversary`); the plain assessment is kept beside it.
     """
     progress = progress or _no_progress
     eps = None if epsilon is None else _check_epsilons(epsilon)
@@ -443,17 +460,68 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
         # blocks of individuals are evaluated side by side, each with single-threaded BLAS (also
         # when threads=1, so that results do not depend on the thread count)
         stack.enter_context(threadpool_limits(limits=1, user_api="blas"))
-        return _assess(source, id=id, by=by, query=query, where=where, sql=sql, eps=eps, kernel=kernel,
-                       bandwidth=bandwidth, memory_limit=memory_limit, drop_null_ids=drop_null_ids,
-                       exact_all=exact_all, screening=screening, threads=threads, stack=stack, workers=workers,
-                       progress=progress)
+        if buckets is not None and not (adversary or adversary_sql):
+            raise InputError("--buckets cuts the databases by what the adversary knows: give --adversary "
+                             "QUERY or --adversary-sql too")
+        if adversary and adversary_sql:
+            raise InputError("give either --adversary or --adversary-sql, not both")
+        engine = make_engine(source, id=id, by=by, query=query, where=where, sql=sql,
+                             memory_limit=memory_limit, drop_null_ids=drop_null_ids, threads=threads)
+        plain = _assess(engine, eps=eps, kernel=kernel, bandwidth=bandwidth, exact_all=exact_all,
+                        screening=screening, threads=threads, stack=stack, workers=workers, progress=progress)
+        if not (adversary or adversary_sql):
+            return plain
+        knows = make_engine(source, id=id, by=by, query=adversary, sql=adversary_sql, memory_limit=memory_limit,
+                            drop_null_ids=drop_null_ids, threads=threads)
+        return _adversarial(plain, knows, eps=eps, kernel=kernel, bandwidth=bandwidth, buckets=buckets,
+                            progress=progress)
 
 
-def _assess(source, *, id, by, query, where, sql, eps, kernel, bandwidth, memory_limit, drop_null_ids,
-            exact_all, screening, threads, stack, workers, progress) -> Assessment:
+def _adversarial(plain: "Assessment", knows: LooEngine, *, eps, kernel, bandwidth, buckets,
+                 progress) -> "Assessment":
+    """The assessment conditional on the adversary statistic that ``knows`` computes (one bucket set)."""
+    from . import adversary as adv
+
+    statistic = knows.query.describe()
+    try:
+        g_values = knows.values()
+    except InputError as exc:
+        raise InputError(f"the adversary statistic {statistic}: {exc}") from None
+    g = adv.align_statistic(knows.panel.labels, g_values, plain.labels, statistic)
+    knows.close()
+    n = len(plain.q)
+    k = adv.check_buckets(buckets, n)
+    groups, warnings = adv.fit_buckets(plain.q, g, k, kernel=kernel, bandwidth=bandwidth)
+    engine = plain.engine
+    res = adv.assess_buckets(engine, plain.q, groups, eps, default_epsilons=default_epsilons,
+                             fetch_rows=max(1, FETCH_CELLS // n), progress=progress)
+    screen, delta = res["screen"], res["delta"]
+    with np.errstate(divide="ignore"):
+        total = np.maximum(-np.expm1(np.log1p(-np.clip(delta, 0, 1)).sum(axis=0, dtype=np.longdouble)
+                                     .astype(np.float64)), 0.0)
+    undefined = screen.undefined
+    individuals = pl.DataFrame({
+        engine.panel.id: screen.ids,
+        "eps_i": pl.Series(res["eps_i"], dtype=pl.Float64, nan_to_null=True),
+        "eps_bound": np.where(undefined, np.inf, screen.bound),
+        "delta": delta[:, 0],
+        "n_databases": screen.n_present.astype(np.int64),
+        "max_abs_shift": screen.max_abs_shift,
+        "sole_contributor": undefined,
+    }).with_columns(adv.bucket_column(res["which"], res["eps_i"]))
+    return Assessment(
+        source=plain.source, query=plain.query, id_column=plain.id_column, by_column=plain.by_column,
+        labels=plain.labels, q=plain.q, model=plain.model, epsilons=res["eps"], delta=delta.max(axis=0),
+        total_risk=total, n_at_risk=(delta > 0).sum(axis=0), eps_all=res["eps_all"], individuals=individuals,
+        independence=plain.independence, representativeness=plain.representativeness,
+        warnings=plain.warnings + warnings, sole_contributors=plain.sole_contributors,
+        n_evaluated=res["n_evaluated"], screening=plain.screening, engine=engine,
+        adversary=adv.summary(groups, plain.labels, statistic, plain), buckets=groups)
+
+
+def _assess(engine: LooEngine, *, eps, kernel, bandwidth, exact_all, screening, threads, stack, workers,
+            progress) -> Assessment:
     progress("reading and leave-one-out", 0, 3)
-    engine = make_engine(source, id=id, by=by, query=query, where=where, sql=sql,
-                         memory_limit=memory_limit, drop_null_ids=drop_null_ids, threads=threads)
     q = engine.values()
     progress("reading and leave-one-out", 1, 3)
     model = select_density(q, kernel=kernel, bandwidth=bandwidth)
@@ -642,7 +710,10 @@ class _Ranking:
         first = ind["delta"].to_numpy().astype(float)
         e0 = float(a.epsilons[0])
         n_present = ind["n_databases"].to_numpy()
-        upper = risk.delta_upper_bound(a.model.kernel, eps, self.bound, n_present, a.n_databases)
+        if a.buckets:  # each bucket's bound (n_iB/n_B) δ_kernel(ε; M_iB) is at most δ_kernel(ε; M_i)
+            upper = risk.term_delta(a.model.kernel, eps, self.bound)
+        else:
+            upper = risk.delta_upper_bound(a.model.kernel, eps, self.bound, n_present, a.n_databases)
         if math.isclose(eps, e0, rel_tol=1e-12, abs_tol=0.0):
             self.delta[:] = first  # exact for every individual
             upper = first

@@ -1,0 +1,163 @@
+"""Adversarial knowledge: risk conditional on a statistic of each database the adversary knows.
+
+Checked against a brute-force bucketed reference (the buckets cut by hand from the statistic,
+each bucket's model fitted by hand, δ_i and ε_i by dense quadrature), with selected and with
+fixed bandwidths; --buckets 1 reproduces the plain assessment; a constructed panel where the
+knowledge raises an individual's risk by a large factor, and one where it does not; bad input.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from numpy.testing import assert_allclose
+
+from empdp import assess
+from empdp.cli.main import cli
+from empdp.density import select_density
+from reference import brute_force_risk
+
+EPS = np.array([0.05, 0.2, 0.6])
+
+
+def season_panel(seed: int, n_db: int = 24, n_ind: int = 30, spike: float = 0.0) -> pd.DataFrame:
+    """Databases of two seasons with different levels; individual 'k' contributes ``spike`` more in
+    the high season only, where the query's spread is small: conditioning on the season exposes k."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for j in range(n_db):
+        high = j % 2
+        for i in range(n_ind):
+            x = 10 + 30 * high + rng.normal(0, 1 if high else 8)
+            rows.append((f"c{i}", 2000 + j, x, high))
+        rows.append(("k", 2000 + j, 10 + 30 * high + rng.normal(0, 1) + spike * high, high))
+    return pd.DataFrame(rows, columns=["id", "db", "x", "season"])
+
+
+def _reference(df, bandwidth):
+    """Brute-force risk knowing the season: the two buckets are the two seasons, cut by hand;
+    δ_i = max_B δ_i^B, ε_i = max_B ε_i^B, with each bucket's own model."""
+    from empdp.loo import leave_one_out
+
+    loo = leave_one_out(df, id="id", by="db", query="mean(x)")
+    season = df.groupby("db")["season"].max().to_numpy()
+    seasons = [np.flatnonzero(season == 0), np.flatnonzero(season == 1)]
+    assert len(seasons[0]) == len(seasons[1])  # equal halves: the buckets are exactly the seasons
+    delta = np.zeros((2, len(loo.shifts), len(EPS)))
+    eps_i = np.zeros((2, len(loo.shifts)))
+    for k, cols in enumerate(seasons):
+        model = select_density(loo.q[cols], kernel="laplace", bandwidth=bandwidth)
+        for r in range(len(loo.shifts)):
+            delta[k, r], eps_i[k, r] = brute_force_risk(model, loo.shifts[r, cols], EPS, points=60_001)
+    return loo, delta, eps_i
+
+
+@pytest.mark.parametrize("bandwidth", ["auto", 1.5])
+def test_matches_a_brute_force_bucketed_reference(bandwidth):
+    df = season_panel(1, n_db=20, n_ind=6, spike=4.0)
+    a = assess(df, id="id", by="db", query="mean(x)", adversary="max(season)", buckets=2, epsilon=EPS,
+               bandwidth=bandwidth, exact_all=True)
+    loo, per_delta, per_eps = _reference(df, bandwidth)
+    delta, eps_i = per_delta.max(axis=0), per_eps.max(axis=0)
+    buckets = a.to_dict()["adversary"]["buckets"]
+    assert_allclose([b["eps_all"] for b in buckets], per_eps.max(axis=1), rtol=1e-6)
+    setter = a.individuals["bucket"].to_numpy()
+    assert (setter == per_eps.argmax(axis=0)).all()
+    ids = a.individuals["id"].to_list()
+    assert ids == loo.ids.to_list()
+    got_eps = a.individuals["eps_i"].to_numpy()
+    assert_allclose(a.individuals["delta"].to_numpy(), delta[:, 0], atol=1e-6)
+    assert_allclose(got_eps, eps_i, rtol=1e-6)
+    assert_allclose(a.delta, delta.max(axis=0), atol=1e-6)
+    assert a.eps_all == pytest.approx(eps_i.max(), rel=1e-6)
+    # every individual's δ_i at each ε, through the exact per-row path the table uses
+    for k, e in enumerate(EPS):
+        _, d = a.exact_risk(np.arange(a.n_individuals), e)
+        assert_allclose(d, delta[:, k], atol=1e-6)
+
+
+def test_one_bucket_is_the_plain_assessment():
+    df = season_panel(2)
+    plain = assess(df, id="id", by="db", query="mean(x)", epsilon=EPS)
+    one = assess(df, id="id", by="db", query="mean(x)", adversary="max(season)", buckets=1, epsilon=EPS)
+    np.testing.assert_array_equal(one.delta, plain.delta)
+    np.testing.assert_array_equal(one.total_risk, plain.total_risk)
+    np.testing.assert_array_equal(one.n_at_risk, plain.n_at_risk)
+    assert one.eps_all == plain.eps_all
+    np.testing.assert_array_equal(one.individuals["delta"].to_numpy(), plain.individuals["delta"].to_numpy())
+
+
+def test_knowing_the_season_exposes_the_individual_who_stands_out_in_it():
+    # k adds 4 in the high season, where the query's spread is 1/8 of the low season's: in the
+    # pooled model the two seasons' clusters hide k; within the high season k moves every point
+    df = season_panel(3, spike=4.0)
+    plain = assess(df, id="id", by="db", query="mean(x)")
+    known = assess(df, id="id", by="db", query="mean(x)", adversary="max(season)", buckets=2)
+    eps = dict(zip(known.individuals["id"].to_list(), known.individuals["eps_i"].to_list()))
+    top = known.riskiest(1)
+    assert top["id"][0] == "k"
+    plain_k = plain.exact_risk(np.array([plain.individuals["id"].to_list().index("k")]), 1.0)[0][0]
+    assert eps["k"] > 5 * plain_k, (eps["k"], plain_k)
+    d = known.to_dict()["adversary"]
+    assert d["statistic"] == "max(season)" and [b["n_databases"] for b in d["buckets"]] == [12, 12]
+    assert d["buckets"][1]["lo"] == d["buckets"][1]["hi"] == 1.0
+    assert d["unconditional"]["eps_all"] == pytest.approx(plain.eps_all)
+    assert known.individuals.filter(known.individuals["id"] == "k")["bucket"][0] == 1
+
+
+def test_knowledge_unrelated_to_the_query_changes_little():
+    # the adversary knows a coin flip per database, unrelated to anyone's contribution
+    df = season_panel(4, spike=0.0)
+    df = df.assign(season=0)  # one season: the query is one cluster
+    rng = np.random.default_rng(0)
+    flip = dict(zip(sorted(df["db"].unique()), rng.integers(0, 2, df["db"].nunique())))
+    df["coin"] = df["db"].map(flip)
+    plain = assess(df, id="id", by="db", query="mean(x)")
+    known = assess(df, id="id", by="db", query="mean(x)", adversary="max(coin)", buckets=2)
+    assert known.eps_all < 3 * plain.eps_all
+
+
+@pytest.fixture
+def panel_file(tmp_path):
+    path = tmp_path / "p.parquet"
+    df = season_panel(5)
+    df["empty"] = np.where(df["db"] == 2003, np.nan, 1.0)
+    df["word"] = "a"
+    df.to_parquet(path)
+    return str(path)
+
+
+def _run(path, *extra):
+    return CliRunner().invoke(cli, ["assess", path, "--id", "id", "--by", "db", "--query", "mean(x)", *extra])
+
+
+def _one_line_error(res, needle):
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and needle in lines[0], res.output
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--adversary", "max(season)", "--buckets", "0"], "--buckets"),
+    (["--adversary", "max(season)", "--buckets", "13"], "--buckets"),
+    (["--buckets", "2"], "--adversary"),
+    (["--adversary", "mean(empty)"], "adversary statistic"),
+    (["--adversary", "count(*)"], "same"),
+    (["--adversary", "max(word)"], "word"),
+])
+def test_bad_adversary_input_is_one_line(panel_file, extra, needle):
+    _one_line_error(_run(panel_file, *extra), needle)
+
+
+def test_cli_json_and_small_bucket_warning(panel_file):
+    res = _run(panel_file, "--adversary", "max(season)", "--buckets", "3", "--json")
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert [b["n_databases"] for b in d["adversary"]["buckets"]] == [8, 8, 8]
+    assert any("fewer than 10 databases" in w for w in d["warnings"])
+    human = _run(panel_file, "--adversary", "max(season)", "--buckets", "2")
+    assert human.exit_code == 0 and "adversary" in human.output and "unconditional" in human.output
