@@ -18,11 +18,24 @@ the outermost nodes carry less than 1e-17 of mass (Laplace: 46 scales;
 Gaussian: 12 standard deviations) and are added with the log-ratio frozen at
 its end value.
 
-ε_i = sup_x |L(x)| is the largest |L| over the nodes (which include the
-interior extrema) and, for Laplace kernels, the exact tail limits. For
-Gaussian kernels the log-ratio is unbounded in the far tails, so ε_i is the
-supremum over the region outside of which both densities have mass < 1e-13;
-then δ_i(ε) ≤ 1e-12 for ε ≥ ε_i (the tolerance is reported).
+ε_i, Laplace kernels: sup_x |L(x)|, the largest |L| over the nodes (which
+include the interior extrema) and the exact tail limits; δ_i(ε) = 0 exactly
+for ε ≥ ε_i.
+
+ε_i, Gaussian kernels: L grows without bound in the tails (linearly, where one
+kernel dominates), so sup |L| = ∞ and δ_i(ε) > 0 for every ε. ε_i is reported
+at the tolerance τ = :data:`EPS_TOLERANCE` (1e-12) instead:
+
+    ε_i(τ) = min { ε ≥ 0 : δ_i(ε) ≤ τ },
+
+the root of a non-increasing function, bracketed by the certified bound
+:func:`eps_upper_bound` and found by safeguarded Newton steps on log δ_i to a
+relative 1e-10 (:func:`empdp._gaussian.tolerance_eps`). Near τ the masses are
+those of far tails, integrated from Hermite models of the log-densities. δ_i
+at or below τ is reported as 0, so δ_i(ε) = 0 is reported for ε ≥ ε_i(τ); the
+outputs state τ (``eps_tolerance``). For Gaussian kernels p̂_i is evaluated on
+a block's shared grid by a series with a certified remainder, one matrix
+product per block (:mod:`empdp._gaussian`), rows with large shifts directly.
 """
 
 from __future__ import annotations
@@ -30,11 +43,13 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import log_ndtr, logsumexp, ndtr
 
-from . import _laplace
+from . import _gaussian, _laplace
 from .errors import InputError
 from .density import DensityModel, kernel_logcdf_both, kernel_logpdf, kernel_terms
 
-GAUSSIAN_TOL = 1e-12
+#: τ: for Gaussian kernels ε_i is the smallest ε with δ_i(ε) ≤ τ, and δ_i ≤ τ is reported as 0
+EPS_TOLERANCE = 1e-12
+GAUSSIAN_TOL = EPS_TOLERANCE  # the former name
 _REACH = {"laplace": 46.0, "gaussian": 12.0}
 _STEP = 1.0 / 6.0  # node spacing, in kernel scales, where the kernels carry mass
 
@@ -66,13 +81,37 @@ def delta_upper_bound(kernel: str, eps, bound, n_present, n):
     return np.asarray(n_present) / n * term_delta(kernel, eps, bound)
 
 
-def eps_upper_bound(model: DensityModel, bound: np.ndarray) -> np.ndarray:
-    """Upper bound on ε_i from M_i: M_i for Laplace; for Gaussian over the effective region."""
+def eps_upper_bound(model: DensityModel, bound: np.ndarray, n_present=None) -> np.ndarray:
+    """Certified upper bound on ε_i from M_i: M_i for Laplace kernels; for Gaussian kernels the
+    smallest ε with (n_i/n) δ_kernel(ε; M_i) ≤ τ (:func:`delta_upper_bound`), which bounds
+    ε_i(τ). ``n_present`` (n_i, optional) tightens the Gaussian bound (n_i/n = 1 without it).
+    """
+    bound = np.asarray(bound, dtype=float)
     if model.kernel == "laplace":
-        return np.asarray(bound, dtype=float)
-    q, b = model.points, model.bandwidths
-    reach = float(np.ptp(q)) + 2 * 7.5 * b.max() + 2 * np.abs(bound).max() * b.max()
-    return bound * reach / b.min() + bound**2 / 2
+        return bound
+    share = 1.0 if n_present is None else np.asarray(n_present, dtype=float) / len(model.points)
+    return gaussian_eps_bound(bound, share)
+
+
+def gaussian_eps_bound(bound, share=1.0, tol: float = EPS_TOLERANCE) -> np.ndarray:
+    """Smallest ε with share · δ_Gauss(ε; μ) ≤ tol, per μ = M_i (bisection on the monotone curve,
+    returning the upper end: the bound holds there). ∞ where μ is ∞."""
+    mu, share = np.broadcast_arrays(np.asarray(bound, dtype=float), np.asarray(share, dtype=float))
+    out = np.zeros(mu.shape)
+    finite = np.isfinite(mu)
+    out[~finite] = np.inf
+    pos = finite & (mu > 0) & (share > tol)
+    m, w = mu[pos], share[pos]
+    # δ(ε; μ) ≤ Φ(μ/2 − ε/μ) ≤ tol once ε ≥ μ(μ/2 + 7.1) (Φ(−7.2) < 1e-12): a valid upper end
+    lo, hi = np.zeros(len(m)), m * (m / 2 + 7.2) + 1e-300
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        over = w * term_delta("gaussian", mid, m) > tol
+        lo, hi = np.where(over, mid, lo), np.where(over, hi, mid)
+        if np.all(hi - lo <= 1e-12 * hi):
+            break
+    out[pos] = hi
+    return out
 
 
 # ------------------------------------------------------------------- nodes
@@ -347,7 +386,16 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
     C = shifts.shape[0]
     rows = np.arange(C)
     K_grid = certified = None
-    if plan is not None:
+    series = _gaussian.series_nodes(plan, shifts) if isinstance(plan, _gaussian.SeriesPlan) else None
+    if series is not None:
+        nd = _Nodes(**series)
+        kinks = model.points[None, :] - shifts
+
+        def evaluate_at(r, xe):
+            e = _evaluate(model, xe[:, None], kinks[r])
+            return [getattr(e, f)[:, 0] for f in _Nodes.FIELDS[1:]]
+        L, Lr, Ll = _log_ratio(nd)
+    elif plan is not None and not isinstance(plan, _gaussian.SeriesPlan):
         values, rows, K_grid = _laplace.node_values(plan, shifts, levels, clear_below, need_eps_i, sup_levels)
         nd = _Nodes(**values)
         L, Lr, Ll = values["L"], values["Lr"], values["Ll"]
@@ -385,55 +433,14 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
 
 
 def individual_eps(model: DensityModel, nd: _Nodes, L: np.ndarray, shifts: np.ndarray) -> np.ndarray:
-    """ε_i = sup_x |log p̂ − log p̂_i| (SPEC 4.1), see the module docstring for Gaussian kernels."""
-    absL = np.abs(L)
+    """ε_i = sup_x |log p̂ − log p̂_i| (Laplace kernels), or ε_i(τ), the smallest ε with δ_i(ε) ≤ τ
+    (Gaussian kernels; see the module docstring)."""
     if model.kernel == "laplace":
+        absL = np.abs(L)
         return np.maximum(absL.max(axis=1), _laplace._tail_limits(model.points, model.bandwidths, shifts))
-    lo, hi = effective_region(model, shifts, nd)
-    inside = (nd.x >= lo[:, None]) & (nd.x <= hi[:, None])
-    ends = np.abs(np.stack([_logratio_at(model, lo, shifts), _logratio_at(model, hi, shifts)], axis=1))
-    return np.maximum(np.where(inside, absL, 0.0).max(axis=1), ends.max(axis=1))
-
-
-def _mixture_logcdf(model: DensityModel, x: np.ndarray, pts: np.ndarray):
-    """(log F, log S) of the KDE with points ``pts`` (C, n) at x (C,)."""
-    lf, ls = kernel_logcdf_both(model.kernel, x[:, None] - pts, model.bandwidths[None, :])
-    return logsumexp(lf, axis=1) - np.log(pts.shape[1]), logsumexp(ls, axis=1) - np.log(pts.shape[1])
-
-
-def _logratio_at(model: DensityModel, x: np.ndarray, shifts: np.ndarray) -> np.ndarray:
-    q, b = model.points, model.bandwidths
-    lp = logsumexp(kernel_logpdf(model.kernel, x[:, None] - q[None, :], b), axis=1)
-    lpi = logsumexp(kernel_logpdf(model.kernel, x[:, None] - (q[None, :] - shifts), b), axis=1)
-    return lp - lpi
-
-
-def effective_region(model: DensityModel, shifts: np.ndarray, nd: _Nodes | None = None, tol: float = 1e-13):
-    """[lo, hi] outside of which both p̂ and p̂_i have mass < ``tol`` on each side (Gaussian ε_i)."""
-    q, b = model.points, model.bandwidths
-    kin = q[None, :] - shifts
-    log_tol = np.log(tol)
-    lo = np.minimum(q.min(), kin.min(axis=1)) - 7.0 * b.max()
-    hi = np.maximum(q.max(), kin.max(axis=1)) + 7.0 * b.max()
-    for _ in range(60):  # Newton on the larger of the two log-CDFs (log-concave in the tails)
-        fa, _ = _mixture_logcdf(model, lo, np.broadcast_to(q, kin.shape))
-        fb, _ = _mixture_logcdf(model, lo, kin)
-        _, sa = _mixture_logcdf(model, hi, np.broadcast_to(q, kin.shape))
-        _, sb = _mixture_logcdf(model, hi, kin)
-        f_lo, s_hi = np.maximum(fa, fb), np.maximum(sa, sb)
-        use_a = fa >= fb
-        dens_lo = np.exp(np.where(use_a, model.logpdf(lo), logsumexp(
-            kernel_logpdf(model.kernel, lo[:, None] - kin, b), axis=1) - np.log(len(q))))
-        use_a = sa >= sb
-        dens_hi = np.exp(np.where(use_a, model.logpdf(hi), logsumexp(
-            kernel_logpdf(model.kernel, hi[:, None] - kin, b), axis=1) - np.log(len(q))))
-        step_lo = (f_lo - log_tol) / (dens_lo / np.exp(f_lo))
-        step_hi = -(s_hi - log_tol) / (dens_hi / np.exp(s_hi))
-        lo = lo - np.clip(step_lo, -b.max(), b.max())
-        hi = hi - np.clip(step_hi, -b.max(), b.max())
-        if max(np.abs(step_lo).max(), np.abs(step_hi).max()) < 1e-12 * b.min():
-            break
-    return lo, hi
+    b = model.bandwidths
+    upper = gaussian_eps_bound((np.abs(shifts) / b).max(axis=1), np.count_nonzero(shifts, axis=1) / len(b))
+    return _gaussian.tolerance_eps(nd.x, nd.p, nd.pr, nd.pi, nd.pir, upper, EPS_TOLERANCE)
 
 
 # ------------------------------------------------------------------- sweep
@@ -667,9 +674,12 @@ def _sweep(nd: _Nodes, L, Lr, Ll, eps):
 BLOCK_CELLS = 8_000_000
 
 
-def grid_plan(model: DensityModel, grid: np.ndarray) -> _laplace.GridPlan | None:
-    """The shared matrix-form plan for ``grid`` (Laplace kernels only, else None)."""
-    return _laplace.GridPlan(model.points, model.bandwidths, grid) if model.kernel == "laplace" else None
+def grid_plan(model: DensityModel, grid: np.ndarray):
+    """The shared plan for ``grid``: the matrix form (Laplace kernels, :class:`empdp._laplace.GridPlan`)
+    or the series form (Gaussian kernels, :class:`empdp._gaussian.SeriesPlan`)."""
+    if model.kernel == "laplace":
+        return _laplace.GridPlan(model.points, model.bandwidths, grid)
+    return _gaussian.SeriesPlan(model.points, model.bandwidths, grid)
 
 
 def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = None,
@@ -699,9 +709,13 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
     if grid is None:
         grid = base_grid(model, model.points[None, :] - shifts)
     fast = np.zeros(C, dtype=bool)
-    if model.kernel == "laplace":
-        plan = plan if plan is not None else grid_plan(model, grid)
-        fast = (np.abs(shifts) / model.bandwidths).max(axis=1, initial=0.0) <= _laplace.MAX_BOUND
+    plan = plan if plan is not None else grid_plan(model, grid)
+    scaled = (np.abs(shifts) / model.bandwidths).max(axis=1, initial=0.0)
+    gaussian = model.kernel == "gaussian"
+    if not gaussian:
+        fast = scaled <= _laplace.MAX_BOUND
+    else:
+        fast = scaled <= _gaussian.MAX_SHIFT
     levels = clear = sup_levels = None
     skipped = np.empty(0, dtype=np.intp)
     need_eps_i = need_eps_i or eps is None
@@ -724,7 +738,9 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
     if delta is not None:
         delta[same] = 0.0
     for rows, use in ((np.flatnonzero(fast & ~same), plan), (np.flatnonzero(~fast & ~same), None)):
-        width = max(n * n, len(grid) + n) if use is not None else len(grid) + n
+        width = max(n * n, len(grid) + n) if use is not None and not gaussian else len(grid) + n
+        if gaussian and use is not None:
+            rows = rows[np.argsort(scaled[rows], kind="stable")]  # blocks of like shifts: fewer terms
         step = max(1, BLOCK_CELLS // width)
         for k in range(0, len(rows), step):
             r = rows[k:k + step]
@@ -748,8 +764,9 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
                 if len(over):
                     delta[np.ix_(over, skipped)] = _delta_on_crossings(model, shifts[over], grid, use,
                                                                        eps[skipped])
-    if delta is not None and model.kernel == "laplace":
-        delta[eps_i[:, None] <= eps[None, :]] = 0.0  # exact: δ_i(ε) = 0 for ε ≥ ε_i
+    if delta is not None:
+        # Laplace: exact, δ_i(ε) = 0 for ε ≥ ε_i; Gaussian: δ_i(ε) ≤ δ_i(ε_i(τ)) ≤ τ, reported as 0
+        delta[eps_i[:, None] <= eps[None, :]] = 0.0
     return (eps_i, delta, exact) if return_exact else (eps_i, delta)
 
 

@@ -1,0 +1,361 @@
+"""Gaussian kernels: p̂_i on a shared grid as one matrix product, and ε_i at a tolerance.
+
+**Series form.** With z = (x − q_j)/b_j and δ = Δ_ij/b_j, the shifted kernel is
+
+    φ(z + δ)/b = φ(z) e^{−δz − δ²/2}/b = φ(z)/b · e^{−δ²/2} Σ_{k<K} (−δz)^k/k!  + R,
+
+|R| ≤ φ(z)/b · |δz|^K/K! · e^{|δz|} (the exponential series' Lagrange remainder). So on a grid
+shared by a block of individuals, p̂_i, its slope and its CDF are rows of ``coeffs @ columns``:
+the rows hold δ_ij^k e^{−δ_ij²/2}/k! (individuals × n(K + 1)), the columns φ(z_j)(−z_j)^k and
+their integrals ∫_{−∞}^z (−s)^k φ(s) ds (n(K + 1) × grid). The remainder is certified grid point
+by grid point for a whole block (:meth:`SeriesPlan.certified`); where it is too large the values
+are computed directly. Rows with large shifts (max_j |δ_ij| > :data:`MAX_SHIFT`) are evaluated
+directly throughout.
+
+**ε_i at a tolerance.** The log-ratio L = log p̂ − log p̂_i of Gaussian mixtures is unbounded,
+so ε_i is the smallest ε with δ_i(ε) ≤ τ (:func:`tolerance_eps`): a root of a non-increasing
+function, found by a safeguarded Newton iteration on log δ_i from a certified bracket. Near τ
+(~1e-12) δ_i is the mass of far tails, where differences of CDF values near 1 lose every
+digit; there δ_i is integrated instead from cubic Hermite models of log p̂ and log p̂_i between
+the nodes (exact for a single Gaussian, whose log-density is quadratic) by Gauss–Legendre.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import ndtr
+
+#: rows whose largest |Δ_ij|/b_j exceeds this are evaluated directly (the series needs many terms)
+MAX_SHIFT = 1.0
+#: certified relative error of the series' p̂_i (and of its log-slope, in units of 1/b_min)
+SERIES_TOL = 1e-14
+#: certified absolute error of the series' CDF of p̂_i
+CDF_TOL = 1e-14
+#: most terms of the series; grid points that need more are evaluated directly
+MAX_TERMS = 24
+_SQRT2PI = math.sqrt(2 * math.pi)
+_LOG_FACT = np.r_[0.0, np.cumsum(np.log(np.arange(1.0, MAX_TERMS + 2)))]
+
+
+def kernel_parts(u: np.ndarray, b) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Value, slope and CDF of the Gaussian kernel of standard deviation ``b`` at ``u``."""
+    z = u / b
+    v = np.exp(-0.5 * z * z) / (b * _SQRT2PI)
+    return v, -z / b * v, ndtr(z)
+
+
+#: cells (rows × points × terms) of one step of :func:`direct`: its temporaries stay in cache
+DIRECT_CELLS = 200_000
+
+
+def direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray):
+    """Value, slope and CDF of (1/n) Σ_l φ_{b_l}(x − c_l), directly: ``x`` (C, m), ``centers`` (C, n)."""
+    C, m = x.shape
+    n = centers.shape[1]
+    out = [np.empty((C, m)) for _ in range(3)]
+    step = max(1, DIRECT_CELLS // max(1, m * n))
+    for r in range(0, C, step):
+        s = slice(r, r + step)
+        parts = kernel_parts(x[s, :, None] - centers[s, None, :], b)
+        for o, v in zip(out, parts):
+            o[s] = v.sum(axis=2) / n
+    return out
+
+
+class SeriesPlan:
+    """The shared part of the series form on one grid: the unshifted kernels' columns.
+
+    ``p``, ``pr``, ``F``: p̂ on the grid (shared by every row); :meth:`values` gives p̂_i.
+    """
+
+    def __init__(self, points: np.ndarray, bandwidths: np.ndarray, grid: np.ndarray):
+        self.q, self.b, self.grid = points, bandwidths, grid
+        n = len(points)
+        self.z = (grid[None, :] - points[:, None]) / bandwidths[:, None]  # (n, G)
+        self.phi = np.exp(-0.5 * self.z * self.z) / _SQRT2PI
+        self.p = (self.phi / bandwidths[:, None]).sum(axis=0) / n
+        self.pr = (-self.z * self.phi / bandwidths[:, None] ** 2).sum(axis=0) / n
+        self.F = ndtr(self.z).sum(axis=0) / n
+        self._columns: dict = {}
+
+    def columns(self, K: int):
+        """(n(K + 1), G) columns φ(z_j)(−z_j)^k / n and ∫_{−∞}^{z_j} (−s)^k φ(s) ds / n, j-major."""
+        if K not in self._columns:
+            n, G = self.z.shape
+            B = np.empty((n, K + 1, G))
+            J = np.empty((n, K + 1, G))
+            mz = -self.z
+            B[:, 0] = self.phi
+            for k in range(1, K + 1):
+                B[:, k] = B[:, k - 1] * mz
+            # I_k = ∫_{−∞}^z s^k φ = −z^{k−1} φ + (k − 1) I_{k−2}; J_k = (−1)^k I_k
+            J[:, 0] = ndtr(self.z)
+            if K >= 1:
+                J[:, 1] = self.phi  # −I_1 = φ
+            for k in range(2, K + 1):
+                # (−1)^k(−z^{k−1}φ) = (−z)^{k−1}φ = B_{k−1}; (−1)^k (k−1) I_{k−2} = (k−1) J_{k−2}
+                J[:, k] = B[:, k - 1] + (k - 1) * J[:, k - 2]
+            self._columns[K] = (B.reshape(n * (K + 1), G) / n, J.reshape(n * (K + 1), G) / n)
+        return self._columns[K]
+
+    def certified(self, M: np.ndarray):
+        """Terms K and the grid points where K terms do not certify p̂_i within :data:`SERIES_TOL`
+        for rows with |Δ_ij|/b_j ≤ M_j (``M``, (n,)); None when the direct evaluation is cheaper.
+
+        Per term, |error| ≤ φ(z)/b (M|z|)^K/K! e^{M|z|} and the exact term is at least
+        φ(z)/b e^{−M|z| − M²/2}: their sums over j bound the relative error of p̂_i at each
+        point; the slope's error has an extra factor (|z| + M)/b per term (relative to 1/b_min).
+        K is chosen for the least work: the product's columns, and the points evaluated directly.
+        """
+        M = np.asarray(M, dtype=float)[:, None]
+        b = self.b[:, None]
+        az = np.abs(self.z)
+        t = M * az
+        w = self.phi / b
+        low = (w * np.exp(-t - 0.5 * M * M)).sum(axis=0)
+        slope = (az + M) / b * self.b.min()
+        G = az.shape[1]
+        best = None
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            logt = np.log(t)
+            for K in range(max(2, cdf_terms(float(M.max()))), MAX_TERMS + 1):
+                wr = w * np.exp(K * logt - _LOG_FACT[K] + t)  # φ/b (M|z|)^K/K! e^{M|z|}
+                err = np.maximum(wr.sum(axis=0), (wr * slope).sum(axis=0))
+                bad = ~((err <= SERIES_TOL * low) | (err == 0))
+                cost = (K + 1) * G * PRODUCT_COST + bad.sum() * DIRECT_COST
+                if best is None or cost < best[0]:
+                    best = (cost, K, bad)
+                if not bad.any():
+                    break
+        cost, K, bad = best
+        return None if cost >= G * DIRECT_COST else (K, bad)
+
+
+#: relative work per row and term of one series column (three products, ~6 flops) and of one directly
+#: evaluated point (an exp and an ndtr: ~20 ns each, hundreds of BLAS flops), for choosing the series. length
+PRODUCT_COST = 6.0
+DIRECT_COST = 400.0
+
+
+def cdf_terms(M: float) -> int:
+    """Terms after which the series' CDF is within :data:`CDF_TOL` for max_j |δ_ij| ≤ M.
+
+    ∫ |R| ≤ M^K/K! E[|Z|^K e^{M|Z|}] ≤ M^K/K! · 2 e^{M²/2} E|Z + M|^K
+    ≤ M^K/K! · 2^K e^{M²/2} (E|Z|^K + M^K), with E|Z|^K = 2^{K/2} Γ((K+1)/2)/√π.
+    """
+    for K in range(1, MAX_TERMS + 1):
+        mom = 2 ** (K / 2) * math.gamma((K + 1) / 2) / math.sqrt(math.pi)
+        if M == 0 or M ** K / math.factorial(K) * 2 ** K * math.exp(M * M / 2) * (mom + M ** K) <= CDF_TOL:
+            return K
+    return MAX_TERMS
+
+
+def coefficients(delta: np.ndarray, K: int):
+    """Rows of the series (C, n(K + 1)), j-major: c_k = δ^k e^{−δ²/2}/k! (k ≤ K; c_K = 0 in the
+    value, whose series stops at K − 1 terms) and the slope's combination c_{k−1} − δ c_k."""
+    C, n = delta.shape
+    c = np.empty((C, n, K + 1))
+    c[:, :, 0] = np.exp(-0.5 * delta * delta)
+    for k in range(1, K + 1):
+        c[:, :, k] = c[:, :, k - 1] * delta / k
+    c[:, :, K] = 0.0  # the value's series has K terms (k < K)
+    slope = -delta[:, :, None] * c
+    slope[:, :, 1:] += c[:, :, :-1]
+    return c, slope
+
+
+def series_values(plan: SeriesPlan, shifts: np.ndarray, K: int):
+    """p̂_i, its slope and CDF on the plan's grid for each row of ``shifts`` (C, n), by the series."""
+    b = plan.b
+    delta = shifts / b[None, :]
+    C, n = delta.shape
+    c, slope = coefficients(delta, K)
+    B, J = plan.columns(K)
+    val = (c / b[None, :, None]).reshape(C, -1) @ B
+    der = (slope / (b * b)[None, :, None]).reshape(C, -1) @ B
+    cdf = c.reshape(C, -1) @ J  # the integral of the value's series (its k = 0 column is Φ)
+    return val, der, cdf
+
+
+def series_nodes(plan: SeriesPlan, shifts: np.ndarray) -> dict | None:
+    """The node fields of :class:`empdp.risk._Nodes` on the plan's grid for rows of ``shifts``,
+    by the series (and directly at the grid points it does not certify); None when the rows'
+    shifts need the direct evaluation throughout."""
+    C = shifts.shape[0]
+    cert = plan.certified((np.abs(shifts) / plan.b[None, :]).max(axis=0, initial=0.0))
+    if cert is None:
+        return None
+    K, bad = cert
+    val, der, cdf = series_values(plan, shifts, K)
+    if bad.any():
+        xs = np.broadcast_to(plan.grid[bad], (C, int(bad.sum())))
+        v, d, _ = direct(xs, plan.q[None, :] - shifts, plan.b)
+        val[:, bad], der[:, bad] = v, d  # the CDF's error is bounded over the whole line
+    G = len(plan.grid)
+
+    def shared(a):
+        return np.broadcast_to(a, (C, G))
+    return dict(x=shared(plan.grid), p=shared(plan.p), pr=shared(plan.pr), pl=shared(plan.pr), F=shared(plan.F),
+                pi=val, pir=der, pil=der, Fi=cdf)
+
+
+# ------------------------------------------------------------------ ε_i at a tolerance
+#: Gauss–Legendre points per interval in :func:`tolerance_eps`
+GL_POINTS = 16
+_GL_T, _GL_W = np.polynomial.legendre.leggauss(GL_POINTS)
+_GL_T, _GL_W = 0.5 * (_GL_T + 1.0), 0.5 * _GL_W
+#: relative width of the final bracket of ε_i
+EPS_RTOL = 1e-10
+_LOG_FLOOR = -745.0
+
+
+def _hermite(ya, yc, ma, mc, t):
+    """The cubic Hermite interpolant on [0, 1] (values ya, yc; slopes ma, mc per unit t) at t."""
+    d = yc - ya
+    return ya + t * (ma + t * ((3 * d - 2 * ma - mc) + t * (ma + mc - 2 * d)))
+
+
+def tolerance_eps(x, p, pr, pi, pir, upper: np.ndarray, tol: float) -> np.ndarray:
+    """Smallest ε with δ_i(ε) ≤ ``tol`` for each row of nodes ``x`` (C, N) carrying the values and
+    slopes of p̂ (``p``, ``pr``) and of p̂_i (``pi``, ``pir``); ``upper``: certified upper bounds
+    (δ_i(upper) ≤ tol). Between nodes, log p̂ and log p̂_i are cubic Hermite interpolants (the
+    nodes hold every extremum of L, so L is monotone between them). The result ε satisfies
+    δ_i(ε) ≤ tol < δ_i(ε (1 − 1e-9)) on that model, or is 0 when δ_i(0) ≤ tol.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lp = np.maximum(np.log(p), _LOG_FLOOR)
+        lpi = np.maximum(np.log(pi), _LOG_FLOOR)
+        sp = np.where(p > 0, pr / p, 0.0)
+        spi = np.where(pi > 0, pir / pi, 0.0)
+    h = np.diff(x, axis=1)
+    out = np.zeros(x.shape[0])
+    for num, snum, den, sden in ((lp, sp, lpi, spi), (lpi, spi, lp, sp)):
+        out = np.maximum(out, _one_side(h, num, snum, den, sden, upper, tol))
+    return out
+
+
+def _one_side(h, A, sA, D, sD, upper, tol):
+    """ε where ∫_{A−D>ε} (e^A − e^{ε+D}) falls to ``tol`` (A, D: log-densities at the nodes)."""
+    C, N = A.shape
+    S = A - D  # the log-ratio at the nodes
+    top = S.max(axis=1)  # δ = 0 on the model from here on (S is monotone between nodes)
+    out = np.zeros(C)
+    rows = np.flatnonzero(top > 0)
+    if not len(rows):
+        return out
+    hi = top[rows].copy()
+    guess = np.minimum(np.broadcast_to(np.asarray(upper, dtype=float), (C,))[rows], hi)
+    # intervals that can meet {S > ε} for ε ≥ a floor: a coarse floor first (the region at τ is
+    # small), lowered for the rows where δ at the floor is below τ
+    floor = 0.5 * guess
+    while len(rows):
+        last = floor <= 1e-3 * guess
+        floor = np.where(last, 0.0, floor)  # the last try: every interval where S > 0
+        ivl = _Intervals(h, A, sA, D, sD, S, rows, floor)
+        d, _ = ivl.delta(floor)
+        ok = d > tol  # a bracket [floor, hi]
+        out[rows[ok]] = _newton(ivl, floor, hi, guess, tol, ok)[ok]
+        keep = ~ok & ~last  # (δ(0) ≤ tol: ε = 0)
+        rows, hi, guess = rows[keep], np.minimum(hi, floor)[keep], np.minimum(guess, floor)[keep]
+        floor = 0.25 * floor[keep]
+    return out
+
+
+class _Intervals:
+    """The node intervals of some rows where S = A − D exceeds a floor somewhere (flat lists)."""
+
+    def __init__(self, h, A, sA, D, sD, S, rows, floor):
+        Sa, Sc = S[rows, :-1], S[rows, 1:]
+        rr, kk = np.nonzero(np.maximum(Sa, Sc) > floor[:, None])
+        g = rows[rr]
+        hh = h[g, kk]
+        self.R = len(rows)
+        self.rr = rr
+        self.hh = hh
+        # per unit t: values and slopes of A and D at both ends
+        self.A = (A[g, kk], A[g, kk + 1], hh * sA[g, kk], hh * sA[g, kk + 1])
+        self.D = (D[g, kk], D[g, kk + 1], hh * sD[g, kk], hh * sD[g, kk + 1])
+        self.Sa = Sa[rr, kk]
+        self.Sc = Sc[rr, kk]
+
+    def delta(self, eps):
+        """δ(ε) per row (ε per row) and its derivative dδ/dε = −e^ε ∫_{S>ε} e^D."""
+        e = eps[self.rr]
+        la, lc = self.Sa, self.Sc
+        inside = np.minimum(la, lc) >= e
+        cut = ~inside & (np.maximum(la, lc) > e)
+        t0 = np.where(inside, 0.0, 1.0)
+        t1 = np.ones_like(t0)
+        if cut.any():
+            r = _root(*(v[cut] for v in (*self.A, *self.D)), e[cut])
+            rising = (lc > la)[cut]
+            t0[cut] = np.where(rising, r, 0.0)
+            t1[cut] = np.where(rising, 1.0, r)
+        live = t1 > t0
+        t = t0[live, None] + (t1 - t0)[live, None] * _GL_T[None, :]
+        a = _hermite(*(v[live, None] for v in self.A), t)
+        dd = _hermite(*(v[live, None] for v in self.D), t)
+        ee = e[live, None]
+        f = np.exp(a) * -np.expm1(np.minimum(ee + dd - a, 0.0))
+        g = np.exp(np.minimum(ee + dd, 700.0))
+        scale = (self.hh * (t1 - t0))[live]
+        mass = (f @ _GL_W) * scale
+        dmass = (g @ _GL_W) * scale
+        rr = self.rr[live]
+        d = np.bincount(rr, weights=mass, minlength=self.R)
+        dd_ = np.bincount(rr, weights=dmass, minlength=self.R)
+        return d, -dd_
+
+
+def _root(a0, a1, am, cm, d0, d1, dm, dmc, e):
+    """t ∈ [0, 1] where the Hermite model of S = A − D equals e (S monotone on the interval)."""
+    ya, yc = a0 - d0, a1 - d1
+    ma, mc = am - dm, cm - dmc
+    lo, hi = np.zeros_like(e), np.ones_like(e)
+    rising = yc > ya
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.clip((e - ya) / (yc - ya), 0.0, 1.0)
+    t = np.nan_to_num(t, nan=0.5)
+    for _ in range(60):
+        d = yc - ya
+        H = ya + t * (ma + t * ((3 * d - 2 * ma - mc) + t * (ma + mc - 2 * d))) - e
+        dH = ma + t * (2 * (3 * d - 2 * ma - mc) + 3 * t * (ma + mc - 2 * d))
+        above = (H > 0) == rising
+        hi = np.where(above, t, hi)
+        lo = np.where(above, lo, t)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            nt = t - H / dH
+        nt = np.where((nt > lo) & (nt < hi), nt, 0.5 * (lo + hi))
+        if np.all(np.abs(nt - t) <= 1e-15):
+            return nt
+        t = nt
+    return t
+
+
+def _newton(ivl: _Intervals, lo, hi, start, tol, use):
+    """Safeguarded Newton on log δ(ε) − log tol in the brackets [lo, hi] (δ(lo) > tol ≥ δ(hi)),
+    from ``start``; rows not in ``use`` are skipped. Returns each row's bracket's upper end."""
+    lo, hi = lo.copy(), hi.copy()
+    eps = np.clip(start, lo, hi)
+    active = use & (hi - lo > EPS_RTOL * hi)
+    log_tol = math.log(tol)
+    for _ in range(100):
+        if not active.any():
+            break
+        d_all, dd_all = ivl.delta(np.where(active, eps, hi))
+        d, dd, e = d_all[active], dd_all[active], eps[active]
+        above = d > tol
+        l, u = np.where(above, e, lo[active]), np.where(above, hi[active], e)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = (np.log(d) - log_tol) * d / dd  # Newton on log δ: ε − g/g'
+        nxt = e - step
+        # a step too small to cut the bracket: step over the root, to close the bracket from the other side
+        small = np.abs(step) <= 0.5 * EPS_RTOL * u
+        nxt = np.where(small, nxt + np.where(above, 1.0, -1.0) * 0.5 * EPS_RTOL * u, nxt)
+        ok = np.isfinite(nxt) & (nxt > l) & (nxt < u)
+        nxt = np.where(ok, nxt, 0.5 * (l + u))
+        lo[active], hi[active], eps[active] = l, u, nxt
+        active[active] = (u - l) > EPS_RTOL * u
+    return hi

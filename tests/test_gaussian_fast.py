@@ -1,0 +1,169 @@
+"""Gaussian kernels: the series fast path and ε_i(τ) against adaptive quadrature (scipy.integrate.quad).
+
+The reference integrates ∫ (p̂ − e^ε p̂_i)_+ (and the other direction) piece by piece between the
+roots of L(x) = ±ε (found by a fine scan and brentq on log-densities, so far tails keep their
+digits), and finds ε_i(τ) = min{ε : δ_i(ε) ≤ τ} by brentq on log δ_i.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from scipy.integrate import quad
+from scipy.optimize import brentq, minimize_scalar
+from scipy.special import logsumexp
+
+from empdp import _gaussian, risk
+from empdp.density import DensityModel, _bandwidths
+
+TAU = risk.EPS_TOLERANCE
+
+
+# ------------------------------------------------------------------ the quadrature reference
+class Reference:
+    """p̂ and p̂_i of one individual in log space, and δ_i(ε), ε_i(τ) by quadrature."""
+
+    def __init__(self, model: DensityModel, shift: np.ndarray):
+        self.q, self.b = model.points, model.bandwidths
+        self.qi = self.q - shift
+        pts = np.r_[self.q, self.qi]
+        self.lo = pts.min() - 40 * self.b.max()
+        self.hi = pts.max() + 40 * self.b.max()
+        scan = np.unique(np.r_[np.linspace(self.lo, self.hi, 8001), pts])
+        # L's local extrema, refined: no region {±L > ε} is narrower than the scan can see
+        L = self.log_ratio(scan)
+        turns = [scan]
+        for sign in (1.0, -1.0):
+            v = sign * L
+            for k in np.flatnonzero((v[1:-1] >= v[:-2]) & (v[1:-1] >= v[2:])) + 1:
+                res = minimize_scalar(lambda x: -sign * self.log_ratio(x), bounds=(scan[k - 1], scan[k + 1]),
+                                      method="bounded", options={"xatol": 1e-13})
+                turns.append([res.x])
+        self.scan = np.unique(np.concatenate(turns))
+
+    def _log(self, x, centers):
+        z = (np.asarray(x, dtype=float)[..., None] - centers) / self.b
+        return logsumexp(-0.5 * z * z - np.log(self.b), axis=-1) - 0.5 * math.log(2 * math.pi) - math.log(len(centers))
+
+    def log_ratio(self, x):
+        return self._log(x, self.q) - self._log(x, self.qi)
+
+    def _side(self, eps, sign, epsabs=1e-13):
+        """∫_{sign·L > ε} (num − e^ε den) with num, den = p̂, p̂_i (sign +1) or p̂_i, p̂ (−1)."""
+        num, den = (self.q, self.qi) if sign > 0 else (self.qi, self.q)
+        g = lambda x: sign * self.log_ratio(x) - eps  # noqa: E731
+        vals = g(self.scan)
+        cuts = [self.lo]
+        for k in np.flatnonzero(np.sign(vals[:-1]) != np.sign(vals[1:])):
+            cuts.append(brentq(g, self.scan[k], self.scan[k + 1], xtol=1e-15, rtol=1e-15))
+        cuts.append(self.hi)
+
+        def f(x):
+            a, c = self._log(x, num), self._log(x, den)
+            return math.exp(a) * -math.expm1(min(eps + c - a, 0.0))
+
+        total = 0.0
+        for a, c in zip(cuts[:-1], cuts[1:]):
+            if c > a and g(0.5 * (a + c)) > 0:
+                inner = np.unique(np.r_[a, self.q[(self.q > a) & (self.q < c)], self.qi[(self.qi > a) & (self.qi < c)], c])
+                for u, v in zip(inner[:-1], inner[1:]):
+                    total += quad(f, u, v, epsabs=epsabs, epsrel=1e-11, limit=200)[0]
+        return total
+
+    def delta(self, eps):
+        return max(self._side(eps, 1.0), self._side(eps, -1.0))
+
+    def eps_tol(self, tol=TAU):
+        """min{ε : δ(ε) ≤ tol}, each direction by brentq on log δ (δ is decreasing)."""
+        out = 0.0
+        for sign in (1.0, -1.0):
+            top = np.max(sign * self.log_ratio(self.scan))
+            if top <= 0 or self._side(0.0, sign, 1e-8 * tol) <= tol:
+                continue
+            h = lambda e: math.log(max(self._side(e, sign, 1e-8 * tol), 1e-300)) - math.log(tol)  # noqa: E731
+            out = max(out, brentq(h, 0.0, top, xtol=1e-13, rtol=1e-12))
+        return out
+
+
+# ------------------------------------------------------------------ cases
+def panel(seed, n, rows, shift_scale, variable):
+    rng = np.random.default_rng(seed)
+    q = np.r_[rng.normal(size=n - 1), 3.0]  # an outlying database: tails matter
+    bw = _bandwidths("gaussian", q, 0.4, 0.5 if variable else 0.0)
+    model = DensityModel("gaussian", 0.4, 0.5 if variable else 0.0, q, bw, 0.0)
+    shifts = rng.normal(size=(rows, n)) * shift_scale[:, None] * (rng.random((rows, n)) < 0.8)
+    return model, shifts
+
+
+def both_paths(model, shifts, eps):
+    """(eps_i, delta) by the fast path (series) and the direct path."""
+    fast = risk.evaluate(model, shifts, eps)
+    keep = _gaussian.MAX_SHIFT
+    try:
+        _gaussian.MAX_SHIFT = -1.0  # every row evaluated directly
+        slow = risk.evaluate(model, shifts, eps)
+    finally:
+        _gaussian.MAX_SHIFT = keep
+    return fast, slow
+
+
+EPS = np.array([0.0, 0.05, 0.2, 0.5, 1.0, 2.0])
+SCALES = np.array([0.002, 0.02, 0.08, 0.3, 0.9])  # shifts of various sizes, in units of the bandwidth 0.4
+
+
+@pytest.mark.parametrize("seed,variable", [(0, True), (1, False), (2, True)])
+def test_fast_direct_and_quadrature_agree(seed, variable):
+    model, shifts = panel(seed, 12, len(SCALES), SCALES, variable)
+    (e_fast, d_fast), (e_slow, d_slow) = both_paths(model, shifts, EPS)
+    np.testing.assert_allclose(d_fast, d_slow, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(e_fast, e_slow, rtol=1e-8, atol=0)
+    for r in range(len(shifts)):
+        ref = Reference(model, shifts[r])
+        want = np.array([ref.delta(e) for e in EPS])
+        want[want <= TAU] = 0.0
+        np.testing.assert_allclose(d_fast[r], want, atol=1e-8, rtol=0)
+        assert e_fast[r] == pytest.approx(ref.eps_tol(), rel=1e-6)
+
+
+def test_eps_i_is_the_tolerance_crossing():
+    """δ_i(ε_i) ≤ τ < δ_i(ε_i (1 − 1e-6)) on the quadrature reference, and δ_i is reported 0 from ε_i on."""
+    model, shifts = panel(3, 15, 3, np.array([0.05, 0.2, 0.6]), True)
+    eps_i, _ = risk.evaluate(model, shifts)
+    for r in range(len(shifts)):
+        ref = Reference(model, shifts[r])
+        side = lambda e: max(ref._side(e, 1.0, 1e-8 * TAU), ref._side(e, -1.0, 1e-8 * TAU))  # noqa: E731
+        assert side(eps_i[r] * (1 + 1e-6)) <= TAU < side(eps_i[r] * (1 - 1e-6))
+    _, delta = risk.evaluate(model, shifts, np.sort(np.r_[eps_i, eps_i * 0.99]))
+    assert np.all(delta[np.arange(3), np.argsort(np.argsort(np.r_[eps_i, eps_i * 0.99]))[:3]] == 0.0)
+
+
+def test_certified_bound_covers_eps_i():
+    model, shifts = panel(4, 20, 8, np.geomspace(0.01, 1.5, 8), True)
+    eps_i, _ = risk.evaluate(model, shifts)
+    bound = risk.eps_upper_bound(model, (np.abs(shifts) / model.bandwidths).max(axis=1),
+                                 np.count_nonzero(shifts, axis=1))
+    assert np.all(eps_i <= bound)
+    assert np.all(risk.eps_upper_bound(model, (np.abs(shifts) / model.bandwidths).max(axis=1)) >= bound)
+
+
+def test_series_values_match_direct():
+    """The series' p̂_i, slope and CDF on a grid against the direct sums, with certified points."""
+    model, shifts = panel(5, 30, 40, np.geomspace(0.001, 0.1, 40), True)
+    grid = risk.base_grid(model, model.points[None, :] - shifts)
+    plan = risk.grid_plan(model, grid)
+    nodes = _gaussian.series_nodes(plan, shifts)
+    assert nodes is not None
+    v, d, c = _gaussian.direct(np.broadcast_to(grid, (len(shifts), len(grid))), model.points[None, :] - shifts,
+                               model.bandwidths)
+    np.testing.assert_allclose(nodes["pi"], v, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(nodes["pir"], d, rtol=0, atol=1e-12 * np.abs(d).max())
+    np.testing.assert_allclose(nodes["Fi"], c, rtol=0, atol=1e-13)
+
+
+def test_absent_individual_and_large_shifts():
+    model, shifts = panel(6, 10, 3, np.array([0.0, 3.0, 0.1]), False)
+    shifts[0] = 0.0
+    (e_fast, d_fast), (e_slow, d_slow) = both_paths(model, shifts, EPS)
+    assert e_fast[0] == 0 and np.all(d_fast[0] == 0)
+    np.testing.assert_allclose(d_fast, d_slow, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(e_fast, e_slow, rtol=1e-8)
