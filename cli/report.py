@@ -97,7 +97,8 @@ def report(result, output, calibration, audit, epsilon, hash_ids, hash_key_file,
         render_report(saved, output, epsilon=epsilon, calibration=cal, audit=aud, hash_ids=key or False,
                       audit_hash_ids=audit_key or False)
         progress(f"writing {output}", 1, 1)
-    sections = list(SECTIONS) + [s for s, d in (("calibration", cal), ("audit", aud)) if d is not None]
+    sections = list(SECTIONS) + [s for s, d in (("adversary", saved.adversary), ("calibration", cal),
+                                                ("audit", aud)) if d]
     if as_json:
         emit_json({"report": output, "sections": sections})
     elif not quiet:

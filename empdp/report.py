@@ -29,7 +29,7 @@ from .io import atomic_path, keyed_hash
 #: ids of the sections always present, in page order
 SECTIONS = ("summary", "risk-curves", "at-risk", "riskiest", "densities", "representativeness")
 #: ids of the optional sections
-OPTIONAL_SECTIONS = ("calibration", "audit")
+OPTIONAL_SECTIONS = ("adversary", "calibration", "audit")
 TOP_TABLE = 10
 TOP_DENSITIES = 3
 
@@ -399,6 +399,35 @@ def _representativeness(a) -> str:
                     _explain(text))
 
 
+def _adversary(a) -> str:
+    """What the adversary's knowledge costs: each bucket's ε_all beside the unconditional risk."""
+    adv = a.adversary
+    unc = adv["unconditional"]
+    head = ("<tr><th class='n'>bucket</th><th class='n'>statistic from</th><th class='n'>to</th>"
+            "<th class='n'>databases</th><th class='n'>bandwidth</th><th class='n'>ε_all</th></tr>")
+    body = "".join(f"<tr><td class='n'>{k}</td><td class='n'>{_fmt(b['lo'])}</td><td class='n'>{_fmt(b['hi'])}</td>"
+                   f"<td class='n'>{b['n_databases']}</td><td class='n'>{_fmt(b['bandwidth'])}</td>"
+                   f"<td class='n'>{_fmt(b['eps_all'])}</td></tr>" for k, b in enumerate(adv["buckets"]))
+    fig = _figure(9, 3.2)
+    ax = fig.add_subplot()
+    ue = np.array([r["epsilon"] for r in unc["sweep"]])
+    ut = np.array([r["total_risk"] for r in unc["sweep"]])
+    ax.plot(a.epsilons, a.total_risk, color=RED, lw=2, label=f"δ*(ε) knowing {adv['statistic']}")
+    ax.plot(ue, ut, color=GREY, lw=2, ls="--", label="δ*(ε) without that knowledge")
+    ax.set_xlabel("privacy level ε")
+    ax.set_ylabel("total risk δ*")
+    ax.legend(frameon=False, fontsize=9)
+    _style(ax)
+    text = (f"The adversary knows <code>{_e(adv['statistic'])}</code> of every database. The databases are "
+            f"sorted by it and cut into {len(adv['buckets'])} groups; within each group the density model is "
+            "fitted again and every individual's risk is taken conditionally on the group, and the reported "
+            f"risk is the largest over the groups. Without the knowledge ε_all is {_fmt(unc['eps_all'])}; with "
+            f"it, {_fmt(a.eps_all)}. Groups of fewer than 10 databases give unreliable estimates.")
+    return _section("adversary", "What the adversary's knowledge costs",
+                    f"<table><thead>{head}</thead><tbody>{body}</tbody></table>",
+                    _img(fig, "total risk with and without the adversary's knowledge"), _explain(text))
+
+
 def _extra_rows(d: dict, known) -> list:
     return [(k, _e(_fmt(v) if not isinstance(v, str) else v)) for k, v in d.items()
             if k not in known and (isinstance(v, (str, int, float, bool)) or v is None)]
@@ -622,6 +651,8 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
     body = [_summary(a, eps, idx, exact), _risk_curves(a, eps), _at_risk(a, eps),
             _riskiest(a, eps, rows, note), _densities(a, eps, rows, shifts),
             _representativeness(a)]
+    if getattr(a, "adversary", None):
+        body.append(_adversary(a))
     if calibration is not None:
         body.append(_calibration(calibration))
     if audit is not None:

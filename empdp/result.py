@@ -84,7 +84,12 @@ class SavedAssessment(Assessment):
             delta[:shifted] = 1.0
             ok = np.flatnonzero(~sole[:shifted] & np.isfinite(self.saved_shifts[:shifted]).all(axis=1))
             if len(ok):
-                _, d = risk.evaluate(self.model, self.saved_shifts[ok], np.array([eps]))
+                if self.buckets:
+                    from .adversary import bucket_risk
+
+                    _, d, _, _ = bucket_risk(self.buckets, self.saved_shifts[ok], np.array([eps]))
+                else:
+                    _, d = risk.evaluate(self.model, self.saved_shifts[ok], np.array([eps]))
                 delta[ok] = np.where(d[:, 0] <= self.eps_tolerance, 0.0, d[:, 0]) if self.eps_tolerance \
                     else d[:, 0]
             table = table.head(shifted).with_columns(pl.Series("delta", delta[:shifted]))
@@ -200,9 +205,7 @@ def result_dict(a: Assessment, *, hash_ids: bytes | None = None, shifts: bool = 
         "source": a.source, "query": a.query, "id": a.id_column, "by": a.by_column,
         "labels": [_scalar(v) for v in a.labels],
         "q": _enc(a.q),
-        "model": {"kernel": m.kernel, "scale": float(m.scale), "sensitivity": float(m.sensitivity),
-                  "bandwidths": _enc(m.bandwidths), "loglik": _enc([m.loglik])[0],
-                  "selected_by": m.selected_by, "candidates": _plain(m.candidates)},
+        "model": _model_dict(m) | {"candidates": _plain(m.candidates)},
         "sweep": {"epsilon": _enc(a.epsilons), "delta": _enc(a.delta), "total_risk": _enc(a.total_risk),
                   "n_at_risk": [int(v) for v in a.n_at_risk]},
         "eps_all": _enc([a.eps_all])[0],
@@ -222,7 +225,14 @@ def result_dict(a: Assessment, *, hash_ids: bytes | None = None, shifts: bool = 
         },
         "individuals_epsilon": _enc(a.epsilons[:1])[0],
         "shifts": [_enc(row) for row in shifts],
+        **({"adversary": _plain(a.adversary), "bucket_models": [_model_dict(b.model) | {"databases": [
+            int(j) for j in b.databases]} for b in a.buckets]} if a.adversary else {}),
     }
+
+
+def _model_dict(m: DensityModel) -> dict:
+    return {"kernel": m.kernel, "scale": float(m.scale), "sensitivity": float(m.sensitivity),
+            "bandwidths": _enc(m.bandwidths), "loglik": _enc([m.loglik])[0], "selected_by": m.selected_by}
 
 
 def save_result(a: Assessment, path, *, hash_ids: bytes | None = None, shifts: bool = True) -> None:
@@ -313,6 +323,20 @@ def _from_dict(d: dict) -> SavedAssessment:
                          selected_by=md["selected_by"], candidates=list(md.get("candidates", [])))
     if model.kernel not in ("laplace", "gaussian"):
         raise ValueError(f"unknown kernel {model.kernel!r}")
+    adversary, buckets = d.get("adversary"), None
+    if adversary is not None:
+        from .adversary import Bucket
+
+        buckets = []
+        for bd, bm in zip(adversary["buckets"], d["bucket_models"]):
+            cols = np.asarray(bm["databases"], dtype=np.int64)
+            bw = _dec(bm["bandwidths"])
+            if len(bw) != len(cols) or cols.min(initial=0) < 0 or cols.max(initial=0) >= n:
+                raise ValueError("a bucket's databases and bandwidths do not match")
+            buckets.append(Bucket(cols, float(bd["lo"]), float(bd["hi"]), DensityModel(
+                kernel=bm["kernel"], scale=float(bm["scale"]), sensitivity=float(bm["sensitivity"]),
+                points=q[cols], bandwidths=bw, loglik=float(_dec([bm["loglik"]])[0]),
+                selected_by=bm["selected_by"]), float(bd["eps_all"])))
     return SavedAssessment(
         source=d["source"], query=d["query"], id_column=id_col, by_column=d["by"], labels=labels, q=q,
         model=model, epsilons=eps, delta=delta, total_risk=total, n_at_risk=at_risk,
@@ -320,5 +344,5 @@ def _from_dict(d: dict) -> SavedAssessment:
         representativeness=_representativeness(d["representativeness"]), warnings=list(d["warnings"]),
         sole_contributors=int(d["sole_contributors"]), n_evaluated=int(d["n_evaluated"]),
         screening=bool(d["screening"]), engine=None, total_individuals=int(d["n_individuals"]),
-        saved_shifts=shifts, ids_hashed=bool(d.get("ids_hashed", False)))
+        saved_shifts=shifts, ids_hashed=bool(d.get("ids_hashed", False)), adversary=adversary, buckets=buckets)
 

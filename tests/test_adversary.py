@@ -161,3 +161,18 @@ def test_cli_json_and_small_bucket_warning(panel_file):
     assert any("fewer than 10 databases" in w for w in d["warnings"])
     human = _run(panel_file, "--adversary", "max(season)", "--buckets", "2")
     assert human.exit_code == 0 and "adversary" in human.output and "unconditional" in human.output
+
+
+def test_saved_result_and_report_keep_the_buckets(tmp_path):
+    from empdp.report import report_html
+    from empdp.result import load_result, save_result
+
+    a = assess(season_panel(3, spike=4.0), id="id", by="db", query="mean(x)", adversary="max(season)", buckets=2)
+    save_result(a, tmp_path / "r.json")
+    r = load_result(tmp_path / "r.json")
+    assert r.adversary == json.loads(json.dumps(a.adversary))
+    eps = 0.5  # not the saved ε: the saved rows are re-evaluated with the bucket models
+    assert_allclose(r.riskiest(3, eps)["delta"].to_numpy(), a.riskiest(3, eps)["delta"].to_numpy(), atol=1e-12)
+    html = report_html(r)
+    assert 'id="adversary"' in html and "max(season)" in html
+    assert 'id="adversary"' not in report_html(assess(season_panel(3), id="id", by="db", query="mean(x)"))
