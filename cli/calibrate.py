@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 
 from empdp.errors import InputError
-from empdp.noise import Calibration, calibrate as calibrate_source, query_value
+from empdp.keys import KEY_ENV, key_id, load_key
+from empdp.noise import Calibration, Ledger, calibrate as calibrate_source, query_value
+from empdp.noise.exact import check_epsilon
 
 from ._common import check_output, emit_json, log, output_options, progress_bars, setup_logging
 from .assess import parse_bandwidth, query_options
@@ -16,6 +18,18 @@ from .assess import parse_bandwidth, query_options
 
 def _warn(message: str) -> None:
     click.secho("Warning: " + message, fg="yellow", err=True)
+
+
+def key_options(f):
+    """``--key-file`` and ``--allow-unsigned`` (the curator key; see the README, "Release security")."""
+    f = click.option("--allow-unsigned", is_flag=True,
+                     help="UNSAFE: accept calibration files and ledgers without a valid curator-key signature "
+                          "(and write an unsigned ledger when no key is given). Anyone who can write those "
+                          "files can then lift the budget or release exact values undetected.")(f)
+    f = click.option("--key-file", type=click.Path(dir_okay=False),
+                     help=f"File holding the curator key (>= 16 bytes) that signs calibrations and ledgers with "
+                          f"HMAC-SHA256; default: ${KEY_ENV}. Keep it apart from the files it protects.")(f)
+    return f
 
 
 @click.command("calibrate")
@@ -31,9 +45,12 @@ def _warn(message: str) -> None:
 @click.option("-o", "--output", "output", required=True, help="Write the calibration to this JSON file.")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB.")
 @click.option("--drop-null-ids", is_flag=True, help="Drop rows whose id is NULL instead of failing.")
+@click.option("--key-file", type=click.Path(dir_okay=False),
+              help=f"Sign the calibration with the curator key in this file (default: ${KEY_ENV}); 'empdp "
+                   "release' refuses unsigned calibrations unless --allow-unsigned.")
 @output_options
 def calibrate(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth, output, memory_limit,
-              drop_null_ids, as_json, quiet, verbose, debug):
+              drop_null_ids, key_file, as_json, quiet, verbose, debug):
     """The least noise that makes releasing QUERY epsilon-empirically private (SPEC 6).
 
     Finds the exact minimal Laplace scale lambda* over every individual,
@@ -44,22 +61,29 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth,
     \b
     Examples:
       empdp calibrate sample_data/countymurders.parquet --id countyid --by year \\
-          --query "mean(murdrate)" --epsilon 1 -o cal.json
-      empdp calibrate data/*.parquet --id customer --by month --query "sum(kwh)" \\
-          -e 0.5 -o kwh.json --json
+          --query "mean(murdrate)" --epsilon 1 -o cal.json --key-file curator.key
+      EMPDP_KEY=... empdp calibrate data/*.parquet --id customer --by month \\
+          --query "sum(kwh)" -e 0.5 -o kwh.json --json
     """
     setup_logging(verbose, quiet, debug)
+    if not (isinstance(epsilon, float) and epsilon == epsilon and 0 < epsilon < float("inf")):
+        raise InputError(f"--epsilon must be a positive number; got {epsilon!r}")
+    check_epsilon(epsilon)  # before the data are read
+    key = load_key(key_file)
     check_output(output, "-o", (".json",), ".json")
     with warnings.catch_warnings(), progress_bars(not (as_json or quiet)) as progress:
         warnings.simplefilter("ignore")  # the notes are shown below and kept in the JSON
         cal = calibrate_source(source, id=id_col, by=by, query=query, where=where, sql=sql, epsilon=epsilon,
                                kernel=kernel, bandwidth=parse_bandwidth(bandwidth), memory_limit=memory_limit,
                                drop_null_ids=drop_null_ids, progress=progress)
-    cal.save(output)
-    log.info("wrote %s (lambda* %.6g, noise %s) after %.2f s of calibration", output, cal.lam, cal.noise["kind"],
-             cal.seconds)
+    cal.save(output, key=key)
+    log.info("wrote %s (lambda* %.6g, noise %s, %s) after %.2f s of calibration", output, cal.lam,
+             cal.noise["kind"], f"signed with key {key_id(key)}" if key else "unsigned", cal.seconds)
     for note in cal.warnings:
         _warn(note)
+    if key is None:
+        _warn(f"no curator key: {output} is unsigned, and 'empdp release' refuses it unless --allow-unsigned "
+              f"(unsafe); give --key-file FILE or set ${KEY_ENV}")
     if as_json:
         emit_json(cal.to_dict())
     elif not quiet:
@@ -75,7 +99,7 @@ def _print_calibration(cal: Calibration, output: str) -> None:
         ("query", f"{cal.query_description} on {cal.source_description} ({cal.n_databases} databases)"),
         ("target epsilon", f"{cal.epsilon:g}"),
         ("lambda* (exact, minimal)", f"{cal.lam:.6g}"),
-        ("lambda by Hausdorff rule", f"{cal.lam_hausdorff:.6g}  (paper's rule; not valid, SPEC 10.1)"),
+        ("lambda by Hausdorff rule", f"{cal.lam_hausdorff:.6g}  (paper's rule; not valid: see the README)"),
         ("lambda by W-infinity bound", f"{cal.lam_winf:.6g}  (valid, loose)"),
         ("curator kernel", f"{cal.curator_kernel['kind']}, scale {cal.curator_kernel['scale']:.6g}"),
         ("noise", noise.get(n["kind"], n["kind"])),
@@ -96,42 +120,68 @@ def _print_calibration(cal: Calibration, output: str) -> None:
 @click.argument("source", required=False)
 @click.option("--value", type=float, help="The new statistic to release (never printed).")
 @click.option("--database", help="With SOURCE: compute the query on this database label.")
-@click.option("--ledger", help="Ledger file (default: CALIBRATION with suffix .ledger.sqlite).")
+@click.option("--ledger", help="Ledger file (default: CALIBRATION with suffix .ledger.sqlite); not a symbolic link.")
 @click.option("--budget", type=float, help="Total epsilon budget of the ledger (fixed by its first use).")
 @click.option("--seed", type=int, help="Reproducible noise for TESTS ONLY: the release is marked not private.")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB.")
+@key_options
 @output_options
-def release(calibration, source, value, database, ledger, budget, seed, memory_limit, as_json, quiet, verbose,
-            debug):
+def release(calibration, source, value, database, ledger, budget, seed, memory_limit, key_file, allow_unsigned,
+            as_json, quiet, verbose, debug):
     """Add calibrated noise to a new statistic and record it in the ledger (SPEC 6.4-6.5).
 
-    The noise comes from the operating system's CSPRNG on an exact 2^-k grid.
-    A release that would take the ledger past its total-epsilon budget is
-    refused (exit 1) and nothing is written. The true value is never printed.
+    Before anything is released, the calibration's HMAC and the whole ledger
+    chain (records, budget, head) are verified under the curator key; any
+    mismatch is refused (exit 2) and nothing is written. The noise comes from
+    the operating system's CSPRNG on an exact 2^-k grid. A release that would
+    take the ledger past its total-epsilon budget is refused (exit 1) and
+    nothing is written. The true value is never printed.
 
     \b
     Examples:
-      empdp release cal.json --value 0.4711 --ledger releases.sqlite --budget 3
-      empdp release cal.json new_year.parquet --database 2024 --json
+      empdp release cal.json --value 0.4711 --ledger releases.sqlite --budget 3 --key-file curator.key
+      EMPDP_KEY=... empdp release cal.json new_year.parquet --database 2024 --json
     """
     setup_logging(verbose, quiet, debug)
+    if ledger is not None and not ledger.strip():
+        raise InputError("--ledger is empty (an unset shell variable?); give the ledger file's path")
     if (value is None) == (database is None) or (database is None) != (source is None):
         raise InputError("give either --value X, or SOURCE with --database LABEL")
-    cal = Calibration.load(calibration)
-    log.info("calibration %s: epsilon %g, noise %s (weight at 0 %.4g, scale %.6g)", calibration, cal.epsilon,
-             cal.noise["kind"], cal.noise["weight_zero"], cal.noise["scale"])
+    if seed is not None and not 0 <= seed < 2 ** 128:
+        raise InputError(f"--seed must be an integer in [0, 2^128); got {str(seed)[:40]}")
+    if budget is not None and not (budget == budget and 0 < budget < float("inf")):
+        raise InputError(f"--budget must be a positive number; got {budget!r}")
+    key = load_key(key_file)
+    if key is None and not allow_unsigned:
+        raise InputError(f"release needs the curator key that signed the calibration and signs the ledger: give "
+                         f"--key-file FILE or set ${KEY_ENV} (or pass --allow-unsigned: unsafe, see the README)")
+    cal = Calibration.load(calibration, key=key, allow_unsigned=allow_unsigned)
+    log.info("calibration %s: epsilon %g, noise %s (weight at 0 %.4g, scale %.6g), %s", calibration, cal.epsilon,
+             cal.noise["kind"], cal.noise["weight_zero"], cal.noise["scale"],
+             "signature verified" if key and cal.signed else "NOT verified (--allow-unsigned)")
     ledger = ledger or str(Path(calibration).with_suffix(".ledger.sqlite"))
+    book = Ledger(ledger, key=key, allow_unsigned=allow_unsigned)
+    book.check_path()
     check_output(ledger, "--ledger")  # before the query is computed
+    summary = book.verify()  # a tampered ledger is refused before the query is computed (and again inside)
+    if key is None or not cal.signed or not summary["signed"]:  # possible only with --allow-unsigned
+        _warn("--allow-unsigned: the calibration or ledger is not verified under a curator key; edits to them "
+              "are not detected")
     with progress_bars(not (as_json or quiet)) as progress:  # the library logs its stages
         if value is None:
             value = query_value(cal, source, database, memory_limit=memory_limit, progress=progress)
-        out = cal.release(value, ledger=ledger, budget=budget, seed=seed, database=database, progress=progress)
+        out = cal.release(value, ledger=ledger, budget=budget, seed=seed, database=database, progress=progress,
+                          key=key, allow_unsigned=allow_unsigned)
     if as_json:
-        emit_json({k: out[k] for k in ("value", "epsilon", "budget_spent", "budget_left", "private")})
+        emit_json({k: out[k] for k in ("value", "epsilon", "budget_spent", "budget_left", "private", "noise_added",
+                                       "guarantee", "seq")})
     elif not quiet:
         left = "unlimited" if out["budget_left"] is None else f"{out['budget_left']:g} left"
         click.echo(f"{out['value']!r}")
-        click.echo(f"epsilon {out['epsilon']:g}; ledger {ledger}: {out['budget_spent']:g} spent, {left}",
-                   err=True)
+        click.echo(f"epsilon {out['epsilon']:g}; ledger {ledger}: {out['budget_spent']:g} spent, {left}; "
+                   f"record {out['seq']}, chain head {out['head']}", err=True)
+    if not out["noise_added"]:
+        _warn(f"NO NOISE WAS ADDED: the exact value was released (the calibration found that the data's own spread "
+              f"already gives epsilon {cal.epsilon:g} under the curator's density model; see the README)")
     if not out["private"]:
         _warn("released with --seed: reproducible noise, NOT PRIVATE (tests only)")

@@ -18,7 +18,14 @@ from empdp.noise import calibrate as calibrate_api
 
 SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
 QUERY = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]
-RELEASE_KEYS = {"value", "epsilon", "budget_spent", "budget_left", "private"}
+RELEASE_KEYS = {"value", "epsilon", "budget_spent", "budget_left", "private", "noise_added", "guarantee", "seq"}
+KEY = b"calibrate-cli-curator-key-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def curator_key(monkeypatch):
+    """Releases need the curator key that signed the calibration (README, "Release security")."""
+    monkeypatch.setenv("EMPDP_KEY", KEY.decode())
 
 
 @click.group(cls=EmpdpGroup)
@@ -37,7 +44,10 @@ def run(*args):
 @pytest.fixture(scope="module")
 def cal_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("cal") / "cal.json"
-    res = run("calibrate", SAMPLE, *QUERY, "--epsilon", 0.1, "--kernel", "laplace", "-o", path, "--json")
+    key_file = path.with_name("curator.key")
+    key_file.write_bytes(KEY + b"\n")
+    res = run("calibrate", SAMPLE, *QUERY, "--epsilon", 0.1, "--kernel", "laplace", "-o", path, "--json",
+              "--key-file", key_file)
     assert res.exit_code == 0, res.output
     return path
 
@@ -70,7 +80,7 @@ def test_calibration_matches_an_independent_computation(cal_path):
 
 def test_load_round_trip_and_digest(cal_path):
     cal = Calibration.load(cal_path)
-    assert json.loads(cal.to_json()) == json.loads(cal_path.read_text())
+    assert json.loads(cal.to_json(key=KEY)) == json.loads(cal_path.read_text())
     assert cal.digest == Calibration.load(cal_path).digest
     assert (cal.curator_kernel["kind"], cal.noise["kind"]) == ("laplace", "laplace_mixture")
 
@@ -88,7 +98,7 @@ def test_release_json_budget_and_refusal(cal_path, tmp_path):
     res = run("release", cal_path, "--value", 0.47, "--ledger", ledger, "--json")
     assert res.exit_code == 1
     assert res.output.startswith("Error: release refused") and res.output.count("\n") == 1
-    assert Ledger(ledger).verify()["n_releases"] == 3
+    assert Ledger(ledger, key=KEY).verify()["n_releases"] == 3
 
 
 def test_release_prints_only_the_noisy_value(cal_path, tmp_path):
@@ -111,7 +121,7 @@ def test_release_from_source_database_with_seed_is_marked_not_private(cal_path, 
     true = loo.q[loo.labels.index(1985)]
     assert out["value"] == Calibration.load(cal_path).sampler(seed=7).release(true)
     assert out["value"] != true
-    (rec,) = Ledger(ledger).records()
+    (rec,) = Ledger(ledger, key=KEY).records()
     assert rec["private"] == 0 and rec["database"] == "1985" and rec["noisy_value"] == out["value"]
 
 

@@ -11,7 +11,14 @@ import time
 import pytest
 
 from empdp.errors import BudgetExceededError, InputError
-from empdp.noise.ledger import Ledger, LedgerError
+from empdp.noise.ledger import Ledger as _Ledger, LedgerError
+
+KEY = b"noise-ledger-curator-key-0123456789"
+
+
+def Ledger(path, key=KEY, **kw):
+    """The ledger under this module's curator key."""
+    return _Ledger(path, key=key, **kw)
 
 FIELDS = dict(query="mean(x)", source="s.parquet", database=None, epsilon=0.1, weight_zero=0.2,
               private=True, calibration_digest="abc")
@@ -27,7 +34,9 @@ def test_budget_accumulates_and_refuses_without_writing(tmp_path):
     with pytest.raises(BudgetExceededError, match="over the budget"):
         ledger.append(FIELDS, lambda: drawn.append(1) or 0.0, budget=0.3)
     assert drawn == []  # no noise drawn for a refused release
-    assert ledger.verify() == {"n_releases": 3, "spent": pytest.approx(0.3), "budget": 0.3}
+    summary = ledger.verify()
+    assert (summary["n_releases"], summary["spent"], summary["budget"]) == (3, pytest.approx(0.3), 0.3)
+    assert summary["signed"] and summary["head"] == ledger.chain()[-1]["mac"]
     with pytest.raises(BudgetExceededError):  # the stored budget applies when none is given
         ledger.append(FIELDS, lambda: 0.0)
     with pytest.raises(InputError, match="cannot be changed"):
@@ -48,14 +57,14 @@ def test_append_only_and_tamper_evident(tmp_path):
         ledger.append(FIELDS, lambda: v)
     con = sqlite3.connect(path)
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
-        con.execute("UPDATE releases SET epsilon = 0")
+        con.execute("UPDATE chain SET epsilon = 0")
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
-        con.execute("DELETE FROM releases")
-    con.execute("DROP TRIGGER releases_no_update")  # someone bypasses the guard ...
-    con.execute("UPDATE releases SET noisy_value = 9 WHERE seq = 2")
+        con.execute("DELETE FROM chain")
+    con.execute("DROP TRIGGER chain_no_update")  # someone bypasses the guard ...
+    con.execute("UPDATE chain SET noisy_value = 9 WHERE seq = 2")
     con.commit()
     con.close()
-    with pytest.raises(LedgerError, match="record 2 was altered"):  # ... the hash chain notices
+    with pytest.raises(LedgerError, match="record 2 does not match its HMAC"):  # ... the keyed chain notices
         ledger.verify()
 
 
@@ -73,7 +82,7 @@ CHILD = textwrap.dedent("""
     import sys
     from empdp.noise.ledger import Ledger
     from empdp.noise.sampler import NoiseSampler
-    ledger, sampler = Ledger(sys.argv[1]), NoiseSampler(0.3, 1.0)
+    ledger, sampler = Ledger(sys.argv[1], key=sys.argv[2].encode()), NoiseSampler(0.3, 1.0)
     fields = dict(query="q", source=None, database=None, epsilon=0.001, weight_zero=0.3,
                   private=True, calibration_digest="d")
     fields["lambda"] = 1.0
@@ -84,7 +93,7 @@ CHILD = textwrap.dedent("""
 
 def test_ledger_survives_sigkill_mid_release_loop(tmp_path):
     path = tmp_path / "l.sqlite"
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path), KEY.decode()], stderr=subprocess.PIPE)
     deadline = time.time() + 60
     try:
         while not path.exists() or Ledger(path).verify()["n_releases"] < 30:

@@ -21,6 +21,13 @@ from empdp.noise.ledger import _record_hash
 from empdp.noise.sampler import NoiseSampler
 
 SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
+KEY = b"release-input-curator-key-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def curator_key(monkeypatch):
+    """Releases need the curator key that signed the calibration (README, "Release security")."""
+    monkeypatch.setenv("EMPDP_KEY", KEY.decode())
 
 
 def run(*args):
@@ -33,7 +40,7 @@ def cal_path(tmp_path_factory):
     """A calibration of the sample data at ε = 0.1 (Laplace kernel), written by the library."""
     path = tmp_path_factory.mktemp("cal") / "cal.json"
     empdp.calibrate(SAMPLE, id="countyid", by="year", query="mean(murdrate)", epsilon=0.1,
-                    kernel="laplace").save(path)
+                    kernel="laplace").save(path, key=KEY)
     return path
 
 
@@ -64,7 +71,7 @@ def test_non_positive_epsilon_is_refused_and_spends_nothing(cal_dict, tmp_path, 
     bad = write(tmp_path, {**cal_dict, "epsilon": eps})
     res = run("release", bad, "--value", 1, "--ledger", ledger, "--budget", 0.15)
     assert_one_line_exit_2(res, "'epsilon'", str(bad), "empdp calibrate")
-    summary = Ledger(ledger).verify()
+    summary = Ledger(ledger, key=KEY).verify()
     assert summary["n_releases"] == 1 and summary["spent"] == pytest.approx(0.1)
     # the budget was not refunded: a second real release is refused
     assert run("release", good, "--value", 1, "--ledger", ledger).exit_code == 1
@@ -77,30 +84,63 @@ def test_ledger_never_records_a_non_positive_spend(tmp_path, eps):
                   calibration_digest="d")
     fields["lambda"] = 1.0
     with pytest.raises(InputError, match="positive, finite epsilon"):
-        Ledger(path).append(fields, lambda: 0.0)
+        Ledger(path, key=KEY).append(fields, lambda: 0.0)
     assert not path.exists()
+
+
+V1_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE releases (seq INTEGER PRIMARY KEY, time TEXT NOT NULL, query TEXT NOT NULL, source TEXT,
+    database TEXT, epsilon REAL NOT NULL, lambda REAL NOT NULL, weight_zero REAL NOT NULL,
+    noisy_value REAL NOT NULL, private INTEGER NOT NULL, calibration_digest TEXT NOT NULL,
+    prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
+"""
+
+
+def v1_ledger(path, epsilons, budget=None):
+    """A ledger as empdp wrote it before keyed chains: unkeyed SHA-256 links, the budget in meta."""
+    con = sqlite3.connect(path)
+    con.executescript(V1_SCHEMA)
+    if budget is not None:
+        con.execute("INSERT INTO meta VALUES ('budget', ?)", (repr(budget),))
+    prev = "0" * 64
+    for eps in epsilons:
+        rec = dict(time="t", query="q", source=None, database=None, epsilon=eps, weight_zero=0.2,
+                   noisy_value=1.0, private=1, calibration_digest="d")
+        rec["lambda"] = 1.0
+        h = _record_hash(prev, rec)
+        con.execute("INSERT INTO releases (time, query, source, database, epsilon, lambda, weight_zero, "
+                    "noisy_value, private, calibration_digest, prev_hash, hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                    ("t", "q", None, None, eps, 1.0, 0.2, 1.0, 1, "d", prev, h))
+        prev = h
+    con.commit()
+    con.close()
 
 
 def test_ledger_with_a_negative_record_from_an_older_empdp_is_refused(tmp_path):
     path = tmp_path / "l.sqlite"
+    v1_ledger(path, [0.5, -1.0], budget=1.0)  # a refund record, with a valid (unkeyed) hash chain
     fields = dict(query="q", source=None, database=None, epsilon=0.5, weight_zero=0.2, private=True,
                   calibration_digest="d")
     fields["lambda"] = 1.0
-    first = Ledger(path).append(fields, lambda: 1.0, budget=1.0)
-    # what empdp wrote before epsilon was checked: a refund record, with a valid hash chain
-    con = sqlite3.connect(path)
-    con.execute("DROP TRIGGER releases_positive_epsilon")
-    rec = {**fields, "epsilon": -1.0, "time": "t", "noisy_value": 1.0, "private": 1}
-    h = _record_hash(first["hash"], rec)
-    con.execute("INSERT INTO releases (time, query, source, database, epsilon, lambda, weight_zero, noisy_value, "
-                "private, calibration_digest, prev_hash, hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                ("t", "q", None, None, -1.0, 1.0, 0.2, 1.0, 1, "d", first["hash"], h))
-    con.commit()
-    con.close()
     with pytest.raises(LedgerError, match="record 2 spends epsilon -1.0"):
-        Ledger(path).append(fields, lambda: 1.0)
+        Ledger(path, key=KEY, allow_unsigned=True).append(fields, lambda: 1.0)
     with pytest.raises(LedgerError, match="cannot be trusted"):
-        Ledger(path).verify()
+        Ledger(path, allow_unsigned=True).verify()
+
+
+def test_old_format_ledger_is_used_only_with_allow_unsigned(tmp_path):
+    path = tmp_path / "l.sqlite"
+    v1_ledger(path, [0.25, 0.25], budget=1.0)
+    fields = dict(query="q", source=None, database=None, epsilon=0.25, weight_zero=0.2, private=True,
+                  calibration_digest="d")
+    fields["lambda"] = 1.0
+    with pytest.raises(LedgerError, match="first, unkeyed ledger format"):
+        Ledger(path, key=KEY).append(fields, lambda: 1.0)
+    old = Ledger(path, key=KEY, allow_unsigned=True)
+    assert old.verify()["spent"] == 0.5 and old.verify()["format"] == "empdp-ledger/1"
+    assert old.append(fields, lambda: 1.0)["budget_left"] == pytest.approx(0.25)
+    assert old.verify()["n_releases"] == 3
 
 
 def test_calibration_changed_in_python_cannot_release(cal_path, tmp_path):
@@ -238,14 +278,14 @@ def test_ledger_path_that_is_a_folder_exits_2(cal_path, tmp_path):
     res = run("release", cal_path, "--value", 1, "--ledger", tmp_path)
     assert_one_line_exit_2(res, "folder", str(tmp_path))
     with pytest.raises(InputError, match="is a folder"):  # the library refuses it too
-        Ledger(tmp_path).spent()
+        Ledger(tmp_path, key=KEY).spent()
 
 
 def test_unreadable_ledger_is_still_a_ledger_error_in_python(tmp_path):
     bad = tmp_path / "bad.sqlite"
     bad.write_bytes(b"x" * 2000)
     with pytest.raises(LedgerError) as info:
-        Ledger(bad).verify()
+        Ledger(bad, key=KEY).verify()
     assert isinstance(info.value, InputError) and info.value.exit_code == 2
 
 

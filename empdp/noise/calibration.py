@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..io import read_json, write_text
+from ..keys import KEY_ENV, key_id, mac, same
 from .deconv import KERNELS, fourier_deconvolve, gaussian_fallback, laplace_closed_form
 from .exact import laplace_kde_eps, minimal_lambda
 from .ledger import Ledger
@@ -45,7 +46,22 @@ def _no_progress(stage: str, done: int, total: int) -> None:
     return None
 
 GUARANTEE = ("empirical differential privacy with respect to the distribution of the query over the "
-             "databases, under the curator's density model (SPEC 6.6); not classical DP")
+             "databases, under the curator's density model (see the README); not classical DP")
+#: the largest noise or kernel scale a calibration may hold: noise up to ~700 scales must stay a finite double
+MAX_SCALE = 1e300
+_UNSAFE = "--allow-unsigned (unsafe: see the README)"
+
+
+def release_guarantee(epsilon: float, noise_added: bool, private: bool) -> str:
+    """The one-sentence guarantee a release carries (its JSON ``guarantee``)."""
+    if noise_added:
+        text = (f"empirical differential privacy at epsilon {epsilon:g} with respect to the distribution of the "
+                "query over the databases, under the curator's density model; not classical DP (see the README)")
+    else:
+        text = (f"no noise was added: the exact value was released, because under the curator's density model the "
+                f"data's own spread already gives empirical epsilon {epsilon:g}; not classical DP, and no "
+                "protection for a fixed database (see the README)")
+    return text if private else "NOT PRIVATE (seeded noise, tests only): " + text
 
 
 def _classical_note(kind: str) -> str:
@@ -111,48 +127,110 @@ class Calibration:
         d["format"] = FORMAT
         return d
 
-    def to_json(self) -> str:
-        """The file :meth:`save` writes: :meth:`to_dict` plus ``digest``."""
-        return json.dumps({**self.to_dict(), "digest": self.digest}, indent=2, sort_keys=True, allow_nan=False)
+    def to_json(self, key: bytes | None = None) -> str:
+        """The file :meth:`save` writes: :meth:`to_dict` plus ``digest``, and with ``key`` its ``key_id`` and
+        ``hmac`` (HMAC-SHA256 of the same canonical text as the digest)."""
+        d = self.to_dict()
+        out = {**d, "digest": self.digest}
+        if key is not None:
+            out["key_id"], out["hmac"] = key_id(key), mac(key, _canonical(d))
+        return json.dumps(out, indent=2, sort_keys=True, allow_nan=False)
 
     @property
     def digest(self) -> str:
         """SHA-256 of the canonical JSON of :meth:`to_dict`: ties ledger records to this calibration."""
         return _digest(self.to_dict())
 
-    def save(self, path) -> None:
-        """Write the JSON (with its digest) atomically."""
-        write_text(path, self.to_json() + "\n")
+    def save(self, path, key: bytes | None = None) -> None:
+        """Write the JSON (with its digest, signed with ``key`` if given) atomically, owner-only (0600)."""
+        write_text(path, self.to_json(key) + "\n", private=True)
+
+    #: (key_id, hmac, canonical text, fields) of the file this object was read from; None if computed here
+    _signature = None
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "calibration") -> "Calibration":
+    def from_dict(cls, d: dict, where: str = "calibration", *, key: bytes | None = None,
+                  allow_unsigned: bool = True) -> "Calibration":
         """A calibration from its JSON dict, every field checked (``where`` names it in errors).
 
-        A ``digest`` is verified when present, so an edited file is refused; files
-        written before empdp stored the digest have none and load after the field
-        checks alone. The digest catches edits, not forgery (anyone can recompute
-        a SHA-256): the field checks and the ledger's refusal of a non-positive ε
-        are what keep the budget from being bypassed.
+        A ``digest`` is verified when present, so an accidentally edited file is
+        refused. The digest catches edits, not forgery (anyone can recompute a
+        SHA-256): the ``hmac`` under the curator key does. It is checked here
+        when ``key`` is given or ``allow_unsigned`` is False (see
+        :meth:`check_signature`), and always before :meth:`release`; readers
+        that release nothing (report, audit) may load without a key.
         """
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             got = d.get("format") if isinstance(d, dict) else None
-            raise InputError(f"{where} is not an empdp calibration file (format {got!r}, expected {FORMAT!r}); "
-                             "make one with 'empdp calibrate'")
+            raise InputError(f"{where} is not an empdp calibration file (format {str(got)[:40]!r}, expected "
+                             f"{FORMAT!r}); make one with 'empdp calibrate'")
         d = dict(d)
         stored = d.pop("digest", None)
+        signature = d.pop("key_id", None), d.pop("hmac", None)
         _check_fields(d, where)
         if stored is not None and not (isinstance(stored, str) and stored == _digest(d)):
             raise InputError(f"{where} was edited after 'empdp calibrate' wrote it (its digest does not match "
                              "its contents); re-create it with 'empdp calibrate'")
+        text = _canonical(d)
         d["lam"], d["lam_hausdorff"], d["lam_winf"] = d.pop("lambda"), d.pop("lambda_hausdorff"), d.pop("lambda_winf")
         names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in d.items() if k in names})
+        cal = cls(**{k: v for k, v in d.items() if k in names})
+        cal._signature = (*signature, text, json.loads(json.dumps(cal._fields())), where)
+        if key is not None or not allow_unsigned:
+            cal.check_signature(key, allow_unsigned)
+        return cal
 
     @classmethod
-    def load(cls, path) -> "Calibration":
-        """Read a calibration JSON written by :meth:`save`, refusing damaged or edited files."""
+    def load(cls, path, *, key: bytes | None = None, allow_unsigned: bool = True) -> "Calibration":
+        """Read a calibration JSON written by :meth:`save`, refusing damaged or edited files.
+
+        ``key`` and ``allow_unsigned`` as in :meth:`from_dict`.
+        """
         where = f"calibration file {str(path)!r}"
-        return cls.from_dict(read_json(path, "calibration file"), where)
+        try:
+            d = read_json(path, "calibration file")
+        except InputError:
+            raise
+        except (RecursionError, ValueError, MemoryError) as exc:  # 10^5 nested brackets, a 5,000-digit integer
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0][:120]
+            raise InputError(f"{where} is not a calibration file empdp can read ({why}); re-create it with "
+                             "'empdp calibrate'") from None
+        return cls.from_dict(d, where, key=key, allow_unsigned=allow_unsigned)
+
+    @property
+    def signed(self) -> bool:
+        """Whether the file this calibration was read from carries an HMAC (True for one computed here)."""
+        return self._signature is None or self._signature[1] is not None
+
+    def check_signature(self, key: bytes | None, allow_unsigned: bool = False) -> None:
+        """Refuse a calibration read from a file unless its HMAC verifies under ``key``.
+
+        An unsigned file, or a signed one without a key to check it, passes only
+        with ``allow_unsigned`` (unsafe). A calibration computed in this process
+        needs no signature. Fields changed in Python after loading are refused.
+        """
+        if self._signature is None:
+            return
+        kid, stored, text, fields, where = self._signature
+        if self._fields() != fields:
+            raise InputError(f"{where} was changed after it was loaded; load it again")
+        if stored is None:
+            if not allow_unsigned:
+                raise InputError(f"{where} is not signed (it was made without a curator key), so a forged or edited "
+                                 f"file cannot be told apart; re-create it with 'empdp calibrate --key-file FILE' "
+                                 f"(or ${KEY_ENV}), or pass {_UNSAFE}")
+            return
+        if key is None:
+            if not allow_unsigned:
+                raise InputError(f"{where} is signed with the curator key {str(kid)[:16]}; give it with --key-file "
+                                 f"FILE or ${KEY_ENV}")
+            return
+        if not same(kid, key_id(key)):
+            raise InputError(f"{where} was signed with another key (key id {str(kid)[:16]}; the key given has id "
+                             f"{key_id(key)}); use the key it was made with, or re-create it with 'empdp calibrate'")
+        if not same(stored, mac(key, text)):
+            raise InputError(f"{where} was edited after 'empdp calibrate' signed it (its HMAC does not match its "
+                             "contents); re-create it with 'empdp calibrate'")
 
     # ---------------------------------------------------------- sampling
     def sampler(self, seed: int | None = None) -> NoiseSampler:
@@ -163,34 +241,51 @@ class Calibration:
         """``k`` draws of the noise y ~ h (from the CSPRNG unless ``seed``)."""
         return self.sampler(seed).sample(int(k))
 
+    @property
+    def noise_added(self) -> bool:
+        """False when the calibration adds no noise (kind ``none``): releases are the exact value."""
+        return self.noise.get("kind") != "none"
+
     def release(self, value: float, *, ledger=None, budget: float | None = None,
-                seed: int | None = None, database: str | None = None, progress: Progress | None = None) -> dict:
+                seed: int | None = None, database: str | None = None, progress: Progress | None = None,
+                key: bytes | None = None, allow_unsigned: bool = False) -> dict:
         """Release value + y, recorded in ``ledger`` under the total-ε ``budget`` (SPEC 6.5).
 
-        ``progress("noise and ledger", done, 1)`` brackets the draw and the ledger
-        transaction, which waits up to 30 s for another writer's lock.
+        A calibration read from a file must carry a valid HMAC under ``key``
+        and the ledger must verify under it (:meth:`check_signature`,
+        :class:`~empdp.noise.ledger.Ledger`), unless ``allow_unsigned``
+        (unsafe: files can then be forged). ``progress("noise and ledger",
+        done, 1)`` brackets the draw and the ledger transaction, which waits up
+        to 30 s for another writer's lock.
 
         Returns
         -------
         dict
             ``value`` (noisy), ``epsilon``, ``budget_spent``, ``budget_left``,
-            ``private`` (False with a seed), ``seq`` and ``ledger``. Never
-            the true value.
+            ``private`` (False with a seed), ``noise_added`` (False: the exact
+            value), ``guarantee`` (what ``private`` means), ``seq``, ``ledger``
+            and ``head`` (the ledger's new chain head). Never the true value.
 
         Raises
         ------
         BudgetExceededError
             When the release would exceed the budget; nothing is written.
+        InputError
+            Bad fields, a bad signature, a ledger that does not verify.
         """
         _check_fields(self._fields(), "calibration")  # also objects built or changed in Python
-        value = float(value)
+        self.check_signature(key, allow_unsigned)
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise InputError(f"the value to release must be a number; got {value!r}") from None
         if not math.isfinite(value):
             raise InputError(f"the value to release must be finite; got {value}")
         sampler = self.sampler(seed)
         fields = dict(query=self.query_description or self.query or self.sql or "value",
                       source=self.source_description or self.source, database=database,
                       epsilon=self.epsilon, weight_zero=self.noise["weight_zero"], private=sampler.private,
-                      calibration_digest=self.digest)
+                      noise_added=self.noise_added, calibration_digest=self.digest)
         fields["lambda"] = self.noise["scale"]
         progress = progress or _no_progress
         progress("noise and ledger", 0, 1)
@@ -198,27 +293,34 @@ class Calibration:
         if ledger is None:
             if budget is not None:
                 raise InputError("a budget needs a ledger to count against; pass a ledger file")
-            spent, rec = self.epsilon, {"noisy_value": sampler.release(value), "seq": None}
+            spent, rec = self.epsilon, {"noisy_value": sampler.release(value), "seq": None, "head": None}
             left = None
         else:
-            rec = Ledger(ledger).append(fields, lambda: sampler.release(value), budget=budget)
+            book = Ledger(ledger, key=key, allow_unsigned=allow_unsigned)
+            rec = book.append(fields, lambda: sampler.release(value), budget=budget)
             spent, left = rec["budget_spent"], rec["budget_left"]
         progress("noise and ledger", 1, 1)
         log.info("released with epsilon %g (%s); ledger %s: %s spent, seq %s, in %.2f s", self.epsilon,
                  "CSPRNG" if sampler.private else "seeded, NOT private", ledger, _g(spent), rec["seq"],
                  time.perf_counter() - t0)
         return {"value": rec["noisy_value"], "epsilon": self.epsilon, "budget_spent": spent,
-                "budget_left": left, "private": sampler.private, "seq": rec["seq"],
-                "ledger": None if ledger is None else str(ledger)}
+                "budget_left": left, "private": sampler.private, "noise_added": self.noise_added,
+                "guarantee": release_guarantee(self.epsilon, self.noise_added, sampler.private), "seq": rec["seq"],
+                "ledger": None if ledger is None else str(ledger), "head": rec["head"]}
+
+
+def _canonical(d: dict) -> str:
+    """The canonical JSON of a calibration dict: what its digest and HMAC cover ("" if not JSON)."""
+    try:
+        return json.dumps(d, indent=2, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):  # NaN or a non-JSON value: no file that save() wrote
+        return ""
 
 
 def _digest(d: dict) -> str:
     """SHA-256 of the canonical JSON of a calibration dict (the same text the digest had before files carried it)."""
-    try:
-        text = json.dumps(d, indent=2, sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError):  # NaN or a non-JSON value: no file that save() wrote
-        return ""
-    return hashlib.sha256(text.encode()).hexdigest()
+    text = _canonical(d)
+    return hashlib.sha256(text.encode()).hexdigest() if text else ""
 
 
 _FIX = "re-create the file with 'empdp calibrate'"
@@ -234,16 +336,18 @@ def _number(d: dict, key: str, where: str, *, positive: bool = False, integer: b
     v = d[key]
     ok = isinstance(v, numbers.Integral if integer else numbers.Real) and not isinstance(v, bool)
     if not ok or not math.isfinite(v) or v < 0 or v > at_most or (positive and v == 0):
-        need = ("a non-negative integer" if integer else f"a number in [0, {at_most:g}]" if at_most < math.inf
+        need = ("a non-negative integer" if integer else
+                f"a number in {'(' if positive else '['}0, {at_most:g}]" if at_most < math.inf
                 else f"a finite number {'>' if positive else '>='} 0")
-        raise InputError(f"{where}: field {name!r} must be {need}, got {v!r}; {_FIX}")
+        shown = repr(v) if len(repr(v)) <= 60 else repr(v)[:57] + "..."
+        raise InputError(f"{where}: field {name!r} must be {need}, got {shown}; {_FIX}")
     return v
 
 
 def _check_fields(d: dict, where: str) -> None:
     """Check every field of a calibration dict (JSON names) once, at the boundary (SPEC 6.3–6.5)."""
     eps = _number(d, "epsilon", where, positive=True)
-    lam = _number(d, "lambda", where)
+    lam = _number(d, "lambda", where, at_most=MAX_SCALE)
     for key in ("lambda_hausdorff", "lambda_winf", "expected_abs_noise", "verified_eps_max"):
         _number(d, key, where)
     for key in ("n_individuals", "n_sole_contributors", "n_databases"):
@@ -260,10 +364,10 @@ def _check_fields(d: dict, where: str) -> None:
         if sub.get("kind") not in valid:
             raise InputError(f"{where}: field '{key}.kind' must be one of {', '.join(valid)}, got {sub.get('kind')!r}; "
                              f"{_FIX}")
-    _number(d["curator_kernel"], "scale", where, positive=True, prefix="curator_kernel.")
+    _number(d["curator_kernel"], "scale", where, positive=True, prefix="curator_kernel.", at_most=MAX_SCALE)
     noise = d["noise"]
     kind, w = noise["kind"], _number(noise, "weight_zero", where, prefix="noise.", at_most=1.0)
-    scale = _number(noise, "scale", where, positive=kind != "none", prefix="noise.")
+    scale = _number(noise, "scale", where, positive=kind != "none", prefix="noise.", at_most=MAX_SCALE)
     # the weight that each kind has (NoiseSpec.mixture): none 1, laplace 0, laplace_mixture strictly between
     need = {"none": "1", "laplace": "0", "laplace_mixture": "in (0, 1)"}[kind]
     if not {"none": w == 1, "laplace": w == 0, "laplace_mixture": 0 < w < 1}[kind]:

@@ -1,73 +1,97 @@
-"""Append-only, crash-safe release ledger with a total-ε budget (SPEC 6.5).
+"""Append-only, crash-safe, keyed release ledger with a total-ε budget (docs/release-security.md).
 
-One SQLite file in WAL mode with ``synchronous=FULL``: a release is one
-``BEGIN IMMEDIATE`` transaction that reads the ε spent so far, refuses when
-the budget would be exceeded (sequential composition), draws the noise and
-appends the record. A crash before COMMIT leaves no trace; after COMMIT the
-record survives (the noisy value may be lost to the user, never the ε).
-Triggers forbid UPDATE and DELETE, and every record carries the SHA-256 of
-its predecessor's hash plus its own fields, so :meth:`Ledger.verify` detects
-edits made behind SQLite's back. A release must spend a positive, finite ε
-(checked before the file is opened and by a trigger), so nothing can refund
-the budget. A file that is not a ledger (corrupt, truncated, another
-database) is refused as bad input before anything is written to it.
+One SQLite file (mode 0600) in WAL mode with ``synchronous=FULL``. Every
+record is a row of the ``chain`` table, and each carries
+HMAC-SHA256(key, previous MAC + its own fields) under the curator key
+(:mod:`empdp.keys`):
+
+- record 0, the *genesis*, holds the key id and the budget (NULL: none yet);
+- a ``budget`` record fixes the budget of a ledger started without one;
+- ``release`` records hold what was released and the ε it spent.
+
+So the budget is inside the chain, and ``meta`` holds only the format and the
+*head*: the last record's number and a MAC over it, rewritten by every
+release, which detects removed last records. Without the key, no edit,
+deletion, insertion or rewritten chain verifies; a whole file rolled back to
+an older copy is caught only against a head recorded elsewhere
+(``empdp ledger verify --expect-head``).
+
+A release is one ``BEGIN IMMEDIATE`` transaction that (first use) creates the
+schema and the genesis, verifies the whole chain, reads the ε spent, refuses
+when the budget would be exceeded (sequential composition), draws the noise,
+appends the record and moves the head. A crash before COMMIT leaves no trace
+(a file killed during creation holds no records and is initialised afresh);
+after COMMIT the record survives (the noisy value may be lost to the user,
+never the ε). A file that is not a ledger is refused as bad input before
+anything is written to it. Ledgers of the first format (an unkeyed SHA-256
+chain, the budget outside it) are read and extended only with
+``allow_unsigned``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import numbers
+import os
 import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 from ..errors import BudgetExceededError, EmpdpError, InputError
+from ..keys import KEY_ENV, key_id, mac, same
 
+FORMAT = "empdp-ledger/2"
+#: what a release record holds (the dict :meth:`Ledger.append` takes, plus time and noisy value)
 FIELDS = ("time", "query", "source", "database", "epsilon", "lambda", "weight_zero",
-          "noisy_value", "private", "calibration_digest")
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS releases (
-    seq INTEGER PRIMARY KEY,
-    time TEXT NOT NULL,
-    query TEXT NOT NULL,
-    source TEXT,
-    database TEXT,
-    epsilon REAL NOT NULL,
-    lambda REAL NOT NULL,
-    weight_zero REAL NOT NULL,
-    noisy_value REAL NOT NULL,
-    private INTEGER NOT NULL,
-    calibration_digest TEXT NOT NULL,
-    prev_hash TEXT NOT NULL,
-    hash TEXT NOT NULL
-);
-CREATE TRIGGER IF NOT EXISTS releases_no_update BEFORE UPDATE ON releases
-BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS releases_no_delete BEFORE DELETE ON releases
-BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS releases_positive_epsilon BEFORE INSERT ON releases
-WHEN NOT (NEW.epsilon > 0 AND NEW.epsilon < 1e308)
-BEGIN SELECT RAISE(ABORT, 'a release must spend a positive, finite epsilon'); END;
-"""
-#: the columns an empdp ledger's ``releases`` table has
-_COLUMNS = {"seq", *FIELDS, "prev_hash", "hash"}
+          "noisy_value", "private", "noise_added", "calibration_digest")
+#: the columns every record's MAC covers, in order
+CHAIN_FIELDS = ("seq", "kind", "time", "budget", "key_id", "query", "source", "database", "epsilon", "lambda",
+                "weight_zero", "noisy_value", "private", "noise_added", "calibration_digest")
+_SCHEMA = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE chain (
+        seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, time TEXT NOT NULL, budget REAL, key_id TEXT,
+        query TEXT, source TEXT, database TEXT, epsilon REAL, lambda REAL, weight_zero REAL,
+        noisy_value REAL, private INTEGER, noise_added INTEGER, calibration_digest TEXT,
+        prev_mac TEXT NOT NULL, mac TEXT NOT NULL)""",
+    "CREATE VIEW releases AS SELECT * FROM chain WHERE kind = 'release'",
+    """CREATE TRIGGER chain_no_update BEFORE UPDATE ON chain
+       BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END""",
+    """CREATE TRIGGER chain_no_delete BEFORE DELETE ON chain
+       BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END""",
+    """CREATE TRIGGER chain_positive_epsilon BEFORE INSERT ON chain
+       WHEN NEW.kind = 'release' AND NOT (NEW.epsilon > 0 AND NEW.epsilon < 1e308)
+       BEGIN SELECT RAISE(ABORT, 'a release must spend a positive, finite epsilon'); END""",
+)
+_V2_COLUMNS = {*CHAIN_FIELDS, "prev_mac", "mac"}
+#: the first format: table ``releases``, budget in ``meta``, unkeyed SHA-256 chain
+_V1_FIELDS = ("time", "query", "source", "database", "epsilon", "lambda", "weight_zero",
+              "noisy_value", "private", "calibration_digest")
+_V1_COLUMNS = {"seq", *_V1_FIELDS, "prev_hash", "hash"}
 #: SQLite primary result codes that mean "this file is not (or no longer) a usable database"
 _BAD_FILE_CODES = {11: "SQLITE_CORRUPT", 14: "SQLITE_CANTOPEN", 26: "SQLITE_NOTADB"}
 _GENESIS = "0" * 64
+_REAL = {"budget", "epsilon", "lambda", "weight_zero", "noisy_value"}
+_INTEGER = {"seq", "private", "noise_added"}
 #: relative slack on the budget comparison so that e.g. 3 × 0.1 fits a budget of 0.3
 _BUDGET_RTOL = 1e-9
+_UNSAFE = "--allow-unsigned (unsafe: see the README)"
+#: test hook: a child process started by the fault tests dies (SIGKILL) before the n-th SQL statement
+_KILL_ENV = "EMPDP_TEST_KILL_AT_STATEMENT"
 
 
 class LedgerError(EmpdpError):
-    """The ledger's hash chain is broken or its accounting cannot be trusted (exit 1)."""
+    """The ledger cannot be used: a lock timeout, a full disk (exit 1); subclasses are bad input."""
 
 
 class LedgerFileError(LedgerError, InputError):
     """The ledger path is not an empdp ledger (corrupt, truncated, another file): bad input (exit 2)."""
+
+
+class LedgerTamperedError(LedgerError, InputError):
+    """The ledger's chain, budget or head does not verify under the key, or it needs a key: exit 2."""
 
 
 def _fix_hint() -> str:
@@ -75,25 +99,73 @@ def _fix_hint() -> str:
             "(this file was left unchanged)")
 
 
+def _body(rec: dict, names) -> str:
+    return json.dumps([rec[k] for k in names], separators=(",", ":"), allow_nan=False)
+
+
+def _record_mac(key: bytes | None, prev: str, rec: dict) -> str:
+    return mac(key, prev + _body(rec, CHAIN_FIELDS))
+
+
+def _head_mac(key: bytes | None, seq: int, last: str) -> str:
+    return mac(key, f"head:{seq}:{last}")
+
+
 def _record_hash(prev_hash: str, record: dict) -> str:
-    body = json.dumps([record[k] for k in FIELDS], separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256((prev_hash + body).encode()).hexdigest()
+    """The first format's unkeyed SHA-256 link."""
+    return mac(None, prev_hash + _body(record, _V1_FIELDS))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+class _Statements:
+    """A connection wrapper that counts statements, so a fault test can kill the process before the n-th."""
+
+    def __init__(self, con: sqlite3.Connection):
+        self.con, self.n = con, 0
+        self.kill_at = int(os.environ.get(_KILL_ENV, "0") or 0)
+
+    def __call__(self, sql: str, params=()):
+        self.n += 1
+        if self.n == self.kill_at:  # pragma: no cover - runs only in the fault tests' child processes
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.con.execute(sql, params)
 
 
 class Ledger:
-    """The release ledger at ``path`` (created on first write).
+    """The release ledger at ``path`` (created on first write, mode 0600).
 
     Parameters
     ----------
     path : str or Path
-        SQLite file.
+        SQLite file. Must not be empty or a symbolic link.
+    key : bytes, optional
+        The curator key (:func:`empdp.keys.load_key`). Needed to write and to
+        verify a keyed ledger.
+    allow_unsigned : bool
+        Accept (and create, without a key) unkeyed ledgers, which anyone with
+        write access can rewrite undetected. Unsafe; for old files and tests.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, key: bytes | None = None, allow_unsigned: bool = False):
+        if path is None or not str(path).strip():
+            raise InputError("--ledger is empty (an unset shell variable?); give the ledger file's path")
         self.path = Path(path)
+        self.key = key
+        self.allow_unsigned = bool(allow_unsigned)
+        self._writing = False
 
+    # ----------------------------------------------------------- files
     def _bad_file(self, why) -> LedgerFileError:
         return LedgerFileError(f"ledger {str(self.path)!r} is not a readable empdp ledger ({why}); {_fix_hint()}")
+
+    def _tampered(self, why: str) -> LedgerTamperedError:
+        done = "; nothing was released or recorded" if self._writing else ""
+        return LedgerTamperedError(f"ledger {str(self.path)!r}: {why}{done}")
 
     def _translate(self, exc: sqlite3.DatabaseError) -> EmpdpError:
         """A corrupt, truncated or foreign file is bad input; anything else (a lock timeout, a full disk) is not."""
@@ -103,20 +175,42 @@ class Ledger:
             return self._bad_file(exc)
         return LedgerError(f"ledger {str(self.path)!r}: {exc}")
 
-    def _connect(self) -> sqlite3.Connection:
+    def check_path(self) -> None:
+        """Refuse a symbolic link (also a dangling one), a folder or a missing folder, before any work."""
+        if os.path.islink(self.path):
+            raise LedgerFileError(f"ledger {str(self.path)!r} is a symbolic link, which empdp does not follow; "
+                                  "give the real file's path")
         if not self.path.parent.is_dir():
             raise InputError(f"ledger folder {str(self.path.parent)!r} does not exist")
         if self.path.is_dir():
             raise LedgerFileError(f"ledger {str(self.path)!r} is a folder, not a file; {_fix_hint()}")
-        existing = self.path.exists() and self.path.stat().st_size > 0
+
+    def _create_file(self) -> None:
+        """Create the empty file owner-only without following a link planted meanwhile."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            os.close(os.open(self.path, flags, 0o600))
+        except FileExistsError:  # another process was first: it is checked like any existing file
+            self.check_path()
+
+    def _connect(self, write: bool) -> sqlite3.Connection | None:
+        self.check_path()
+        if not self.path.exists():
+            if not write:
+                return None
+            self._create_file()
+        existing = self.path.stat().st_size > 0
         con = None
         try:
             con = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             if existing:  # read before anything writes, so a damaged or foreign file is never touched
-                self._probe(con)
-            con.execute("PRAGMA journal_mode=WAL")
-            con.execute("PRAGMA synchronous=FULL")
-            con.executescript(_SCHEMA)
+                status = con.execute("PRAGMA quick_check").fetchone()[0]
+                if status != "ok":
+                    raise self._bad_file(f"corrupt: {status}")
+                self._layout(con)
+            if write:
+                con.execute("PRAGMA journal_mode=WAL")
+                con.execute("PRAGMA synchronous=FULL")
         except (sqlite3.DatabaseError, LedgerError) as exc:
             if con is not None:
                 con.close()
@@ -125,23 +219,28 @@ class Ledger:
             raise self._translate(exc) from None
         return con
 
-    def _probe(self, con) -> None:
-        """Refuse a file that fails SQLite's quick check or holds tables that are not a ledger's."""
-        status = con.execute("PRAGMA quick_check").fetchone()[0]
-        if status != "ok":
-            raise self._bad_file(f"corrupt: {status}")
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if not tables:
-            return
-        columns = {r[1] for r in con.execute("PRAGMA table_info(releases)")}
-        if not {"meta", "releases"} <= tables or columns != _COLUMNS:
-            raise self._bad_file("an SQLite database with other tables")
+    def _layout(self, con) -> str:
+        """'empty' (new, or killed during creation), 'v2', 'v1' (first format); a foreign file is refused."""
+        objects = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+        if not objects:
+            return "empty"
+        if {"meta", "chain"} <= objects:
+            if {r[1] for r in con.execute("PRAGMA table_info(chain)")} == _V2_COLUMNS:
+                empty = all(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] == 0 for t in ("meta", "chain"))
+                return "empty" if empty else "v2"
+        elif {"meta", "releases"} <= objects:
+            if {r[1] for r in con.execute("PRAGMA table_info(releases)")} == _V1_COLUMNS:
+                return "v1"
+        elif objects <= {"meta", "chain", "releases"} and all(
+                con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] == 0 for t in objects & {"meta", "chain"}):
+            return "empty"  # part of a schema and no records: nothing to lose
+        raise self._bad_file("an SQLite database with other tables")
 
     # ------------------------------------------------------------------ reads
     def _read(self, fn):
-        if not self.path.exists():
+        con = self._connect(write=False)
+        if con is None:
             return fn(None)
-        con = self._connect()
         try:
             return fn(con)
         except sqlite3.DatabaseError as exc:
@@ -149,126 +248,204 @@ class Ledger:
         finally:
             con.close()
 
-    def _spent(self, con) -> float:
-        """Σ ε, refusing a ledger with a record that spent nothing or less (older empdp, edited calibration)."""
-        bad = con.execute("SELECT seq, epsilon FROM releases WHERE NOT (epsilon > 0 AND epsilon < 1e308) "
-                          "ORDER BY seq LIMIT 1").fetchone()
-        if bad:
-            raise LedgerError(f"ledger {str(self.path)!r}: record {bad[0]} spends epsilon {bad[1]!r}, not a "
-                              "positive number, so its total cannot be trusted; start a new ledger with --ledger")
-        return float(con.execute("SELECT coalesce(sum(epsilon), 0) FROM releases").fetchone()[0])
+    def _rows(self, con, table: str) -> list[dict]:
+        cur = con.execute(f"SELECT * FROM {table} ORDER BY seq")
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur]
 
-    @staticmethod
-    def _budget(con) -> float | None:
-        row = con.execute("SELECT value FROM meta WHERE key = 'budget'").fetchone()
-        return float(row[0]) if row else None
-
-    def spent(self) -> float:
-        """Total ε of all recorded releases (sequential composition)."""
-        return self._read(lambda con: 0.0 if con is None else self._spent(con))
-
-    def budget(self) -> float | None:
-        """The total-ε budget fixed by the first release that named one (None: unlimited)."""
-        return self._read(lambda con: None if con is None else self._budget(con))
-
-    def records(self) -> list[dict]:
-        """All records in order, with ``seq``, ``prev_hash`` and ``hash``."""
+    def chain(self) -> list[dict]:
+        """Every record in order (genesis, budget and release records), unverified."""
         def fetch(con):
-            if con is None:
-                return []
-            cur = con.execute("SELECT * FROM releases ORDER BY seq")
-            names = [d[0] for d in cur.description]
-            return [dict(zip(names, row)) for row in cur]
+            layout = "empty" if con is None else self._layout(con)
+            if layout == "v2":
+                return self._rows(con, "chain")
+            return [] if layout == "empty" else [{**r, "kind": "release"} for r in self._rows(con, "releases")]
         return self._read(fetch)
 
-    def verify(self) -> dict:
-        """Check integrity, sequence and hash chain; return ``{"n_releases", "spent", "budget"}``.
+    def records(self) -> list[dict]:
+        """The release records in order, unverified (use :meth:`verify` to check them)."""
+        return [r for r in self.chain() if r["kind"] == "release"]
+
+    def spent(self) -> float:
+        """Total ε of all verified releases (sequential composition)."""
+        return self.verify()["spent"]
+
+    def budget(self) -> float | None:
+        """The verified total-ε budget (None: unlimited so far)."""
+        return self.verify()["budget"]
+
+    def verify(self, expect_head: str | None = None) -> dict:
+        """Check integrity, key, chain, budget and head; return a summary.
+
+        Parameters
+        ----------
+        expect_head : str, optional
+            A head recorded elsewhere earlier: it must be this ledger's head or
+            the MAC of one of its records (the ledger may have grown since).
+
+        Returns
+        -------
+        dict
+            ``n_releases``, ``spent``, ``budget``, ``head`` (the last MAC, to
+            record elsewhere), ``signed``, ``key_id``, ``format``.
 
         Raises
         ------
-        LedgerError
-            If SQLite's integrity check fails, a sequence number is missing or
-            a record's hash does not match its content and predecessor.
+        LedgerTamperedError
+            Naming the first record that does not verify, or why the ledger
+            cannot be verified (no key, another key, unsigned).
         """
         def check(con):
             if con is None:
-                return {"n_releases": 0, "spent": 0.0, "budget": None}
+                return _summary(0, 0.0, None, None, bool(self.key), None, FORMAT)
             status = con.execute("PRAGMA integrity_check").fetchone()[0]
             if status != "ok":
-                raise LedgerError(f"ledger {str(self.path)!r} is corrupt: {status}")
-            return {"spent": self._spent(con), "budget": self._budget(con)}
+                raise self._bad_file(f"corrupt: {status}")
+            return self._verify(con)[0]
         summary = self._read(check)
-        prev = _GENESIS
-        records = self.records()
-        for expected_seq, rec in enumerate(records, start=1):
-            if rec["seq"] != expected_seq:
-                raise LedgerError(f"ledger {str(self.path)!r}: record {expected_seq} is missing")
+        if expect_head is not None:
+            macs = {r.get("mac") or r.get("hash") for r in self.chain()}
+            if not any(same(expect_head.strip().lower(), m) for m in macs):
+                raise self._tampered(f"the expected head {expect_head!r} is not in this ledger (it was rolled back "
+                                     "to an older copy, replaced or rewritten)")
+        return summary
+
+    def _verify(self, con) -> tuple[dict, dict]:
+        """The summary and the state appends need (``prev``, ``limit`` source); raises on any mismatch."""
+        layout = self._layout(con)
+        if layout == "empty":
+            return _summary(0, 0.0, None, None, bool(self.key), None, FORMAT), {"layout": layout}
+        if layout == "v1":
+            return self._verify_v1(con)
+        rows = self._rows(con, "chain")
+        if not rows or rows[0]["seq"] != 0 or rows[0]["kind"] != "genesis":
+            raise self._tampered("its genesis record (record 0, which holds the budget) is missing")
+        kid = rows[0]["key_id"]
+        key = self._key_for(kid)
+        prev, budget, spent, n = _GENESIS, None, 0.0, 0
+        for expected, rec in enumerate(rows):
+            name = "the genesis record (record 0)" if expected == 0 else f"record {expected}"
+            if rec["seq"] != expected:
+                raise self._tampered(f"record {expected} is missing")
+            if not (same(rec["prev_mac"], prev) and same(rec["mac"], _record_mac(key, prev, rec))):
+                raise self._tampered(f"{name} does not match its {'HMAC' if key else 'hash'} (it was edited, "
+                                     f"inserted or re-chained{' without the key' if key else ''})")
+            if expected and rec["kind"] == "genesis" or rec["key_id"] != (kid if expected == 0 else None):
+                raise self._tampered(f"{name} is not a valid record")
+            if rec["kind"] in ("genesis", "budget") and rec["budget"] is not None:
+                b = rec["budget"]
+                if budget is not None or not (isinstance(b, float) and math.isfinite(b) and b > 0):
+                    raise self._tampered(f"{name} sets the budget {'twice' if budget is not None else f'to {b!r}'}")
+                budget = b
+            elif rec["kind"] == "release":
+                eps = rec["epsilon"]
+                if not (isinstance(eps, float) and 0 < eps < 1e308):
+                    raise self._tampered(f"{name} spends epsilon {eps!r}, not a positive number")
+                spent, n = spent + eps, n + 1
+            elif rec["kind"] != ("genesis" if expected == 0 else "budget"):
+                raise self._tampered(f"{name} has the unknown kind {rec['kind']!r}")
+            prev = rec["mac"]
+        last = rows[-1]["seq"]
+        head = {r[0]: r[1] for r in con.execute("SELECT key, value FROM meta")}
+        try:
+            stored = json.loads(head.get("head", "null"))
+            ok = stored["seq"] == last and same(stored["mac"], _head_mac(key, last, prev))
+        except (ValueError, TypeError, KeyError, RecursionError):
+            ok, stored = False, None
+        if not ok:
+            told = stored.get("seq") if isinstance(stored, dict) else None
+            why = (f"its last records were removed (the head names record {told}, the chain ends at {last})"
+                   if isinstance(told, int) and told > last else "its head (meta) does not match the chain")
+            raise self._tampered(why)
+        summary = _summary(n, spent, budget, prev, key is not None, kid, FORMAT)
+        return summary, {"layout": layout, "prev": prev, "last": last, "key": key}
+
+    def _key_for(self, kid: str | None) -> bytes | None:
+        """The key that verifies a ledger whose genesis names ``kid`` (None: unsigned), or a refusal."""
+        if kid is None:
+            if not self.allow_unsigned:
+                raise self._tampered(f"it is not signed (made without a curator key), so edits to it cannot be "
+                                     f"detected; start a new ledger with a key, or pass {_UNSAFE}")
+            return None
+        if self.key is None:
+            raise self._tampered(f"it is signed with the curator key {kid}; give it with --key-file FILE or "
+                                 f"${KEY_ENV}")
+        if key_id(self.key) != kid:
+            raise self._tampered(f"it was signed with another key (key id {kid}; the key given has id "
+                                 f"{key_id(self.key)})")
+        return self.key
+
+    def _verify_v1(self, con) -> tuple[dict, dict]:
+        if not self.allow_unsigned:
+            raise self._tampered("it has the first, unkeyed ledger format (its budget and records can be rewritten "
+                                 f"undetected); start a new ledger, or pass {_UNSAFE} to use it")
+        prev, spent = _GENESIS, 0.0
+        rows = self._rows(con, "releases")
+        for expected, rec in enumerate(rows, start=1):
+            if rec["seq"] != expected:
+                raise self._tampered(f"record {expected} is missing")
             if rec["prev_hash"] != prev or rec["hash"] != _record_hash(prev, rec):
-                raise LedgerError(f"ledger {str(self.path)!r}: record {rec['seq']} was altered")
-            prev = rec["hash"]
-        return {"n_releases": len(records), **summary}
+                raise self._tampered(f"record {expected} does not match its hash (it was edited)")
+            if not (isinstance(rec["epsilon"], float) and 0 < rec["epsilon"] < 1e308):
+                raise self._tampered(f"record {expected} spends epsilon {rec['epsilon']!r}, not a positive number, "
+                                     "so its total cannot be trusted")
+            spent, prev = spent + rec["epsilon"], rec["hash"]
+        row = con.execute("SELECT value FROM meta WHERE key = 'budget'").fetchone()
+        budget = float(row[0]) if row else None
+        summary = _summary(len(rows), spent, budget, prev if rows else None, False, None, "empdp-ledger/1")
+        return summary, {"layout": "v1", "prev": prev}
 
     # ----------------------------------------------------------------- writes
     def append(self, fields: dict, draw: Callable[[], float], budget: float | None = None) -> dict:
-        """Atomically check the budget, draw the noisy value and append the record.
+        """Atomically verify the ledger, check the budget, draw the noisy value and append the record.
 
         Parameters
         ----------
         fields : dict
             ``query``, ``source``, ``database``, ``epsilon``, ``lambda``,
-            ``weight_zero``, ``private``, ``calibration_digest``.
+            ``weight_zero``, ``private``, ``noise_added``, ``calibration_digest``.
         draw : callable
             Returns the noisy value; called only once the release is allowed,
             inside the transaction.
         budget : float, optional
-            Total-ε budget. Fixed in the ledger by the first release naming
+            Total-ε budget. Fixed in the chain by the first release naming
             one; a different value later is an error.
 
         Returns
         -------
         dict
-            The record, plus ``budget_spent`` and ``budget_left`` (None without budget).
+            The record, plus ``budget_spent``, ``budget_left`` (None without
+            budget) and ``head``.
 
         Raises
         ------
         BudgetExceededError
             When spent + ε would exceed the budget; nothing is written.
+        LedgerTamperedError
+            When the ledger does not verify, or there is no key and not
+            ``allow_unsigned``; nothing is written.
         """
         eps = fields.get("epsilon")
         if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps > 0):
             raise InputError(f"a release must spend a positive, finite epsilon; got {eps!r} (check the "
                              "calibration's 'epsilon')")
         eps = float(eps)
-        if budget is not None and not (math.isfinite(budget) and budget > 0):
+        if budget is not None and not (isinstance(budget, numbers.Real) and math.isfinite(budget) and budget > 0):
             raise InputError(f"--budget must be a positive number; got {budget!r}")
+        if self.key is None and not self.allow_unsigned:
+            raise InputError(f"a release needs the curator key to sign the ledger: give --key-file FILE or set "
+                             f"${KEY_ENV} (or pass {_UNSAFE})")
+        self.check_path()
         if budget is not None and not self.path.exists():
             _check_budget(0.0, eps, budget)  # refuse before creating the file
-        con = self._connect()
+        self._writing = True
+        con = self._connect(write=True)
+        sql = _Statements(con)
         try:
-            con.execute("BEGIN IMMEDIATE")
+            sql("BEGIN IMMEDIATE")
             try:
-                stored = self._budget(con)
-                if budget is not None and stored is not None and not math.isclose(budget, stored, rel_tol=1e-12):
-                    raise InputError(f"ledger {str(self.path)!r} has a total-epsilon budget of {stored:g}, "
-                                     f"not {budget:g}; a budget cannot be changed once set")
-                limit = stored if stored is not None else budget
-                spent = self._spent(con)
-                if limit is not None:
-                    _check_budget(spent, eps, limit)
-                if stored is None and budget is not None:
-                    con.execute("INSERT INTO meta VALUES ('budget', ?)", (repr(float(budget)),))
-                prev = con.execute("SELECT hash FROM releases ORDER BY seq DESC LIMIT 1").fetchone()
-                prev = prev[0] if prev else _GENESIS
-                rec = {k: fields.get(k) for k in FIELDS}
-                rec["time"] = datetime.now(timezone.utc).isoformat(timespec="microseconds")
-                rec["epsilon"], rec["private"] = eps, int(bool(fields["private"]))
-                rec["noisy_value"] = float(draw())
-                rec["prev_hash"], rec["hash"] = prev, _record_hash(prev, rec)
-                cur = con.execute(f"INSERT INTO releases ({', '.join(FIELDS)}, prev_hash, hash) "
-                            f"VALUES ({', '.join('?' * (len(FIELDS) + 2))})",
-                            [rec[k] for k in FIELDS] + [rec["prev_hash"], rec["hash"]])
-                rec["seq"] = cur.lastrowid
-                con.execute("COMMIT")
+                rec = self._append(con, sql, fields, eps, budget, draw)
+                sql("COMMIT")
             except BaseException:
                 if con.in_transaction:
                     con.execute("ROLLBACK")
@@ -277,10 +454,88 @@ class Ledger:
             raise self._translate(exc) from None
         finally:
             con.close()
-        spent += eps
-        rec["budget_spent"] = spent
-        rec["budget_left"] = None if limit is None else max(limit - spent, 0.0)
+            self._writing = False
         return rec
+
+    def _append(self, con, sql, fields, eps, budget, draw) -> dict:
+        if self._layout(con) == "empty":  # first use: schema and genesis in this transaction
+            self._initialise(con, sql, budget)
+        summary, state = self._verify(con)
+        stored, spent = summary["budget"], summary["spent"]
+        if budget is not None and stored is not None and not math.isclose(budget, stored, rel_tol=1e-12):
+            raise InputError(f"ledger {str(self.path)!r} has a total-epsilon budget of {stored:g}, "
+                             f"not {budget:g}; a budget cannot be changed once set")
+        limit = stored if stored is not None else budget
+        if limit is not None:
+            _check_budget(spent, eps, limit)
+        rec = {k: fields.get(k) for k in FIELDS}
+        rec["epsilon"], rec["private"] = eps, int(bool(fields["private"]))
+        rec["noise_added"] = int(bool(fields.get("noise_added", True)))
+        if state["layout"] == "v1":
+            if stored is None and budget is not None:
+                sql("INSERT INTO meta VALUES ('budget', ?)", (repr(float(budget)),))
+            rec["time"], rec["noisy_value"] = _now(), float(draw())
+            rec = _stored(rec)
+            rec["prev_hash"], rec["hash"] = state["prev"], _record_hash(state["prev"], rec)
+            cur = sql(f"INSERT INTO releases ({', '.join(_V1_FIELDS)}, prev_hash, hash) "
+                      f"VALUES ({', '.join('?' * (len(_V1_FIELDS) + 2))})",
+                      [rec[k] for k in _V1_FIELDS] + [rec["prev_hash"], rec["hash"]])
+            rec["seq"], head = cur.lastrowid, rec["hash"]
+        else:
+            key, prev, seq = state["key"], state["prev"], state["last"]
+            if stored is None and budget is not None:
+                seq += 1
+                prev = self._insert(sql, key, prev, {"seq": seq, "kind": "budget", "time": _now(), "budget": budget})
+            rec.update(seq=seq + 1, kind="release", time=_now(), noisy_value=float(draw()))
+            head = self._insert(sql, key, prev, rec)
+            sql("INSERT OR REPLACE INTO meta VALUES ('head', ?)",
+                (json.dumps({"seq": rec["seq"], "mac": _head_mac(key, rec["seq"], head)}),))
+        rec["budget_spent"] = spent + eps
+        rec["budget_left"] = None if limit is None else max(limit - rec["budget_spent"], 0.0)
+        rec["head"] = head
+        return rec
+
+    def _initialise(self, con, sql, budget) -> None:
+        for name in ("meta", "chain"):  # a schema left by a process killed mid-creation holds no records
+            sql(f"DROP TABLE IF EXISTS {name}")
+        sql("DROP VIEW IF EXISTS releases")
+        sql("DROP TABLE IF EXISTS releases")
+        for statement in _SCHEMA:
+            sql(statement)
+        sql("INSERT INTO meta VALUES ('format', ?)", (FORMAT,))
+        kid = key_id(self.key) if self.key is not None else None
+        genesis = {"seq": 0, "kind": "genesis", "time": _now(), "budget": None if budget is None else float(budget),
+                   "key_id": kid}
+        last = self._insert(sql, self.key, _GENESIS, genesis)
+        sql("INSERT INTO meta VALUES ('head', ?)", (json.dumps({"seq": 0, "mac": _head_mac(self.key, 0, last)}),))
+
+    @staticmethod
+    def _insert(sql, key, prev: str, rec: dict) -> str:
+        full = _stored({k: rec.get(k) for k in CHAIN_FIELDS})
+        full["prev_mac"], full["mac"] = prev, _record_mac(key, prev, full)
+        names = [*CHAIN_FIELDS, "prev_mac", "mac"]
+        sql(f"INSERT INTO chain ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+            [full[k] for k in names])
+        rec["prev_mac"], rec["mac"] = prev, full["mac"]
+        return full["mac"]
+
+
+def _stored(rec: dict) -> dict:
+    """``rec`` with the types SQLite gives back (REAL, TEXT, INTEGER), so that its MAC verifies when read."""
+    out = dict(rec)
+    for k, v in rec.items():
+        if v is not None and k in _REAL:
+            out[k] = float(v)
+        elif v is not None and k in _INTEGER:
+            out[k] = int(v)
+        elif v is not None:
+            out[k] = str(v)
+    return out
+
+
+def _summary(n, spent, budget, head, signed, kid, fmt) -> dict:
+    return {"n_releases": n, "spent": spent, "budget": budget, "head": head, "signed": signed, "key_id": kid,
+            "format": fmt}
 
 
 def _check_budget(spent: float, eps: float, budget: float) -> None:
