@@ -27,7 +27,18 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import InputError
+
 log = logging.getLogger(__name__)
+
+#: the largest ε whose ε_i(λ) is computable: KDE terms e^{-gap/λ} underflow past e^{-708}, so a log
+#: ratio above ~700 comes out as inf and λ* could never be verified (the search used to spin forever)
+MAX_EPSILON = 700.0
+#: the smallest ε accepted: ε_i(λ) ~ gap/λ is then a difference of logs of sums near n, whose rounding
+#: (~1e-16 relative) becomes a relative error of ~1e-16/ε in λ* (6e-6 at 1e-9, 3e-4 at 1e-12, too small a λ*)
+MIN_EPSILON = 1e-9
+#: the largest λ* returned: noise of ~700 scales must still be a finite double
+MAX_LAMBDA = 1e300
 
 #: individuals per chunk: bounds memory at ~ 2n × chunk × 8 bytes per array
 _CHUNK = 32768
@@ -164,6 +175,18 @@ def _nearest_other(x, mark):
     return np.where(mark, dist, 0.0).max(axis=0)
 
 
+def check_epsilon(epsilon: float) -> None:
+    """Refuse a target ε outside [MIN_EPSILON, MAX_EPSILON], where λ* cannot be computed and verified."""
+    if epsilon > MAX_EPSILON:
+        raise InputError(f"--epsilon {epsilon:g} is above {MAX_EPSILON:g}, where the densities' ratio "
+                         f"(e^{MAX_EPSILON:g}) can no longer be computed in double precision and so cannot be "
+                         "verified; such an epsilon protects nobody: use a smaller one")
+    if epsilon < MIN_EPSILON:
+        raise InputError(f"--epsilon {epsilon:g} is below {MIN_EPSILON:g}, where epsilon_i(lambda) can no longer be "
+                         "computed exactly in double precision (rounding would make the noise too small); use "
+                         f"--epsilon {MIN_EPSILON:g} or more")
+
+
 @dataclass(frozen=True)
 class LambdaSearch:
     """Result of :func:`minimal_lambda` (SPEC 6.2).
@@ -226,11 +249,17 @@ def minimal_lambda(a, B, epsilon, *, rtol=1e-10, max_steps=400,
     a, B = _as_rows(a, B)
     if not np.isfinite(epsilon) or epsilon <= 0:
         raise ValueError(f"epsilon must be a positive number, got {epsilon!r}")
+    check_epsilon(epsilon)
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(B))):
         raise ValueError("query values and shifts must be finite")
     winf = winf_distance(a, B)
-    lam_hausdorff = float(hausdorff_distance(a, B).max(initial=0.0) / epsilon)
-    hi = float(winf.max(initial=0.0) / epsilon)
+    with np.errstate(over="ignore"):
+        lam_hausdorff = float(hausdorff_distance(a, B).max(initial=0.0) / epsilon)
+        hi = float(winf.max(initial=0.0) / epsilon)
+    if not hi <= MAX_LAMBDA:
+        raise InputError(f"--epsilon {epsilon:g} is too small for these data: the noise scale would be "
+                         f"{hi:.3g} (the largest shift over epsilon), above {MAX_LAMBDA:g}, so noisy values would "
+                         "overflow; use a larger epsilon")
     lam_winf = hi
     if hi == 0.0:
         return LambdaSearch(0.0, np.zeros(B.shape[0]), None, 0.0, lam_hausdorff, 0)
@@ -274,9 +303,13 @@ def minimal_lambda(a, B, epsilon, *, rtol=1e-10, max_steps=400,
         else:
             hi = mid
     eps = laplace_kde_eps(a, B, hi)
-    while eps.max() > epsilon:  # guard against rounding at the bracket end
-        hi *= 1 + 4 * rtol
+    for k in range(max_steps):  # guard against rounding at the bracket end: steps of 4·rtol, doubling
+        if eps.max() <= epsilon:
+            break
+        hi *= 1 + 4 * rtol * 2.0 ** k
         eps = laplace_kde_eps(a, B, hi)
+    else:  # pragma: no cover - ε ≤ MAX_EPSILON keeps every ε_i(λ) computable
+        raise RuntimeError(f"could not verify lambda* near {hi:.6g} for epsilon {epsilon:g}")
     binding = int(active[np.argmax(laplace_kde_eps(a, B[active], lo))])
     report("lambda search", total, total)
     return LambdaSearch(hi, eps, binding, lam_winf, lam_hausdorff, int(touched.sum()))

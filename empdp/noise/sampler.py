@@ -50,7 +50,11 @@ class SeededBits:
 
 def bits_source(seed: int | None = None):
     """CSPRNG words when ``seed`` is None, else the seeded (not private) source."""
-    return SecureBits() if seed is None else SeededBits(seed)
+    if seed is None:
+        return SecureBits()
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2 ** 128:
+        raise InputError(f"--seed must be an integer in [0, 2^128); got {str(seed)[:40]}")
+    return SeededBits(int(seed))
 
 
 def uniform_below(bits, bound) -> np.ndarray:
@@ -164,9 +168,12 @@ class NoiseSampler:
         """value + y, computed exactly on the grid and rounded once at the end."""
         value = float(value)
         if not math.isfinite(value):
-            raise ValueError(f"cannot release a non-finite value ({value})")
+            raise InputError(f"cannot release a non-finite value ({value})")
         if not self.t:
             return value
+        if abs(value) + 1000 * self.scale > 1e308:  # checked before drawing: a refusal reveals nothing
+            raise InputError(f"the value's magnitude ({abs(value):.3g}) plus the noise (scale {self.scale:.3g}) "
+                             "could overflow a double; nothing was released")
         unit = Fraction(2) ** self.grid_exp
         total = round(Fraction(value) * unit) + int(self.sample_units(1)[0])
         return float(total / unit)
