@@ -8,9 +8,6 @@ M_i → :mod:`empdp.risk` (exact δ_i and ε_i for the individuals that need the
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from collections import deque
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -23,11 +20,11 @@ from threadpoolctl import threadpool_limits
 from . import checks, risk
 from .density import DEFAULT_KERNEL, DensityModel, select_density
 from .errors import InputError
+from .ranking import Ranking, eps_all_code
+from ._parallel import PROCESS_ROWS, WORKERS, Executors, available_cores
 from .loo import LooEngine, _memory_limit_bytes, make_engine
 
 Progress = Callable[[str, int, int], None]
-#: (bytes one evaluation's grid may take, the databases' names) for risk.base_grid
-GridBudget = tuple[float, list]
 #: the memory limit when DuckDB's cannot be read (bytes)
 DEFAULT_MEMORY_LIMIT = 4 * 10**9
 
@@ -44,21 +41,10 @@ SEARCH_BATCH = 256
 LAG_BLOCKS = 8
 #: Σ log(1 − δ_i(ε)) at or below which δ*(ε) = −expm1(·) is 1.0 in float64 (it is from about −38)
 SATURATED = -60.0
-#: individuals of one evaluation stage from which ``workers="auto"`` evaluates in processes
-PROCESS_ROWS = 100_000
-WORKERS = ("threads", "processes", "auto")
 
 
 def _no_progress(stage: str, done: int, total: int) -> None:
     return None
-
-
-def available_cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _check_threads(threads) -> int:
@@ -67,78 +53,6 @@ def _check_threads(threads) -> int:
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise InputError(f"--threads must be a whole number >= 1, got {threads!r}")
     return int(threads)
-
-
-def _evaluate_block(model: DensityModel, shifts: np.ndarray, eps, need_eps_i: bool, only, cap,
-                    grid_budget: GridBudget | None = None):
-    """Exact ε_i, δ_i and the exact-evaluation flags of one block of shift rows, on its own grid
-    (refused, InputError, when it would not fit in ``grid_budget``)."""
-    budget, labels = grid_budget or (None, None)
-    grid = risk.base_grid(model, model.points[None, :] - shifts, budget=budget, labels=labels)
-    return risk.evaluate(model, shifts, eps, grid=grid, plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i,
-                         return_exact=True, only=only, cap=cap)
-
-
-_WORKER: dict = {}
-
-
-def _start_worker(model: DensityModel, grid_budget: GridBudget | None = None) -> None:
-    """Worker process set-up: the density model, and single-threaded BLAS (as in the threads)."""
-    _WORKER["model"] = model
-    _WORKER["grid_budget"] = grid_budget
-    _WORKER["blas"] = threadpool_limits(limits=1, user_api="blas")
-
-
-def _evaluate_in_worker(shifts: np.ndarray, eps, need_eps_i: bool, only, cap):
-    return _evaluate_block(_WORKER["model"], shifts, eps, need_eps_i, only, cap, _WORKER.get("grid_budget"))
-
-
-class _Done:
-    """A result computed in the calling thread, read like a future's."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def result(self):
-        return self.value
-
-
-class _Executors:
-    """Where blocks are evaluated: in the calling thread, a thread pool, or worker processes.
-
-    Threads share the GIL: on two cores they reach about 1.6× one thread on the exact
-    evaluation (many numpy calls on a few hundred rows each), processes about 1.8×. Worker
-    processes are started (with 'spawn': safe whatever threads DuckDB runs) on the first stage
-    that has at least :data:`PROCESS_ROWS` individuals and kept until the assessment ends.
-    """
-
-    def __init__(self, stack: ExitStack, threads: int, workers: str, model: DensityModel,
-                 grid_budget: GridBudget | None = None):
-        self.stack, self.threads, self.workers, self.model = stack, threads, workers, model
-        self.grid_budget = grid_budget
-        self.pool = None
-        if threads > 1:
-            self.pool = stack.enter_context(ThreadPoolExecutor(threads, thread_name_prefix="empdp-eval"))
-        self.procs = None
-
-    def uses_processes(self, rows: int) -> bool:
-        if self.threads < 2 or self.workers == "threads":
-            return False
-        return self.workers == "processes" or rows >= PROCESS_ROWS
-
-    def submit(self, rows: int, take: Callable[[], np.ndarray], eps, need_eps_i: bool, only, cap):
-        """Evaluate the block whose shift rows ``take()`` returns (a stage of ``rows`` individuals)."""
-        if self.uses_processes(rows):
-            if self.procs is None:
-                ctx = multiprocessing.get_context("spawn")
-                self.procs = self.stack.enter_context(ProcessPoolExecutor(
-                    self.threads, mp_context=ctx, initializer=_start_worker,
-                    initargs=(self.model, self.grid_budget)))
-            return self.procs.submit(_evaluate_in_worker, take(), eps, need_eps_i, only, cap)
-        budget = self.grid_budget
-        if self.pool is not None:  # the rows are read in the thread that evaluates them
-            return self.pool.submit(lambda: _evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget))
-        return _Done(_evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget))
 
 
 def _memory_limit(engine: LooEngine) -> int:
@@ -307,9 +221,9 @@ class Assessment:
         eps = float(self.epsilons[0] if epsilon is None else epsilon)
         if not (math.isfinite(eps) and eps >= 0):
             raise InputError(f"epsilon must be finite and >= 0, got {epsilon!r}")
-        codes, delta, eps_i = _Ranking(self, eps).top(int(k))
+        codes, delta, eps_i = Ranking(self, eps).top(int(k))
         ind = self.individuals[codes.tolist()] if len(codes) else self.individuals.head(0)
-        setter = _eps_all_code(self)
+        setter = eps_all_code(self)
         return pl.DataFrame({
             self.id_column: ind[self.id_column],
             "epsilon": np.full(len(codes), eps),
@@ -521,6 +435,7 @@ def _adversarial(plain: "Assessment", knows: LooEngine, *, eps, kernel, bandwidt
 
 def _assess(engine: LooEngine, *, eps, kernel, bandwidth, exact_all, screening, threads, stack, workers,
             progress) -> Assessment:
+    """The plain assessment in its named stages: model, screening, ε_all search, δ_i, summary."""
     progress("reading and leave-one-out", 0, 3)
     q = engine.values()
     progress("reading and leave-one-out", 1, 3)
@@ -528,246 +443,185 @@ def _assess(engine: LooEngine, *, eps, kernel, bandwidth, exact_all, screening, 
     progress("reading and leave-one-out", 2, 3)
     screen = engine.screen(model.bandwidths)
     progress("reading and leave-one-out", 3, 3)
-    m, n = len(screen), len(q)
-    if m == 0:
+    if len(screen) == 0:
         raise InputError("no individual has rows the query uses (check --where and NULL values)")
-    undefined = screen.undefined
-    definable = np.flatnonzero(~undefined)
-    eps_i = np.full(m, np.nan)
-    eps_i[undefined] = np.inf
-    eps_bound = risk.eps_upper_bound(model, screen.bound)
-    eps_bound[undefined] = np.inf
+    ev = _Evaluation(engine, model, screen, eps, screening=screening, threads=threads, stack=stack,
+                     workers=workers, progress=progress)
+    ev.search_eps_all()
+    ev.delta_stage(exact_all)
+    # the result keeps the engine (for shifts_of), not up to 8 bytes × 10^8 cells
+    engine.release_shifts()
+    return ev.result(q)
 
-    # each evaluation in flight holds its own grid: they share the memory limit, and a grid that
-    # cannot fit is refused with the reason (the query values' span in bandwidths) before it is built
-    labels = list(engine.panel.labels)
-    grid_budget = (_memory_limit(engine) / threads, labels)
-    risk.base_grid(model, budget=grid_budget[0], labels=labels)  # the query values alone: refused early
-    cache = _ShiftCache(engine, max(1, FETCH_CELLS // n))
-    executors = _Executors(stack, threads, workers, model, grid_budget)
-    evaluated_delta = np.zeros(m, dtype=bool)
-    exact = np.zeros(m, dtype=bool)  # evaluated exactly (ε_i, δ_i or both), not cleared by bounds
-    acc = _Accumulator(m, model.kernel, 0 if eps is None else len(eps))
 
-    def run(codes: np.ndarray, with_delta: bool, stage: str, release: bool = False,
+class _Evaluation:
+    """The exact evaluation of one assessment: which individuals, in which blocks, and the running summary.
+
+    Blocks depend on the fetch chunk only, never on the thread count, and block k is planned from
+    the summary of blocks 0 … k − LAG_BLOCKS − 1 exactly (results are added in order), so the
+    results are the same for any thread count, and the threads never wait for a wave.
+    """
+
+    def __init__(self, engine: LooEngine, model: DensityModel, screen, eps, *, screening: bool, threads: int,
+                 stack: ExitStack, workers: str, progress: Progress):
+        self.engine, self.model, self.screen, self.eps = engine, model, screen, eps
+        self.screening, self.progress = screening, progress
+        m, self.n = len(screen), len(model.points)
+        self.undefined = screen.undefined
+        self.definable = np.flatnonzero(~self.undefined)
+        self.eps_i = np.full(m, np.nan)
+        self.eps_i[self.undefined] = np.inf
+        self.eps_bound = risk.eps_upper_bound(model, screen.bound)
+        self.eps_bound[self.undefined] = np.inf
+        # each evaluation in flight holds its own grid: they share the memory limit, and a grid that
+        # cannot fit is refused with the reason (the query values' span in bandwidths) before it is built
+        labels = list(engine.panel.labels)
+        grid_budget = (_memory_limit(engine) / threads, labels)
+        risk.base_grid(model, budget=grid_budget[0], labels=labels)  # the query values alone: refused early
+        self.cache = _ShiftCache(engine, max(1, FETCH_CELLS // self.n))
+        self.executors = Executors(stack, threads, workers, model, grid_budget)
+        self.evaluated_delta = np.zeros(m, dtype=bool)
+        self.exact = np.zeros(m, dtype=bool)  # evaluated exactly (ε_i, δ_i or both), not cleared by bounds
+        self.acc = _Accumulator(m, model.kernel, 0 if eps is None else len(eps))
+        self.eps_all = 0.0
+
+    # ------------------------------------------------------------------ stages
+    def search_eps_all(self) -> None:
+        """ε_all: exact ε_i in decreasing order of the bound until the bound falls below the best so far.
+
+        With the ε values known, these individuals get their δ_i in the same evaluation, and the
+        first fetch brings the candidates too, so the table is scanned as few times as possible.
+        """
+        eps_i, eps_bound, definable = self.eps_i, self.eps_bound, self.definable
+        order = definable[np.argsort(-eps_bound[definable], kind="stable")]
+        exhaustive = not self.screening and self.eps is None  # every exact ε_i, not only those left open
+        want = order[:SEARCH_PREFETCH]
+        if self.eps is not None:
+            want = np.union1d(want, self.candidates(self.eps[0])[:self.cache.capacity])
+        self.cache.prefetch(want)
+        eps_all, pos, batch = 0.0, 0, SEARCH_BATCH
+        falling = -eps_bound[order]  # ascending
+        while pos < len(order) and (exhaustive or eps_bound[order[pos]] > eps_all):
+            # a batch stops at the last bound above ε_all so far: the rows after it cannot raise ε_all
+            # (at 10^6 × 100 the doubling batches went 60% past the ~20,000 rows that can)
+            live = len(order) if exhaustive else int(np.searchsorted(falling, -eps_all, side="left"))
+            end = min(pos + batch, live)
+            todo = order[pos:end]
+            self.run(todo[np.isnan(eps_i[todo])], self.eps is not None, "eps_all")
+            eps_all = max(eps_all, float(np.nanmax(eps_i[order[:end]], initial=0.0)))
+            pos, batch = end, batch * 2
+        self.eps_all = eps_all
+        if self.eps is None:
+            self.eps = default_epsilons(eps_all)
+            self.acc = _Accumulator(len(eps_i), self.model.kernel, len(self.eps))
+
+    def delta_stage(self, exact_all: bool) -> None:
+        """δ_i for the remaining individuals whose δ_i can be positive in the requested range.
+
+        With screening and no ``exact_all``, ε_i is computed only where ε_all needs it: these
+        individuals get their exact δ_i only, and those whose certified bounds on the grid show
+        ε_i ≤ min ε skip the exact evaluation (δ_i = 0).
+        """
+        need = self.candidates(self.eps[0])
+        if exact_all:
+            need = np.union1d(need, self.definable[np.isnan(self.eps_i[self.definable])])
+        rest = need[~self.evaluated_delta[need]]
+        self.cache.keep(rest)
+        self.run(rest, True, "delta_i", release=True, need_eps_i=exact_all or not self.screening)
+        if len(self.definable):
+            self.eps_all = max(self.eps_all, float(np.nanmax(self.eps_i[self.definable], initial=0.0)))
+
+    def candidates(self, eps_min: float) -> np.ndarray:
+        """Individuals whose δ_i can be positive at some ε ≥ eps_min (all of them without screening)."""
+        if not self.screening:
+            return self.definable
+        screen = self.screen
+        if self.model.kernel == "laplace":
+            need = screen.bound > eps_min
+        else:
+            need = risk.delta_upper_bound("gaussian", eps_min, screen.bound, screen.n_present,
+                                          self.n) > risk.GAUSSIAN_TOL
+        return np.flatnonzero(need & ~self.undefined)
+
+    # ------------------------------------------------------------ evaluation
+    def run(self, codes: np.ndarray, with_delta: bool, stage: str, release: bool = False,
             need_eps_i: bool = True) -> None:
         """Exact ε_i (and δ_i at ``eps``) for ``codes``: one scan per fetch chunk, one grid per batch.
 
         With ``need_eps_i=False`` only δ_i is computed (ε_i stays NaN), and only for the
         individuals whose bounds do not certify ε_i ≤ min(eps).
         """
-        done = 0
+        cache, done = self.cache, 0
         for a in range(0, len(codes), cache.capacity):
             chunk = codes[a:a + cache.capacity]
             cache.prefetch(chunk)
-
-            def one(block, needed):
-                only, cap = needed or (None, None)
-                return executors.submit(len(codes), lambda: cache.take(block), eps if with_delta else None,
-                                        need_eps_i, only, cap)
-
-            def add(block, result):
-                nonlocal done
-                e_i, d, ex = result
-                # a δ-only evaluation (NaN ε_i) keeps the exact ε_i the ε_all search found
-                eps_i[block] = np.where(np.isnan(e_i), eps_i[block], e_i)
-                exact[block] |= ex
-                if with_delta:
-                    acc.add(block, d)
-                    evaluated_delta[block] = True
-                done += len(block)
-                progress(stage, done, len(codes))
-
-            # blocks depend on the chunk only, never on ``threads``; block k is planned from the
-            # summary of blocks 0 … k − LAG_BLOCKS − 1 exactly (results are added in order), so
-            # the results are the same for any thread count, and the threads never wait for a wave
             size = min(EVAL_ROWS, max(MIN_EVAL_ROWS, -(-len(chunk) // 4)))
             blocks = [chunk[b:b + size] for b in range(0, len(chunk), size)]
             pending = deque()  # (index, block, future or result), in order
             for k, block in enumerate(blocks):
                 while pending and pending[0][0] < k - LAG_BLOCKS:
                     _, b, res = pending.popleft()
-                    add(b, res.result())
-                needed = acc.needed() if with_delta else None  # the δ_i this block needs
+                    done = self._add(b, res.result(), with_delta, stage, done, len(codes))
+                needed = self.acc.needed() if with_delta else None  # the δ_i this block needs
                 # the cache is only read while blocks are evaluated
-                pending.append((k, block, one(block, needed)))
+                pending.append((k, block, self._submit(len(codes), block, with_delta, need_eps_i, needed)))
             for _, b, res in pending:
-                add(b, res.result())
+                done = self._add(b, res.result(), with_delta, stage, done, len(codes))
             if release:
                 cache.keep(codes[a + cache.capacity:])
 
-    def candidates(eps_min: float) -> np.ndarray:
-        """Individuals whose δ_i can be positive at some ε ≥ eps_min (all of them without screening)."""
-        if not screening:
-            return definable
-        if model.kernel == "laplace":
-            need = screen.bound > eps_min
-        else:
-            need = risk.delta_upper_bound("gaussian", eps_min, screen.bound, screen.n_present, n) > risk.GAUSSIAN_TOL
-        return np.flatnonzero(need & ~undefined)
+    def _submit(self, rows: int, block: np.ndarray, with_delta: bool, need_eps_i: bool, needed):
+        only, cap = needed or (None, None)
+        return self.executors.submit(rows, lambda: self.cache.take(block), self.eps if with_delta else None,
+                                     need_eps_i, only, cap)
 
-    # ε_all: exact ε_i in decreasing order of the bound until the bound falls below the best so far.
-    # With the ε values known, these individuals get their δ_i in the same evaluation, and the
-    # first fetch brings the candidates too, so the table is scanned as few times as possible.
-    order = definable[np.argsort(-eps_bound[definable], kind="stable")]
-    exhaustive = not screening and eps is None  # every exact ε_i, not only those the bound leaves open
-    want = order[:SEARCH_PREFETCH]
-    if eps is not None:
-        want = np.union1d(want, candidates(eps[0])[:cache.capacity])
-    cache.prefetch(want)
-    eps_all, pos, batch = 0.0, 0, SEARCH_BATCH
-    falling = -eps_bound[order]  # ascending
-    while pos < len(order) and (exhaustive or eps_bound[order[pos]] > eps_all):
-        # a batch stops at the last bound above ε_all so far: the rows after it cannot raise ε_all
-        # (at 10^6 × 100 the doubling batches went 60% past the ~20,000 rows that can)
-        live = len(order) if exhaustive else int(np.searchsorted(falling, -eps_all, side="left"))
-        end = min(pos + batch, live)
-        todo = order[pos:end]
-        run(todo[np.isnan(eps_i[todo])], eps is not None, "eps_all")
-        eps_all = max(eps_all, float(np.nanmax(eps_i[order[:end]], initial=0.0)))
-        pos, batch = end, batch * 2
-    if eps is None:
-        eps = default_epsilons(eps_all)
-        acc = _Accumulator(m, model.kernel, len(eps))
-    E = len(eps)
+    def _add(self, block: np.ndarray, result, with_delta: bool, stage: str, done: int, total: int) -> int:
+        e_i, d, ex = result
+        # a δ-only evaluation (NaN ε_i) keeps the exact ε_i the ε_all search found
+        self.eps_i[block] = np.where(np.isnan(e_i), self.eps_i[block], e_i)
+        self.exact[block] |= ex
+        if with_delta:
+            self.acc.add(block, d)
+            self.evaluated_delta[block] = True
+        done += len(block)
+        self.progress(stage, done, total)
+        return done
 
-    # δ_i for the remaining individuals whose δ_i can be positive in the requested range
-    need = candidates(eps[0])
-    if exact_all:
-        need = np.union1d(need, definable[np.isnan(eps_i[definable])])
-    rest = need[~evaluated_delta[need]]
-    cache.keep(rest)
-    # with screening and no --out, ε_i is computed only where it is needed (ε_all above): these
-    # individuals get their exact δ_i only, and those whose certified bounds on the grid show
-    # ε_i ≤ min ε skip the exact evaluation (δ_i = 0)
-    run(rest, True, "delta_i", release=True, need_eps_i=exact_all or not screening)
-    # the result keeps the engine (for shifts_of), not up to 8 bytes × 10^8 cells
-    engine.release_shifts()
-    if len(definable):
-        eps_all = max(eps_all, float(np.nanmax(eps_i[definable], initial=0.0)))
-    max_delta, log_survive, at_risk, delta_first = acc.max_delta, acc.log_survive, acc.at_risk, acc.first
-    sole = int(undefined.sum())
-    if sole:
-        max_delta[:] = 1.0
-        log_survive[:] = -np.inf
-        at_risk += sole
-        delta_first[undefined] = 1.0
-    total = np.maximum(-np.expm1(log_survive.astype(np.float64)), 0.0)
-
-    indep, warn1 = checks.independence(q)
-    rep, warn2 = checks.representativeness(screen.n_present, n)
-    warnings = warn1 + warn2
-    if sole:
-        warnings.insert(0, f"{sole} individual(s) are the only contributor to some database: removing them "
-                           f"leaves the query undefined, so their presence alone is revealed (delta_i = 1, "
-                           f"eps_i = inf); no epsilon protects them")
-    if engine.panel.n_null_ids:
-        warnings.append(f"dropped {engine.panel.n_null_ids} rows with a NULL id")
-    individuals = pl.DataFrame({
-        engine.panel.id: screen.ids,
-        "eps_i": pl.Series(eps_i, dtype=pl.Float64, nan_to_null=True),
-        "eps_bound": eps_bound,
-        "delta": delta_first,
-        "n_databases": screen.n_present.astype(np.int64),
-        "max_abs_shift": screen.max_abs_shift,
-        "sole_contributor": undefined,
-    })
-    n_evaluated = int((exact & ~undefined).sum())
-    return Assessment(
-        source=engine.panel.description, query=engine.query.describe(), id_column=engine.panel.id,
-        by_column=engine.panel.by, labels=list(engine.panel.labels), q=q, model=model, epsilons=eps,
-        delta=max_delta, total_risk=total, n_at_risk=at_risk, eps_all=eps_all, individuals=individuals,
-        independence=indep, representativeness=rep, warnings=warnings, sole_contributors=sole,
-        n_evaluated=n_evaluated, screening=screening, engine=engine)
-
-
-def _eps_all_code(a) -> int:
-    """Row of the individual whose exact ε_i is ε_all (-1 when every ε_i is 0 or unknown)."""
-    e = a.individuals["eps_i"].fill_null(np.nan).to_numpy().astype(float)
-    e = np.where(a.individuals["sole_contributor"].to_numpy(), np.nan, e)
-    if not np.isfinite(e).any() or np.nanmax(e) <= 0:
-        return -1
-    return int(np.nanargmax(e))
-
-
-class _Ranking:
-    """Branch and bound for :meth:`Assessment.riskiest`: exact values only where a row can rank.
-
-    Upper bounds: δ_i(ε) ≤ δ_i(ε_min) for ε ≥ ε_min (δ_i decreases in ε; δ_i(ε_min) is exact for
-    every individual) and the screening bound ``risk.delta_upper_bound``; ε_i ≤ ``eps_bound``.
-    """
-
-    BATCH = 256
-
-    def __init__(self, a, eps: float):
-        self.a, self.eps = a, eps
-        ind = a.individuals
-        self.sole = ind["sole_contributor"].to_numpy()
-        self.bound = ind["eps_bound"].to_numpy().astype(float)
-        known_eps = ind["eps_i"].fill_null(np.nan).to_numpy().astype(float)
-        self.eps_i = known_eps.copy()
-        self.delta = np.full(len(self.sole), np.nan)
-        first = ind["delta"].to_numpy().astype(float)
-        e0 = float(a.epsilons[0])
-        n_present = ind["n_databases"].to_numpy()
-        if a.buckets:  # each bucket's bound (n_iB/n_B) δ_kernel(ε; M_iB) is at most δ_kernel(ε; M_i)
-            upper = risk.term_delta(a.model.kernel, eps, self.bound)
-        else:
-            upper = risk.delta_upper_bound(a.model.kernel, eps, self.bound, n_present, a.n_databases)
-        if math.isclose(eps, e0, rel_tol=1e-12, abs_tol=0.0):
-            self.delta[:] = first  # exact for every individual
-            upper = first
-        elif eps > e0:
-            upper = np.minimum(upper, first)
-        if a.model.kernel == "laplace":
-            upper = np.where(self.bound <= eps, 0.0, upper)
-        upper = np.where(self.sole, 1.0, upper)
-        self.upper = upper
-        self.delta[self.sole] = 1.0
-        self.eps_i[self.sole] = np.inf
-
-    def _evaluate(self, codes: np.ndarray) -> None:
-        todo = codes[np.isnan(self.delta[codes]) | np.isnan(self.eps_i[codes])]
-        if len(todo):
-            self.eps_i[todo], self.delta[todo] = self.a.exact_risk(todo, self.eps)
-
-    def top(self, k: int):
-        m = len(self.sole)
-        k = max(0, min(k, m))
-        chosen = np.empty(0, dtype=np.int64)
-        if k:
-            # 1. by δ_i(ε): rows in decreasing order of their bound until the k-th exact δ beats the next bound
-            order = np.argsort(-self.upper, kind="stable")
-            pos = 0
-            while pos < m:
-                kth = np.sort(np.nan_to_num(self.delta[order[:pos]], nan=0.0))[::-1]
-                kth = kth[k - 1] if len(kth) >= k else 0.0
-                if self.upper[order[pos]] <= 0 or (len(order[:pos]) >= k and self.upper[order[pos]] < kth):
-                    break
-                end = min(m, pos + max(self.BATCH, k))
-                self._evaluate(order[pos:end])
-                pos = end
-            looked = order[:pos]
-            positive = looked[self.delta[looked] > 0]
-            chosen = positive
-            if len(chosen) < k:
-                # 2. the rest at δ_i(ε) = 0, by exact ε_i: decreasing bounds until the next cannot enter
-                rest = np.setdiff1d(np.arange(m), chosen)
-                rest = rest[np.argsort(-self.bound[rest], kind="stable")]
-                need, pos = k - len(chosen), 0
-                while pos < len(rest):
-                    seen = np.sort(np.nan_to_num(self.eps_i[rest[:pos]], nan=-1.0))[::-1]
-                    if pos >= need and self.bound[rest[pos]] < seen[need - 1]:
-                        break
-                    end = min(len(rest), pos + max(self.BATCH, need))
-                    self._evaluate(rest[pos:end])
-                    pos = end
-                chosen = np.concatenate([chosen, rest[:pos]])
-            self._evaluate(chosen)
-            rank = np.lexsort((-self.eps_i[chosen], -self.delta[chosen]))
-            chosen = chosen[rank][:k]
-        setter = _eps_all_code(self.a)
-        if setter >= 0 and setter not in chosen:
-            self._evaluate(np.array([setter]))
-            chosen = np.append(chosen, setter)
-        return chosen, self.delta[chosen], self.eps_i[chosen]
+    # ---------------------------------------------------------------- summary
+    def result(self, q: np.ndarray) -> Assessment:
+        """The :class:`Assessment`: sweep summary, checks, warnings and the per-individual table."""
+        engine, screen, undefined, acc = self.engine, self.screen, self.undefined, self.acc
+        max_delta, log_survive, at_risk = acc.max_delta.copy(), acc.log_survive.copy(), acc.at_risk.copy()
+        delta_first = acc.first.copy()
+        sole = int(undefined.sum())
+        if sole:
+            max_delta[:] = 1.0
+            log_survive[:] = -np.inf
+            at_risk += sole
+            delta_first[undefined] = 1.0
+        total = np.maximum(-np.expm1(log_survive.astype(np.float64)), 0.0)
+        indep, warn1 = checks.independence(q)
+        rep, warn2 = checks.representativeness(screen.n_present, self.n)
+        warnings = warn1 + warn2
+        if sole:
+            warnings.insert(0, f"{sole} individual(s) are the only contributor to some database: removing them "
+                               f"leaves the query undefined, so their presence alone is revealed (delta_i = 1, "
+                               f"eps_i = inf); no epsilon protects them")
+        if engine.panel.n_null_ids:
+            warnings.append(f"dropped {engine.panel.n_null_ids} rows with a NULL id")
+        individuals = pl.DataFrame({
+            engine.panel.id: screen.ids,
+            "eps_i": pl.Series(self.eps_i, dtype=pl.Float64, nan_to_null=True),
+            "eps_bound": self.eps_bound,
+            "delta": delta_first,
+            "n_databases": screen.n_present.astype(np.int64),
+            "max_abs_shift": screen.max_abs_shift,
+            "sole_contributor": undefined,
+        })
+        return Assessment(
+            source=engine.panel.description, query=engine.query.describe(), id_column=engine.panel.id,
+            by_column=engine.panel.by, labels=list(engine.panel.labels), q=q, model=self.model,
+            epsilons=self.eps, delta=max_delta, total_risk=total, n_at_risk=at_risk, eps_all=self.eps_all,
+            individuals=individuals, independence=indep, representativeness=rep, warnings=warnings,
+            sole_contributors=sole, n_evaluated=int((self.exact & ~undefined).sum()), screening=self.screening,
+            engine=engine)

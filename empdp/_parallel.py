@@ -1,0 +1,105 @@
+"""Where blocks of individuals are evaluated: the calling thread, a thread pool, or worker processes.
+
+The assessment (:mod:`empdp.assess`) cuts the individuals into blocks whose composition never
+depends on the thread count, so the results do not either; this module only runs them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import ExitStack
+from typing import Callable
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from . import risk
+from .density import DensityModel
+
+#: (bytes one evaluation's grid may take, the databases' names) for risk.base_grid
+GridBudget = tuple[float, list]
+#: individuals of one evaluation stage from which ``workers="auto"`` evaluates in processes
+PROCESS_ROWS = 100_000
+WORKERS = ("threads", "processes", "auto")
+
+
+def available_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _evaluate_block(model: DensityModel, shifts: np.ndarray, eps, need_eps_i: bool, only, cap,
+                    grid_budget: GridBudget | None = None):
+    """Exact ε_i, δ_i and the exact-evaluation flags of one block of shift rows, on its own grid
+    (refused, InputError, when it would not fit in ``grid_budget``)."""
+    budget, labels = grid_budget or (None, None)
+    grid = risk.base_grid(model, model.points[None, :] - shifts, budget=budget, labels=labels)
+    return risk.evaluate(model, shifts, eps, grid=grid, plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i,
+                         return_exact=True, only=only, cap=cap)
+
+
+_WORKER: dict = {}
+
+
+def _start_worker(model: DensityModel, grid_budget: GridBudget | None = None) -> None:
+    """Worker process set-up: the density model, and single-threaded BLAS (as in the threads)."""
+    _WORKER["model"] = model
+    _WORKER["grid_budget"] = grid_budget
+    _WORKER["blas"] = threadpool_limits(limits=1, user_api="blas")
+
+
+def _evaluate_in_worker(shifts: np.ndarray, eps, need_eps_i: bool, only, cap):
+    return _evaluate_block(_WORKER["model"], shifts, eps, need_eps_i, only, cap, _WORKER.get("grid_budget"))
+
+
+class _Done:
+    """A result computed in the calling thread, read like a future's."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class Executors:
+    """Where blocks are evaluated: in the calling thread, a thread pool, or worker processes.
+
+    Threads share the GIL: on two cores they reach about 1.6× one thread on the exact
+    evaluation (many numpy calls on a few hundred rows each), processes about 1.8×. Worker
+    processes are started (with 'spawn': safe whatever threads DuckDB runs) on the first stage
+    that has at least :data:`PROCESS_ROWS` individuals and kept until the assessment ends.
+    """
+
+    def __init__(self, stack: ExitStack, threads: int, workers: str, model: DensityModel,
+                 grid_budget: GridBudget | None = None):
+        self.stack, self.threads, self.workers, self.model = stack, threads, workers, model
+        self.grid_budget = grid_budget
+        self.pool = None
+        if threads > 1:
+            self.pool = stack.enter_context(ThreadPoolExecutor(threads, thread_name_prefix="empdp-eval"))
+        self.procs = None
+
+    def uses_processes(self, rows: int) -> bool:
+        if self.threads < 2 or self.workers == "threads":
+            return False
+        return self.workers == "processes" or rows >= PROCESS_ROWS
+
+    def submit(self, rows: int, take: Callable[[], np.ndarray], eps, need_eps_i: bool, only, cap):
+        """Evaluate the block whose shift rows ``take()`` returns (a stage of ``rows`` individuals)."""
+        if self.uses_processes(rows):
+            if self.procs is None:
+                ctx = multiprocessing.get_context("spawn")
+                self.procs = self.stack.enter_context(ProcessPoolExecutor(
+                    self.threads, mp_context=ctx, initializer=_start_worker,
+                    initargs=(self.model, self.grid_budget)))
+            return self.procs.submit(_evaluate_in_worker, take(), eps, need_eps_i, only, cap)
+        budget = self.grid_budget
+        if self.pool is not None:  # the rows are read in the thread that evaluates them
+            return self.pool.submit(lambda: _evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget))
+        return _Done(_evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget))
