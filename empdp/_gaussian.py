@@ -280,82 +280,108 @@ class _Intervals:
         self.Sa = Sa[rr, kk]
         self.Sc = Sc[rr, kk]
 
-    def delta(self, eps):
-        """δ(ε) per row (ε per row) and its derivative dδ/dε = −e^ε ∫_{S>ε} e^D."""
-        e = eps[self.rr]
-        la, lc = self.Sa, self.Sc
+    def delta(self, eps, rows=None):
+        """δ(ε) and dδ/dε = −e^ε ∫_{S>ε} e^D for the ``rows`` (all: None) at their ε."""
+        if rows is None:
+            return self._delta(eps, slice(None), self.rr, self.R)
+        at = np.full(self.R, -1)
+        at[rows] = np.arange(len(rows))
+        sel = np.flatnonzero(at[self.rr] >= 0)
+        return self._delta(eps, sel, at[self.rr[sel]], len(rows))
+
+    def _delta(self, eps, sel, rr, R):
+        e = eps[rr]
+        la, lc = self.Sa[sel], self.Sc[sel]
+        A = tuple(v[sel] for v in self.A)
+        D = tuple(v[sel] for v in self.D)
         inside = np.minimum(la, lc) >= e
         cut = ~inside & (np.maximum(la, lc) > e)
         t0 = np.where(inside, 0.0, 1.0)
         t1 = np.ones_like(t0)
         if cut.any():
-            r = _root(*(v[cut] for v in (*self.A, *self.D)), e[cut])
+            r = _root(*(v[cut] for v in (*A, *D)), e[cut])
             rising = (lc > la)[cut]
             t0[cut] = np.where(rising, r, 0.0)
             t1[cut] = np.where(rising, 1.0, r)
         live = t1 > t0
         t = t0[live, None] + (t1 - t0)[live, None] * _GL_T[None, :]
-        a = _hermite(*(v[live, None] for v in self.A), t)
-        dd = _hermite(*(v[live, None] for v in self.D), t)
+        a = _hermite(*(v[live, None] for v in A), t)
+        dd = _hermite(*(v[live, None] for v in D), t)
         ee = e[live, None]
         f = np.exp(a) * -np.expm1(np.minimum(ee + dd - a, 0.0))
         g = np.exp(np.minimum(ee + dd, 700.0))
-        scale = (self.hh * (t1 - t0))[live]
+        scale = (self.hh[sel] * (t1 - t0))[live]
         mass = (f @ _GL_W) * scale
         dmass = (g @ _GL_W) * scale
-        rr = self.rr[live]
-        d = np.bincount(rr, weights=mass, minlength=self.R)
-        dd_ = np.bincount(rr, weights=dmass, minlength=self.R)
-        return d, -dd_
+        rr = rr[live]
+        return np.bincount(rr, weights=mass, minlength=R), -np.bincount(rr, weights=dmass, minlength=R)
 
 
 def _root(a0, a1, am, cm, d0, d1, dm, dmc, e):
-    """t ∈ [0, 1] where the Hermite model of S = A − D equals e (S monotone on the interval)."""
+    """t ∈ [0, 1] where the Hermite model of S = A − D equals e (S monotone on the interval):
+    Newton's method safeguarded by bisection, each root until its step is below 1e-12."""
     ya, yc = a0 - d0, a1 - d1
     ma, mc = am - dm, cm - dmc
-    lo, hi = np.zeros_like(e), np.ones_like(e)
-    rising = yc > ya
+    d = yc - ya
+    c2, c3 = 3 * d - 2 * ma - mc, ma + mc - 2 * d
+    rising = d > 0
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.clip((e - ya) / (yc - ya), 0.0, 1.0)
-    t = np.nan_to_num(t, nan=0.5)
-    for _ in range(60):
-        d = yc - ya
-        H = ya + t * (ma + t * ((3 * d - 2 * ma - mc) + t * (ma + mc - 2 * d))) - e
-        dH = ma + t * (2 * (3 * d - 2 * ma - mc) + 3 * t * (ma + mc - 2 * d))
+        t = np.nan_to_num(np.clip((e - ya) / d, 0.0, 1.0), nan=0.5)
+    out = t.copy()
+    idx = np.arange(len(t))
+    lo, hi = np.zeros_like(t), np.ones_like(t)
+    for _ in range(80):
+        H = ya + t * (ma + t * (c2 + t * c3)) - e
+        dH = ma + t * (2 * c2 + 3 * t * c3)
         above = (H > 0) == rising
         hi = np.where(above, t, hi)
         lo = np.where(above, lo, t)
         with np.errstate(divide="ignore", invalid="ignore"):
             nt = t - H / dH
-        nt = np.where((nt > lo) & (nt < hi), nt, 0.5 * (lo + hi))
-        if np.all(np.abs(nt - t) <= 1e-15):
-            return nt
-        t = nt
-    return t
+        nt = np.where((nt >= lo) & (nt <= hi), nt, 0.5 * (lo + hi))
+        out[idx] = nt
+        go = np.abs(nt - t) > 1e-12
+        if not go.any():
+            break
+        idx, t, lo, hi = idx[go], nt[go], lo[go], hi[go]
+        ya, ma, c2, c3, e, rising = (v[go] for v in (ya, ma, c2, c3, e, rising))
+    return out
 
 
 def _newton(ivl: _Intervals, lo, hi, start, tol, use):
     """Safeguarded Newton on log δ(ε) − log tol in the brackets [lo, hi] (δ(lo) > tol ≥ δ(hi)),
-    from ``start``; rows not in ``use`` are skipped. Returns each row's bracket's upper end."""
+    from ``start``; rows not in ``use`` are skipped. Returns each row's bracket's upper end.
+
+    Two steps in a row from the same side double the second (log δ may be convex there, and
+    Newton would creep); a step that leaves the bracket, or a third slow one, bisects."""
     lo, hi = lo.copy(), hi.copy()
     eps = np.clip(start, lo, hi)
     active = use & (hi - lo > EPS_RTOL * hi)
+    side = np.zeros(len(lo))  # +1: the last point was above tol, −1: at or below
+    slow = np.zeros(len(lo), dtype=np.intp)
     log_tol = math.log(tol)
-    for _ in range(100):
-        if not active.any():
+    for _ in range(200):
+        rows = np.flatnonzero(active)
+        if not len(rows):
             break
-        d_all, dd_all = ivl.delta(np.where(active, eps, hi))
-        d, dd, e = d_all[active], dd_all[active], eps[active]
+        d, dd = ivl.delta(eps[rows], rows)
+        e = eps[rows]
         above = d > tol
-        l, u = np.where(above, e, lo[active]), np.where(above, hi[active], e)
+        l, u = np.where(above, e, lo[rows]), np.where(above, hi[rows], e)
         with np.errstate(divide="ignore", invalid="ignore"):
             step = (np.log(d) - log_tol) * d / dd  # Newton on log δ: ε − g/g'
+        sgn = np.where(above, 1.0, -1.0)
+        step = np.where(side[rows] == sgn, 2.0 * step, step)
         nxt = e - step
-        # a step too small to cut the bracket: step over the root, to close the bracket from the other side
+        # a step too small to cut the bracket: step over the root, to close it from the other side
         small = np.abs(step) <= 0.5 * EPS_RTOL * u
-        nxt = np.where(small, nxt + np.where(above, 1.0, -1.0) * 0.5 * EPS_RTOL * u, nxt)
-        ok = np.isfinite(nxt) & (nxt > l) & (nxt < u)
+        nxt = np.where(small, nxt + sgn * 0.5 * EPS_RTOL * u, nxt)
+        width = hi[rows] - lo[rows]
+        sl = np.where(u - l > 0.5 * width, slow[rows] + 1, 0)
+        ok = np.isfinite(nxt) & (nxt > l) & (nxt < u) & (sl < 3)
         nxt = np.where(ok, nxt, 0.5 * (l + u))
-        lo[active], hi[active], eps[active] = l, u, nxt
-        active[active] = (u - l) > EPS_RTOL * u
+        slow[rows] = np.where(ok, sl, 0)
+        side[rows] = np.where(ok, sgn, 0.0)
+        lo[rows], hi[rows], eps[rows] = l, u, nxt
+        active[rows] = (u - l) > EPS_RTOL * u
     return hi
