@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import tempfile
 import weakref
@@ -198,9 +199,8 @@ def default_memory_limit() -> str:
     with a limit it spills instead, at about the same speed, and leaves room
     for the density evaluation.
     """
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
+    total = physical_memory()
+    if total is None:
         return "4GB"
     return f"{max(256, min(4096, int(0.4 * total / 2**20)))}MB"
 
@@ -230,21 +230,80 @@ def close_connection(con: duckdb.DuckDBPyConnection) -> None:
         fin()
 
 
+#: smallest --memory-limit accepted: below it DuckDB cannot hold one vector per thread
+MIN_MEMORY_LIMIT = 16 * 10**6
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z%]*)\s*")
+_SIZE_UNITS = {"B": 1, "BYTES": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (None if the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_memory_limit(text: str) -> str:
+    """Refuse a --memory-limit that is not a positive size like '3GB', '512MiB' or '50%'.
+
+    DuckDB itself reads '-1GB' as no limit at all and fails late (out of memory, exit 1)
+    under a limit of a few kilobytes: both are refused here, before any work.
+    """
+    match = _SIZE.fullmatch(str(text))
+    unit = match.group(2).upper() if match else ""
+    if not match or (unit not in _SIZE_UNITS and unit != "%"):
+        raise InputError(f"--memory-limit {shorten(text)} is not a size: give a positive number with a unit, "
+                         f"like 3GB, 512MB or 2GiB (or a share of memory like 50%)")
+    value = float(match.group(1))
+    if unit == "%":
+        if not 0 < value <= 100:
+            raise InputError(f"--memory-limit {shorten(text)}: a share of memory must be in (0%, 100%]")
+        return text
+    size = value * _SIZE_UNITS[unit]
+    if size < MIN_MEMORY_LIMIT:
+        raise InputError(f"--memory-limit {shorten(text)} is below the {MIN_MEMORY_LIMIT // 10**6} MB DuckDB "
+                         f"needs to run; give at least 16MB (e.g. 1GB)")
+    if size > 2**62:
+        raise InputError(f"--memory-limit {shorten(text)} is too large to be a size; leave it out for the default")
+    return text
+
+
+def max_threads() -> int:
+    """The most threads accepted: 4 per core, at least 256 (DuckDB starts every one at once)."""
+    return max(256, 4 * (os.cpu_count() or 1))
+
+
+def check_threads(threads) -> int | None:
+    """Refuse a thread count below 1 or far above the cores (10^5 threads hang DuckDB)."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= max_threads():
+        raise InputError(f"--threads {shorten(threads)} must be an integer from 1 to {max_threads()} "
+                         f"(this machine has {os.cpu_count() or 1} cores)")
+    return int(threads)
+
+
 def connect(memory_limit: str | None = None, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """A fresh in-memory DuckDB connection with a memory limit (e.g. ``'3GB'``; default
     :func:`default_memory_limit`) and, if given, a number of threads (default: DuckDB's, every core)."""
+    if memory_limit is not None:
+        check_memory_limit(memory_limit)
+    threads = check_threads(threads)
     con = duckdb.connect(":memory:")
     # DuckDB's own progress bar writes to stdout and would corrupt --json output
     con.execute("SET enable_progress_bar = false")
     try:
         con.execute(f"SET memory_limit = {quote_literal(memory_limit or default_memory_limit())}")
     except duckdb.Error as exc:
-        raise InputError(f"--memory-limit {memory_limit!r} is not a size like '3GB': {exc}") from None
+        raise InputError(f"--memory-limit {shorten(memory_limit)} is not a size like '3GB': "
+                         f"{_first_line(exc)}") from None
     if memory_limit:
         con.execute("SET preserve_insertion_order = false")
     con.execute(f"SET temp_directory = {quote_literal(spill_directory(con))}")
     if threads:
-        con.execute(f"SET threads = {int(threads)}")
+        con.execute(f"SET threads = {threads}")
     return con
 
 
@@ -316,7 +375,8 @@ def open_panel(
     if id == by:
         raise InputError(f"--id and --by are the same column {id!r}; the database label must differ from the id")
     qi, qb = quote_ident(id), quote_ident(by)
-    for col, what in ((id, "individual"), (by, "database")):
+    for col, what, option in ((id, "individual", "--id"), (by, "database", "--by")):
+        _require_flat(columns, col, what, option)
         _require_one_json_type(con, columns, col, what)
     n_rows, n_null_id, n_null_by = con.execute(
         f"SELECT count(*), count(*) FILTER (WHERE {qi} IS NULL), count(*) FILTER (WHERE {qb} IS NULL) "
@@ -346,6 +406,19 @@ def open_panel(
     return panel
 
 
+_NESTED = re.compile(r"^(STRUCT|MAP|UNION|LIST)\b|\[[0-9]*\]\s*$", re.I)
+
+
+def _require_flat(columns: dict, column: str, what: str, option: str) -> None:
+    """A list, array, struct, map or union column cannot name an {what}: its values are
+    compared as whole nested objects, and they do not print or hash as one id."""
+    dtype = str(columns.get(column, ""))
+    if _NESTED.search(dtype.strip()):
+        raise InputError(f"{option} column {shorten(column)} holds nested values ({clip(dtype, 60)}); the {what} "
+                         f"must be a plain value (a number, text or date): choose another column, or "
+                         f"unnest it in the source")
+
+
 def _require_one_json_type(con: duckdb.DuckDBPyConnection, columns: dict, column: str, what: str) -> None:
     """A JSON-typed column (DuckDB's type when a JSON source mixes, e.g., 1 and "1") must hold
     one type of value: otherwise 1 and "1" are grouped apart and one {what} counts as two."""
@@ -354,6 +427,10 @@ def _require_one_json_type(con: duckdb.DuckDBPyConnection, columns: dict, column
     kinds = [r[0] for r in con.execute(
         f"SELECT DISTINCT json_type({quote_ident(column)}) FROM {SOURCE_VIEW} "
         f"WHERE {quote_ident(column)} IS NOT NULL ORDER BY 1").fetchall()]
+    nested = [k for k in kinds if k.upper() in ("ARRAY", "OBJECT")]
+    if nested:
+        raise InputError(f"column {shorten(column)} holds JSON {nested[0].lower()}s; the {what} must be a plain "
+                         f"value (a number or a string): choose another column, or flatten it in the source")
     if len(kinds) > 1:
         raise InputError(f"column {column!r} mixes value types ({', '.join(k.lower() for k in kinds)}; e.g. 1 and "
                          f"\"1\"), so one {what} would count as two; write it with one type in the source "

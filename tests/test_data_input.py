@@ -103,3 +103,101 @@ def test_spill_folder_is_removed_at_interpreter_exit(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     spill = out.stdout.strip()
     assert spill.startswith(str(tmp_path)) and not os.path.exists(spill)
+
+
+# ------------------------------------------------ silent or late failures (issue 23, item 11)
+
+def _nulls_frame():
+    import pandas as pd
+
+    rows = [(f"i{i}", y, None if (i + y) % 5 == 0 else float(i)) for y in range(2000, 2005) for i in range(10)]
+    return pd.DataFrame(rows, columns=["id", "year", "x"])
+
+
+@pytest.mark.parametrize("query, expected", [("mean(x)", 10), ("median(x)", 10), ("var(x)", 10),
+                                             ("sum(x)/sum(x)", 10), ("count(*)", 0)])
+def test_null_values_are_counted_for_a_warning(query, expected):
+    """20% NULL values were dropped without a word, even with -v."""
+    from empdp.loo import make_engine
+
+    engine = make_engine(_nulls_frame(), id="id", by="year", query=query)
+    engine.values()
+    assert engine.n_null_values == expected
+    if expected:
+        assert engine.null_values_warning.startswith("10 rows have a NULL 'x': the query skips")
+    else:
+        assert engine.null_values_warning is None
+
+
+def test_null_values_are_counted_after_the_filter():
+    from empdp.loo import make_engine
+
+    engine = make_engine(_nulls_frame(), id="id", by="year", query="mean(x)", where="id <> 'i0'")
+    engine.values()
+    assert engine.n_null_values == 9  # i0 has one NULL row, which the filter removes
+
+
+@pytest.mark.parametrize("column, kind", [("lid", "BIGINT[]"), ("sid", "STRUCT"), ("mid", "MAP")])
+@pytest.mark.parametrize("option", ["id", "by"])
+def test_nested_columns_cannot_name_individuals_or_databases(tmp_path, column, kind, option):
+    import duckdb
+
+    path = tmp_path / "nested.parquet"
+    duckdb.sql(f"COPY (SELECT [i, 1] AS lid, {{'a': i}} AS sid, map([1], [i]) AS mid, "
+               f"i::VARCHAR AS id, y AS year, i * 1.5 AS x FROM range(5) t(i), range(2000, 2003) u(y)) "
+               f"TO '{path}'")
+    cols = {"id": "id", "by": "year", option: column}
+    res = CliRunner().invoke(cli, ["assess", str(path), "--id", cols["id"], "--by", cols["by"],
+                                   "--query", "mean(x)", "-q"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert f"--{option} column '{column}' holds nested values" in res.output and kind in res.output
+
+
+def test_json_arrays_cannot_name_individuals(tmp_path):
+    src = _write(tmp_path / "ids.json", [{"id": [i], "year": y, "x": 1.0 * i} for i in range(4)
+                                         for y in range(2000, 2003)])
+    with pytest.raises(InputError, match="holds nested values|holds JSON arrays"):
+        assess(src, id="id", by="year", query="mean(x)")
+
+
+def test_too_many_databases_are_refused_before_the_scan(monkeypatch):
+    """10^5 one-row databases failed late with 'out of memory (74.5 GiB)' and a wrong advice."""
+    import numpy as np
+    import pandas as pd
+
+    import empdp.data
+
+    monkeypatch.setattr(empdp.data, "physical_memory", lambda: 2**30)  # 1 GiB: ~3,900 databases
+    n = 5000
+    df = pd.DataFrame({"id": np.arange(n) % 7, "year": np.arange(n), "x": np.ones(n)})
+    with pytest.raises(InputError, match=r"makes 5,000 databases; .* holds about 3,9\d\d databases: .*coarser --by"):
+        assess(df, id="id", by="year", query="mean(x)")
+
+
+@pytest.mark.parametrize("limit, fragment", [("-1GB", "not a size"), ("-1", "not a size"), ("0", "not a size"),
+                                             ("abc", "not a size"), ("1MB", "below the 16 MB"),
+                                             ("200%", "share of memory"), ("1e30GB", "too large"),
+                                             ("x" * 500, "not a size")])
+def test_bad_memory_limits_are_refused(limit, fragment):
+    """DuckDB reads '-1GB' as no limit at all, and a limit of 1MB failed late as out of memory."""
+    from empdp.data import connect
+
+    with pytest.raises(InputError, match=f"--memory-limit .*{fragment}") as info:
+        connect(limit)
+    assert len(str(info.value)) < 250  # a long value is echoed shortened
+
+
+@pytest.mark.parametrize("limit", ["16MB", "1GB", "3 GB", "1.5GiB", "50%", "1e3MB"])
+def test_good_memory_limits_pass(limit):
+    from empdp.data import close_connection, connect
+
+    close_connection(connect(limit))
+
+
+@pytest.mark.parametrize("threads", [0, -1, 10**6, True, 2.5])
+def test_bad_thread_counts_are_refused(threads):
+    """10^5 threads hung DuckDB (it starts them all)."""
+    from empdp.data import connect
+
+    with pytest.raises(InputError, match="--threads .* must be an integer from 1 to"):
+        connect(threads=threads)
