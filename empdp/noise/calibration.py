@@ -31,7 +31,7 @@ from ..errors import InputError
 from ..io import read_json, write_text
 from ..keys import KEY_ENV, key_id, mac, same
 from .deconv import KERNELS, fourier_deconvolve, gaussian_fallback, laplace_closed_form
-from .exact import laplace_kde_eps, minimal_lambda
+from .exact import MAX_EPSILON, laplace_kde_eps, minimal_lambda
 from .ledger import Ledger
 from .sampler import NoiseSampler
 
@@ -346,7 +346,7 @@ def _number(d: dict, key: str, where: str, *, positive: bool = False, integer: b
 
 def _check_fields(d: dict, where: str) -> None:
     """Check every field of a calibration dict (JSON names) once, at the boundary (SPEC 6.3–6.5)."""
-    eps = _number(d, "epsilon", where, positive=True)
+    eps = _number(d, "epsilon", where, positive=True, at_most=MAX_EPSILON)
     lam = _number(d, "lambda", where, at_most=MAX_SCALE)
     for key in ("lambda_hausdorff", "lambda_winf", "expected_abs_noise", "verified_eps_max"):
         _number(d, key, where)

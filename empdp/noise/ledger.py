@@ -426,7 +426,7 @@ class Ledger:
             ``allow_unsigned``; nothing is written.
         """
         eps = fields.get("epsilon")
-        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps > 0):
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < eps < 1e308:
             raise InputError(f"a release must spend a positive, finite epsilon; got {eps!r} (check the "
                              "calibration's 'epsilon')")
         eps = float(eps)
