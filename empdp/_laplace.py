@@ -111,6 +111,11 @@ class GridPlan:
         q, b = points, bandwidths
         n, G = len(q), len(grid)
         self.q, self.b, self.x, self.n, self.G = q, b, grid, n, G
+        #: one global scale: p̂_i on the grid and at its kinks by running sums (:func:`uniform_grid_values`)
+        self.uniform = n > 0 and bool(np.all(b == b[0]))
+        if self.uniform:
+            with np.errstate(under="ignore"):
+                self.decay = np.exp(np.diff(grid) * (-1.0 / b[0]))  # e^{−(x_{g+1} − x_g)/b}
         U = grid[None, :] - q[:, None]
         self.right = U >= 0  # x_g ≥ q_l: the matrix uses the right-hand form of term l
         self.E = np.exp(-np.abs(U) / b[:, None]) * (0.5 / (b * n))[:, None]
@@ -120,7 +125,10 @@ class GridPlan:
         self.B = np.block([[AR, -AR / bc, -bc * AR], [AL, AL / bc, bc * AL]])
         self.n_right = self.right.sum(axis=0) / n
         self.chunks = _triangular_chunks(q, grid, self.B)
-        self.shared = [a[0] for a in direct(grid[None, :], q, b)]  # p̂: p, pr, pl, F
+        if self.uniform:  # p̂ by the running sums of p̂_i: their round-off cancels in log p̂ − log p̂_i
+            self.shared = [a[0] for a in uniform_grid_values(grid, self.decay, q[None, :], b[0])]
+        else:
+            self.shared = [a[0] for a in direct(grid[None, :], q, b)]  # p̂: p, pr, pl, F
         # Taylor coefficients of p̂ to the right of each grid node (no q_l inside a grid cell):
         # the m-th right derivative is Σ_l (∓1/b_l)^m ℓ_l(x_g), − right of q_l, + left of it.
         # As two small products, AR's terms at rate −1/b_l and AL's at +1/b_l (an einsum over the
@@ -175,6 +183,8 @@ class GridPlan:
         ``kink_cells`` (C, n), when known: ``searchsorted(grid, q − shifts, side="right") − 1``.
         """
         q, b, x, n, G = self.q, self.b, self.x, self.n, self.G
+        if self.uniform:
+            return uniform_grid_values(x, self.decay, q[None, :] - shifts, b[0])
         C = shifts.shape[0]
         r = shifts / b
         Rm, Rp = np.exp(-r), np.exp(r)
@@ -218,6 +228,105 @@ class GridPlan:
         add(Dl, (np.where(u > 0, -tv, tv) - ms) / bl)
         add(Fi, np.where(u < 0, bl * tv, 1.0 / n - bl * tv) - np.where(side, 1.0 / n - bl * mv, bl * mv))
         return V, Dr, Dl, Fi
+
+
+def _running(start: np.ndarray, decay: np.ndarray, inflow: np.ndarray, reverse: bool = False) -> np.ndarray:
+    """S_0 = inflow_0 + start, S_j = S_{j−1}·decay_{j−1} + inflow_j along axis 0 (reversed: from the end).
+
+    ``inflow`` (J, C) is overwritten with S; ``decay`` (J − 1,) or (J − 1, C).
+    """
+    J = inflow.shape[0]
+    if start is not None:
+        inflow[-1 if reverse else 0] += start
+    tmp = np.empty(inflow.shape[1:])
+    steps = range(J - 2, -1, -1) if reverse else range(1, J)
+    for j in steps:
+        prev, f = (j + 1, j) if reverse else (j - 1, j - 1)
+        np.multiply(inflow[prev], decay[f], out=tmp)
+        inflow[j] += tmp
+    return inflow
+
+
+def uniform_grid_values(x: np.ndarray, decay: np.ndarray, kinks: np.ndarray, b: float):
+    """Value, right and left slopes and CDF of p̂_i = (1/n) Σ_l ℓ_b(x_g − k_il) on the grid ``x``
+    for each row of ``kinks`` (C, n), one scale b for every term.
+
+    With A_g = Σ_{k_l ≤ x_g} e^{−(x_g − k_l)/b} and B_g = Σ_{k_l > x_g} e^{−(k_l − x_g)/b},
+    p̂_i = w (A + B), its right slope (w/b)(B − A), its CDF #{k_l ≤ x_g}/n − w b (A − B) with
+    w = 1/(2 b n), and the left slope adds 2 w/b for each kink on x_g. A and B are running sums
+    over the grid: A_g = A_{g−1} e^{−(x_g − x_{g−1})/b} + the terms of the kinks in (x_{g−1}, x_g],
+    each entering at its first node at or right of it (B mirrored). Every factor is at most 1,
+    so nothing overflows, and the sums carry a few units of round-off (the matrix form's
+    product carries as many).
+    """
+    C, n = kinks.shape
+    G = len(x)
+    nb = -1.0 / b
+    first = np.searchsorted(x, kinks, side="left")  # first node ≥ k (G: none)
+    rows = np.broadcast_to(np.arange(C)[:, None], (C, n))
+    with np.errstate(under="ignore"):
+        # A enters at node `first` with e^{−(x_first − k)/b}; B at node first − 1 with e^{−(k − x_{first−1})/b}
+        inA = first < G
+        wA = np.exp((x[np.minimum(first, G - 1)] - kinks) * nb)
+        inB = first > 0
+        wB = np.exp((kinks - x[np.maximum(first - 1, 0)]) * nb)
+    # node-major (G, C): the running sums step over contiguous rows of the same length
+    A = np.bincount((first * C + rows)[inA], weights=wA[inA], minlength=G * C).reshape(G, C)
+    B = np.bincount(((first - 1) * C + rows)[inB], weights=wB[inB], minlength=G * C).reshape(G, C)
+    on = inA & (x[np.minimum(first, G - 1)] == kinks)  # kinks on a node
+    A = _running(None, decay, A)
+    B = _running(None, decay, B, reverse=True)
+    # kinks ≤ x_g: those entering A at or before node g
+    le = np.cumsum(np.bincount((first * C + rows)[inA], minlength=G * C).reshape(G, C), axis=0)
+    w = 0.5 / (b * n)
+    D = B - A
+    V = (w * (A + B)).T
+    Dr = (D * (w / b)).T
+    F = (le * (1.0 / n) + D * (w * b)).T
+    Dl = Dr
+    if on.any():
+        at = np.bincount((first * C + rows)[on], minlength=G * C).reshape(G, C).T
+        Dl = Dr + at * (2.0 * w / b)
+    return np.ascontiguousarray(V), np.ascontiguousarray(Dr), np.ascontiguousarray(Dl), np.ascontiguousarray(F)
+
+
+def uniform_kink_values(kinks: np.ndarray, b: float):
+    """:func:`direct` of each row of sorted ``kinks`` (C, n) at its own kinks, one scale b: value,
+    right and left slopes and CDF (C, n), by running sums over the sorted kinks.
+
+    At kink m, A = Σ_{k_l ≤ k_m} e^{−(k_m − k_l)/b} and B = Σ_{k_l > k_m} e^{−(k_l − k_m)/b}
+    (a tie with k_m counts in A, as :func:`direct` puts x − c = 0 right of the kink).
+    """
+    C, n = kinks.shape
+    d = np.diff(kinks, axis=1).T  # (n − 1, C)
+    with np.errstate(under="ignore"):
+        f = np.exp(d * (-1.0 / b))
+    A = _running(None, f, np.ones((n, C)))
+    B = np.zeros((n, C))
+    if n > 1:
+        B[:-1] = f  # the next kink's term seen from kink m, then B_m = f_m (1 + B_{m+1})
+        _running(None, f, B[:-1], reverse=True)
+    # ties: every kink of a tie group takes the group's last A and B (and counts all of it)
+    tie = d == 0
+    idx = np.broadcast_to(np.arange(n)[:, None], (n, C))
+    ties = bool(tie.any())
+    if ties:
+        end = np.where(np.r_[~tie, np.ones((1, C), dtype=bool)], idx, n)
+        last = np.minimum.accumulate(end[::-1], axis=0)[::-1]
+        start = np.where(np.r_[np.ones((1, C), dtype=bool), ~tie], idx, -1)
+        first = np.maximum.accumulate(start, axis=0)
+        cols = np.arange(C)[None, :]
+        A, B = A[last, cols], B[last, cols]
+        count, at = last + 1, last - first + 1
+    else:
+        count, at = idx + 1, 1
+    w = 0.5 / (b * n)
+    D = B - A
+    V = (w * (A + B)).T
+    Dr = (D * (w / b)).T
+    Dl = Dr + (at * (2.0 * w / b)).T if ties else Dr + 2.0 * w / b
+    F = (count * (1.0 / n) + D * (w * b)).T
+    return V, Dr, Dl, F
 
 
 def expand_ranges(first: np.ndarray, count: np.ndarray):
@@ -360,7 +469,10 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
         return {f: np.broadcast_to(a, (C, G)).copy() for f, a in base.items()}, rows, K
     kx = kinks[kr, kc]
     kv = [a[:, 0] for a in plan.shared_at(kx[:, None])]
-    kvi = [a[:, 0] for a in direct(kx[:, None], (q[None, :] - shifts)[kr], b)]
+    if plan.uniform:  # the row's own kinks, by running sums over them
+        kvi = [a[kr, kc] for a in uniform_kink_values(kinks, b[0])]
+    else:
+        kvi = [a[:, 0] for a in direct(kx[:, None], (q[None, :] - shifts)[kr], b)]
     values = dict(zip(FIELDS, (kx, *kv, *kvi)), certified=np.zeros(len(kx), dtype=bool))
     values.update(zip(("L", "Lr", "Ll"), log_ratio(kv[0], kvi[0], kv[1], kvi[1], kv[2], kvi[2])))
     return insert_after(base, C, kr, g[kr, kc], values), rows, K
