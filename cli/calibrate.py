@@ -151,6 +151,9 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
         raise InputError(f"--seed must be an integer in [0, 2^128); got {str(seed)[:40]}")
     if budget is not None and not (budget == budget and 0 < budget < float("inf")):
         raise InputError(f"--budget must be a positive number; got {budget!r}")
+    ledger = ledger or str(Path(calibration).with_suffix(".ledger.sqlite"))
+    Ledger(ledger).check_path()  # no symbolic link, no folder
+    check_output(ledger, "--ledger")  # before the query is computed
     key = load_key(key_file)
     if key is None and not allow_unsigned:
         raise InputError(f"release needs the curator key that signed the calibration and signs the ledger: give "
@@ -159,10 +162,7 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
     log.info("calibration %s: epsilon %g, noise %s (weight at 0 %.4g, scale %.6g), %s", calibration, cal.epsilon,
              cal.noise["kind"], cal.noise["weight_zero"], cal.noise["scale"],
              "signature verified" if key and cal.signed else "NOT verified (--allow-unsigned)")
-    ledger = ledger or str(Path(calibration).with_suffix(".ledger.sqlite"))
     book = Ledger(ledger, key=key, allow_unsigned=allow_unsigned)
-    book.check_path()
-    check_output(ledger, "--ledger")  # before the query is computed
     summary = book.verify()  # a tampered ledger is refused before the query is computed (and again inside)
     if key is None or not cal.signed or not summary["signed"]:  # possible only with --allow-unsigned
         _warn("--allow-unsigned: the calibration or ledger is not verified under a curator key; edits to them "
