@@ -8,6 +8,7 @@ import math
 import click
 
 from empdp.errors import InputError
+from empdp.data import shorten as short
 from empdp.io import read_json
 
 from ._common import emit_json, output_options, progress_bars, setup_logging
@@ -38,7 +39,7 @@ def _pairs(value):
         raise InputError("--pairs is empty; give a JSON file of [x, x_prime] pairs, or 'patterns' / 'patterns:K'")
     data = read_json(value, "pairs file", " (or use --pairs patterns, or patterns:K for K queries)")
     if not isinstance(data, list):
-        raise InputError(f"pairs file {value!r} must hold a JSON list of [x, x_prime] pairs")
+        raise InputError(f"pairs file {short(value)} must hold a JSON list of [x, x_prime] pairs")
     return data
 
 
@@ -48,12 +49,18 @@ def _region(value):
     try:
         lo, hi = (float(v) for v in value.split(","))
     except ValueError:
-        raise click.BadParameter(f"expected LO,HI (two numbers), got {value!r}", param_hint="--region") from None
+        raise click.BadParameter(f"expected LO,HI (two numbers), got {short(value)}", param_hint="--region") from None
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):  # lo == hi is an empty region
-        raise click.BadParameter(f"expected finite LO < HI (LO strictly below HI), got {value!r}",
+        raise click.BadParameter(f"expected finite LO < HI (LO strictly below HI), got {short(value)}",
                                  param_hint="--region")
+    if max(abs(lo), abs(hi)) > MAX_REGION:  # its width would overflow in the evaluation grid
+        raise click.BadParameter(f"LO and HI must lie within ±{MAX_REGION:g}, got {short(value)}; the region "
+                                 f"is where the outputs are, in their units", param_hint="--region")
     return (lo, hi)
 
+
+#: largest |LO|, |HI| of --region (a wider region overflows the evaluation grid)
+MAX_REGION = 1e100
 
 SEED = click.IntRange(min=0)  # NumPy seeds are non-negative
 

@@ -1,6 +1,7 @@
 """Reference mechanisms and their pairs: sensitivity, StatDP patterns, database checks,
 module loading, the MPL region and sample sizes, exact values (bad input is an InputError)."""
 
+import re
 import math
 import warnings
 
@@ -270,3 +271,24 @@ def test_svt5_law_exact_and_against_sampling():
     for p, c in zip(patterns.tolist(), counts):
         prob = law[tuple(p)]
         assert abs(c / 40000 - prob) < 5 * math.sqrt(prob * (1 - prob) / 40000)
+
+
+# ---------------------------------------------------------- absurd cost (issue 23, item 8)
+
+@pytest.mark.parametrize("params, fragment", [({"steps": 1e12}, "steps=1e+12 is over 10,000"),
+                                              ({"steps": 10_001}, "is over 10,000"),
+                                              ({"lr": 2.5}, "must be below 2"),
+                                              ({"sigma": 1e-300}, "outside [1e-100, 1e+100]")])
+def test_noisy_gd_parameters_of_absurd_cost_are_refused(params, fragment):
+    """steps=1e12 ran for more than 120 s before anything was said."""
+    from empdp.audit.mechanisms import builtin
+
+    with pytest.raises(InputError, match=re.escape(fragment)):
+        builtin("noisy_gd", **params)
+
+
+def test_sample_sizes_beyond_memory_are_refused():
+    from empdp.audit import mpl
+
+    with pytest.raises(InputError, match=r"N = 99999999999999999999 is over 1e\+08"):
+        mpl("laplace", n=100, N=99999999999999999999, rng=1)

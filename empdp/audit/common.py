@@ -23,15 +23,28 @@ def as_rng(rng) -> np.random.Generator:
     raise InputError(f"rng must be a numpy Generator or a non-negative integer seed, got {type(rng).__name__}")
 
 
+#: most outputs drawn per database: 10^8 doubles are 0.8 GB per array, and the bounds tighten
+#: only as 1/sqrt(n)
+MAX_SAMPLES = 10**8
+#: smallest error level: the normal quantiles the bounds use lose their meaning in double
+#: precision far below it (1e-320 failed inside the statistics module)
+MIN_ALPHA = 1e-12
+
+
 def check_size(name: str, value, minimum: int = 10) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise InputError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
+        raise InputError(f"{name} must be an integer ≥ {minimum}, got {short(value)}")
+    if value > MAX_SAMPLES:
+        raise InputError(f"{name} = {short(value)} is over {MAX_SAMPLES:.0e} outputs per database, more than "
+                         f"memory holds (0.8 GB per array); the bound tightens only as 1/sqrt({name}): "
+                         f"give at most {MAX_SAMPLES:.0e}")
     return int(value)
 
 
 def check_level(alpha) -> float:
-    if not isinstance(alpha, (int, float)) or not 0 < alpha < 0.5:
-        raise InputError(f"alpha (the confidence bound's error level) must be in (0, 0.5), got {alpha!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not MIN_ALPHA <= alpha < 0.5:
+        raise InputError(f"alpha (the confidence bound's error level) must be in [{MIN_ALPHA:g}, 0.5), "
+                         f"got {short(alpha)}")
     return float(alpha)
 
 
@@ -43,7 +56,7 @@ MAX_ORDER = 1e4
 def check_order(order) -> float:
     """The Rényi order α: a finite number in (1, MAX_ORDER] (D_α divides by α − 1)."""
     if isinstance(order, bool) or not isinstance(order, (int, float)) or not math.isfinite(order) or order <= 1:
-        raise InputError(f"the Rényi order must be a finite number > 1, got {order!r}")
+        raise InputError(f"the Rényi order must be a finite number > 1, got {short(order)}")
     if order > MAX_ORDER:
         raise InputError(f"the Rényi order {order:g} is above {MAX_ORDER:g}, where no sample of outputs "
                          "can bound D_α; for α → ∞ D_α is the pure-DP ε: use 'empdp audit mpl'")
@@ -53,12 +66,13 @@ def check_order(order) -> float:
 def draw(mechanism, database, size: int, rng: np.random.Generator) -> np.ndarray:
     """Call the sampler and check its output: ``size`` rows of finite numbers."""
     try:
-        out = mechanism(database, size, rng)
+        with np.errstate(all="ignore"):  # overflowing outputs are refused below, without warnings
+            out = mechanism(database, size, rng)
     except InputError:
         raise
     except Exception as exc:  # a user sampler failing is bad input, not our crash
         raise InputError(f"mechanism {getattr(mechanism, 'name', 'sampler')!r} failed on database "
-                         f"{database!r}: {type(exc).__name__}: {exc}") from None
+                         f"{short(database)}: {one_line(f'{type(exc).__name__}: {exc}', 200)}") from None
     arr = np.asarray(out)
     if arr.dtype.kind not in "biuf":
         raise InputError(f"mechanism output must be numeric, got dtype {arr.dtype}")

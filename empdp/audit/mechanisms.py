@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import truth
-from .common import one_line
+from .common import one_line, short
 from .patterns import answer_counts, scale_pairs, statdp_patterns
 
 Sampler = Callable[[Any, int, np.random.Generator], np.ndarray]
@@ -313,29 +313,49 @@ _DEFAULTS: dict[str, dict[str, float]] = {
 
 BUILTIN_NAMES = tuple(_DEFAULTS)
 
+#: most noisy_gd steps audited: the sampler costs steps × outputs (10^12 steps ran for hours)
+MAX_STEPS = 10_000
+#: range of the scale parameters (epsilon, sigma, sensitivity): beyond it the noise scale or the
+#: outputs overflow or underflow a double
+PARAM_RANGE = (1e-100, 1e100)
+
 
 def builtin(name: str, **params) -> Mechanism:
     """A built-in reference mechanism by name, with parameters overriding the defaults."""
     if name not in _DEFAULTS:
-        raise InputError(f"unknown mechanism {name!r}; built-ins: {', '.join(BUILTIN_NAMES)}"
+        raise InputError(f"unknown mechanism {short(name)}; built-ins: {', '.join(BUILTIN_NAMES)}"
                          " (or give module:function)")
     unknown = set(params) - set(_DEFAULTS[name])
     if unknown:
-        raise InputError(f"mechanism {name!r} has no parameter {sorted(unknown)[0]!r}; "
+        raise InputError(f"mechanism {name!r} has no parameter {short(sorted(unknown)[0])}; "
                          f"valid: {', '.join(_DEFAULTS[name])}")
     p = {**_DEFAULTS[name], **params}
     for key, value in p.items():
-        if not (isinstance(value, (int, float)) and math.isfinite(value)):
-            raise InputError(f"parameter {key}={value!r} must be a finite number")
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value)):
+            raise InputError(f"parameter {key}={short(value)} must be a finite number")
     for key in ("epsilon", "sigma", "sensitivity", "lr"):
         if key in p and p[key] <= 0:
-            raise InputError(f"parameter {key} must be > 0, got {p[key]}")
+            raise InputError(f"parameter {key} must be > 0, got {p[key]:g}")
+    for key in ("epsilon", "sigma", "sensitivity"):
+        if key in p and not PARAM_RANGE[0] <= p[key] <= PARAM_RANGE[1]:
+            raise InputError(f"parameter {key}={p[key]:g} is outside [{PARAM_RANGE[0]:g}, {PARAM_RANGE[1]:g}], "
+                             f"where the noise scale and the outputs overflow or vanish in double precision")
+    if "lr" in p and p["lr"] >= 2:
+        raise InputError(f"parameter lr={p['lr']:g} must be below 2: gradient descent on the quadratic loss "
+                         f"diverges for lr >= 2 (its outputs overflow)")
+    if "lr" in p and p["lr"] < PARAM_RANGE[0]:
+        raise InputError(f"parameter lr={p['lr']:g} is below {PARAM_RANGE[0]:g}, where the steps vanish in "
+                         f"double precision")
     if "q" in p and not 0 < p["q"] <= 1:
         raise InputError(f"parameter q (subsampling rate) must be in (0, 1], got {p['q']}")
     if "p" in p and not 0.5 < p["p"] < 1:
         raise InputError(f"parameter p (keep probability) must be in (0.5, 1), got {p['p']}")
     if "steps" in p and (p["steps"] < 1 or int(p["steps"]) != p["steps"]):
         raise InputError(f"parameter steps must be a positive integer, got {p['steps']}")
+    if "steps" in p and p["steps"] > MAX_STEPS:
+        raise InputError(f"parameter steps={p['steps']:g} is over {MAX_STEPS:,}: each step redraws every sampled "
+                         f"output, so the audit would take {p['steps'] / 300:.2g} s or more (1,000 steps take "
+                         f"~3 s at the default sample sizes); audit at most {MAX_STEPS:,} steps")
     return _BUILDERS[name](p)
 
 
@@ -466,9 +486,10 @@ def _build_subsampled(noise):
 
 def _build_noisy_gd(p):
     def div(a, x, y):
-        mu_x, sd = truth.noisy_gd_moments(_vec(x).mean(), p["sigma"], p["lr"], int(p["steps"]))
-        mu_y, _ = truth.noisy_gd_moments(_vec(y).mean(), p["sigma"], p["lr"], int(p["steps"]))
-        return truth.gaussian_renyi(a, abs(mu_x - mu_y), sd)
+        with np.errstate(all="ignore"):  # a vanishing sd gives D = inf, which is the truth
+            mu_x, sd = truth.noisy_gd_moments(_vec(x).mean(), p["sigma"], p["lr"], int(p["steps"]))
+            mu_y, _ = truth.noisy_gd_moments(_vec(y).mean(), p["sigma"], p["lr"], int(p["steps"]))
+            return truth.gaussian_renyi(a, abs(mu_x - mu_y), sd)
 
     return Mechanism("noisy_gd", _noisy_gd(p["sigma"], p["lr"], p["steps"]), p, _PAPER_RENYI_PAIR,
                      _PAPER_RENYI_PAIR, None, math.inf, renyi_divergence=div, inputs="records")
@@ -513,21 +534,21 @@ def load_mechanism(spec, params: dict | None = None) -> Mechanism:
     elif isinstance(spec, str) and ":" in spec:
         module_name, _, attr = spec.partition(":")
         if not module_name.strip() or not attr.strip():
-            raise InputError(f"mechanism {spec!r} must be module:function with both parts "
+            raise InputError(f"mechanism {short(spec)} must be module:function with both parts "
                              "(e.g. mymech:sample for def sample(database, size, rng) in mymech.py)")
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.insert(0, os.getcwd())
         try:
             module = importlib.import_module(module_name)
         except (Exception, SystemExit) as exc:  # the module's own errors (SyntaxError too) are bad input
-            raise InputError(f"cannot import module {module_name!r} for mechanism {spec!r}: "
+            raise InputError(f"cannot import module {short(module_name)} for mechanism {short(spec)}: "
                              f"{one_line(f'{type(exc).__name__}: {exc}', 200)}") from None
         fn = getattr(module, attr, None)
         if not callable(fn):
-            raise InputError(f"module {module_name!r} has no callable {attr!r}")
+            raise InputError(f"module {short(module_name)} has no callable {short(attr)}")
         name = spec
     else:
-        raise InputError(f"unknown mechanism {spec!r}; built-ins: {', '.join(BUILTIN_NAMES)}"
+        raise InputError(f"unknown mechanism {short(spec)}; built-ins: {', '.join(BUILTIN_NAMES)}"
                          " (or give module:function)")
     if params:
         base = fn
@@ -544,7 +565,7 @@ def parse_params(items) -> dict:
     for item in items or ():
         key, sep, value = str(item).partition("=")
         if not sep or not key:
-            raise InputError(f"--param expects KEY=VALUE, got {item!r}")
+            raise InputError(f"--param expects KEY=VALUE, got {short(item)}")
         try:
             num = float(value)
             out[key.strip()] = int(num) if num.is_integer() and "." not in value and "e" not in value.lower() else num

@@ -12,6 +12,9 @@ from .patterns import statdp_patterns
 
 #: Number of queries of the StatDP patterns for a user sampler given ``pairs="patterns"``.
 USER_PATTERN_DIM = 5
+#: Most queries (entries of a query or bit vector) audited: every output holds one answer per
+#: query, so n outputs of K answers take 8·n·K bytes
+MAX_QUERIES = 1000
 
 _NO_PATTERNS = {
     "records": "its database is one value per individual and it releases a statistic of them "
@@ -59,7 +62,7 @@ def _patterns(mechanism: Mechanism, spec: str) -> list:
     if name != "patterns":
         raise InputError(f"pairs must be a list of [x, x_prime], 'patterns' (StatDP patterns for the "
                          f"built-in's number of queries, {USER_PATTERN_DIM} for a user sampler) or "
-                         f"'patterns:K' (K queries), got {spec!r}")
+                         f"'patterns:K' (K queries), got {short(spec)}")
     if mechanism.inputs in _NO_PATTERNS:
         raise InputError(f"StatDP patterns do not apply to mechanism {mechanism.name!r}: "
                          f"{_NO_PATTERNS[mechanism.inputs]}; audit its default pairs (give no pairs) "
@@ -68,7 +71,10 @@ def _patterns(mechanism: Mechanism, spec: str) -> list:
         try:
             k = int(dim)
         except ValueError:
-            raise InputError(f"'patterns:K' needs an integer number of queries K, got {dim!r}") from None
+            raise InputError(f"'patterns:K' needs an integer number of queries K, got {short(dim)}") from None
+        if not 1 <= k <= MAX_QUERIES:
+            raise InputError(f"'patterns:K' needs 1 <= K <= {MAX_QUERIES:,} queries, got {k:,}: every output is a "
+                             f"vector of K answers, so K = {k:,} would not fit in memory")
     else:
         k = mechanism.pattern_dim or USER_PATTERN_DIM
     sens = mechanism.params.get("sensitivity", 1.0) if mechanism.inputs == "queries" else 1.0
@@ -109,6 +115,9 @@ def _check_pair(mechanism: Mechanism, i: int, item) -> None:
                          f"{size(y)}")
     if x.size == 0:
         raise InputError(f"{where}: mechanism {mechanism.name!r} needs at least one entry in a database")
+    if x.size > MAX_QUERIES:
+        raise InputError(f"{where}: {x.size:,} {what} are more than the {MAX_QUERIES:,} an audit can sample "
+                         f"(each output is a vector of that length); audit fewer queries")
     if mechanism.input_length is not None and x.size != mechanism.input_length:
         raise InputError(f"{where}: mechanism {mechanism.name!r} is calibrated for "
                          f"{mechanism.input_length} {what}, got {size(x)}")
