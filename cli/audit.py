@@ -1,4 +1,4 @@
-"""``empdp audit``: black-box lower bounds on a mechanism's ε (MPL) and Rényi ε(α) (SPEC 7)."""
+"""``empdp audit``: black-box lower bounds on a mechanism's ε (MPL) and Rényi ε(α) (docs/method.md)."""
 
 from __future__ import annotations
 
@@ -182,19 +182,25 @@ def renyi_cmd(mechanism, params, pairs, alpha, seed, order, n, as_json, quiet, v
 @click.option("--order", type=float, default=2.0, show_default=True, help="Rényi order alpha > 1.")
 @click.option("--alpha", type=float, default=0.05, show_default=True, help="Error level of the bounds.")
 @click.option("--seed", type=SEED, default=None, help="Seed for reproducible runs (an integer ≥ 0).")
+@click.option("--hash-ids", is_flag=True, help="Replace ids by a keyed hash (HMAC-SHA256) in the output, "
+                                               "as 'empdp assess --hash-ids' does.")
+@click.option("--hash-key-file", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
 @output_options
-def release_cmd(calibration, source, top, order, alpha, seed, as_json, quiet, verbose, debug):
-    """Audit a calibration from 'empdp calibrate' on its SOURCE (SPEC 7.4).
+def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key_file, as_json, quiet, verbose,
+                debug):
+    """Audit a calibration from 'empdp calibrate' on its SOURCE.
 
     Runs MPL and the Rényi bound on the release distribution of the riskiest
     individuals and prints the exact values beside them.
     """
     from empdp.audit import audit_release
+    from empdp.io import load_hash_key
 
     setup_logging(verbose, quiet, debug)
+    key = load_hash_key(hash_key_file) if hash_ids or hash_key_file else None
     with progress_bars(enabled=not as_json and not quiet) as progress:
         res = audit_release(calibration, source, top=top, order=order, alpha=alpha, rng=seed,
-                            progress=progress)
+                            progress=progress, hash_key=key)
     d = res.to_dict()
     if as_json:
         emit_json(d)

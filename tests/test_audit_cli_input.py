@@ -142,3 +142,43 @@ def test_release_options_checked_before_reading(tmp_path, kwargs, fragment):
     # the calibration does not exist: the option error must come first
     with pytest.raises(InputError, match=fragment):
         audit_release(tmp_path / "missing.json", SAMPLE, **kwargs)
+
+
+# ---------------------------------------------------------------- --hash-ids (issue 23, item 3)
+
+@pytest.fixture
+def small_release_audit(monkeypatch):
+    import functools
+
+    import empdp.audit
+
+    monkeypatch.setattr(empdp.audit, "audit_release",
+                        functools.partial(empdp.audit.audit_release, n=2000, N=5000, n_renyi=2000))
+
+
+def test_release_audit_hash_ids_names_nobody(calibration, small_release_audit, tmp_path, monkeypatch):
+    """'empdp report --audit' on a --hash-ids result wrote the raw ids of an audit release."""
+    from empdp.io import keyed_hash
+
+    key_file = tmp_path / "key"
+    key_file.write_text("a secret key of 32 characters...")
+    monkeypatch.delenv("EMPDP_HASH_KEY", raising=False)
+    plain = run("release", calibration, SAMPLE, "--top", 3, "--seed", 1, "--json")
+    hashed = run("release", calibration, SAMPLE, "--top", 3, "--seed", 1, "--json", "--hash-ids",
+                 "--hash-key-file", key_file)
+    assert plain.exit_code == 0 and hashed.exit_code == 0, hashed.output
+    raw = [row["id"] for row in json.loads(plain.output)["individuals"]]
+    out = json.loads(hashed.output)
+    assert out["ids_hashed"] is True and json.loads(plain.output)["ids_hashed"] is False
+    assert [row["id"] for row in out["individuals"]] == [keyed_hash(v, key_file.read_bytes()) for v in raw]
+    table = run("release", calibration, SAMPLE, "--top", 3, "--seed", 1, "--hash-ids", "--hash-key-file", key_file)
+    first_column = [line.split()[0] for line in table.stdout.splitlines()[2:5]]
+    assert first_column == [row["id"] for row in out["individuals"]]
+
+
+def test_release_audit_hash_ids_without_a_key_is_refused_before_work(calibration, monkeypatch):
+    import empdp.audit
+
+    monkeypatch.delenv("EMPDP_HASH_KEY", raising=False)
+    monkeypatch.setattr(empdp.audit, "audit_release", lambda *a, **k: pytest.fail("the audit ran"))
+    assert_one_line_exit_2(run("release", calibration, SAMPLE, "--hash-ids"), "--hash-ids needs a secret key")

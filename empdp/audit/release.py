@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
+from ..io import keyed_hash
 from .common import as_rng, check_level, check_order, check_size, jsonable
 from .mechanisms import Mechanism
 from .mpl import mpl
@@ -135,6 +136,8 @@ class ReleaseAudit:
     noise: dict
     curator_kernel: dict
     warnings: list = field(default_factory=list)
+    #: the ids in ``individuals`` are keyed pseudonyms (``hash_key`` was given)
+    ids_hashed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -161,12 +164,14 @@ class ReleaseAudit:
             "exact_renyi_max": self.exact_renyi_max, "individuals": self.individuals,
             "n": self.n, "N": self.N, "n_renyi": self.n_renyi, "alpha": self.alpha,
             "noise": self.noise, "curator_kernel": self.curator_kernel, "warnings": self.warnings,
+            "ids_hashed": self.ids_hashed,
         })
 
 
 def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: float = 2.0,
                   n: int = 20000, N: int = 50000, n_renyi: int = 100000, alpha: float = 0.05,
-                  rng=None, progress: Callable[[str, int, int], None] | None = None) -> ReleaseAudit:
+                  rng=None, progress: Callable[[str, int, int], None] | None = None,
+                  hash_key: bytes | None = None) -> ReleaseAudit:
     """Audit the release described by ``calibration`` on the databases of ``source`` (SPEC 7.4).
 
     Parameters
@@ -178,6 +183,8 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     order : Rényi order α > 1.
     n, N : MPL sample sizes; n_renyi : Rényi sample size per database.
     progress : optional callback ``progress(stage, done, total)``.
+    hash_key : with a key (:func:`empdp.io.load_hash_key`), the ids are reported as keyed
+        pseudonyms (:func:`empdp.io.keyed_hash`, as ``assess --hash-ids`` writes them).
     """
     from ..noise import Calibration
     from ..noise.exact import laplace_kde_eps
@@ -229,7 +236,8 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     log.info("release audit: exact epsilon_i and D_%g for %d shortlisted of %d individuals in %.2f s",
              order, len(shortlist), len(rows), time.perf_counter() - t0)
 
-    individuals = [{"id": ids[k], "exact_epsilon": exact[k][0], "exact_renyi": exact[k][1]} for k in chosen]
+    name = (lambda v: keyed_hash(v, hash_key)) if hash_key else (lambda v: v)
+    individuals = [{"id": name(ids[k]), "exact_epsilon": exact[k][0], "exact_renyi": exact[k][1]} for k in chosen]
     mech = release_mechanism(q, shifts[np.array(chosen)], kernel, b, w, lam)
     pairs = [(-1, k) for k in range(len(chosen))]
     m = mpl(mech, pairs, n=n, N=N, alpha=alpha, rng=rng, progress=progress)
@@ -242,7 +250,8 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
         mpl_lower_bound=m.lower_bound, mpl_estimate=m.estimate, renyi_lower_bound=r.lower_bound,
         exact_epsilon_max=max(d["exact_epsilon"] for d in individuals),
         exact_renyi_max=max(d["exact_renyi"] for d in individuals), n=n, N=N, n_renyi=n_renyi,
-        alpha=alpha, noise=dict(cal.noise), curator_kernel=dict(cal.curator_kernel), warnings=warnings)
+        alpha=alpha, noise=dict(cal.noise), curator_kernel=dict(cal.curator_kernel), warnings=warnings,
+        ids_hashed=bool(hash_key))
 
 
 def _special():
