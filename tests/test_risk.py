@@ -35,7 +35,9 @@ def test_matches_brute_force_random(seed, kernel, bandwidth):
     for r in range(len(shifts)):
         ref_delta, ref_eps = brute_force_risk(model, shifts[r], EPS)
         np.testing.assert_allclose(delta[r], ref_delta, atol=1e-6, rtol=0)
-        if kernel == "laplace" and bandwidth != "auto":
+        if kernel == "gaussian":
+            continue  # ε_i(τ): against quadrature in test_gaussian_fast.py
+        if bandwidth != "auto":
             assert abs(eps_i[r] - ref_eps) <= 1e-6
         else:
             assert abs(eps_i[r] - ref_eps) <= 1e-6 * max(1.0, ref_eps)
@@ -77,7 +79,8 @@ def test_matches_brute_force_real_data(sample_path, kernel, bandwidth):
     for k, row in enumerate(rows):
         ref_delta, ref_eps = brute_force_risk(model, shifts[row], eps)
         np.testing.assert_allclose(delta[k], ref_delta, atol=1e-6, rtol=0)
-        assert abs(eps_i[k] - ref_eps) <= 1e-6 * max(1, ref_eps)
+        if kernel == "laplace":  # Gaussian ε_i(τ): against quadrature in test_gaussian_fast.py
+            assert abs(eps_i[k] - ref_eps) <= 1e-6 * max(1, ref_eps)
 
 
 def test_delta_vanishes_at_and_above_eps_i():
@@ -144,12 +147,14 @@ def test_screening_off_changes_nothing(sample_path, kernel):
     np.testing.assert_allclose(a.delta, b.delta, **same)
     np.testing.assert_allclose(a.total_risk, b.total_risk, **same)
     np.testing.assert_array_equal(a.n_at_risk, b.n_at_risk)
-    assert a.eps_all == pytest.approx(b.eps_all, rel=1e-12, abs=0)
+    # Gaussian ε_i(τ) is a root found to a bracket of 1e-10 relative: rounding of p̂_i can move it there
+    rel_eps = 1e-12 if kernel == "laplace" else 1e-9
+    assert a.eps_all == pytest.approx(b.eps_all, rel=rel_eps, abs=0)
     np.testing.assert_allclose(a.individuals["delta"].to_numpy(), b.individuals["delta"].to_numpy(), **same)
     ev = a.individuals["eps_i"].to_numpy()
     ok = np.isfinite(ev)
     assert ok.sum() > 100
-    np.testing.assert_allclose(ev[ok], b.individuals["eps_i"].to_numpy()[ok], **same)
+    np.testing.assert_allclose(ev[ok], b.individuals["eps_i"].to_numpy()[ok], rtol=rel_eps, atol=0)
 
 
 def test_assess_summary_consistent(sample_path):
