@@ -120,18 +120,23 @@ class Panel:
         typ = self.columns[column].upper()
         if not typ.startswith(_NUMERIC_PREFIXES):
             raise InputError(
-                f"column {column!r} has type {self.columns[column]}, not a number; "
+                f"column {shorten(column)} has type {self.columns[column]}, not a number; "
                 f"choose a numeric column or CAST it in --sql"
             )
         if typ.startswith(_FLOAT_PREFIXES):
             q = quote_ident(column)
-            bad = self.con.execute(
-                f"SELECT count(*) FILTER (WHERE isnan({q})), count(*) FILTER (WHERE isinf({q})) "
-                f"FROM {SOURCE_VIEW}" + (f" WHERE ({where})" if where else "")
-            ).fetchall()[0]
+            try:
+                bad = self.con.execute(
+                    f"SELECT count(*) FILTER (WHERE isnan({q})), count(*) FILTER (WHERE isinf({q})) "
+                    f"FROM {SOURCE_VIEW}" + (f" WHERE ({where})" if where else "")
+                ).fetchall()[0]
+            except (duckdb.ParserException, duckdb.BinderException) as exc:
+                if not where:
+                    raise
+                raise InputError(f"the filter --where {shorten(where)} is not valid here: {_first_line(exc)}") from None
             if bad[0] or bad[1]:
                 raise InputError(
-                    f"column {column!r} has {bad[0]} NaN and {bad[1]} infinite values"
+                    f"column {shorten(column)} has {bad[0]} NaN and {bad[1]} infinite values"
                     + (" among the rows --where keeps" if where else "")
                     + "; remove or impute them first, or filter them with --where "
                       "(NULLs are ignored like SQL aggregates do)"
@@ -140,8 +145,8 @@ class Panel:
     def require_column(self, column: str) -> None:
         if column not in self.columns:
             raise InputError(
-                f"column {column!r} not found in {self.description}; "
-                f"available: {', '.join(self.columns)}"
+                f"column {shorten(column)} not found in {clip(self.description)}; "
+                f"available: {clip(', '.join(self.columns), 300)}"
             )
 
 
@@ -152,7 +157,7 @@ def _read_expr(path: str) -> str:
     if os.path.isdir(path):
         files = [p for p in Path(path).rglob("*") if p.is_file() and not p.name.startswith(".")]
         if not files:
-            raise InputError(f"folder {path!r} contains no files")
+            raise InputError(f"folder {shorten(path)} contains no files")
         ext = _kind(str(files[0]))
         pattern = quote_literal(os.path.join(path, "**", "*" + Path(files[0]).suffix))
         if ext == "parquet":
@@ -163,9 +168,9 @@ def _read_expr(path: str) -> str:
     is_glob = any(ch in path for ch in "*?[")
     if is_glob:
         if not glob.glob(path, recursive=True):
-            raise InputError(f"no file matches {path!r}")
+            raise InputError(f"no file matches {shorten(path)}")
     elif not os.path.exists(path):
-        raise InputError(f"source {path!r} not found; give a Parquet/CSV/JSON file, a glob, "
+        raise InputError(f"source {shorten(path)} not found; give a Parquet/CSV/JSON file, a glob, "
                          f"a folder, or FILE.duckdb::TABLE")
     kind = _kind(lower)
     if kind == "parquet":
@@ -174,7 +179,7 @@ def _read_expr(path: str) -> str:
         return f"read_csv({lit})"
     if kind == "json":
         return f"read_json_auto({lit})"
-    raise InputError(f"cannot tell the format of {path!r}; use a .parquet, .csv, .tsv or .json(l) "
+    raise InputError(f"cannot tell the format of {shorten(path)}; use a .parquet, .csv, .tsv or .json(l) "
                      f"file, or FILE.duckdb::TABLE")
 
 
@@ -314,18 +319,18 @@ def _register_source(con: duckdb.DuckDBPyConnection, source: Any) -> str:
         if "::" in path:
             db_path, table = path.rsplit("::", 1)
             if not os.path.exists(db_path):
-                raise InputError(f"DuckDB file {db_path!r} not found")
+                raise InputError(f"DuckDB file {shorten(db_path)} not found")
             try:
                 con.execute(f"ATTACH {quote_literal(db_path)} AS __user (READ_ONLY)")
                 con.execute(f"CREATE VIEW {SOURCE_VIEW} AS SELECT * FROM __user.{quote_ident(table)}")
             except duckdb.Error as exc:
-                raise InputError(f"cannot read table {table!r} of {db_path!r}: {_first_line(exc)}") from None
+                raise InputError(f"cannot read table {shorten(table)} of {shorten(db_path)}: {_first_line(exc)}") from None
             return path
         expr = _read_expr(path)
         try:
             con.execute(f"CREATE VIEW {SOURCE_VIEW} AS SELECT * FROM {expr}")
         except duckdb.Error as exc:
-            raise InputError(f"cannot read {path!r}: {_first_line(exc)}") from None
+            raise InputError(f"cannot read {shorten(path)}: {_first_line(exc)}") from None
         return path
     if isinstance(source, duckdb.DuckDBPyRelation):
         source = source.arrow()
@@ -342,8 +347,9 @@ def _register_source(con: duckdb.DuckDBPyConnection, source: Any) -> str:
     )
 
 
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+def _first_line(exc: BaseException, width: int = 200) -> str:
+    """The first line of an engine error, cut to ``width`` (DuckDB echoes long paths and SQL)."""
+    return clip(str(exc).strip().splitlines()[0], width) if str(exc).strip() else type(exc).__name__
 
 
 def open_panel(
@@ -367,13 +373,13 @@ def open_panel(
     try:
         cols = con.execute(f"DESCRIBE SELECT * FROM {SOURCE_VIEW}").fetchall()
     except duckdb.Error as exc:
-        raise InputError(f"cannot read {description!r}: {_first_line(exc)}") from None
+        raise InputError(f"cannot read {shorten(description)}: {_first_line(exc)}") from None
     columns = {c[0]: c[1] for c in cols}
     panel = Panel(con=con, id=id, by=by, labels=[], description=description, columns=columns)
     panel.require_column(id)
     panel.require_column(by)
     if id == by:
-        raise InputError(f"--id and --by are the same column {id!r}; the database label must differ from the id")
+        raise InputError(f"--id and --by are the same column {shorten(id)}; the database label must differ from the id")
     qi, qb = quote_ident(id), quote_ident(by)
     for col, what, option in ((id, "individual", "--id"), (by, "database", "--by")):
         _require_flat(columns, col, what, option)
@@ -385,17 +391,17 @@ def open_panel(
     if n_rows == 0:
         raise InputError(f"{description} has no rows")
     if n_null_by:
-        raise InputError(f"{n_null_by} rows have a NULL database label in column {by!r}; fill or filter them")
+        raise InputError(f"{n_null_by} rows have a NULL database label in column {shorten(by)}; fill or filter them")
     if n_null_id and not drop_null_ids:
         raise InputError(
-            f"{n_null_id} rows have a NULL id in column {id!r}; remove them or pass --drop-null-ids"
+            f"{n_null_id} rows have a NULL id in column {shorten(id)}; remove them or pass --drop-null-ids"
         )
     panel.n_null_ids = int(n_null_id)
     labels = [r[0] for r in con.execute(
         f"SELECT DISTINCT {qb} FROM {SOURCE_VIEW} ORDER BY 1").fetchall()]
     if len(labels) < 2:
         raise InputError(
-            f"column {by!r} has {len(labels)} distinct value(s); at least 2 databases are needed "
+            f"column {shorten(by)} has {len(labels)} distinct value(s); at least 2 databases are needed "
             f"to estimate the query's distribution"
         )
     panel.labels = labels
@@ -432,7 +438,7 @@ def _require_one_json_type(con: duckdb.DuckDBPyConnection, columns: dict, column
         raise InputError(f"column {shorten(column)} holds JSON {nested[0].lower()}s; the {what} must be a plain "
                          f"value (a number or a string): choose another column, or flatten it in the source")
     if len(kinds) > 1:
-        raise InputError(f"column {column!r} mixes value types ({', '.join(k.lower() for k in kinds)}; e.g. 1 and "
+        raise InputError(f"column {shorten(column)} mixes value types ({', '.join(k.lower() for k in kinds)}; e.g. 1 and "
                          f"\"1\"), so one {what} would count as two; write it with one type in the source "
                          f"(all numbers or all strings)")
 

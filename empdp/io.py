@@ -284,7 +284,7 @@ def load_hash_key(path: str | None = None) -> bytes:
         try:
             key = Path(path).read_bytes().strip()
         except OSError as exc:
-            raise InputError(f"cannot read the hash key file {path!r}: {exc.strerror}") from None
+            raise InputError(f"cannot read the hash key file {_shorten(path)}: {exc.strerror}") from None
     else:
         key = os.environ.get(HASH_KEY_ENV, "").encode("utf-8")
     if len(key) < 16:

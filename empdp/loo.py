@@ -26,7 +26,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from .data import Panel, open_panel, quote_ident, shorten as short
+from .data import Panel, clip, open_panel, quote_ident, shorten as short
 from .errors import InputError
 from .query import Query, parse_query
 
@@ -255,7 +255,7 @@ class LooEngine:
             val = np.divide(t["sa"], t["sb"], out=np.zeros(n), where=ok)
         if not ok.all():
             bad = [str(self.panel.labels[k]) for k in np.flatnonzero(~ok)[:5]]
-            raise InputError(f"query {q.describe()!r} is undefined on database(s) {', '.join(bad)} "
+            raise InputError(f"query {short(q.describe())} is undefined on database(s) {', '.join(bad)} "
                              f"(no usable rows); filter those databases out")
         self._register_totals(tot.with_columns(pl.Series("f", val)))
         return val
@@ -414,7 +414,7 @@ class LooEngine:
         except duckdb.Error as exc:
             msg = str(exc).strip().splitlines()[0]
             if self.query.where and isinstance(exc, (duckdb.ParserException, duckdb.BinderException)):
-                raise InputError(f"the filter --where {self.query.where!r} is not valid here: {msg}") from None
+                raise InputError(f"the filter --where {short(self.query.where)} is not valid here: {clip(msg, 200)}") from None
             raise
 
     # ----------------------------------------------------- in-memory engines
@@ -487,7 +487,7 @@ def _order_statistic_loo(panel: Panel, query: Query):
         rows = order[bounds[j]:bounds[j + 1]]
         N = len(rows)
         if N == 0:
-            raise InputError(f"query {query.describe()!r} is undefined on database {panel.labels[j]!s} "
+            raise InputError(f"query {short(query.describe())} is undefined on database {panel.labels[j]!s} "
                              f"(no usable rows); filter that database out")
         v = xx[rows]  # sorted values of database j
         h = (N - 1) * level
@@ -560,7 +560,8 @@ def _scalar(con, sql: str, label) -> float:
     try:
         rows = con.execute(sql).fetchall()
     except duckdb.Error as exc:
-        raise InputError(f"--sql failed on database {label!s}: {str(exc).strip().splitlines()[0]}") from None
+        raise InputError(f"--sql failed on database {clip(str(label), 40)}: "
+                         f"{clip(str(exc).strip().splitlines()[0], 200)}") from None
     if len(rows) != 1 or len(rows[0]) != 1:
         raise InputError(f"--sql must return one row with one numeric column; got "
                          f"{len(rows)} row(s) on database {label!s}")
@@ -568,7 +569,7 @@ def _scalar(con, sql: str, label) -> float:
     try:
         val = float(val)
     except (TypeError, ValueError):
-        raise InputError(f"--sql returned {val!r} on database {label!s}; it must return a number") from None
+        raise InputError(f"--sql returned {short(val)} on database {label!s}; it must return a number") from None
     if not np.isfinite(val):
         raise InputError(f"--sql returned {val} on database {label!s}; the query must be defined "
                          f"on every database")

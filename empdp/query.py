@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .data import shorten
 from .errors import InputError
 
 DECOMPOSABLE = ("count", "sum", "mean", "var", "std", "ratio")
@@ -104,21 +105,21 @@ def parse_query(query: str | None = None, *, where: str | None = None, sql: str 
                      where=where, text=text)
     m = _CALL.match(text)
     if not m:
-        raise InputError(f"cannot parse query {query!r}; use one of {HELP}, or --sql")
+        raise InputError(f"cannot parse query {shorten(query)}; use one of {HELP}, or --sql")
     name, arg, level = m.group(1).lower(), m.group(2), m.group(3)
     name = _ALIASES.get(name, name)
     if name not in FORMS or name in ("ratio", "sql"):
-        raise InputError(f"unknown aggregate {m.group(1)!r} in {query!r}; use one of {HELP}, or --sql")
+        raise InputError(f"unknown aggregate {shorten(m.group(1))} in {shorten(query)}; use one of {HELP}, or --sql")
     if arg == "*" and name != "count":
         raise InputError(f"{name}(*) is not defined; name a column, e.g. {name}(x)")
     if name == "quantile":
         if level is None:
-            raise InputError(f"quantile needs a level, e.g. quantile(x, 0.9); got {query!r}")
+            raise InputError(f"quantile needs a level, e.g. quantile(x, 0.9); got {shorten(query)}")
         qv = float(level)
         if not 0.0 <= qv <= 1.0:
             raise InputError(f"quantile level must be in [0, 1]; got {level}")
     elif level is not None:
-        raise InputError(f"{name}() takes one column; got {query!r}")
+        raise InputError(f"{name}() takes one column; got {shorten(query)}")
     else:
         qv = {"min": 0.0, "max": 1.0, "median": 0.5}.get(name)
     columns = () if arg == "*" else (_unquote(arg),)

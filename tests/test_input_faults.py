@@ -231,3 +231,36 @@ def test_read_json_refuses_bombs_in_one_line(tmp_path):
 def test_zz_tally():
     """The figures for the closing note (run with -s to see them); runs last in this file."""
     print(f"\nbad-input catalogue: {TALLY['tried']} cases tried, {TALLY['clean']} clean")
+
+
+# ------------------------------------------------------------------------ long values
+
+LONG = "zz" * 3000
+
+
+@pytest.mark.parametrize("options", [
+    ["--query", "mean(x)", "--where", LONG + " > 1"],
+    ["--query", f"mean({LONG})"],
+    ["--query", LONG],
+    ["--sql", f"SELECT avg(x) FROM db WHERE {LONG} > 1"],
+    ["--query", "mean(x)", "--memory-limit", LONG],
+    ["--query", "mean(x)", "--out", LONG + ".csv"],
+    ["--query", "mean(x)", "--out", "x/" * 3000 + "t.csv"],
+])
+def test_long_option_values_are_echoed_shortened(files, tmp_path, options):
+    """Very long option values were echoed in full in the error line."""
+    res, new, _ = invoke(["assess", files / "panel.parquet", "--id", "id", "--by", "year", *options, "-q"], tmp_path)
+    line = res.stderr.strip()
+    assert res.exit_code == 2 and line.startswith("Error: ") and "\n" not in line, res.output[:300]
+    assert len(line) < 600 and not new, line[:300]
+
+
+@pytest.mark.parametrize("args", [["mpl", "-m", LONG], ["mpl", "-m", "laplace", "--param", LONG],
+                                  ["mpl", "-m", "laplace", "--param", f"{LONG}=1"],
+                                  ["mpl", "-m", "laplace", "--region", LONG], ["mpl", "-m", "laplace", "--pairs", LONG],
+                                  ["mpl", "-m", f"{LONG}:f"]])
+def test_long_audit_values_are_echoed_shortened(tmp_path, args):
+    res, _, _ = invoke(["audit", *args], tmp_path)
+    line = res.stderr.strip()
+    assert res.exit_code == 2 and line.startswith("Error: ") and "\n" not in line, res.output[:300]
+    assert len(line) < 600, line[:300]
