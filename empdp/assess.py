@@ -609,6 +609,9 @@ class _Evaluation:
                                f"eps_i = inf); no epsilon protects them")
         if engine.panel.n_null_ids:
             warnings.append(f"dropped {engine.panel.n_null_ids} rows with a NULL id")
+        null_values = getattr(engine, "null_values_warning", lambda: None)()
+        if null_values:
+            warnings.append(null_values)
         individuals = pl.DataFrame({
             engine.panel.id: screen.ids,
             "eps_i": pl.Series(self.eps_i, dtype=pl.Float64, nan_to_null=True),

@@ -151,3 +151,13 @@ def test_gaussian_reports_its_tolerance(sample_path):
     res = CliRunner().invoke(cli, ["assess", sample_path, "--id", "countyid", "--by", "year", "--query",
                                    "mean(murdrate)", "--kernel", "gaussian", "--bandwidth", "0.02", "--json"])
     assert json.loads(res.output)["eps_tolerance"] == risk.GAUSSIAN_TOL
+
+
+def test_null_values_are_counted_and_warned_about():
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"id": np.repeat(np.arange(50), 10), "y": np.tile(np.arange(10), 50),
+                       "x": rng.normal(size=500)})
+    nulls = rng.random(500) < 0.2
+    df.loc[nulls, "x"] = np.nan
+    a = assess(df, id="id", by="y", query="mean(x)")
+    assert any(f"{int(nulls.sum()):,} rows have a NULL" in w for w in a.warnings), a.warnings
