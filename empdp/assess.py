@@ -609,7 +609,7 @@ class _Evaluation:
                                f"eps_i = inf); no epsilon protects them")
         if engine.panel.n_null_ids:
             warnings.append(f"dropped {engine.panel.n_null_ids} rows with a NULL id")
-        null_values = getattr(engine, "null_values_warning", lambda: None)()
+        null_values = getattr(engine, "null_values_warning", None)  # a property of the engine
         if null_values:
             warnings.append(null_values)
         individuals = pl.DataFrame({
