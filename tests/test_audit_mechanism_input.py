@@ -1,8 +1,8 @@
 """Reference mechanisms and their pairs: sensitivity, StatDP patterns, database checks,
 module loading, the MPL region and sample sizes, exact values (bad input is an InputError)."""
 
-import re
 import math
+import re
 import warnings
 
 import numpy as np

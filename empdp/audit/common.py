@@ -113,11 +113,14 @@ def jsonable(value):
 
 
 def one_line(text: str, width: int) -> str:
-    """``text`` on one line, cut to ``width`` characters with '...'."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[:width - 3] + "..."
+    """``text`` on one line, cut to ``width`` characters (:func:`empdp.data.clip`)."""
+    from ..data import clip
+
+    return clip(text, width)
 
 
 def short(value, width: int = 60) -> str:
-    """A value's repr on one short line, for error messages."""
-    return one_line(repr(value), width)
+    """A value's repr on one short line, for error messages (:func:`empdp.data.shorten`)."""
+    from ..data import shorten
+
+    return shorten(value, width)
