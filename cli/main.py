@@ -64,8 +64,10 @@ class EmpdpGroup(click.Group):
         except Exception as exc:  # noqa: BLE001 - last line of defence: one line, no traceback
             bad_sql, no_memory = _duckdb_errors()
             if isinstance(exc, bad_sql):
-                _fail("the query or filter is not valid SQL for this source: " + str(exc).splitlines()[0], 2,
-                      debug)
+                from empdp.data import clip
+
+                _fail("the query or filter is not valid SQL for this source: "
+                      + clip(str(exc).splitlines()[0], 200), 2, debug)
             if isinstance(exc, no_memory):
                 _fail(f"out of memory ({exc}); try --memory-limit or a machine with more memory", 1, debug)
             _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)", 1, debug)

@@ -146,6 +146,8 @@ def reference_scale(q: np.ndarray) -> float:
     return 0.9 * spread * len(q) ** (-0.2)
 
 
+#: a fixed bandwidth outside these is refused: beyond them the kernels under- or overflow
+MIN_BANDWIDTH, MAX_BANDWIDTH = 1e-100, 1e100
 #: the values of ``bandwidth`` besides a number (the default first)
 BANDWIDTHS = ("auto", "variable")
 
@@ -183,8 +185,9 @@ def select_density(q, kernel: str = DEFAULT_KERNEL, bandwidth="auto", n_scales: 
             b = float(bandwidth)
         except (TypeError, ValueError):
             raise InputError(f"--bandwidth must be auto, variable or a positive number; got {bandwidth!r}") from None
-        if not (np.isfinite(b) and b > 0):
-            raise InputError(f"--bandwidth must be a positive number; got {bandwidth!r}")
+        if not (np.isfinite(b) and MIN_BANDWIDTH <= b <= MAX_BANDWIDTH):
+            raise InputError(f"--bandwidth must be a number in [{MIN_BANDWIDTH:g}, {MAX_BANDWIDTH:g}] (in the "
+                             f"query's units); got {str(bandwidth)[:40]!r}")
         fits = [(k, b, 0.0, loo_loglik(k, q, np.full(len(q), b))) for k in kernels]
         best = max(fits, key=lambda f: f[3])
         return DensityModel(best[0], b, 0.0, q, np.full(len(q), b), best[3], "fixed",

@@ -30,8 +30,6 @@ BOMBS = {"digits": "[" + "9" * 5000 + "]", "nesting": "[" * 100_000 + "]" * 100_
          "nan": "[[NaN, Infinity]]"}
 
 ASSESS_OPTIONS = ("--epsilon", "--memory-limit", "--threads", "--bandwidth")
-#: (option, value) cases of assess still failing in modules owned elsewhere (density, risk)
-ASSESS_KNOWN = {("--bandwidth", "1e308"), ("--bandwidth", "1e-320")}
 AUDIT_OPTIONS = {
     "mpl": ("--alpha", "--n", "--N", "--seed", "--region", "--param epsilon=", "--param sensitivity="),
     "renyi": ("--alpha", "--n", "--order", "--seed", "--param epsilon=", "--param sensitivity="),
@@ -143,17 +141,8 @@ def test_assess_numeric_options(files, tmp_path, option):
         base += ["--bandwidth", "0.5"]
     if option != "--epsilon":
         base += ["-e", "1"]
-    values = [v for v in VALUES if (option, v) not in ASSESS_KNOWN]
-    check_all([base + _option(option, value) for value in values], tmp_path, written_ok=("rows.csv",),
+    check_all([base + _option(option, value) for value in VALUES], tmp_path, written_ok=("rows.csv",),
               cleanup=lambda: out.unlink(missing_ok=True))
-
-
-@pytest.mark.xfail(strict=True, reason="--bandwidth 1e308 prints overflow warnings (density.py, risk.py) and "
-                                       "1e-320 is an internal error: the density model's owners fix the range")
-@pytest.mark.parametrize("option, value", sorted(ASSESS_KNOWN))
-def test_assess_known_failures(files, tmp_path, option, value):
-    check_clean(["assess", files / "panel.parquet", "--id", "id", "--by", "year", "--query", "mean(x)",
-                 "--kernel", "laplace", "-e", "1", *_option(option, value), "-q"], tmp_path)
 
 
 # ------------------------------------------------------------------------ audit
