@@ -86,6 +86,35 @@ def test_concurrent_first_use_of_a_new_ledger(tmp_path, cal_path, round_):
     assert ledger.stat().st_mode & 0o777 == 0o600
 
 
+WRITER = textwrap.dedent("""
+    import os, sys
+    from empdp.noise.ledger import Ledger
+    ledger = Ledger(sys.argv[1], key=os.environ["EMPDP_KEY"].encode())
+    fields = dict(query="q", source=None, database=None, epsilon=0.001, weight_zero=0.3, private=True,
+                  calibration_digest="d")
+    fields["lambda"] = 1.0
+    for _ in range(150):
+        ledger.append(fields, lambda: 1.0, budget=1e6)
+""")
+
+
+def test_verify_while_another_process_releases_sees_one_snapshot(tmp_path):
+    """The chain and the head are read in one transaction: a release committed between two reads made
+    'ledger verify' report removed records (1 read in 5 while a writer ran)."""
+    ledger = tmp_path / "l.sqlite"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(ledger)], env=CHILD_ENV)
+    reads = 0
+    try:
+        while proc.poll() is None:
+            if ledger.exists():
+                Ledger(ledger, key=KEY).verify()
+                reads += 1
+    finally:
+        proc.kill()
+        proc.wait()
+    assert reads > 20 and Ledger(ledger, key=KEY).verify()["n_releases"] == 150
+
+
 # ----------------------------------------------------------- kill -9 at every statement
 
 KILLED = textwrap.dedent("""

@@ -242,6 +242,7 @@ class Ledger:
         if con is None:
             return fn(None)
         try:
+            con.execute("BEGIN")  # one snapshot for every SELECT: a writer may commit between them
             return fn(con)
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc) from None
