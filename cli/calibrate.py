@@ -1,4 +1,4 @@
-"""``empdp calibrate`` and ``empdp release`` (SPEC 6, 8)."""
+"""``empdp calibrate`` and ``empdp release`` (docs/method.md#8-calibration-and-release)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def key_options(f):
 @output_options
 def calibrate(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth, output, memory_limit,
               drop_null_ids, key_file, as_json, quiet, verbose, debug):
-    """The least noise that makes releasing QUERY epsilon-empirically private (SPEC 6).
+    """The least noise that makes releasing QUERY epsilon-empirically private (docs/method.md#8-calibration-and-release).
 
     Finds the exact minimal Laplace scale lambda* over every individual,
     deconvolves the curator kernel to get the noise (for a Laplace kernel:
@@ -128,7 +128,7 @@ def _print_calibration(cal: Calibration, output: str) -> None:
 @output_options
 def release(calibration, source, value, database, ledger, budget, seed, memory_limit, key_file, allow_unsigned,
             as_json, quiet, verbose, debug):
-    """Add calibrated noise to a new statistic and record it in the ledger (SPEC 6.4-6.5).
+    """Add calibrated noise to a new statistic and record it in the ledger (docs/method.md#84-secure-sampling).
 
     Before anything is released, the calibration's HMAC and the whole ledger
     chain (records, budget, head) are verified under the curator key; any

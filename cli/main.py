@@ -1,4 +1,4 @@
-"""The ``empdp`` command: a thin click layer over the library (SPEC 8)."""
+"""The ``empdp`` command: a thin click layer over the library (docs/method.md)."""
 
 from __future__ import annotations
 

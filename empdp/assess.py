@@ -1,4 +1,4 @@
-"""``empdp assess``: per-individual empirical privacy risk (SPEC 1–4).
+"""``empdp assess``: per-individual empirical privacy risk (docs/method.md#1-data-model).
 
 Data flow: source → :mod:`empdp.loo` (query values and shifts) →
 :mod:`empdp.density` (the curator's model, fitted once) → screening bounds
@@ -345,7 +345,7 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
         ε_i is computed where ε_all needs it, and the other individuals get
         their exact δ_i only, which takes fewer nodes.
     screening
-        Skip individuals whose certified bound shows δ_i = 0 (SPEC 4.3).
+        Skip individuals whose certified bound shows δ_i = 0 (docs/method.md#51-screening-bound).
         Turning it off changes no result, only the time.
     threads
         Threads for DuckDB and for the exact evaluation (default: every core

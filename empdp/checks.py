@@ -1,4 +1,4 @@
-"""Checks the method requires (SPEC 4.4; Burchard et al. section 5)."""
+"""Checks the method requires (docs/method.md#7-checks; Burchard et al. section 5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Data layer (SPEC 1): any DuckDB-readable source as one validated relation.
+"""Data layer (docs/method.md#1-data-model): any DuckDB-readable source as one validated relation.
 
 Only this module (and the SQL it hands out) talks to DuckDB. A :class:`Panel`
 is a DuckDB connection holding a view ``__src`` over the user's source, the
@@ -58,7 +58,7 @@ def clip(text: str, width: int = 80) -> str:
 
 @dataclass
 class Panel:
-    """A validated repeated-database source (SPEC 1).
+    """A validated repeated-database source (docs/method.md#1-data-model).
 
     Attributes
     ----------
@@ -362,7 +362,7 @@ def open_panel(
     con: duckdb.DuckDBPyConnection | None = None,
     threads: int | None = None,
 ) -> Panel:
-    """Open and validate a repeated-database source (SPEC 1).
+    """Open and validate a repeated-database source (docs/method.md#1-data-model).
 
     Raises :class:`InputError` with one line naming the problem for: a missing
     file, missing columns, NULL ids (unless ``drop_null_ids``), an empty source,

@@ -1,4 +1,4 @@
-"""The curator's density model of the query (SPEC 3).
+"""The curator's density model of the query (docs/method.md#3-density-model).
 
 p̂(x) = (1/n) Σ_j k_{b_j}(x − q_j) with Laplace or Gaussian kernels and
 variable bandwidths b_j = b · (g / p̃(q_j))^a (Abramson / Breiman et al. 1977),
@@ -66,7 +66,7 @@ def kernel_logcdf_both(kernel: str, u, b):
 
 @dataclass
 class DensityModel:
-    """A fitted KDE of the query values (SPEC 3).
+    """A fitted KDE of the query values (docs/method.md#3-density-model).
 
     Attributes
     ----------

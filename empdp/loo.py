@@ -1,4 +1,4 @@
-"""The drop-one-identifier loop (SPEC 2): f(X^j) and the shifts Δ_ij = f(X^j) − f(X^j ∖ i).
+"""The drop-one-identifier loop (docs/method.md#2-leave-one-out-shifts-and-query-forms): f(X^j) and the shifts Δ_ij = f(X^j) − f(X^j ∖ i).
 
 Three engines share one interface (:class:`LooEngine`):
 
@@ -10,7 +10,7 @@ Three engines share one interface (:class:`LooEngine`):
 The engine answers three questions, in the order the risk layer needs them:
 ``values()`` (the n query values), ``screen(scale)`` (per individual: number of
 databases, sole-contributor flag, largest |Δ_ij| and M_i = max_j |Δ_ij| / scale_j,
-SPEC 4.3) and ``shifts(codes)`` (dense Δ rows of the chosen individuals only).
+docs/method.md#51-screening-bound) and ``shifts(codes)`` (dense Δ rows of the chosen individuals only).
 """
 
 from __future__ import annotations
@@ -60,11 +60,11 @@ class Screen:
     n_present : ndarray of int
         Number of databases in which the individual has rows (after ``where``).
     undefined : ndarray of bool
-        Sole contributors: f(X^j ∖ i) is undefined in some database (SPEC 2).
+        Sole contributors: f(X^j ∖ i) is undefined in some database (docs/method.md#2-leave-one-out-shifts-and-query-forms).
     max_abs_shift : ndarray
         max_j |Δ_ij| over databases where it is defined.
     bound : ndarray
-        M_i = max_j |Δ_ij| / scale_j (SPEC 4.3).
+        M_i = max_j |Δ_ij| / scale_j (docs/method.md#51-screening-bound).
     """
 
     ids: pl.Series
@@ -463,7 +463,7 @@ def _quantile_sorted(v: np.ndarray, pos_lo: np.ndarray, frac: np.ndarray) -> np.
 
 def _kth_excluding(ranks: np.ndarray, k: np.ndarray) -> np.ndarray:
     """Index in the full sorted array of the k-th smallest value once the rows at
-    ``ranks`` (g × c, ascending per row) are removed (rank arithmetic, SPEC 2)."""
+    ``ranks`` (g × c, ascending per row) are removed (rank arithmetic, docs/method.md#2-leave-one-out-shifts-and-query-forms)."""
     pos = k.copy()
     for t in range(ranks.shape[1]):
         pos += ranks[:, t] <= pos
@@ -522,7 +522,7 @@ def _order_statistic_loo(panel: Panel, query: Query):
 
 
 def _sql_loo(panel: Panel, query: Query):
-    """Generic ``--sql``: one correlated set-based query per database (SPEC 2)."""
+    """Generic ``--sql``: one correlated set-based query per database (docs/method.md#2-leave-one-out-shifts-and-query-forms)."""
     con, n = panel.con, len(panel.labels)
     qi = quote_ident(panel.id)
     src_j = (f"(SELECT s.*, l.__j, l.__label FROM __src s JOIN __labels l "
@@ -670,7 +670,7 @@ class LooResult:
 
     ``shifts[i, j]`` = f(X^j) − f(X^j ∖ i), 0 where i is absent from database j
     or where the leave-one-out value is undefined (``undefined[i]`` is then True).
-    P̂ = {q_j} and P̂_i = {q_j − Δ_ij} (SPEC 6.1).
+    P̂ = {q_j} and P̂_i = {q_j − Δ_ij} (docs/method.md#81-target-densities).
     """
 
     labels: list
@@ -696,7 +696,7 @@ def make_engine(source: Any, *, id: str, by: str, query: str | None = None, wher
 def leave_one_out(source: Any, *, id: str, by: str, query: str | None = None, where: str | None = None,
                   sql: str | None = None, memory_limit: str | None = None,
                   drop_null_ids: bool = False) -> LooResult:
-    """Every individual's leave-one-out shifts as a dense matrix (SPEC 2).
+    """Every individual's leave-one-out shifts as a dense matrix (docs/method.md#2-leave-one-out-shifts-and-query-forms).
 
     Meant for up to ~10^7 (individual, database) cells; :func:`empdp.assess`
     screens first and fetches only the individuals it needs.

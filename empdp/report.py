@@ -1,4 +1,4 @@
-"""The self-contained HTML risk report (SPEC 8; issue 5).
+"""The self-contained HTML risk report (docs/method.md).
 
 One HTML file with inline CSS and matplotlib figures embedded as base64 PNG
 ``data:`` URIs: no scripts, no external references, so it can be mailed or
@@ -576,7 +576,7 @@ def _audit_bound(d: dict, kind: str) -> str:
 
 
 def _audit_release(d: dict, show: Callable) -> str:
-    """The audit of a calibrated release (SPEC 7.4): bounds beside the exact values, per individual."""
+    """The audit of a calibrated release (docs/method.md#94-release-audit): bounds beside the exact values, per individual."""
     ok, order = d.get("ok"), _fmt(d.get("order"))
     noise, ck = d.get("noise") or {}, d.get("curator_kernel") or {}
     rows = [("result", f"<span class='{'ok' if ok else 'bad'}'>"
@@ -676,7 +676,7 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
 
 def render_report(assessment, path, *, epsilon: float | None = None, calibration: dict | None = None,
                   audit: dict | None = None, hash_ids=False, audit_hash_ids=None) -> None:
-    """Write :func:`report_html` to ``path`` atomically, owner-only (mode 0600; SPEC 8).
+    """Write :func:`report_html` to ``path`` atomically, owner-only (mode 0600; docs/method.md).
 
     Parameters are those of :func:`report_html`; nothing is written if rendering fails.
     """

@@ -1,4 +1,4 @@
-"""Assessment results on disk: ``empdp assess --save-result`` and ``empdp report`` (SPEC 8; issue 5).
+"""Assessment results on disk: ``empdp assess --save-result`` and ``empdp report`` (docs/method.md).
 
 A result file is one strict-JSON object (``"format": "empdp-result/1"``) with
 everything the HTML report draws, so a report can be rendered again later,

@@ -127,7 +127,7 @@ def test_release_kernel_is_the_convolution(kernel):
                               points=[0, t], limit=400)[0]
         assert_allclose(np.exp(release_kernel_logpdf(t, kernel, b, w, lam)), w * k(t) + (1 - w) * conv,
                         rtol=1e-9)
-    # Laplace curator kernel with the closed-form noise gives exactly Laplace(λ) (SPEC 6.3)
+    # Laplace curator kernel with the closed-form noise gives exactly Laplace(λ) (docs/method.md#83-deconvolution-the-noise-law)
     x = np.linspace(-9, 9, 11)
     assert_allclose(release_kernel_logpdf(x, "laplace", b, (b / lam) ** 2, lam),
                     -np.abs(x) / lam - math.log(2 * lam), atol=1e-12)

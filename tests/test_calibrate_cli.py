@@ -1,4 +1,4 @@
-"""``empdp calibrate`` / ``empdp release`` and the Python API (SPEC 6, issue 3 contract)."""
+"""``empdp calibrate`` / ``empdp release`` and the Python API (docs/method.md#8-calibration-and-release, issue 3 contract)."""
 
 import json
 import warnings
@@ -192,7 +192,7 @@ def test_gaussian_kernel_uses_verified_fallback():
 
 
 def test_default_kernel_is_laplace_with_the_closed_form(tmp_path):
-    # 'auto' picks a Gaussian kernel on these data, which cannot be deconvolved (SPEC 10.2)
+    # 'auto' picks a Gaussian kernel on these data, which cannot be deconvolved (docs/method.md#112-a-gaussian-curator-kernel-cannot-be-deconvolved)
     res = run("calibrate", SAMPLE, *QUERY, "--epsilon", 0.1, "-o", tmp_path / "c.json", "--json")
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)

@@ -1,5 +1,5 @@
 """The evaluation grid stays small when the bandwidth is tiny against the query values' spread,
-and a grid that cannot fit in the memory limit is refused with a clear message (SPEC 4.1, 9)."""
+and a grid that cannot fit in the memory limit is refused with a clear message (docs/method.md#41-per-individual-risk)."""
 
 import importlib
 import warnings

@@ -1,4 +1,4 @@
-"""Deconvolution of the curator kernel (SPEC 6.3, 10.2)."""
+"""Deconvolution of the curator kernel (docs/method.md#83-deconvolution-the-noise-law)."""
 
 import numpy as np
 import pytest
@@ -48,7 +48,7 @@ def test_closed_form_really_convolves_to_the_target():
 def test_gaussian_kernel_is_reported_infeasible(sigma, lam):
     d = fourier_deconvolve("gaussian", sigma, lam)
     assert not d.feasible
-    assert "SPEC 10.2" in d.reason
+    assert "docs/method.md#112-a-gaussian-curator-kernel-cannot-be-deconvolved" in d.reason
     assert d.max_abs_transform > 1
 
 

@@ -1,4 +1,4 @@
-"""Exact ε_i(λ) and the minimal λ* (SPEC 6.2) against dense-grid references and SPEC 10.1."""
+"""Exact ε_i(λ) and the minimal λ* (docs/method.md#82-the-minimal-scale-exact) against dense-grid references and docs/method.md#111-the-hausdorff-rule-does-not-guarantee-epsilon."""
 
 import numpy as np
 import pytest

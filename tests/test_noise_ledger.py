@@ -1,4 +1,4 @@
-"""Append-only, crash-safe ledger with a total-ε budget (SPEC 6.5)."""
+"""Append-only, crash-safe ledger with a total-ε budget (docs/method.md#85-ledger-and-budget)."""
 
 import os
 import signal

@@ -1,4 +1,4 @@
-"""Secure exact sampler of w·δ0 + (1 − w)·Laplace(λ) (SPEC 6.4)."""
+"""Secure exact sampler of w·δ0 + (1 − w)·Laplace(λ) (docs/method.md#84-secure-sampling)."""
 
 import math
 

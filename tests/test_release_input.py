@@ -1,4 +1,4 @@
-"""Damaged or edited calibration files and ledgers are refused in one line, exit 2 (SPEC 6.4-6.5).
+"""Damaged or edited calibration files and ledgers are refused in one line, exit 2 (docs/method.md#84-secure-sampling).
 
 The budget cannot be bypassed: no calibration field, edited file or old
 ledger record makes a release spend zero or negative epsilon.

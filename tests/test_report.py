@@ -85,7 +85,7 @@ def test_contents(result, plain, full):
     top = result.riskiest(1)[result.id_column][0]
     assert f"<code>{top}</code>" in text
     assert result.query in text
-    assert "independent" in text  # the δ* caveat (SPEC 10.3)
+    assert "independent" in text  # the δ* caveat (docs/method.md#114-total-risk-assumes-independent-individuals)
     for w in result.warnings:
         assert w in text
     # the user's ε is marked; λ*, the noise and the audit bound are shown

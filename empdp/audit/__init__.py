@@ -1,4 +1,4 @@
-"""Black-box audits: MPL pure-DP and Rényi-DP lower bounds, reference mechanisms (SPEC 7)."""
+"""Black-box audits: MPL pure-DP and Rényi-DP lower bounds, reference mechanisms (docs/method.md#9-audits)."""
 
 from .mechanisms import BUILTIN_NAMES, Mechanism, builtin, load_mechanism
 from .mpl import MPLResult, mpl

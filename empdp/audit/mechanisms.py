@@ -1,4 +1,4 @@
-"""Reference mechanisms for the audits (SPEC 7.3) and loading of user samplers.
+"""Reference mechanisms for the audits (docs/method.md#93-reference-mechanisms) and loading of user samplers.
 
 A mechanism is a sampler ``f(database, size, rng) -> array`` of shape (size,)
 or (size, d). A database is a number or a list of numbers; the additive-noise

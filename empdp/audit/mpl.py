@@ -1,4 +1,4 @@
-"""MPL: statistical lower bound for pure-DP ε (Askin, Kutta, Dette 2022; SPEC 7.1).
+"""MPL: statistical lower bound for pure-DP ε (Askin, Kutta, Dette 2022; docs/method.md#91-mpl-a-lower-bound-on-pure-dp-epsilon).
 
 Stage 1 (DPL, Alg. 3) estimates the local loss ℓ̂(t) = |ln f̂_x(t) − ln f̂_x′(t)|
 for every pair from n outputs each (truncated KDE or truncated relative
@@ -395,7 +395,7 @@ def mpl(mechanism, pairs=None, n: int = 20000, N: int = 50000, region=None, alph
             warnings.append("t_hat lies on the edge of the region C; the loss may be larger outside it")
     if min(fx, fy) <= tau_used:
         warnings.append(f"the floor tau = {tau_used:.3g} binds at t_hat (a density estimate is at the "
-                        "floor): too few samples there, the bound is unreliable (SPEC 10.3)")
+                        "floor): too few samples there, the bound is unreliable (docs/method.md#115-the-audits-are-asymptotic)")
     loss_star = abs(math.log(sx) - math.log(sy))
     lb = loss_star - zc * sigma / c_n
     report(stage2, 1, 1)

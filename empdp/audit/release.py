@@ -1,4 +1,4 @@
-"""Audit of a calibrated release (SPEC 7.4).
+"""Audit of a calibrated release (docs/method.md#94-release-audit).
 
 The release mechanism's output distribution (empirical sense) is
 r = P̂ ⋆ k ⋆ h: pick a database j uniformly, add curator-kernel noise k
@@ -172,7 +172,7 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
                   n: int = 20000, N: int = 50000, n_renyi: int = 100000, alpha: float = 0.05,
                   rng=None, progress: Callable[[str, int, int], None] | None = None,
                   hash_key: bytes | None = None) -> ReleaseAudit:
-    """Audit the release described by ``calibration`` on the databases of ``source`` (SPEC 7.4).
+    """Audit the release described by ``calibration`` on the databases of ``source`` (docs/method.md#94-release-audit).
 
     Parameters
     ----------

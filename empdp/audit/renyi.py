@@ -1,4 +1,4 @@
-"""Rényi-DP lower bound (Kutta, Askin, Dunsche 2024; SPEC 7.2).
+"""Rényi-DP lower bound (Kutta, Askin, Dunsche 2024; docs/method.md#92-renyi-dp-lower-bound).
 
 For α > 1, D_α(f ‖ g) = (α − 1)⁻¹ log ∫ f^α g^{1−α}. The denominator density
 is floored smoothly, s(z) = η⁻¹ log(e^{ηz} + e^{ητ}) ≥ z; since 1 − α < 0 the
@@ -8,7 +8,7 @@ mildly undersmoothed bandwidth) gets a delta-method standard error
 σ̂_T² = Var_f̂(w₁)/n + Var_ĝ(w₂)/m with w₁ = α f̂^{α−1} s(ĝ)^{1−α} and
 w₂ = (1 − α) f̂^α s(ĝ)^{−α} s′(ĝ); then LB = D̂ − z_{1−α_conf} σ̂_T / ((α − 1) T̂).
 
-Three refinements of SPEC 7.2, each measured in tests/bench/audit_validation.py:
+Three refinements of docs/method.md#92-renyi-dp-lower-bound, each measured in tests/bench/audit_validation.py:
 the floor τ is tied to the noise of the estimate (20/n for frequencies, the
 density where the KDE's relative error is 1/2 for densities; both times
 α(α − 1)/6 above α = 3, since the plug-in raises that noise to the power α);
@@ -57,7 +57,7 @@ from .pairs import resolve_pairs
 
 log = logging.getLogger("empdp.audit")
 
-#: Defaults after tuning (tests/bench/audit_validation.py). The SPEC 7.2 trial used
+#: Defaults after tuning (tests/bench/audit_validation.py). The docs/method.md#92-renyi-dp-lower-bound trial used
 #: τ = 10^-3, η = 1/τ; a sharper softmax (η = 10/τ: s(2τ) = 2τ instead of 2.3τ) and a floor
 #: tied to the noise of the estimate remove most of the floor's downward bias without
 #: hurting coverage. Frequencies: τ = TAU_COUNTS/n (20 outputs). Densities: τ = TAU_NOISE
@@ -200,7 +200,7 @@ def _bias(f, g, scaled, weight, a, tau, eta, c, n, m):
 def _integral(f, g, weight, a, tau, eta):
     """The terms of T = Σ f^α s(g)^{1−α}·weight on a log scale: (top, T e^{−top}, integrand
     e^{−top}, w₁ e^{−top}, w₂ e^{−top}) with top the largest log term and w₁ = ∂/∂f,
-    w₂ = ∂/∂g of the integrand (SPEC 7.2). top = −inf when f is 0 everywhere."""
+    w₂ = ∂/∂g of the integrand (docs/method.md#92-renyi-dp-lower-bound). top = −inf when f is 0 everywhere."""
     s, ds = _floor(g, tau, eta)
     pos = f > 0
     logf = np.where(pos, np.log(np.where(pos, f, 1.0)), -np.inf)
@@ -278,7 +278,7 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
     discrete : force relative frequencies (True) or KDE (False); default: detect.
     bandwidth : KDE bandwidth per dimension (default 1.06 σ̂ n^{-1/5} · n^{-undersmooth}).
     both_directions : audit D_α(M(x) ‖ M(x′)) and D_α(M(x′) ‖ M(x)) (RDP bounds both).
-    bias_correction : remove the second-order bias of D̂ (module doc); False is SPEC 7.2 as written.
+    bias_correction : remove the second-order bias of D̂ (module doc); False is docs/method.md#92-renyi-dp-lower-bound as written.
     progress : optional callback ``progress(stage, done, total)``.
     """
     mech = load_mechanism(mechanism, params)
@@ -374,7 +374,7 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
     if share > 0.05:
         warnings.append(f"{share:.0%} of the estimated integral comes from outputs where the "
                         f"denominator density is below the floor tau = {t:.3g}: the bound is loose "
-                        "there; more samples would tighten it (SPEC 10.3)")
+                        "there; more samples would tighten it (docs/method.md#115-the-audits-are-asymptotic)")
     x_db, y_db = pairs[b]
     pair = (x_db, y_db) if fwd else (y_db, x_db)
     true_value = None

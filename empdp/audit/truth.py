@@ -283,7 +283,7 @@ def mixture_epsilon(noise: str, x, y, q: float, scale: float) -> float:
     """sup_t |log ratio| for subsampled Laplace: attained at a support point or in a tail.
 
     Between support points both densities are A e^{t/b} + B e^{−t/b}, so their
-    ratio is monotone there (the same Möbius argument as SPEC 6.2).
+    ratio is monotone there (the same Möbius argument as docs/method.md#82-the-minimal-scale-exact).
     """
     if noise != "laplace":
         return math.inf

@@ -1,4 +1,4 @@
-"""Noise calibration and release (SPEC 6): exact λ*, deconvolution, secure sampling, ledger.
+"""Noise calibration and release (docs/method.md#8-calibration-and-release): exact λ*, deconvolution, secure sampling, ledger.
 
 Modules, in data-flow order: :mod:`.exact` (ε_i(λ) and λ*), :mod:`.deconv`
 (the noise h), :mod:`.sampler` (secure exact draws), :mod:`.ledger`

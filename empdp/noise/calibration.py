@@ -1,15 +1,15 @@
-"""Calibrate and release (SPEC 6): the least noise reaching a target ε, and its releases.
+"""Calibrate and release (docs/method.md#8-calibration-and-release): the least noise reaching a target ε, and its releases.
 
 :func:`calibrate` reads the source, runs the leave-one-out engine, fits the
 curator kernel and calls :func:`calibrate_values`, the pure numerical core:
 
-1. λ* = max_i min{λ : ε_i(λ) ≤ ε} exactly for Laplace KDEs (SPEC 6.2);
+1. λ* = max_i min{λ : ε_i(λ) ≤ ε} exactly for Laplace KDEs (docs/method.md#82-the-minimal-scale-exact);
 2. the noise h with k ⋆ h = ℓ_λ* (Laplace kernel: closed form), or the
-   verified feasible-family fallback (Gaussian kernel; SPEC 6.3, 10.2);
+   verified feasible-family fallback (Gaussian kernel; docs/method.md#83-deconvolution-the-noise-law);
 3. verification of max_i ε_i over the released density P̂ ⋆ k ⋆ h.
 
 The resulting :class:`Calibration` is saved as JSON, samples noise securely
-(SPEC 6.4) and releases values through the ledger (SPEC 6.5).
+(docs/method.md#84-secure-sampling) and releases values through the ledger (docs/method.md#85-ledger-and-budget).
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ def _classical_note(kind: str) -> str:
 
 @dataclass
 class Calibration:
-    """A calibrated release mechanism z = f(X) + y, y ~ h (SPEC 6).
+    """A calibrated release mechanism z = f(X) + y, y ~ h (docs/method.md#8-calibration-and-release).
 
-    The attribute names are a contract (the audit of SPEC 7.4 reads them):
+    The attribute names are a contract (the audit of docs/method.md#94-release-audit reads them):
     ``epsilon``, ``lam`` (λ*), ``curator_kernel`` ({kind, scale}), ``noise``
     ({kind, weight_zero, scale}) and the query description ``source``, ``id``,
     ``by``, ``query``, ``where``, ``sql``.
@@ -117,7 +117,7 @@ class Calibration:
         return d
 
     def to_dict(self) -> dict:
-        """The calibration JSON (SPEC 6, issue 3 contract) without its digest; ``lambda`` is λ*."""
+        """The calibration JSON (docs/method.md#8-calibration-and-release, issue 3 contract) without its digest; ``lambda`` is λ*."""
         d = self._fields()
         d["expected_abs_noise_plain_laplace"] = self.lam
         d["classical_dp_epsilon"] = None
@@ -249,7 +249,7 @@ class Calibration:
     def release(self, value: float, *, ledger=None, budget: float | None = None,
                 seed: int | None = None, database: str | None = None, progress: Progress | None = None,
                 key: bytes | None = None, allow_unsigned: bool = False) -> dict:
-        """Release value + y, recorded in ``ledger`` under the total-ε ``budget`` (SPEC 6.5).
+        """Release value + y, recorded in ``ledger`` under the total-ε ``budget`` (docs/method.md#85-ledger-and-budget).
 
         A calibration read from a file must carry a valid HMAC under ``key``
         and the ledger must verify under it (:meth:`check_signature`,
@@ -345,7 +345,7 @@ def _number(d: dict, key: str, where: str, *, positive: bool = False, integer: b
 
 
 def _check_fields(d: dict, where: str) -> None:
-    """Check every field of a calibration dict (JSON names) once, at the boundary (SPEC 6.3–6.5)."""
+    """Check every field of a calibration dict (JSON names) once, at the boundary (docs/method.md#83-deconvolution-the-noise-law)."""
     eps = _number(d, "epsilon", where, positive=True, at_most=MAX_EPSILON)
     lam = _number(d, "lambda", where, at_most=MAX_SCALE)
     for key in ("lambda_hausdorff", "lambda_winf", "expected_abs_noise", "verified_eps_max"):
@@ -395,7 +395,7 @@ def _g(v) -> str:
 
 def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
                      undefined=None, density=None, progress: Progress | None = None) -> Calibration:
-    """Calibrate noise for query values ``q`` and leave-one-out ``shifts`` (SPEC 6.1–6.3, 6.6).
+    """Calibrate noise for query values ``q`` and leave-one-out ``shifts`` (docs/method.md#81-target-densities).
 
     Parameters
     ----------
@@ -409,7 +409,7 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
         Curator kernel choice, passed to :func:`empdp.density.select_density`
         with fixed scale (``variable=False``), unless ``density`` is given.
         The default Laplace kernel deconvolves in closed form; ``"auto"``
-        may pick a Gaussian one, which needs the verified fallback (SPEC 10.2).
+        may pick a Gaussian one, which needs the verified fallback (docs/method.md#112-a-gaussian-curator-kernel-cannot-be-deconvolved).
     undefined : (m,) bool array_like, optional
         Sole contributors: excluded from λ* (no λ protects them), counted
         and warned about.
@@ -486,7 +486,7 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
         check = fourier_deconvolve(kind, b, max(search.lam, b))
         deconv = {"method": "feasible family w*delta_0 + (1-w)*Laplace(lambda') (Gaussian kernel)",
                   "feasible": check.feasible, "reason": check.reason}
-        notes.append("a Gaussian curator kernel cannot be deconvolved (SPEC 10.2): " + check.reason
+        notes.append("a Gaussian curator kernel cannot be deconvolved (docs/method.md#112-a-gaussian-curator-kernel-cannot-be-deconvolved): " + check.reason
                      + "; using the verified feasible-family fallback")
         fb = gaussian_fallback(q, B, b, epsilon, search.lam, progress=progress)
         noise, eps_max = fb.noise, fb.eps_max
@@ -514,7 +514,7 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | Non
               where: str | None = None, sql: str | None = None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
               memory_limit: str | None = None, drop_null_ids: bool = False,
               progress: Progress | None = None) -> Calibration:
-    """Calibrate release noise for ``query`` over the databases of ``source`` (SPEC 6).
+    """Calibrate release noise for ``query`` over the databases of ``source`` (docs/method.md#8-calibration-and-release).
 
     Parameters mirror ``empdp calibrate``; see :func:`calibrate_values`. ``progress``
     also gets the stage "reading and leave-one-out" (size unknown: total 0).

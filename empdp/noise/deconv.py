@@ -1,4 +1,4 @@
-"""Noise h by deconvolution of the curator kernel: k ⋆ h = ℓ_λ (SPEC 6.3, 10.2).
+"""Noise h by deconvolution of the curator kernel: k ⋆ h = ℓ_λ (docs/method.md#83-deconvolution-the-noise-law).
 
 - Laplace curator kernel of scale b < λ: closed form
   h = w·δ_0 + (1 − w)·Laplace(λ), w = (b/λ)²; b ≥ λ: h = δ_0.
@@ -8,7 +8,7 @@
   infeasibility for a Gaussian kernel, where ĥ grows like e^{σ²ω²/2}.
 - Gaussian curator kernel: the feasible family h = w·δ_0 + (1 − w)·ℓ_λ′,
   searched for the least expected |noise| whose ε over P̂ ⋆ k ⋆ h is
-  verified (SPEC 6.3, last item).
+  verified (docs/method.md#83-deconvolution-the-noise-law, last item).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class NoiseSpec:
-    """The release noise h = w·δ_0 + (1 − w)·Laplace(scale) (SPEC 6.3).
+    """The release noise h = w·δ_0 + (1 − w)·Laplace(scale) (docs/method.md#83-deconvolution-the-noise-law).
 
     ``kind`` is ``"none"`` (h = δ_0), ``"laplace"`` (w = 0) or
     ``"laplace_mixture"`` (0 < w < 1).
@@ -48,7 +48,7 @@ class NoiseSpec:
 
     @property
     def expected_abs(self) -> float:
-        """E|y| = (1 − w)·λ (SPEC 6.3)."""
+        """E|y| = (1 − w)·λ (docs/method.md#83-deconvolution-the-noise-law)."""
         return (1.0 - self.weight_zero) * self.scale
 
     def to_dict(self) -> dict:
@@ -56,7 +56,7 @@ class NoiseSpec:
 
 
 def laplace_closed_form(b: float, lam: float) -> NoiseSpec:
-    """h with ℓ_b ⋆ h = ℓ_λ: w·δ_0 + (1 − w)·ℓ_λ, w = (b/λ)²; δ_0 when b ≥ λ (SPEC 6.3).
+    """h with ℓ_b ⋆ h = ℓ_λ: w·δ_0 + (1 − w)·ℓ_λ, w = (b/λ)²; δ_0 when b ≥ λ (docs/method.md#83-deconvolution-the-noise-law).
 
     F ℓ_λ / F ℓ_b = (1 + b²ω²)/(1 + λ²ω²) = w + (1 − w)/(1 + λ²ω²).
     """
@@ -103,7 +103,7 @@ class Deconvolution:
 
 def fourier_deconvolve(kernel, scale, lam, *, points_per_scale=256, width_scales=80, max_points=2**21,
                        tol=1e-4):
-    """Numerical deconvolution ĥ = F ℓ_λ / F k on an FFT grid (SPEC 6.3, Diggle & Hall 1993).
+    """Numerical deconvolution ĥ = F ℓ_λ / F k on an FFT grid (docs/method.md#83-deconvolution-the-noise-law, Diggle & Hall 1993).
 
     Parameters
     ----------
@@ -137,7 +137,7 @@ def fourier_deconvolve(kernel, scale, lam, *, points_per_scale=256, width_scales
         over = np.abs(omega[~finite | (np.abs(hhat) > 1 + tol)]).min()
         reason = (
             f"|F l_lambda / F k| exceeds 1 from |omega| = {over:.3g} on (max {max_abs:.3g}): "
-            "not the transform of a probability measure (SPEC 10.2)"
+            "not the transform of a probability measure (docs/method.md#112-a-gaussian-curator-kernel-cannot-be-deconvolved)"
         )
         return Deconvolution(False, reason, float("nan"), x, np.full(n, np.nan), max_abs, float("nan"))
     # A non-vanishing plateau of ĥ at high frequency is an atom at 0 (Riemann–Lebesgue).
@@ -151,7 +151,7 @@ def fourier_deconvolve(kernel, scale, lam, *, points_per_scale=256, width_scales
     return Deconvolution(True, "ok", max(w, 0.0), x, density, max_abs, neg)
 
 
-# --- Gaussian curator kernel: the feasible family (SPEC 6.3) -------------------------
+# --- Gaussian curator kernel: the feasible family (docs/method.md#83-deconvolution-the-noise-law) -------------------------
 
 
 def log_smoothed_kernel(u, sigma, w, lam):
@@ -263,7 +263,7 @@ def smoothed_eps_bound(a, B, sigma, w, lam, *, epsilon, slack, stop_early=False)
 
 @dataclass(frozen=True)
 class Fallback:
-    """Chosen member of the feasible family and its verified ε (SPEC 6.3)."""
+    """Chosen member of the feasible family and its verified ε (docs/method.md#83-deconvolution-the-noise-law)."""
 
     noise: NoiseSpec
     eps: np.ndarray

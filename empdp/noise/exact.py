@@ -1,4 +1,4 @@
-"""Exact ε_i(λ) for fixed-scale Laplace KDEs and the minimal scale λ* (SPEC 6.2).
+"""Exact ε_i(λ) for fixed-scale Laplace KDEs and the minimal scale λ* (docs/method.md#82-the-minimal-scale-exact).
 
 For a reference point set A = {a_j} (the query values q_j) and, per
 individual i, the shifted set B_i = {q_j − Δ_ij}, the target densities are
@@ -12,7 +12,7 @@ is attained at a point of A ∪ B_i and is computed exactly by one sweep over
 the sorted union (O(n log n) per individual, vectorised across individuals).
 
 ε_i(λ) is non-increasing in λ: for λ′ < λ, ℓ_λ = ℓ_λ′ ⋆ h with the
-probability measure h = (λ′/λ)²δ_0 + (1 − (λ′/λ)²)ℓ_λ (SPEC 6.3), and
+probability measure h = (λ′/λ)²δ_0 + (1 − (λ′/λ)²)ℓ_λ (docs/method.md#83-deconvolution-the-noise-law), and
 convolving both densities with one probability measure cannot increase the
 sup of the log ratio. So {λ : ε_i(λ) ≤ ε} = [λ_i, ∞) and
 λ* = max_i λ_i = min{λ : max_i ε_i(λ) ≤ ε} is found by one bisection.
@@ -63,7 +63,7 @@ def _sorted_union(a, B):
 
 
 def laplace_kde_log_ratio(a, B, lam):
-    """log r(x) − log r_i(x) at the sorted points of A ∪ B_i (SPEC 6.2).
+    """log r(x) − log r_i(x) at the sorted points of A ∪ B_i (docs/method.md#82-the-minimal-scale-exact).
 
     Parameters
     ----------
@@ -112,7 +112,7 @@ def laplace_kde_log_ratio(a, B, lam):
 
 
 def laplace_kde_eps(a, B, lam):
-    """Exact ε_i(λ) = sup_x |log r − log r_i| for every row of ``B`` (SPEC 6.2).
+    """Exact ε_i(λ) = sup_x |log r − log r_i| for every row of ``B`` (docs/method.md#82-the-minimal-scale-exact).
 
     Parameters
     ----------
@@ -143,7 +143,7 @@ def laplace_kde_eps(a, B, lam):
 def winf_distance(a, B):
     """Bottleneck (W∞) distance between A and each B_i: the largest gap of the sorted matching.
 
-    ε_i(λ) ≤ W∞(A, B_i)/λ (SPEC 6.2, 10.1): pair the kernels of the sorted
+    ε_i(λ) ≤ W∞(A, B_i)/λ (docs/method.md#82-the-minimal-scale-exact): pair the kernels of the sorted
     samples; each pair's ratio is at most e^{|gap|/λ}.
     """
     a, B = _as_rows(a, B)
@@ -151,7 +151,7 @@ def winf_distance(a, B):
 
 
 def hausdorff_distance(a, B):
-    """Hausdorff distance d_H(A, B_i) per row (for comparison only: SPEC 10.1)."""
+    """Hausdorff distance d_H(A, B_i) per row (for comparison only: docs/method.md#111-the-hausdorff-rule-does-not-guarantee-epsilon)."""
     a, B = _as_rows(a, B)
     out = np.empty(B.shape[0])
     for s in range(0, B.shape[0], _CHUNK):
@@ -189,7 +189,7 @@ def check_epsilon(epsilon: float) -> None:
 
 @dataclass(frozen=True)
 class LambdaSearch:
-    """Result of :func:`minimal_lambda` (SPEC 6.2).
+    """Result of :func:`minimal_lambda` (docs/method.md#82-the-minimal-scale-exact).
 
     Attributes
     ----------
@@ -220,7 +220,7 @@ class LambdaSearch:
 
 def minimal_lambda(a, B, epsilon, *, rtol=1e-10, max_steps=400,
                    progress: Callable[[str, int, int], None] | None = None):
-    """λ* = max_i min{λ : ε_i(λ) ≤ ε} by bracketing and bisection (SPEC 6.2).
+    """λ* = max_i min{λ : ε_i(λ) ≤ ε} by bracketing and bisection (docs/method.md#82-the-minimal-scale-exact).
 
     Because every ε_i is non-increasing in λ (module docstring), one search on
     λ serves all individuals. Pruning: at scale λ only rows with

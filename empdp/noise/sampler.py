@@ -1,4 +1,4 @@
-"""Secure, exact sampling of the release noise h = w·δ_0 + (1 − w)·Laplace(λ) (SPEC 6.4).
+"""Secure, exact sampling of the release noise h = w·δ_0 + (1 − w)·Laplace(λ) (docs/method.md#84-secure-sampling).
 
 Randomness comes from the operating system's CSPRNG (``secrets``); a seed
 switches to a local PCG64 generator for tests only, and such output is not
@@ -116,7 +116,7 @@ def discrete_laplace(bits, t: int, size: int) -> np.ndarray:
 
 
 class NoiseSampler:
-    """Draws from h = w·δ_0 + (1 − w)·Laplace(λ) on the grid 2^-k (SPEC 6.3–6.4).
+    """Draws from h = w·δ_0 + (1 − w)·Laplace(λ) on the grid 2^-k (docs/method.md#83-deconvolution-the-noise-law).
 
     Parameters
     ----------

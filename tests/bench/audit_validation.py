@@ -95,7 +95,7 @@ def section_mpl(runs, svt_runs):
             sys.stdout.flush()
 
 
-#: extra rows (name, n, options): the sample-size effect, and SPEC 7.2 as written (no bias
+#: extra rows (name, n, options): the sample-size effect, and docs/method.md#92-renyi-dp-lower-bound as written (no bias
 #: correction) for every mechanism: what the correction buys in coverage and costs in tightness
 RENYI_EXTRA = [("subsampled_gaussian", 100_000, {})] + [
     (name, 100_000, {"bias_correction": False}) for name in RENYI]
@@ -142,7 +142,7 @@ def _laws(name, x, y):
 
 @functools.lru_cache(maxsize=None)  # rows with and without bias correction share it
 def oracle_tightness(name, order, n, alpha=0.05):
-    """The median LB/D_α that SPEC 7.2's bound would reach, to first order, with the exact laws
+    """The median LB/D_α that docs/method.md#92-renyi-dp-lower-bound's bound would reach, to first order, with the exact laws
     in place of the estimates: max over the floor τ (hard floor, log grid) and both directions
     of (D_τ − z σ_D(τ)) / D_α, with σ_D from the delta method under the exact laws, n outputs
     per database and z for level α. A reference, not a theorem: it shows how much of a row's
