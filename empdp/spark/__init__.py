@@ -1,0 +1,12 @@
+"""The Spark engine (SPEC 9): the same assessment on a cluster.
+
+:func:`make_spark_engine` opens a source on Spark and returns a :class:`SparkEngine` with the
+interface of :class:`empdp.loo.LooEngine`; :func:`evaluate_on_executors` evaluates the exact
+ε_i and δ_i(ε) of candidates on the executors. Needs ``pip install "empdp[spark]"`` and Java.
+"""
+
+from .engine import SparkEngine, make_spark_engine
+from .executors import evaluate_on_executors
+from .session import SparkPanel, spark_session
+
+__all__ = ["SparkEngine", "SparkPanel", "evaluate_on_executors", "make_spark_engine", "spark_session"]

@@ -1,0 +1,451 @@
+"""The drop-one-identifier loop on Apache Spark (SPEC 2, 4.3 and 9): :class:`SparkEngine`.
+
+The same questions as :class:`empdp.loo.LooEngine`, with the same answers (1e-9 relative):
+``values()``, ``screen(scale)`` and ``shifts(codes)``. Every per-row step runs on the executors:
+
+* decomposable aggregates: one GROUP BY (database, id) of partial moments, the database totals
+  (a few numbers per database, sent back as literals) minus the partials give Δ_ij in closed form;
+* order statistics: each database's rows ranked by a window; an individual's leave-one-out
+  k-th value is at rank k + #{t : r_t − (t − 1) ≤ k} (r_1 < … < r_c its own ranks: the rank
+  arithmetic of :func:`empdp.loo._kth_excluding` in closed form), read from the few ranks each
+  database needs;
+* ``--sql``: Spark SQL once per database and individual (the last resort; slow).
+
+The table of every present (database, id) pair and its Δ_ij is kept on the cluster
+(``MEMORY_AND_DISK``); :meth:`SparkEngine.screen` aggregates it per individual and only the
+rows of the individuals asked for in :meth:`SparkEngine.shifts` leave it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from ..errors import InputError
+from ..loo import LooEngine, Screen, _require_workable_databases
+from ..query import Query, parse_query
+from .session import SparkPanel, _q, first_line, open_spark_panel, spark_session
+
+
+def _collect(df) -> pa.Table:
+    """A (small) DataFrame on the driver as an Arrow table (``toArrow`` from PySpark 4, else pandas)."""
+    to_arrow = getattr(df, "toArrow", None)
+    if to_arrow is not None:
+        return to_arrow()
+    return pa.Table.from_pandas(df.toPandas(), preserve_index=False)
+
+
+def _lits(values) -> Any:
+    """A Spark array literal of doubles, indexed by ``__j`` + 1 (the totals of every database)."""
+    from pyspark.sql import functions as F
+
+    return F.array(*[F.lit(float(v)) for v in values])
+
+
+def _at(values, index="__j") -> Any:
+    """The element of ``values`` (one per database) for each row's database."""
+    from pyspark.sql import functions as F
+
+    return F.element_at(_lits(values), F.col(index) + 1)
+
+
+class SparkEngine(LooEngine):
+    """Leave-one-out engine over a :class:`~empdp.spark.session.SparkPanel` for one :class:`Query`.
+
+    Same interface as :class:`empdp.loo.LooEngine`; :attr:`holds_all_shifts` is always False
+    (the Δ table stays on the cluster).
+    """
+
+    def __init__(self, panel: SparkPanel, query: Query):
+        self.panel = panel
+        self.query = query
+        _require_workable_databases(panel)
+        self.n_null_values = 0
+        self._q: np.ndarray | None = None
+        self._totals: dict | None = None
+        self._ranked = None  # order statistics: the ranked rows (persisted)
+        self._lookup: pa.Table | None = None  # order statistics: (j, r, x) at the ranks needed
+        self._delta = None  # (__j, __i, delta, undef) of every present pair (persisted)
+        self._ids: pl.Series | None = None
+        self._dense = None
+
+    @property
+    def spark(self):
+        return self.panel.spark
+
+    def close(self) -> None:
+        """Drop the cluster's cached tables (the session stays: other engines may share it)."""
+        for df in (self._delta, self._ranked):
+            if df is not None:
+                try:
+                    df.unpersist()
+                except Exception:  # noqa: BLE001 - the session may be gone already
+                    pass
+        self._delta = self._ranked = None
+        self.panel.close()
+
+    def release_shifts(self) -> None:
+        """Nothing to release on the driver: Δ rows are fetched per call."""
+
+    # ------------------------------------------------------------------ values
+    def values(self) -> np.ndarray:
+        """f(X^j) for every database, in label order (see :meth:`empdp.loo.LooEngine.values`)."""
+        if self._q is None:
+            with np.errstate(all="ignore"):
+                if self.query.is_decomposable:
+                    q = self._decomposable_values()
+                elif self.query.is_order_statistic:
+                    q = self._order_values()
+                else:
+                    q = self._sql_values()
+            self._require_in_range(q)
+            self._q = q
+        return self._q
+
+    def _run(self, thunk):
+        """Run a Spark action; a bad ``--where`` or ``--sql`` becomes one line."""
+        try:
+            return thunk()
+        except InputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - AnalysisException, Py4JJavaError, ...
+            msg = first_line(exc)
+            if self.query.where:
+                raise InputError(f"the filter --where {self.query.where!r} is not valid here: {msg}") from None
+            raise
+
+    def _base(self):
+        return self.panel.base(self.query.columns, self.query.where)
+
+    def _partials(self, df):
+        """Per-group partial moments of the query form (as :meth:`LooEngine._agg_columns`)."""
+        from pyspark.sql import functions as F
+
+        q, form = self.query, self.query.form
+
+        def count(c):
+            return F.count(F.col(_q(c))).cast("double")
+
+        def total(c):
+            return F.coalesce(F.sum(F.col(_q(c))), F.lit(0.0))
+
+        if form == "count":
+            return [(F.count(F.lit(1)) if not q.columns else F.count(F.col(_q(q.columns[0])))).cast("double").alias("c")]
+        if form == "ratio":
+            a, b = q.columns
+            return [count(a).alias("ca"), total(a).alias("sa"), count(b).alias("cb"), total(b).alias("sb")]
+        x = q.columns[0]
+        return [count(x).alias("c"), total(x).alias("s")]
+
+    def _null_count(self):
+        from pyspark.sql import functions as F
+
+        if not self.query.columns:
+            return F.lit(0).cast("long").alias("__null")
+        cond = None
+        for c in self.query.columns:
+            one = F.col(_q(c)).isNull()
+            cond = one if cond is None else cond | one
+        return F.sum(cond.cast("long")).alias("__null")
+
+    def _per_database(self, df, aggs) -> dict:
+        """Aggregate ``df`` per database; arrays of length n (0 where a database has no row)."""
+        tab = self._run(lambda: _collect(df.groupBy("__j").agg(*aggs)))
+        n = len(self.panel.labels)
+        j = np.asarray(tab.column("__j").to_numpy(zero_copy_only=False), dtype=np.int64)
+        out = {}
+        for name in tab.column_names:
+            if name == "__j":
+                continue
+            col = np.zeros(n)
+            col[j] = np.asarray(tab.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
+            out[name] = col
+        return out
+
+    def _decomposable_values(self) -> np.ndarray:
+        from pyspark.sql import functions as F
+
+        q, form, n = self.query, self.query.form, len(self.panel.labels)
+        aggs = self._partials(None)
+        if form in ("var", "std"):
+            aggs.append(F.coalesce(F.avg(F.col(_q(q.columns[0]))), F.lit(0.0)).alias("m"))
+        base = self._base()
+        t = self._per_database(base, aggs + [self._null_count()])
+        self.n_null_values = int(np.nan_to_num(t.pop("__null")).sum())
+        if form in ("var", "std"):
+            # centred sums about the database mean: accurate even for values like 1e9 + noise
+            xc = F.col(_q(q.columns[0])) - _at(t["m"])
+            t.update(self._per_database(base, [F.coalesce(F.sum(xc), F.lit(0.0)).alias("s1"),
+                                               F.coalesce(F.sum(xc * xc), F.lit(0.0)).alias("ss")]))
+        if form == "count":
+            val, ok = t["c"], np.ones(n, bool)
+        elif form == "sum":
+            val, ok = t["s"], t["c"] > 0
+        elif form == "mean":
+            ok = t["c"] > 0
+            val = np.divide(t["s"], t["c"], out=np.zeros(n), where=ok)
+        elif form in ("var", "std"):
+            ok = t["c"] > 1
+            with np.errstate(divide="ignore", invalid="ignore"):
+                var = np.where(ok, (t["ss"] - t["s1"] ** 2 / t["c"]) / (t["c"] - 1), 0.0)
+            var = np.maximum(var, 0.0)
+            val = var if form == "var" else np.sqrt(var)
+        else:  # ratio
+            ok = (t["ca"] > 0) & (t["cb"] > 0) & (t["sb"] != 0)
+            val = np.divide(t["sa"], t["sb"], out=np.zeros(n), where=ok)
+        if not ok.all():
+            bad = [str(self.panel.labels[k]) for k in np.flatnonzero(~ok)[:5]]
+            raise InputError(f"query {q.describe()!r} is undefined on database(s) {', '.join(bad)} "
+                             f"(no usable rows); filter those databases out")
+        t["f"] = val
+        self._totals = t
+        return val
+
+    def _decomposable_delta(self):
+        """(__j, __i, delta, undef) of every present pair, as :meth:`LooEngine._delta_sql`."""
+        from pyspark.sql import functions as F
+
+        q, form, t = self.query, self.query.form, self._totals
+        base = self._base()
+        parts = self._partials(None)
+        if form in ("var", "std"):
+            xc = F.col(_q(q.columns[0])) - _at(t["m"])
+            base = base.select("__j", "__i", xc.alias("__xc"))
+            parts = [F.count("__xc").cast("double").alias("c"), F.coalesce(F.sum("__xc"), F.lit(0.0)).alias("s"),
+                     F.coalesce(F.sum(F.col("__xc") * F.col("__xc")), F.lit(0.0)).alias("ss")]
+        p = base.groupBy("__j", "__i").agg(*parts)
+        T = {k: _at(v) for k, v in t.items()}
+        P = {k: F.col(k) for k in p.columns}
+        if form == "count":
+            delta, undef = P["c"], T["c"] - P["c"] <= 0
+        elif form == "sum":
+            delta, undef = P["s"], T["c"] - P["c"] <= 0
+        elif form == "mean":
+            undef = T["c"] - P["c"] <= 0
+            delta = F.when(~undef, (P["s"] - P["c"] * T["f"]) / (T["c"] - P["c"])).otherwise(F.lit(0.0))
+        elif form in ("var", "std"):
+            rest = T["c"] - P["c"]
+            loo = ((T["ss"] - P["ss"]) - (T["s1"] - P["s"]) * (T["s1"] - P["s"]) / rest) / (rest - 1)
+            loo = F.greatest(loo, F.lit(0.0))
+            undef = rest <= 1
+            delta = F.when(~undef, T["f"] - (F.sqrt(loo) if form == "std" else loo)).otherwise(F.lit(0.0))
+        else:  # ratio
+            undef = (T["ca"] - P["ca"] <= 0) | (T["cb"] - P["cb"] <= 0) | (T["sb"] - P["sb"] == 0)
+            delta = F.when(undef, F.lit(0.0)).otherwise((P["sa"] - T["f"] * P["sb"]) / (T["sb"] - P["sb"]))
+        return p.select("__j", "__i", delta.cast("double").alias("delta"), undef.alias("undef"))
+
+    # ------------------------------------------------------- order statistics
+    def _order_values(self) -> np.ndarray:
+        """Quantile of each database (DuckDB ``quantile_cont``), and the values at every rank that
+        the leave-one-out quantiles read, gathered in two jobs."""
+        from pyspark import StorageLevel
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        x, level, n = self.query.columns[0], float(self.query.q), len(self.panel.labels)
+        base = self._base()
+        # one job: each individual's usable rows c per database, then the (database, c) pairs
+        per_id = base.groupBy("__j", "__i").agg(F.count(F.col(_q(x))).alias("c"), self._null_count())
+        counts = self._run(lambda: _collect(per_id.groupBy("__j", "c").agg(
+            F.count(F.lit(1)).alias("k"), F.sum("__null").alias("__null"))))
+        cj = np.asarray(counts.column("__j").to_numpy(zero_copy_only=False), dtype=np.int64)
+        cc = np.asarray(counts.column("c").to_numpy(zero_copy_only=False), dtype=np.int64)
+        ck = np.asarray(counts.column("k").to_numpy(zero_copy_only=False), dtype=np.int64)
+        self.n_null_values = int(np.nan_to_num(np.asarray(counts.column("__null").to_numpy(
+            zero_copy_only=False), dtype=np.float64)).sum())
+        N = np.bincount(cj, weights=cc * ck, minlength=n).astype(np.int64)
+        if (N == 0).any():
+            j = int(np.flatnonzero(N == 0)[0])
+            raise InputError(f"query {self.query.describe()!r} is undefined on database {self.panel.labels[j]!s} "
+                             f"(no usable rows); filter that database out")
+        rows = base.filter(F.col(_q(x)).isNotNull()).select("__j", "__i", F.col(_q(x)).alias("x"))
+        # r: rank in the database (ties in any order: the remaining multiset is the same);
+        # t: rank among the individual's own rows; c: the individual's rows in the database
+        by_db = Window.partitionBy("__j").orderBy("x")
+        own = Window.partitionBy("__j", "__i").orderBy("r")
+        ranked = (rows.withColumn("r", F.row_number().over(by_db) - 1)
+                  .withColumn("t", F.row_number().over(own))
+                  .withColumn("c", F.count(F.lit(1)).over(Window.partitionBy("__j", "__i"))))
+        self._ranked = ranked.persist(StorageLevel.MEMORY_AND_DISK)
+        # ranks needed: the database's own quantile and, per row count c of an individual,
+        # k(c) … k(c) + c + 1 (its leave-one-out value lies among them)
+        need_j, need_r = [], []
+        for j in range(n):
+            h = (N[j] - 1) * level
+            k0 = int(math.floor(h))
+            need_j.append(j); need_r.append(k0)
+            need_j.append(j); need_r.append(min(k0 + 1, N[j] - 1))
+        for j, c in zip(cj, cc):
+            remaining = N[j] - c
+            if c == 0 or remaining == 0:
+                continue
+            k = int(math.floor((remaining - 1) * level))
+            span = np.arange(k, min(k + c + 2, N[j]))
+            need_j.extend([int(j)] * len(span)); need_r.extend(span.tolist())
+        need = pl.DataFrame({"__j": need_j, "r": need_r}, schema={"__j": pl.Int32, "r": pl.Int32}).unique()
+        want = self.spark.createDataFrame(need.to_pandas())
+        lookup = self._run(lambda: _collect(self._ranked.join(F.broadcast(want), ["__j", "r"])
+                                            .select("__j", "r", "x").distinct()))
+        self._lookup = lookup
+        lj = np.asarray(lookup.column("__j").to_numpy(zero_copy_only=False), dtype=np.int64)
+        lr = np.asarray(lookup.column("r").to_numpy(zero_copy_only=False), dtype=np.int64)
+        lx = np.asarray(lookup.column("x").to_numpy(zero_copy_only=False), dtype=np.float64)
+        value = {(a, b): v for a, b, v in zip(lj, lr, lx)}
+        qv = np.empty(n)
+        for j in range(n):
+            h = (N[j] - 1) * level
+            k0 = int(math.floor(h))
+            frac = h - math.floor(h)
+            lo, hi = value[(j, k0)], value[(j, min(k0 + 1, N[j] - 1))]
+            qv[j] = lo + (hi - lo) * frac if frac > 0 else lo
+        self._totals = {"N": N.astype(np.float64)}
+        return qv
+
+    def _order_delta(self):
+        """(__j, __i, delta, undef) of every present pair for min, max, median and quantile."""
+        from pyspark.sql import functions as F
+
+        level = float(self.query.q)
+        N = F.element_at(_lits(self._totals["N"]), F.col("__j") + 1)
+        rest = (N - F.col("c")).cast("double")
+        h = (rest - 1) * F.lit(level)
+        k = F.floor(h)
+        g = F.col("r") - (F.col("t") - 1)  # r_t − (t − 1): ascending in t
+        per = (self._ranked.withColumn("k", k).withColumn("frac", h - F.floor(h)).withColumn("g", g)
+               .groupBy("__j", "__i")
+               .agg(F.first("c").alias("c"), F.first("k").alias("k"), F.first("frac").alias("frac"),
+                    F.first(N).alias("N"),
+                    F.sum((F.col("g") <= F.col("k")).cast("long")).alias("below"),
+                    F.sum((F.col("g") <= F.col("k") + 1).cast("long")).alias("below1")))
+        per = per.withColumn("lo_r", (F.col("k") + F.col("below")).cast("int")) \
+                 .withColumn("hi_r", (F.col("k") + 1 + F.col("below1")).cast("int"))
+        look = self.spark.createDataFrame(self._lookup.to_pandas())
+        lo = F.broadcast(look.select(F.col("__j").alias("__lj"), F.col("r").alias("__lr"), F.col("x").alias("lo")))
+        hi = F.broadcast(look.select(F.col("__j").alias("__hj"), F.col("r").alias("__hr"), F.col("x").alias("hi")))
+        per = (per.join(lo, (per["__j"] == lo["__lj"]) & (per["lo_r"] == lo["__lr"]), "left")
+               .join(hi, (per["__j"] == hi["__hj"]) & (per["hi_r"] == hi["__hr"]), "left"))
+        undef = F.col("N") - F.col("c") == 0
+        loo = F.when(F.col("frac") > 0, F.col("lo") + (F.col("hi") - F.col("lo")) * F.col("frac")).otherwise(F.col("lo"))
+        delta = F.when(undef, F.lit(0.0)).otherwise(_at(self._q) - loo)
+        return per.select("__j", "__i", delta.cast("double").alias("delta"), undef.alias("undef"))
+
+    # ---------------------------------------------------------------- --sql
+    def _sql_values(self) -> np.ndarray:
+        from .sql import sql_values
+
+        q, self._sql_rows = sql_values(self)
+        return q
+
+    def _sql_delta(self):
+        return self.spark.createDataFrame(self._sql_rows.to_pandas())
+
+    # ---------------------------------------------------------------- screening
+    def _delta_table(self):
+        """The persisted (__j, __i, delta, undef) table of every present pair."""
+        from pyspark import StorageLevel
+
+        if self._delta is None:
+            if self.query.is_decomposable:
+                delta = self._decomposable_delta()
+            elif self.query.is_order_statistic:
+                delta = self._order_delta()
+            else:
+                delta = self._sql_delta()
+            self._delta = delta.persist(StorageLevel.MEMORY_AND_DISK)
+        return self._delta
+
+    def screen(self, scale: np.ndarray) -> Screen:
+        """Per-individual summary and M_i = max_j |Δ_ij| / scale_j, aggregated on the cluster."""
+        scale = np.asarray(scale, dtype=np.float64)
+        self.values()
+        with np.errstate(all="ignore"):
+            out = self._screen(scale)
+        self._require_in_range(out.max_abs_shift, out.ids)
+        return out
+
+    def _screen(self, scale: np.ndarray) -> Screen:
+        from pyspark.sql import functions as F
+
+        d = self._delta_table()
+        ok = ~F.col("undef")
+        a = F.abs(F.col("delta"))
+        agg = d.groupBy("__i").agg(
+            F.count(F.lit(1)).alias("n_present"), F.max(F.col("undef").cast("int")).alias("undefined"),
+            F.coalesce(F.max(F.when(ok, a)), F.lit(0.0)).alias("max_abs_shift"),
+            F.coalesce(F.max(F.when(ok, a / _at(scale))), F.lit(0.0)).alias("bound"))
+        df = pl.from_arrow(self._run(lambda: _collect(agg))).sort("__i")
+        self._ids = df["__i"].rename(self.panel.id)
+        self._screened = True
+        return Screen(ids=self._ids, n_present=df["n_present"].to_numpy().astype(np.int64),
+                      undefined=df["undefined"].to_numpy().astype(bool),
+                      max_abs_shift=df["max_abs_shift"].to_numpy().astype(np.float64),
+                      bound=df["bound"].to_numpy().astype(np.float64))
+
+    def wanted(self, codes: np.ndarray):
+        """A DataFrame (__i, __row) of the individuals ``codes`` and their output rows."""
+        if self._ids is None:
+            raise RuntimeError("screen() must run before shifts()")
+        codes = np.asarray(codes, dtype=np.int64)
+        frame = pl.DataFrame({"__i": self._ids[codes], "__row": np.arange(len(codes), dtype=np.int64)})
+        return self.spark.createDataFrame(frame.to_pandas())
+
+    def shift_rows(self, codes: np.ndarray):
+        """The cluster's (__row, __j, delta, undef) rows of the individuals ``codes``."""
+        return self._delta_table().join(self.wanted(codes), "__i").select("__row", "__j", "delta", "undef")
+
+    def shifts(self, codes: np.ndarray, presence: bool = False):
+        """Dense Δ rows (len(codes), n) for the given individuals (0 where absent or undefined);
+        with ``presence``, also the (len(codes), n) matrix of databases where each has rows."""
+        codes = np.asarray(codes, dtype=np.int64)
+        n = len(self.panel.labels)
+        out = np.zeros((len(codes), n))
+        present = np.zeros((len(codes), n), dtype=bool)
+        if len(codes):
+            tab = self._run(lambda: _collect(self.shift_rows(codes)))
+            rows = np.asarray(tab.column("__row").to_numpy(zero_copy_only=False), dtype=np.int64)
+            j = np.asarray(tab.column("__j").to_numpy(zero_copy_only=False), dtype=np.int64)
+            delta = np.asarray(tab.column("delta").to_numpy(zero_copy_only=False), dtype=np.float64)
+            undef = np.asarray(tab.column("undef").to_numpy(zero_copy_only=False), dtype=bool)
+            out[rows[~undef], j[~undef]] = delta[~undef]
+            present[rows, j] = True
+        return (out, present) if presence else out
+
+
+def make_spark_engine(source: Any = None, *, id: str, by: str, query: str | None = None,
+                      where: str | None = None, sql: str | None = None, master: str | None = None,
+                      remote: str | None = None, table: str | None = None, drop_null_ids: bool = False,
+                      spark=None) -> SparkEngine:
+    """Open ``source`` on Spark and parse the query into a :class:`SparkEngine`.
+
+    Parameters
+    ----------
+    source : str, path or pyspark.sql.DataFrame, optional
+        Parquet/CSV/JSON file, glob or (hive-partitioned) folder, or a DataFrame.
+    table : str, optional
+        A catalog or Delta table by name (instead of ``source``).
+    master, remote : str, optional
+        Spark master URL (default: the active session, else ``local[*]``) or a Spark Connect
+        URL ``sc://HOST:PORT`` (default ``$SPARK_REMOTE``).
+    spark : SparkSession, optional
+        An existing session to use (a DataFrame source brings its own).
+
+    Raises :class:`InputError` (one line) for bad input, a missing PySpark or Java, and a
+    master or server that does not answer.
+    """
+    parsed = parse_query(query, where=where, sql=sql)
+    if (source is None) == (table is None):
+        raise InputError("give a source path (or DataFrame) or --table NAME")
+    from .session import is_dataframe, require_pyspark
+
+    require_pyspark()
+    if is_dataframe(source):
+        spark = source.sparkSession
+    elif spark is None:
+        spark = spark_session(master=master, remote=remote)
+    panel = open_spark_panel(spark, source, id=id, by=by, table=table, value_columns=parsed.columns,
+                             where=parsed.where, drop_null_ids=drop_null_ids)
+    return SparkEngine(panel, parsed)

@@ -1,0 +1,335 @@
+"""Spark side of the data layer: a session, the user's source as a DataFrame, and a validated panel.
+
+Only :mod:`empdp.spark` talks to Spark. A :class:`SparkPanel` plays the part of
+:class:`empdp.data.Panel` for the Spark engine: the source DataFrame, the names of the id and
+database-label columns, the labels in order, and :meth:`SparkPanel.base` (the rows a query
+reads, with the 0-based database index ``__j`` and the id as ``__i``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+from urllib.parse import urlparse
+
+from ..data import _kind, clip, shorten
+from ..errors import InputError
+
+#: seconds allowed to open a TCP connection to a Spark master or Spark Connect server
+CONNECT_TIMEOUT = 5.0
+#: Spark Connect's default port (sc://HOST without a port)
+CONNECT_PORT = 15002
+
+
+def require_pyspark():
+    """Import PySpark, or one line saying how to install it."""
+    try:
+        import pyspark  # noqa: F401
+        from pyspark.sql import SparkSession  # noqa: F401
+    except ImportError:
+        raise InputError('the Spark engine needs PySpark >= 3.5: pip install "empdp[spark]"') from None
+    return pyspark
+
+
+def first_line(exc: BaseException) -> str:
+    """The first meaningful line of a Spark/Py4J error (they run to hundreds of lines)."""
+    text = str(exc).strip()
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("JVM stacktrace", "Traceback")):
+            return clip(line, 300)
+    return type(exc).__name__
+
+
+def _require_reachable(url: str, what: str, default_port: int) -> None:
+    """Refuse a master or Spark Connect URL whose host:port does not accept a TCP connection.
+
+    Spark itself waits (a standalone master) or retries for minutes (Spark Connect) before it
+    gives up; a connection attempt with a short timeout says the same thing at once.
+    """
+    parsed = urlparse(url)
+    hosts = (parsed.netloc or parsed.path).split("/")[0]
+    for host_port in hosts.split(","):  # spark://h1:7077,h2:7077 (standby masters)
+        host, _, port = host_port.partition(":")
+        port = port.split(";")[0]  # sc://host:port/;token=...
+        try:
+            with socket.create_connection((host, int(port or default_port)), timeout=CONNECT_TIMEOUT):
+                return
+        except (OSError, ValueError) as exc:
+            reason = exc
+    raise InputError(f"cannot reach the {what} {shorten(url)}: {first_line(reason)}; check the host and port "
+                     f"(and that the cluster is running)")
+
+
+def spark_session(master: str | None = None, remote: str | None = None, config: dict | None = None):
+    """The active SparkSession, or a new one on ``master`` (default ``local[*]``) or a Spark
+    Connect ``remote`` (``sc://HOST:PORT``; default ``$SPARK_REMOTE`` when no master is given).
+
+    Raises :class:`InputError` (one line) when PySpark or Java is missing, or the master or
+    server does not answer.
+    """
+    require_pyspark()
+    from pyspark.sql import SparkSession
+
+    if master and remote:
+        raise InputError("give either --spark-master or --spark-remote, not both")
+    remote = remote or (None if master else os.environ.get("SPARK_REMOTE"))
+    if remote:
+        if not remote.startswith("sc://"):
+            raise InputError(f"--spark-remote {shorten(remote)} is not a Spark Connect URL; use sc://HOST:PORT")
+        _require_reachable(remote, "Spark Connect server", CONNECT_PORT)
+        try:
+            builder = SparkSession.builder.remote(remote)
+            for key, value in (config or {}).items():
+                builder = builder.config(key, value)
+            return builder.getOrCreate()
+        except ImportError as exc:
+            raise InputError(f"Spark Connect needs its client libraries ({first_line(exc)}): "
+                             f'pip install "pyspark[connect]>=3.5"') from None
+        except Exception as exc:  # noqa: BLE001 - any failure to connect is the user's to fix
+            raise InputError(f"cannot open a Spark Connect session on {shorten(remote)}: {first_line(exc)}") from None
+    active = SparkSession.getActiveSession()
+    if active is not None and master is None:
+        return active
+    master = master or "local[*]"
+    if master.startswith("spark://"):
+        _require_reachable(master, "Spark master", 7077)
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        raise InputError("the Spark engine needs Java 17 (or 11/21): install a JRE (e.g. apt-get install "
+                         "openjdk-17-jre-headless) or set JAVA_HOME")
+    builder = SparkSession.builder.master(master).appName("empdp")
+    settings = {"spark.ui.enabled": "false", "spark.sql.execution.arrow.pyspark.enabled": "true",
+                "spark.sql.session.timeZone": "UTC"}
+    if master.startswith("local"):
+        settings["spark.sql.shuffle.partitions"] = str(4 * (os.cpu_count() or 1))
+    settings.update(config or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    try:
+        return builder.getOrCreate()
+    except Exception as exc:  # noqa: BLE001 - e.g. JAVA_GATEWAY_EXITED, a bad master URL
+        raise InputError(f"cannot start Spark on master {shorten(master)}: {first_line(exc)}") from None
+
+
+def is_dataframe(source: Any) -> bool:
+    """True for a classic or Spark Connect ``pyspark.sql.DataFrame``."""
+    return type(source).__module__.startswith("pyspark.sql") and hasattr(source, "sparkSession")
+
+
+def _reader_format(path: str) -> tuple[str, dict]:
+    """Spark's reader name and options for a file, glob or (hive-partitioned) folder."""
+    probe = path
+    if os.path.isdir(path):
+        files = sorted(p for p in Path(path).rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
+        if not files:
+            raise InputError(f"folder {path!r} contains no files")
+        probe = str(files[0])
+    kind = _kind(probe.lower())
+    if kind is None:
+        raise InputError(f"cannot tell the format of {path!r}; use a .parquet, .csv, .tsv or .json(l) "
+                         f"file, a glob or a folder of them, or --table NAME")
+    if kind == "csv":
+        sep = "\t" if probe.lower().rstrip(".gz").endswith(".tsv") else ","
+        return "csv", {"header": "true", "inferSchema": "true", "sep": sep}
+    if kind == "json":
+        return "json", {"multiLine": "true"} if _json_array(probe) else {}
+    return "parquet", {}
+
+
+def _json_array(path: str) -> bool:
+    """True when a (local, uncompressed) JSON file holds one array rather than JSON lines."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096).lstrip()
+    except OSError:
+        return False
+    return head[:1] == b"["
+
+
+def read_source(spark, source: Any = None, table: str | None = None, options: dict | None = None):
+    """The user's source as a DataFrame and its description.
+
+    ``source``: a path, glob or folder (Parquet, CSV, JSON; hive partitions become columns),
+    or a DataFrame; ``table``: a catalog or Delta table by name instead.
+    """
+    from pyspark.errors import PySparkException
+
+    if table is not None:
+        if source is not None:
+            raise InputError("give either a source path or --table NAME, not both")
+        try:
+            df = spark.table(table)
+            df.columns  # noqa: B018 - resolves the table now (Spark Connect resolves lazily)
+        except (PySparkException, Exception) as exc:  # noqa: BLE001
+            raise InputError(f"cannot read table {shorten(table)}: {first_line(exc)}") from None
+        return df, f"table {table}"
+    if is_dataframe(source):
+        return source, "<Spark DataFrame>"
+    if not isinstance(source, (str, os.PathLike)):
+        raise InputError(f"unsupported source of type {type(source).__name__} for the Spark engine; give a path, "
+                         f"a glob, a folder, --table NAME, or a pyspark.sql.DataFrame")
+    path = os.fspath(source)
+    local = "://" not in path
+    if local and not any(ch in path for ch in "*?[") and not os.path.exists(path):
+        raise InputError(f"source {path!r} not found; give a Parquet/CSV/JSON file, a glob, a folder, "
+                         f"or --table NAME")
+    fmt, opts = _reader_format(path) if local else (_kind(path.lower()) or "parquet", {})
+    opts.update(options or {})
+    try:
+        df = spark.read.format(fmt).options(**opts).load(path)
+        df.columns  # noqa: B018
+    except Exception as exc:  # noqa: BLE001 - PATH_NOT_FOUND, corrupt files, ...
+        raise InputError(f"cannot read {path!r}: {first_line(exc)}") from None
+    return df, path
+
+
+@dataclass
+class SparkPanel:
+    """A validated repeated-database source on Spark (the :class:`empdp.data.Panel` of the Spark engine).
+
+    Attributes
+    ----------
+    df : pyspark.sql.DataFrame
+        The source.
+    id, by : str
+        Column names of the individual id and the database label.
+    labels : list
+        Distinct database labels, sorted.
+    description : str
+        The source as the user named it.
+    columns : dict
+        Column name -> Spark type name.
+    n_null_ids : int
+        Rows dropped because their id was NULL (only with ``drop_null_ids``).
+    """
+
+    df: Any
+    id: str
+    by: str
+    labels: list
+    description: str
+    columns: dict
+    n_null_ids: int = 0
+    spark: Any = None
+    _label_df: Any = field(default=None, repr=False)
+
+    @property
+    def n_databases(self) -> int:
+        return len(self.labels)
+
+    def close(self) -> None:
+        """Nothing to close: the session is shared (``spark.stop()`` ends it for every engine)."""
+
+    def base(self, columns: Sequence[str] = (), where: str | None = None):
+        """Rows the query reads: ``__j`` (database index), ``__i`` (id) and the value columns as
+        doubles, NULL ids removed and ``where`` applied."""
+        from pyspark.sql import functions as F
+
+        df = self.df.filter(F.col(_q(self.id)).isNotNull())
+        if where:
+            df = df.filter(F.expr(where))
+        lab = F.broadcast(self._label_df)
+        df = df.join(lab, df[_q(self.by)] == lab["__label"])
+        cols = [F.col("__j"), F.col(_q(self.id)).alias("__i")]
+        cols += [F.col(_q(c)).cast("double").alias(c) for c in dict.fromkeys(columns)]
+        return df.select(*cols)
+
+    def require_numeric(self, column: str, where: str | None = None) -> None:
+        """Raise :class:`InputError` unless ``column`` exists and is numeric (NaN/inf are counted
+        when the panel opens, see :func:`open_spark_panel`)."""
+        self.require_column(column)
+        typ = self.columns[column]
+        if not _is_numeric(typ):
+            raise InputError(f"column {column!r} has type {typ}, not a number; choose a numeric column "
+                             f"or CAST it in --sql")
+
+    def require_column(self, column: str) -> None:
+        if column not in self.columns:
+            raise InputError(f"column {column!r} not found in {self.description}; "
+                             f"available: {', '.join(self.columns)}")
+
+
+def _q(name: str) -> str:
+    """A column name as Spark's column resolver reads it (backticks: dots and spaces are literal)."""
+    return "`" + str(name).replace("`", "``") + "`"
+
+
+def _is_numeric(typ: str) -> bool:
+    return typ.startswith(("tinyint", "smallint", "int", "bigint", "float", "double", "decimal", "boolean",
+                           "byte", "short", "long"))
+
+
+def open_spark_panel(spark, source: Any, *, id: str, by: str, table: str | None = None,
+                     value_columns: Sequence[str] = (), where: str | None = None,
+                     drop_null_ids: bool = False) -> SparkPanel:
+    """Open and validate a repeated-database source on Spark (SPEC 1), in one scan.
+
+    The same refusals as :func:`empdp.data.open_panel` (missing columns, nested ids, NULL ids
+    unless ``drop_null_ids``, NULL labels, no rows, fewer than two databases), and NaN or
+    infinite values in the query's float columns among the rows ``where`` keeps.
+    """
+    from pyspark.sql import functions as F
+
+    df, description = read_source(spark, source, table)
+    columns = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    panel = SparkPanel(df=df, id=id, by=by, labels=[], description=description, columns=columns,
+                       spark=spark)
+    panel.require_column(id)
+    panel.require_column(by)
+    if id == by:
+        raise InputError(f"--id and --by are the same column {id!r}; the database label must differ from the id")
+    for col, what, option in ((id, "individual", "--id"), (by, "database", "--by")):
+        if columns[col].startswith(("array", "map", "struct")):
+            raise InputError(f"{option} column {shorten(col)} holds nested values ({clip(columns[col], 60)}); "
+                             f"the {what} must be a plain value (a number, text or date): choose another column, "
+                             f"or unnest it in the source")
+    for col in value_columns:
+        panel.require_numeric(col, where)
+    keep = F.col(_q(id)).isNotNull()
+    if where:
+        try:
+            keep = keep & F.expr(where)
+        except Exception as exc:  # noqa: BLE001 - a ParseException
+            raise InputError(f"the filter --where {where!r} is not valid here: {first_line(exc)}") from None
+    aggs = [F.count(F.lit(1)).alias("rows"),
+            F.sum(F.col(_q(id)).isNull().cast("long")).alias("null_id")]
+    floats = [c for c in dict.fromkeys(value_columns) if columns[c].startswith(("float", "double"))]
+    for k, col in enumerate(floats):
+        x = F.col(_q(col))
+        aggs.append(F.sum((keep & F.isnan(x)).cast("long")).alias(f"nan{k}"))
+        aggs.append(F.sum((keep & x.isin(float("inf"), float("-inf"))).cast("long")).alias(f"inf{k}"))
+    try:
+        per_label = df.groupBy(F.col(_q(by)).alias("__label")).agg(*aggs).orderBy("__label").collect()
+    except Exception as exc:  # noqa: BLE001 - unreadable files surface at the first job
+        msg = first_line(exc)
+        if where and ("where" in msg.lower() or "UNRESOLVED" in msg or "PARSE" in msg.upper()):
+            raise InputError(f"the filter --where {where!r} is not valid here: {msg}") from None
+        raise InputError(f"cannot read {shorten(description)}: {msg}") from None
+    n_rows = sum(r["rows"] for r in per_label)
+    if n_rows == 0:
+        raise InputError(f"{description} has no rows")
+    n_null_by = sum(r["rows"] for r in per_label if r["__label"] is None)
+    if n_null_by:
+        raise InputError(f"{n_null_by} rows have a NULL database label in column {by!r}; fill or filter them")
+    n_null_id = sum(r["null_id"] or 0 for r in per_label)
+    if n_null_id and not drop_null_ids:
+        raise InputError(f"{n_null_id} rows have a NULL id in column {id!r}; remove them or pass --drop-null-ids")
+    for k, col in enumerate(floats):
+        nan, inf = (sum(r[f"{w}{k}"] or 0 for r in per_label) for w in ("nan", "inf"))
+        if nan or inf:
+            raise InputError(f"column {col!r} has {nan} NaN and {inf} infinite values"
+                             + (" among the rows --where keeps" if where else "")
+                             + "; remove or impute them first, or filter them with --where "
+                               "(NULLs are ignored like SQL aggregates do)")
+    labels = [r["__label"] for r in per_label]
+    if len(labels) < 2:
+        raise InputError(f"column {by!r} has {len(labels)} distinct value(s); at least 2 databases are needed "
+                         f"to estimate the query's distribution")
+    panel.labels, panel.n_null_ids = labels, int(n_null_id)
+    schema = f"__label {df.schema[by].dataType.simpleString()}, __j int"
+    panel._label_df = spark.createDataFrame([(lab, j) for j, lab in enumerate(labels)], schema)
+    return panel
