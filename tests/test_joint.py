@@ -1,0 +1,291 @@
+"""Joint queries (SPEC 5.3, issue 19): the numerical core in empdp/joint.py against brute-force references."""
+
+import numpy as np
+import pytest
+from scipy.special import logsumexp
+
+from empdp.density import select_density
+from empdp.errors import InputError
+from empdp.joint import (
+    joint_bound,
+    joint_eps_at,
+    joint_minimal_lambda,
+    joint_noise,
+    joint_risk,
+    select_joint_model,
+)
+from empdp.risk import evaluate
+
+
+# ------------------------------------------------------------------ brute-force references (ours)
+def _axis_nodes(kinks, h, tail, h_tail):
+    """2-point Gauss nodes on sub-intervals ≤ h between kinks (≤ h_tail in the tails)."""
+    k = np.unique(kinks)
+    lo_all, hi_all = k[0] - tail, k[-1] + tail
+    edges = [lo_all]
+    for a, b, step in [(lo_all, k[0], h_tail)] + [(x, y, h) for x, y in zip(k[:-1], k[1:])] + [(k[-1], hi_all, h_tail)]:
+        m = max(1, int(np.ceil((b - a) / step)))
+        edges.extend(a + (b - a) * np.arange(1, m + 1) / m)
+    e = np.array(edges)
+    c, r = (e[:-1] + e[1:]) / 2, (e[1:] - e[:-1]) / 2
+    g = 1 / np.sqrt(3)
+    return np.r_[c - r * g, c + r * g], np.r_[r, r]
+
+
+def ref_delta_2d(A, B, eps, h=0.01, tail=25.0, h_tail=0.04):
+    """δ(ε) by a dense tensor Gauss grid aligned with the kinks (scaled coordinates, unit Laplace kernels).
+
+    Error O(h²) from the level curve only; the tails beyond 25 scales hold < 1e-10 of mass.
+    """
+    x1, w1 = _axis_nodes(np.r_[A[:, 0], B[:, 0]], h, tail, h_tail)
+    x2, w2 = _axis_nodes(np.r_[A[:, 1], B[:, 1]], h, tail, h_tail)
+    n = len(A)
+    P = np.exp(-np.abs(x1[:, None] - A[:, 0])) @ np.exp(-np.abs(x2[:, None] - A[:, 1])).T / (4 * n)
+    Q = np.exp(-np.abs(x1[:, None] - B[:, 0])) @ np.exp(-np.abs(x2[:, None] - B[:, 1])).T / (4 * n)
+    W = w1[:, None] * w2[None, :]
+    return np.array([max((np.clip(P - np.exp(e) * Q, 0, None) * W).sum(),
+                         (np.clip(Q - np.exp(e) * P, 0, None) * W).sum()) for e in np.atleast_1d(eps)])
+
+
+def ref_eps(A, B, rng=None, extra=0):
+    """sup |L| by direct log-sum-exp on the full union kink grid plus far points (and random points)."""
+    d = A.shape[1]
+    axes = [np.r_[np.unique(np.r_[A[:, k], B[:, k]]), min(A[:, k].min(), B[:, k].min()) - 50,
+                  max(A[:, k].max(), B[:, k].max()) + 50] for k in range(d)]
+    u = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, d)
+    if extra:
+        span = np.array([[ax.min() + 45, ax.max() - 45] for ax in axes])
+        u = np.r_[u, span[:, 0] + rng.random((extra, d)) * (span[:, 1] - span[:, 0])]
+    L = (logsumexp(-np.abs(u[:, None, :] - A).sum(-1), axis=1)
+         - logsumexp(-np.abs(u[:, None, :] - B).sum(-1), axis=1))
+    return np.abs(L).max()
+
+
+def mc_delta(A, B, eps, N, rng):
+    """Monte Carlo δ(ε) = max over sides of E_P[(1 − e^{ε − L})_+] with its standard error."""
+    means, ses = [], []
+    for P, Q in ((A, B), (B, A)):
+        u = P[rng.integers(0, len(P), N)] + rng.laplace(size=(N, P.shape[1]))
+        L = (logsumexp(-np.abs(u[:, None, :] - P).sum(-1), axis=1)
+             - logsumexp(-np.abs(u[:, None, :] - Q).sum(-1), axis=1))
+        v = np.clip(-np.expm1(eps[:, None] - L[None]), 0, None)
+        means.append(v.mean(1))
+        ses.append(v.std(1) / np.sqrt(N))
+    return np.max(means, axis=0), np.max(ses, axis=0)
+
+
+def scaled(model, shifts_row):
+    T = model.transform
+    return model.points @ T.T, (model.points - shifts_row) @ T.T
+
+
+def random_panel(seed, n, d, m, p_present=0.6, size=0.8):
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(n, d))
+    if d > 1:
+        q[:, 1] += 0.6 * q[:, 0]
+    S = rng.normal(size=(m, n, d)) * size * (rng.random((m, n, 1)) < p_present)
+    return q, S
+
+
+# ------------------------------------------------------------------------------- d = 1
+def test_d1_equals_the_one_statistic_laplace_model():
+    rng = np.random.default_rng(11)
+    n, b = 14, 0.6
+    q = rng.normal(size=n) * 2
+    S = rng.standard_t(3, size=(40, n)) * (rng.random((40, n)) < 0.5) * rng.uniform(0.01, 2, (40, 1))
+    eps = np.array([0.01, 0.1, 0.3, 1.0, 3.0])
+    dm = select_density(q, kernel="laplace", bandwidth=b)
+    e1, d1 = evaluate(dm, S, eps)
+    jm = select_joint_model(q[:, None], bandwidth=[b])
+    e2, d2 = joint_risk(jm, S[:, :, None], eps)
+    np.testing.assert_allclose(e2, e1, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(d2, d1, atol=1e-8)
+    x = np.linspace(-8, 8, 101)
+    np.testing.assert_allclose(jm.logpdf(x[:, None]), dm.logpdf(x), rtol=1e-12)
+    np.testing.assert_allclose(jm.logpdf(x[:, None], S[3][:, None]), dm.logpdf(x, S[3]), rtol=1e-12)
+    # 'auto' in d = 1 is select_density's own choice
+    assert select_joint_model(q[:, None]).scales[0] == select_density(q, kernel="laplace").scale
+
+
+def test_d2_with_a_constant_statistic_reduces_to_d1():
+    q, S = random_panel(3, 10, 1, 20)
+    q2 = np.c_[q, np.full(len(q), 4.0)]
+    S2 = np.concatenate([S, np.zeros_like(S)], axis=2)
+    eps = np.array([0.05, 0.4, 1.2])
+    e1, d1 = joint_risk(select_joint_model(q, bandwidth=[0.5]), S, eps)
+    e2, d2 = joint_risk(select_joint_model(q2, bandwidth=[0.5, 0.3]), S2, eps)
+    np.testing.assert_allclose(e2, e1, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(d2, d1, atol=1e-9)
+
+
+# ------------------------------------------------------------------------------- d = 2
+@pytest.mark.parametrize("seed", [0, 1])
+def test_d2_matches_dense_reference(seed):
+    q, S = random_panel(seed, 6, 2, 2)
+    model = select_joint_model(q, bandwidth=[0.5, 0.7]) if seed == 0 else select_joint_model(q)
+    eps = np.array([0.05, 0.3, 0.8])
+    e, dl, err = joint_risk(model, S, eps, return_error=True)
+    for i in range(len(S)):
+        A, B = scaled(model, S[i])
+        assert e[i] == pytest.approx(ref_eps(A, B, np.random.default_rng(seed), 20000), rel=1e-6)
+        coarse, fine = ref_delta_2d(A, B, eps, h=0.02), ref_delta_2d(A, B, eps, h=0.01)
+        # the reference (error O(h²), from the level curve) is within 1e-6 at both resolutions
+        np.testing.assert_allclose(dl[i], coarse, atol=1e-6)
+        np.testing.assert_allclose(dl[i], fine, atol=1e-6)
+        assert err[i].max() < 1e-6
+
+
+def test_d2_eps_exact_on_many_panels_and_below_the_screening_bound():
+    q, S = random_panel(5, 9, 2, 60, size=1.5)
+    model = select_joint_model(q)
+    e, _ = joint_risk(model, S)
+    M = joint_bound(model, S)
+    assert np.all(e <= M * (1 + 1e-12))
+    rng = np.random.default_rng(1)
+    for i in range(0, 60, 6):
+        A, B = scaled(model, S[i])
+        assert e[i] == pytest.approx(ref_eps(A, B, rng, 5000), rel=1e-6, abs=1e-12)
+
+
+def test_delta_vanishes_at_and_above_eps_i_and_is_positive_below():
+    q, S = random_panel(8, 8, 2, 10)
+    model = select_joint_model(q)
+    e, _ = joint_risk(model, S)
+    eps = np.r_[0.98 * e, e, 1.01 * e]
+    for i in range(len(S)):
+        _, d = joint_risk(model, S[i:i + 1], eps[[i, len(S) + i, 2 * len(S) + i]])
+        assert d[0, 0] > 0 and d[0, 1] == 0 and d[0, 2] == 0
+
+
+def test_whitened_model_does_not_depend_on_the_order_of_the_statistics():
+    q, S = random_panel(4, 20, 2, 15)
+    eps = np.array([0.1, 0.5])
+    e1, d1 = joint_risk(select_joint_model(q), S, eps)
+    e2, d2 = joint_risk(select_joint_model(q[:, ::-1]), S[:, :, ::-1], eps)
+    np.testing.assert_allclose(e2, e1, rtol=1e-9)
+    np.testing.assert_allclose(d2, d1, atol=1e-7)  # the quadrature axes differ: within its error
+
+
+# ------------------------------------------------------------------------------- d = 3
+def test_d3_with_a_constant_statistic_reduces_to_d2():
+    q, S = random_panel(6, 7, 2, 4)
+    q3 = np.c_[q, np.full(len(q), -1.0)]
+    S3 = np.concatenate([S, np.zeros(S.shape[:2] + (1,))], axis=2)
+    eps = np.array([0.1, 0.6])
+    e2, d2 = joint_risk(select_joint_model(q, bandwidth=[0.5, 0.6]), S, eps)
+    e3, d3 = joint_risk(select_joint_model(q3, bandwidth=[0.5, 0.6, 0.4]), S3, eps)
+    np.testing.assert_allclose(e3, e2, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(d3, d2, atol=1e-9)
+
+
+def test_d3_matches_monte_carlo_and_the_vertex_reference():
+    rng = np.random.default_rng(9)
+    q = rng.normal(size=(5, 3))
+    q[:, 2] += q[:, 0]
+    S = rng.normal(size=(2, 5, 3)) * 0.7 * (rng.random((2, 5, 1)) < 0.7)
+    model = select_joint_model(q, bandwidth=[0.6, 0.5, 0.7])
+    eps = np.array([0.1, 0.5])
+    e, dl, err = joint_risk(model, S, eps, return_error=True)
+    for i in range(2):
+        A, B = scaled(model, S[i])
+        assert e[i] == pytest.approx(ref_eps(A, B, rng, 20000), rel=1e-6)
+        mean, se = mc_delta(A, B, eps, 400_000, rng)
+        # Monte Carlo tolerance: 5 standard errors (about 1e-3 here)
+        assert np.all(np.abs(dl[i] - mean) <= 5 * se + 1e-9), (dl[i], mean, se)
+        assert err[i].max() < 1e-6
+    # quadrature convergence inside cut cells: 6 and 10 nodes agree to 1e-9
+    _, d10 = joint_risk(model, S, eps, nodes=10)
+    np.testing.assert_allclose(d10, dl, atol=1e-9)
+
+
+# ------------------------------------------------------------------ the paper's example (§3)
+def paper_panel(n_db=40, n_ind=30, seed=0):
+    """sum(x) and sum(x) without individual K, where K contributes a steady amount each database."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(5.0, 2.0, size=(n_ind, n_db))
+    K = 7
+    x[K] = 5.0 + rng.normal(0, 0.05, size=n_db)
+    q = np.c_[x.sum(0), x.sum(0) - x[K]]                      # (n_db, 2)
+    shifts = np.stack([x, x], axis=-1)                         # Δ_ij = (x_ij, x_ij) for i ≠ K
+    shifts[K, :, 1] = 0.0                                      # K is not in the second statistic
+    return q, shifts, K
+
+
+def test_paper_example_each_statistic_private_together_they_expose_k():
+    q, shifts, K = paper_panel()
+    marginal = []
+    for k in range(2):
+        dm = select_density(q[:, k], kernel="laplace")
+        marginal.append(evaluate(dm, shifts[:, :, k])[0])
+    marginal = np.array(marginal)  # (2, m)
+    model = select_joint_model(q)
+    assert model.whitened
+    e, _ = joint_risk(model, shifts)
+    assert int(np.argmax(e)) == K
+    assert e[K] >= 10 * marginal[:, K].max()
+    assert e[K] >= 10 * np.delete(e, K).max()  # K stands out; nobody else does
+    # axis-aligned kernels with the marginal scales cannot see it (their ratio is bounded by the marginals')
+    aligned = select_joint_model(q, bandwidth=[select_density(q[:, k], kernel="laplace").scale for k in range(2)])
+    ea, _ = joint_risk(aligned, shifts)
+    assert ea[K] < 10 * marginal[:, K].max()
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_singular_covariance_is_a_finding_not_a_crash():
+    q, shifts, K = paper_panel()
+    exact = q.copy()
+    exact[:, 1] = exact[:, 0] - 5.0  # K's contribution exactly constant: statistic 2 = statistic 1 − 5
+    with pytest.raises(InputError, match=r"statistic 1 .*and statistic 2 .*exactly dependent") as info:
+        select_joint_model(exact, names=["sum(x)", "sum(x) without K"])
+    assert "\n" not in str(info.value)
+    q3 = np.c_[q, 2 * q[:, 0] - 3 * q[:, 1] + 1]
+    with pytest.raises(InputError, match="exactly dependent"):
+        select_joint_model(q3)
+    const = np.c_[q[:, 0], np.full(len(q), 3.0)]
+    with pytest.raises(InputError, match="statistic 2 is constant"):
+        select_joint_model(const)
+
+
+@pytest.mark.parametrize("q, bw, match", [
+    (np.zeros((5, 4)), "auto", "1 to 3 statistics"),
+    (np.ones((5, 2)), [1.0], "one scale per statistic"),
+    (np.ones((5, 2)), [1.0, -1.0], "positive"),
+    (np.array([[1.0, np.nan], [2.0, 3.0]]), "auto", "finite"),
+])
+def test_bad_input_is_one_line(q, bw, match):
+    with pytest.raises(InputError, match=match):
+        select_joint_model(q, bandwidth=bw)
+
+
+# ---------------------------------------------------------------------------- calibration
+def test_calibration_is_minimal_and_verified():
+    q, S = random_panel(2, 30, 2, 40, size=0.3)
+    model = select_joint_model(q)
+    epsilon = 0.2
+    res = joint_minimal_lambda(model, S, epsilon)
+    assert res.t > 1 and res.noise.kind == "laplace_mixture"
+    assert joint_eps_at(model, S, res.t).max() <= epsilon
+    assert joint_eps_at(model, S, 0.99 * res.t).max() > epsilon
+    np.testing.assert_allclose(res.noise.scales, res.t * model.scales)
+    np.testing.assert_allclose(res.noise.weights, res.t ** -2.0)
+    np.testing.assert_allclose(res.noise.unwhitening @ model.whitening, np.eye(2), atol=1e-12)
+    # no noise exactly when the curator model is ε-private for everyone
+    eps_all = joint_risk(model, S)[0].max()
+    assert joint_minimal_lambda(model, S, eps_all * 1.0001).noise.kind == "none"
+    assert joint_minimal_lambda(model, S, eps_all * 0.999).noise.kind != "none"
+
+
+def test_noise_deconvolves_the_curator_kernel_per_whitened_axis():
+    from scipy import stats
+
+    q, _ = random_panel(2, 30, 2, 1)
+    model = select_joint_model(q)
+    noise = joint_noise(model, 2.0 * model.scales)
+    rng = np.random.default_rng(0)
+    N = 200_000
+    kernel = rng.laplace(size=(N, 2)) * model.scales @ model.unwhitening.T  # curator kernel, statistics' units
+    y = (kernel + noise.sample(N, rng)) @ model.whitening.T
+    for k in range(2):  # kernel ⋆ noise is Laplace(λ_k) on each whitened axis
+        assert stats.kstest(y[:, k], "laplace", args=(0, noise.scales[k])).pvalue > 1e-3
+    assert joint_noise(model, model.scales * 0.5).kind == "none"
