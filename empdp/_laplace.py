@@ -184,7 +184,7 @@ class GridPlan:
         """
         q, b, x, n, G = self.q, self.b, self.x, self.n, self.G
         if self.uniform:
-            return uniform_grid_values(x, self.decay, q[None, :] - shifts, b[0])
+            return uniform_grid_values(x, self.decay, q[None, :] - shifts, b[0], kink_cells)
         C = shifts.shape[0]
         r = shifts / b
         Rm, Rp = np.exp(-r), np.exp(r)
@@ -247,7 +247,8 @@ def _running(start: np.ndarray, decay: np.ndarray, inflow: np.ndarray, reverse: 
     return inflow
 
 
-def uniform_grid_values(x: np.ndarray, decay: np.ndarray, kinks: np.ndarray, b: float):
+def uniform_grid_values(x: np.ndarray, decay: np.ndarray, kinks: np.ndarray, b: float,
+                        kink_cells: np.ndarray | None = None):
     """Value, right and left slopes and CDF of p̂_i = (1/n) Σ_l ℓ_b(x_g − k_il) on the grid ``x``
     for each row of ``kinks`` (C, n), one scale b for every term.
 
@@ -257,12 +258,16 @@ def uniform_grid_values(x: np.ndarray, decay: np.ndarray, kinks: np.ndarray, b: 
     over the grid: A_g = A_{g−1} e^{−(x_g − x_{g−1})/b} + the terms of the kinks in (x_{g−1}, x_g],
     each entering at its first node at or right of it (B mirrored). Every factor is at most 1,
     so nothing overflows, and the sums carry a few units of round-off (the matrix form's
-    product carries as many).
+    product carries as many). ``kink_cells``, when known: ``searchsorted(x, kinks, side="right") − 1``.
     """
     C, n = kinks.shape
     G = len(x)
     nb = -1.0 / b
-    first = np.searchsorted(x, kinks, side="left")  # first node ≥ k (G: none)
+    if kink_cells is None:
+        first = np.searchsorted(x, kinks, side="left")  # first node ≥ k (G: none)
+    else:  # one less where the kink is on node x_{cell}
+        first = kink_cells + 1
+        first -= (kink_cells >= 0) & (x[np.maximum(kink_cells, 0)] == kinks)
     rows = np.broadcast_to(np.arange(C)[:, None], (C, n))
     with np.errstate(under="ignore"):
         # A enters at node `first` with e^{−(x_first − k)/b}; B at node first − 1 with e^{−(k − x_{first−1})/b}
@@ -756,19 +761,36 @@ def insert_after(base: dict, C: int, rows: np.ndarray, after: np.ndarray, values
     """Insert flat new nodes (row ``rows``, right after base column ``after``; rows ascending,
     and within a row ``after`` ascending) among the base columns of every field.
 
-    Rows with fewer new nodes are padded with copies of their first node (zero-length intervals).
+    Rows with fewer new nodes are padded with copies of their first node (zero-length intervals),
+    at the start of the row. Base arrays may be 1-D (shared by every row).
     """
     N = next(np.shape(a)[-1] for a in base.values())
     counts = np.bincount(rows, minlength=C)
     width = int(counts.max())
     pad = width - counts
+    M = N + width
     rank = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-    col = pad[rows] + rank
-    pos = np.broadcast_to(np.arange(width), (C, width)).copy()
-    pos[rows, col] = after + 1 + pad[rows] + rank
-    extra = {}
-    for f, v in values.items():
-        a = np.repeat(np.broadcast_to(base[f], (C, N))[:, :1], width, axis=1)
-        a[rows, col] = v
-        extra[f] = a
-    return merge(base, extra, pos)
+    new = rows * M + after + 1 + pad[rows] + rank  # flat positions of the new nodes
+    owner, padded = expand_ranges(np.arange(C) * M, pad)  # flat positions of the copies
+    keep = np.ones(C * M, dtype=bool)
+    keep[new] = False
+    keep[padded] = False
+    old = np.flatnonzero(keep)  # integer scatters: faster than boolean-mask assignment
+    src = None  # for the shared fields: a gather from [base row, new values] (small, in cache)
+    out = {}
+    for f, a in base.items():
+        v = values[f]
+        if np.ndim(a) == 1:
+            if src is None:
+                src = np.empty(C * M, dtype=np.intp)
+                src[old] = np.tile(np.arange(N), C)
+                src[new] = N + np.arange(len(new))
+                src[padded] = 0
+            out[f] = np.concatenate([a, np.asarray(v, dtype=a.dtype)]).take(src).reshape(C, M)
+            continue
+        m = np.empty(C * M, dtype=a.dtype)
+        m[old] = a.reshape(-1)
+        m[new] = v
+        m[padded] = a[owner, 0]
+        out[f] = m.reshape(C, M)
+    return out
