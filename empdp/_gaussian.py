@@ -27,6 +27,8 @@ import math
 import numpy as np
 from scipy.special import ndtr
 
+from .density import kernel_terms
+
 #: rows whose largest |Δ_ij|/b_j exceeds this are evaluated directly (the series needs many terms)
 MAX_SHIFT = 1.0
 #: certified relative error of the series' p̂_i (and of its log-slope, in units of 1/b_min)
@@ -37,13 +39,6 @@ CDF_TOL = 1e-14
 MAX_TERMS = 24
 _SQRT2PI = math.sqrt(2 * math.pi)
 _LOG_FACT = np.r_[0.0, np.cumsum(np.log(np.arange(1.0, MAX_TERMS + 2)))]
-
-
-def kernel_parts(u: np.ndarray, b) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Value, slope and CDF of the Gaussian kernel of standard deviation ``b`` at ``u``."""
-    z = u / b
-    v = np.exp(-0.5 * z * z) / (b * _SQRT2PI)
-    return v, -z / b * v, ndtr(z)
 
 
 #: cells (rows × points × terms) of one step of :func:`direct`: its temporaries stay in cache
@@ -58,8 +53,8 @@ def direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray):
     step = max(1, DIRECT_CELLS // max(1, m * n))
     for r in range(0, C, step):
         s = slice(r, r + step)
-        parts = kernel_parts(x[s, :, None] - centers[s, None, :], b)
-        for o, v in zip(out, parts):
+        val, der, _, cdf = kernel_terms("gaussian", x[s, :, None] - centers[s, None, :], b)
+        for o, v in zip(out, (val, der, cdf)):
             o[s] = v.sum(axis=2) / n
     return out
 

@@ -41,11 +41,11 @@ product per block (:mod:`empdp._gaussian`), rows with large shifts directly.
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import log_ndtr, logsumexp, ndtr
+from scipy.special import log_ndtr, ndtr
 
 from . import _gaussian, _laplace
 from .errors import InputError
-from .density import DensityModel, kernel_logcdf_both, kernel_logpdf, kernel_terms
+from .density import DensityModel, kernel_terms
 
 #: τ: for Gaussian kernels ε_i is the smallest ε with δ_i(ε) ≤ τ, and δ_i ≤ τ is reported as 0
 EPS_TOLERANCE = 1e-12
