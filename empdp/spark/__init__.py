@@ -1,4 +1,4 @@
-"""The Spark engine (SPEC 9): the same assessment on a cluster.
+"""The Spark engine (docs/spark.md): the same assessment on a cluster.
 
 :func:`make_spark_engine` opens a source on Spark and returns a :class:`SparkEngine` with the
 interface of :class:`empdp.loo.LooEngine`; :func:`evaluate_on_executors` evaluates the exact

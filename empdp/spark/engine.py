@@ -1,4 +1,4 @@
-"""The drop-one-identifier loop on Apache Spark (SPEC 2, 4.3 and 9): :class:`SparkEngine`.
+"""The drop-one-identifier loop on Apache Spark (docs/method.md#2-leave-one-out-shifts-and-query-forms, #51-screening-bound; docs/spark.md): :class:`SparkEngine`.
 
 The same questions as :class:`empdp.loo.LooEngine`, with the same answers (1e-9 relative):
 ``values()``, ``screen(scale)`` and ``shifts(codes)``. Every per-row step runs on the executors:

@@ -1,4 +1,4 @@
-"""Exact ε_i and δ_i(ε) of candidates on Spark's executors (SPEC 9).
+"""Exact ε_i and δ_i(ε) of candidates on Spark's executors (docs/spark.md).
 
 The candidates' Δ rows never reach the driver: the persisted Δ table is joined with the
 candidates, cut into fixed blocks of consecutive candidates, and each block is made dense and

@@ -102,7 +102,7 @@ def spark_session(master: str | None = None, remote: str | None = None, config: 
         raise InputError("the Spark engine needs Java 17 (or 11/21): install a JRE (e.g. apt-get install "
                          "openjdk-17-jre-headless) or set JAVA_HOME")
     builder = SparkSession.builder.master(master).appName("empdp")
-    settings = {"spark.ui.enabled": "false", "spark.sql.execution.arrow.pyspark.enabled": "true",
+    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.sql.execution.arrow.pyspark.enabled": "true",
                 "spark.sql.session.timeZone": "UTC"}
     if master.startswith("local"):
         settings["spark.sql.shuffle.partitions"] = str(4 * (os.cpu_count() or 1))
@@ -266,7 +266,7 @@ def _is_numeric(typ: str) -> bool:
 def open_spark_panel(spark, source: Any, *, id: str, by: str, table: str | None = None,
                      value_columns: Sequence[str] = (), where: str | None = None,
                      drop_null_ids: bool = False) -> SparkPanel:
-    """Open and validate a repeated-database source on Spark (SPEC 1), in one scan.
+    """Open and validate a repeated-database source on Spark (docs/method.md#1-data-model), in one scan.
 
     The same refusals as :func:`empdp.data.open_panel` (missing columns, nested ids, NULL ids
     unless ``drop_null_ids``, NULL labels, no rows, fewer than two databases), and NaN or

@@ -1,4 +1,4 @@
-"""Generic ``--sql`` on Spark (SPEC 2): per database, one correlated Spark SQL query gives every
+"""Generic ``--sql`` on Spark (docs/method.md#2-leave-one-out-shifts-and-query-forms): per database, one correlated Spark SQL query gives every
 individual's leave-one-out value; per-individual re-runs are the last resort."""
 
 from __future__ import annotations

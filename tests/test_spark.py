@@ -1,0 +1,162 @@
+"""The Spark engine gives the DuckDB engine's answers (1e-9 relative), in Spark local mode.
+
+Every (data set, query) pair is computed once by both engines in a module fixture (Spark jobs
+from four threads at once: on two cores a job costs ~0.5 s of driver latency, not work), and
+the tests compare: database values, the screening table (ids, n_present, sole contributors,
+max |Δ|, M_i) and the dense Δ rows and presence of every individual.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+pytest.importorskip("pyspark", reason="the Spark engine needs PySpark: pip install 'empdp[spark]'")
+if not shutil.which("java"):
+    import os
+
+    if not os.environ.get("JAVA_HOME"):
+        pytest.skip("the Spark engine needs Java (a JRE 17) on PATH or JAVA_HOME", allow_module_level=True)
+
+from conftest import random_panel  # noqa: E402
+from empdp import risk  # noqa: E402
+from empdp.density import select_density  # noqa: E402
+from empdp.errors import InputError  # noqa: E402
+from empdp.loo import make_engine  # noqa: E402
+from empdp.spark import evaluate_on_executors, make_spark_engine, spark_session  # noqa: E402
+
+RTOL = 1e-9
+RANDOM_FORMS = ["count(*)", "sum(x)", "mean(x)", "var(x)", "std(x)", "sum(x)/sum(w)", "min(x)", "max(x)",
+                "median(x)", "quantile(x, 0.3)", "quantile(x, 0.9)"]
+SAMPLE_FORMS = ["count(*)", "sum(murdrate)", "mean(murdrate)", "var(murdrate)", "std(murdrate)",
+                "sum(murders)/sum(popul)", "min(murdrate)", "max(murdrate)", "median(murdrate)",
+                "quantile(murdrate, 0.9)"]
+# (name, form, where): random panels with ties (seed 0) and without (seed 1), a filter, the sample;
+# --sql (one correlated Spark SQL query per database) on a smaller panel
+CASES = ([("random0", f, None) for f in RANDOM_FORMS]
+         + [("random1", f, None) for f in ("var(x)", "median(x)", "quantile(x, 0.3)")]
+         + [("random1", "mean(x)", "flag = 1"), ("random1", "median(x)", "flag = 1")]
+         + [("sample", f, None) for f in SAMPLE_FORMS])
+SQL = "SELECT avg(x) * count(*) FROM db WHERE w > 0.8"
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = spark_session("local[2]", config={
+        "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
+        # tiny tables: compiling generated code costs more than it saves
+        "spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"})
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def sources(spark, sample_path):
+    frames = {"random0": random_panel(0), "random1": random_panel(1, ties=False),
+              "small": random_panel(3, n_db=2, n_ind=6)}
+    out = {name: (df, spark.createDataFrame(df), "id", "year") for name, df in frames.items()}
+    # the sample as a cached DataFrame: read once for its ten queries (paths are read in the tests below)
+    out["sample"] = (sample_path, spark.read.parquet(sample_path).cache(), "countyid", "year")
+    return out
+
+
+def _both(sources, name, form=None, where=None, sql=None):
+    """(DuckDB result, Spark result): values, screen and every individual's Δ row and presence."""
+    local, remote, id_, by = sources[name]
+    results = []
+    for engine in (make_engine(local, id=id_, by=by, query=form, where=where, sql=sql),
+                   make_spark_engine(remote, id=id_, by=by, query=form, where=where, sql=sql)):
+        q = engine.values()
+        scale = np.linspace(0.5, 2.0, len(q)) * (np.std(q) + 1.0)
+        screen = engine.screen(scale)
+        shifts, present = engine.shifts(np.arange(len(screen)), presence=True)
+        results.append((q, screen, shifts, present, engine.n_null_values))
+        engine.close()
+    return results
+
+
+@pytest.fixture(scope="module")
+def computed(sources):
+    jobs = {(name, form, where): (name, form, where, None) for name, form, where in CASES}
+    jobs[("small", "sql", None)] = ("small", None, None, SQL)
+    with ThreadPoolExecutor(4) as pool:
+        futures = {key: pool.submit(_both, sources, *args) for key, args in jobs.items()}
+        return {key: fut.result() for key, fut in futures.items()}
+
+
+def _close(a, b):
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    np.testing.assert_allclose(b, a, rtol=RTOL, atol=RTOL * max(1.0, float(np.abs(a).max(initial=0.0))) * 1e-3)
+
+
+@pytest.mark.parametrize("case", CASES + [("small", "sql", None)],
+                         ids=lambda c: f"{c[0]}-{c[1]}" + (f"-where-{c[2]}" if c[2] else ""))
+def test_spark_equals_duckdb(computed, case):
+    (q0, s0, d0, p0, nul0), (q1, s1, d1, p1, nul1) = computed[case]
+    _close(q0, q1)
+    assert s1.ids.to_list() == s0.ids.to_list()
+    np.testing.assert_array_equal(s1.n_present, s0.n_present)
+    np.testing.assert_array_equal(s1.undefined, s0.undefined)
+    _close(s0.max_abs_shift, s1.max_abs_shift)
+    _close(s0.bound, s1.bound)
+    np.testing.assert_array_equal(p1, p0)
+    _close(d0, d1)
+    assert nul1 == nul0
+    if case[0] == "random0" and case[2] is None:
+        assert s1.undefined[s1.ids.to_list().index("solo")]  # the sole contributor is flagged, not dropped
+
+
+@pytest.mark.parametrize("kernel", ["laplace", "gaussian"])
+def test_executor_evaluation_equals_local_blocks(spark, sample_path, kernel):
+    engine = make_spark_engine(sample_path, id="countyid", by="year", query="mean(murdrate)")
+    q = engine.values()
+    model = select_density(q, kernel=kernel, bandwidth=0.05)
+    screen = engine.screen(model.bandwidths)
+    codes = np.argsort(-screen.bound, kind="stable")[:300]
+    codes = codes[~screen.undefined[codes]]
+    eps = np.array([0.01, 0.1, 0.5]) * float(screen.bound.max())
+    got_eps, got_delta = evaluate_on_executors(engine, model, codes, eps, block_rows=128)
+    rows = engine.shifts(codes)
+    for a in range(0, len(codes), 128):
+        with threadpool_limits(limits=1, user_api="blas"):  # as on the executors (and in assess)
+            want_eps, want_delta = risk.evaluate(model, rows[a:a + 128], eps)
+        np.testing.assert_array_equal(got_eps[a:a + 128], want_eps)
+        np.testing.assert_array_equal(got_delta[a:a + 128], want_delta)
+    assert (got_delta[:, 0] > 0).any()  # the comparison is not between zeros
+    engine.close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"source": "no/such/file.parquet"}, "not found"),
+    ({"source": "tests/conftest.py"}, "cannot tell the format"),
+    ({"table": "no_such_db.no_such_table"}, "cannot read table"),
+    ({"source": "SAMPLE", "query": "mean(nope)"}, "column 'nope' not found"),
+    ({"source": "SAMPLE", "where": "nope > 1"}, "--where"),
+    ({"source": "SAMPLE", "remote": "sc://127.0.0.1:PORT"}, "cannot reach the Spark Connect server"),
+    ({"source": "SAMPLE", "master": "spark://127.0.0.1:PORT"}, "cannot reach the Spark master"),
+])
+def test_bad_input_is_one_line(spark, sample_path, kwargs, message):
+    kwargs = dict(kwargs)
+    if kwargs.get("source") == "SAMPLE":
+        kwargs["source"] = sample_path
+    for key in ("remote", "master"):
+        if key in kwargs:
+            kwargs[key] = kwargs[key].replace("PORT", str(_closed_port()))
+    args = {"id": "countyid", "by": "year", "query": "mean(murdrate)", **kwargs}
+    with pytest.raises(InputError) as err:
+        engine = make_spark_engine(**args)
+        engine.values()
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
