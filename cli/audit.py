@@ -7,8 +7,8 @@ import math
 
 import click
 
-from empdp.errors import InputError
 from empdp.data import shorten as short
+from empdp.errors import InputError
 from empdp.io import read_json
 
 from ._common import emit_json, output_options, progress_bars, setup_logging

@@ -9,7 +9,8 @@ import click
 
 from empdp.errors import InputError
 from empdp.keys import KEY_ENV, key_id, load_key
-from empdp.noise import Calibration, Ledger, calibrate as calibrate_source, query_value
+from empdp.noise import Calibration, Ledger, query_value
+from empdp.noise import calibrate as calibrate_source
 from empdp.noise.exact import check_epsilon
 
 from ._common import check_output, emit_json, log, output_options, progress_bars, setup_logging

@@ -18,11 +18,11 @@ import polars as pl
 from threadpoolctl import threadpool_limits
 
 from . import checks, risk
+from ._parallel import WORKERS, Executors, available_cores
 from .density import DEFAULT_KERNEL, DensityModel, select_density
 from .errors import InputError
-from .ranking import Ranking, eps_all_code
-from ._parallel import PROCESS_ROWS, WORKERS, Executors, available_cores
 from .loo import LooEngine, _memory_limit_bytes, make_engine
+from .ranking import Ranking, eps_all_code
 
 Progress = Callable[[str, int, int], None]
 #: the memory limit when DuckDB's cannot be read (bytes)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
-import json
 import hmac
+import json
 import os
 import tempfile
 from pathlib import Path
-
 
 #: the targets and temporary files of the enclosing :func:`output_batch`, if any
 _BATCH: contextvars.ContextVar[dict | None] = contextvars.ContextVar("empdp_output_batch", default=None)

@@ -522,7 +522,6 @@ def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_e
     """Exact ε_i, δ_i(ε) and the quadrature's error estimate for one individual (scaled coordinates)."""
     n, d = a.shape
     grids = [_union_axis(np.concatenate([a[:, k], b[:, k]]), refine=k > 0) for k in range(d)]
-    G = [len(g) for g in grids]
     # vertex log-ratios (all G_k equal is not needed: contract per axis)
     diffA = [np.abs(grids[k][:, None] - a[None, :, k]) for k in range(d)]
     diffB = [np.abs(grids[k][:, None] - b[None, :, k]) for k in range(d)]

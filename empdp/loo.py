@@ -26,7 +26,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from .data import Panel, clip, open_panel, quote_ident, shorten as short
+from .data import Panel, clip, open_panel, quote_ident
+from .data import shorten as short
 from .errors import InputError
 from .query import Query, parse_query
 
@@ -401,7 +402,6 @@ class LooEngine:
 
     def _decomposable_shifts(self, codes: np.ndarray):
         self._want(codes)
-        con = self.panel.con
         sql = (f"SELECT w.__row, d.__j, d.delta, d.undef FROM ({self._delta_sql('SELECT __i FROM __want')}) d "
                f"JOIN __want w USING (__i)")
         res = self._run(sql).fetchnumpy()
@@ -502,8 +502,10 @@ def _order_statistic_loo(panel: Panel, query: Query):
             owners = c_sorted[grp]
             remaining = N - cnt
             if remaining == 0:
-                out_code.append(owners); out_j.append(np.full(len(owners), j))
-                out_delta.append(np.zeros(len(owners))); out_undef.append(np.ones(len(owners), bool))
+                out_code.append(owners)
+                out_j.append(np.full(len(owners), j))
+                out_delta.append(np.zeros(len(owners)))
+                out_undef.append(np.ones(len(owners), bool))
                 continue
             ranks = by_owner[grp[:, None] + np.arange(cnt)[None, :]]
             h = (remaining - 1) * level
@@ -515,8 +517,10 @@ def _order_statistic_loo(panel: Panel, query: Query):
                 loo = lo + (hi - lo) * frac
             else:
                 loo = lo
-            out_code.append(owners); out_j.append(np.full(len(owners), j))
-            out_delta.append(qv[j] - loo); out_undef.append(np.zeros(len(owners), bool))
+            out_code.append(owners)
+            out_j.append(np.full(len(owners), j))
+            out_delta.append(qv[j] - loo)
+            out_undef.append(np.zeros(len(owners), bool))
     return (qv, ids, np.concatenate(out_code), np.concatenate(out_j),
             np.concatenate(out_delta), np.concatenate(out_undef))
 

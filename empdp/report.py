@@ -22,7 +22,6 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from . import risk
 from .errors import InputError
 from .io import atomic_path, keyed_hash
 

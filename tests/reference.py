@@ -48,7 +48,8 @@ def brute_force_risk(model: DensityModel, shifts: np.ndarray, eps: np.ndarray, p
             return np.logaddexp.reduce(vals) - np.log(len(pts))
 
         def edge(upper):
-            f = lambda z: max(logcdf(z, q, upper), logcdf(z, kinks, upper)) - np.log(1e-13)
+            def f(z):
+                return max(logcdf(z, q, upper), logcdf(z, kinks, upper)) - np.log(1e-13)
             return brentq(f, lo, hi, xtol=1e-14 * b.min(), rtol=1e-15)
 
         a, c = edge(False), edge(True)

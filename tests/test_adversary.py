@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 from numpy.testing import assert_allclose
+from reference import brute_force_risk
 
 from empdp import assess
 from empdp.cli.main import cli
 from empdp.density import select_density
-from reference import brute_force_risk
 
 EPS = np.array([0.05, 0.2, 0.6])
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from audit_cli_helpers import assert_one_line_exit_2, run
+
 from empdp.audit import audit_release, mpl
 from empdp.audit.common import as_rng
 from empdp.errors import InputError

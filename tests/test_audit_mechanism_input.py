@@ -7,10 +7,10 @@ import warnings
 
 import numpy as np
 import pytest
+from audit_cli_helpers import assert_one_line_exit_2, run
 from numpy.testing import assert_allclose
 
 import empdp.cli.main as main_mod
-from audit_cli_helpers import assert_one_line_exit_2, run
 from empdp.audit import truth
 from empdp.audit.mechanisms import BUILTIN_NAMES, builtin, load_mechanism
 from empdp.audit.mpl import mpl

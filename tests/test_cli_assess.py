@@ -6,12 +6,11 @@ import stat
 
 import duckdb
 import numpy as np
-import pandas as pd
 import polars as pl
 import pytest
 from click.testing import CliRunner
-
 from conftest import random_panel
+
 from empdp.cli.main import cli
 
 BASE = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]

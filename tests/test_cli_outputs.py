@@ -18,12 +18,12 @@ import tempfile
 
 import pytest
 from click.testing import CliRunner
+from conftest import random_panel
 
 import empdp.cli.assess as assess_cli
 import empdp.cli.calibrate as calibrate_cli
 import empdp.io as io
 import empdp.result
-from conftest import random_panel
 from empdp.cli.main import cli
 from empdp.errors import InputError
 

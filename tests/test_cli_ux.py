@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import empdp.cli._common as common
 from empdp.cli.main import cli
-from empdp.report import OPTIONAL_SECTIONS, SECTIONS, _fmt
+from empdp.report import SECTIONS, _fmt
 
 SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
 QUERY = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]

@@ -10,15 +10,14 @@ temporary). The audits run with small samples so that the catalogue stays fast.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import warnings
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import random_panel
+
 from empdp.cli.main import cli
 
 #: the values tried in every numeric option

@@ -1,11 +1,11 @@
 """Leave-one-out values equal re-running the query without the individual (DuckDB)."""
 
 import duckdb
-import pandas as pd
 import numpy as np
+import pandas as pd
 import pytest
-
 from conftest import random_panel
+
 from empdp.errors import InputError
 from empdp.loo import leave_one_out
 from empdp.query import parse_query

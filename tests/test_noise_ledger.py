@@ -11,7 +11,8 @@ import time
 import pytest
 
 from empdp.errors import BudgetExceededError, InputError
-from empdp.noise.ledger import Ledger as _Ledger, LedgerError
+from empdp.noise.ledger import Ledger as _Ledger
+from empdp.noise.ledger import LedgerError
 
 KEY = b"noise-ledger-curator-key-0123456789"
 

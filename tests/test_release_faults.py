@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_release_security import KEY, make_calibration
 
 import empdp.cli.main as main_mod
 from empdp.errors import InputError
 from empdp.noise import Calibration, Ledger
-from test_release_security import KEY, make_calibration
 
 SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
 QUERY = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]

@@ -10,11 +10,11 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from audit_cli_helpers import assert_one_line_exit_2
 from click.testing import CliRunner
 
 import empdp
 import empdp.cli.main as main_mod
-from audit_cli_helpers import assert_one_line_exit_2
 from empdp.errors import InputError
 from empdp.noise import Calibration, Ledger, LedgerError
 from empdp.noise.ledger import _record_hash

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from audit_cli_helpers import assert_one_line_exit_2
 from click.testing import CliRunner
 
 import empdp.cli.main as main_mod
-from audit_cli_helpers import assert_one_line_exit_2
 from empdp.keys import key_id
 from empdp.noise import Calibration, Ledger, calibrate_values
 from empdp.noise.ledger import CHAIN_FIELDS, _body

@@ -9,12 +9,11 @@ import stat
 from pathlib import Path
 
 import numpy as np
-
-from empdp import risk
 import pytest
 from numpy.testing import assert_allclose
 
-from empdp.report import OPTIONAL_SECTIONS, SECTIONS, _top_rows, keyed_hash, render_report, report_html
+from empdp import risk
+from empdp.report import SECTIONS, _top_rows, keyed_hash, render_report, report_html
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet"
 

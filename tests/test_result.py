@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from conftest import random_panel
 from numpy.testing import assert_allclose, assert_array_equal
 
-from conftest import random_panel
 from empdp import risk
 from empdp.assess import assess
 from empdp.errors import InputError

@@ -36,16 +36,25 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Callable
 
 import numpy as np
-from statistics import NormalDist
 
 from ..errors import InputError
-from .common import (as_rng, check_level, check_size, continuous_dim, detect_discrete, draw,
-                     jsonable)
-from .kde import (GAUSS_R, as_samples, binned_kde, categorize, contains, frequencies, grid_for,
-                  kde_at, rule_of_thumb, scale_estimate)
+from .common import as_rng, check_level, check_size, continuous_dim, detect_discrete, draw, jsonable
+from .kde import (
+    GAUSS_R,
+    as_samples,
+    binned_kde,
+    categorize,
+    contains,
+    frequencies,
+    grid_for,
+    kde_at,
+    rule_of_thumb,
+    scale_estimate,
+)
 from .mechanisms import load_mechanism
 from .pairs import resolve_pairs
 

@@ -9,7 +9,6 @@ from .common import short
 from .mechanisms import Mechanism
 from .patterns import statdp_patterns
 
-
 #: Number of queries of the StatDP patterns for a user sampler given ``pairs="patterns"``.
 USER_PATTERN_DIM = 5
 #: Most queries (entries of a query or bit vector) audited: every output holds one answer per

@@ -42,15 +42,13 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Callable
 
 import numpy as np
-from statistics import NormalDist
-
 
 from ..errors import InputError
-from .common import (as_rng, check_level, check_order, check_size, continuous_dim, detect_discrete,
-                     draw, jsonable)
+from .common import as_rng, check_level, check_order, check_size, continuous_dim, detect_discrete, draw, jsonable
 from .kde import GAUSS_R, as_samples, binned_kde, categorize, frequencies, make_grid, rule_of_thumb
 from .mechanisms import load_mechanism
 from .pairs import resolve_pairs

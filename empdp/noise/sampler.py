@@ -129,7 +129,8 @@ class NoiseSampler:
     """
 
     def __init__(self, weight_zero: float, scale: float, seed: int | None = None):
-        real = (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool))
+        def real(v):
+            return (isinstance(v, numbers.Real) and not isinstance(v, bool))
         if not (real(weight_zero) and 0.0 <= weight_zero <= 1.0):
             raise InputError(f"noise weight_zero must be a number in [0, 1], got {weight_zero!r}")
         if not (real(scale) and (weight_zero == 1.0 or (math.isfinite(scale) and scale > 0))):

@@ -61,7 +61,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-
 # ---------------------------------------------------------------- panels
 
 SHAPES = {
