@@ -362,21 +362,21 @@ def _newton(ivl: _Intervals, lo, hi, start, tol, use):
         d, dd = ivl.delta(eps[rows], rows)
         e = eps[rows]
         above = d > tol
-        l, u = np.where(above, e, lo[rows]), np.where(above, hi[rows], e)
+        low, up = np.where(above, e, lo[rows]), np.where(above, hi[rows], e)
         with np.errstate(divide="ignore", invalid="ignore"):
             step = (np.log(d) - log_tol) * d / dd  # Newton on log δ: ε − g/g'
         sgn = np.where(above, 1.0, -1.0)
         step = np.where(side[rows] == sgn, 2.0 * step, step)
         nxt = e - step
         # a step too small to cut the bracket: step over the root, to close it from the other side
-        small = np.abs(step) <= 0.5 * EPS_RTOL * u
-        nxt = np.where(small, nxt + sgn * 0.5 * EPS_RTOL * u, nxt)
+        small = np.abs(step) <= 0.5 * EPS_RTOL * up
+        nxt = np.where(small, nxt + sgn * 0.5 * EPS_RTOL * up, nxt)
         width = hi[rows] - lo[rows]
-        sl = np.where(u - l > 0.5 * width, slow[rows] + 1, 0)
-        ok = np.isfinite(nxt) & (nxt > l) & (nxt < u) & (sl < 3)
-        nxt = np.where(ok, nxt, 0.5 * (l + u))
+        sl = np.where(up - low > 0.5 * width, slow[rows] + 1, 0)
+        ok = np.isfinite(nxt) & (nxt > low) & (nxt < up) & (sl < 3)
+        nxt = np.where(ok, nxt, 0.5 * (low + up))
         slow[rows] = np.where(ok, sl, 0)
         side[rows] = np.where(ok, sgn, 0.0)
-        lo[rows], hi[rows], eps[rows] = l, u, nxt
-        active[rows] = (u - l) > EPS_RTOL * u
+        lo[rows], hi[rows], eps[rows] = low, up, nxt
+        active[rows] = (up - low) > EPS_RTOL * up
     return hi

@@ -133,7 +133,7 @@ def bucket_risk(buckets: list[Bucket], shifts: np.ndarray, eps: np.ndarray | Non
         eps_i[take], which[take] = e[take], k
         if delta is not None:
             if b.model.kernel != "laplace":  # below the tolerance δ_i is reported as 0
-                d = np.where(d <= risk.GAUSSIAN_TOL, 0.0, d)
+                d = np.where(d <= risk.EPS_TOLERANCE, 0.0, d)
             delta = np.maximum(delta, d)
     return eps_i, delta, which, per
 

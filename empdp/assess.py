@@ -117,7 +117,7 @@ class _Accumulator:
     def add(self, codes: np.ndarray, d: np.ndarray) -> None:
         """Add the δ_i of ``codes`` (NaN: positive, not computed; see :meth:`needed`)."""
         if self.kernel == "gaussian":
-            d[d <= risk.GAUSSIAN_TOL] = 0.0  # below the stated tolerance: reported as 0
+            d[d <= risk.EPS_TOLERANCE] = 0.0  # below the stated tolerance: reported as 0
         if not len(codes):
             return
         skipped = np.isnan(d)
@@ -159,7 +159,8 @@ class Assessment:
         Individuals with δ_i(ε) > 0 (sole contributors included).
     eps_all : float
         max_i ε_i over individuals whose leave-one-out is defined: every such
-        individual is protected (δ_i = 0) from here on. Sole contributors can
+        individual is protected (δ_i = 0) from here on (Gaussian kernels: δ_i ≤
+        ``eps_tolerance`` from here on; nobody is "protected" exactly). Sole contributors can
         never be protected (ε_i = ∞) and are counted in ``sole_contributors``.
     individuals : polars.DataFrame
         One row per individual: the id column, ``eps_i`` (exact for every
@@ -205,7 +206,7 @@ class Assessment:
     def eps_tolerance(self) -> float:
         """τ in the definition of ε_i: 0 for Laplace kernels (δ_i(ε) = 0 exactly for ε ≥ ε_i); for
         Gaussian kernels ε_i is the smallest ε with δ_i(ε) ≤ τ (their log-ratio is unbounded)."""
-        return 0.0 if self.model.kernel == "laplace" else float(risk.GAUSSIAN_TOL)
+        return 0.0 if self.model.kernel == "laplace" else float(risk.EPS_TOLERANCE)
 
     def riskiest(self, k: int = 10, epsilon: float | None = None) -> pl.DataFrame:
         """The ``k`` riskiest individuals at ``epsilon`` (default: the smallest assessed ε).
@@ -255,7 +256,7 @@ class Assessment:
                     e, d = risk.evaluate(self.model, shifts, np.array([eps]))
             out_eps[ok], out_delta[ok] = e, d[:, 0]
             if self.model.kernel != "laplace":
-                out_delta[ok] = np.where(out_delta[ok] <= risk.GAUSSIAN_TOL, 0.0, out_delta[ok])
+                out_delta[ok] = np.where(out_delta[ok] <= risk.EPS_TOLERANCE, 0.0, out_delta[ok])
         return out_eps, out_delta
 
     def shifts_of(self, ids) -> np.ndarray:
@@ -471,7 +472,7 @@ class _Evaluation:
         self.definable = np.flatnonzero(~self.undefined)
         self.eps_i = np.full(m, np.nan)
         self.eps_i[self.undefined] = np.inf
-        self.eps_bound = risk.eps_upper_bound(model, screen.bound)
+        self.eps_bound = risk.eps_upper_bound(model, screen.bound, screen.n_present)
         self.eps_bound[self.undefined] = np.inf
         # each evaluation in flight holds its own grid: they share the memory limit, and a grid that
         # cannot fit is refused with the reason (the query values' span in bandwidths) before it is built
@@ -540,7 +541,7 @@ class _Evaluation:
             need = screen.bound > eps_min
         else:
             need = risk.delta_upper_bound("gaussian", eps_min, screen.bound, screen.n_present,
-                                          self.n) > risk.GAUSSIAN_TOL
+                                          self.n) > risk.EPS_TOLERANCE
         return np.flatnonzero(need & ~self.undefined)
 
     # ------------------------------------------------------------ evaluation

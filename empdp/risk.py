@@ -44,8 +44,8 @@ import numpy as np
 from scipy.special import log_ndtr, ndtr
 
 from . import _gaussian, _laplace
-from .errors import InputError
 from .density import DensityModel, kernel_terms
+from .errors import InputError
 
 #: τ: for Gaussian kernels ε_i is the smallest ε with δ_i(ε) ≤ τ, and δ_i ≤ τ is reported as 0
 EPS_TOLERANCE = 1e-12
@@ -256,10 +256,9 @@ def _evaluate(model: DensityModel, x: np.ndarray, kinks: np.ndarray) -> _Nodes:
     q, b, kern = model.points, model.bandwidths, model.kernel
     acc = {f: np.zeros(x.shape) for f in _Nodes.FIELDS[1:]}
     for j in range(len(q)):
-        v, dr, dl, c = kernel_terms(kern, x - q[j], b[j])
-        acc["p"] += v; acc["pr"] += dr; acc["pl"] += dl; acc["F"] += c
-        v, dr, dl, c = kernel_terms(kern, x - kinks[:, j:j + 1], b[j])
-        acc["pi"] += v; acc["pir"] += dr; acc["pil"] += dl; acc["Fi"] += c
+        for names, u in ((("p", "pr", "pl", "F"), x - q[j]), (("pi", "pir", "pil", "Fi"), x - kinks[:, j:j + 1])):
+            for name, term in zip(names, kernel_terms(kern, u, b[j])):
+                acc[name] += term
     n = len(q)
     return _Nodes(x=x, **{f: a / n for f, a in acc.items()})
 

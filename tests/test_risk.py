@@ -1,14 +1,14 @@
-"""δ_i and ε_i against a brute-force dense-grid reference (SPEC 4.1), screening, invariants."""
+"""δ_i and ε_i against a brute-force dense-grid reference (docs/method.md#41-per-individual-risk), screening, invariants."""
 
 import numpy as np
 import pytest
+from reference import brute_force_risk
 
+from empdp import risk
 from empdp.assess import assess
 from empdp.density import DensityModel, select_density
 from empdp.loo import leave_one_out
-from empdp import risk
 from empdp.risk import delta_upper_bound, evaluate, term_delta, total_risk
-from reference import brute_force_risk
 
 EPS = np.array([0.0, 0.02, 0.1, 0.25, 0.5, 1.0, 2.0])
 
@@ -122,7 +122,9 @@ def test_term_delta_against_quadrature(kernel, eps, mu):
     from scipy import integrate, stats
 
     dist = stats.laplace if kernel == "laplace" else stats.norm
-    f = lambda x: max(dist.pdf(x) - np.exp(eps) * dist.pdf(x - mu), 0.0)
+    def f(x):
+        return max(dist.pdf(x) - np.exp(eps) * dist.pdf(x - mu), 0.0)
+
     ref = integrate.quad(f, -40, 40, points=[0.0, mu], limit=500, epsabs=1e-13)[0]
     assert term_delta(kernel, eps, mu) == pytest.approx(ref, abs=1e-9)
 
@@ -263,7 +265,6 @@ def test_cubic_roots_of_hermite_models(monkeypatch):
 def test_levels_left_out_keep_the_sign_and_the_rows_above_the_cap():
     """``only``/``cap``: δ_i at the ε kept as before; at the others NaN exactly where δ_i > 0, except
     for rows whose δ_i at the smallest ε exceeds the cap there, which get their δ_i."""
-    from empdp import risk
 
     rng = np.random.default_rng(14)
     q = np.sort(rng.normal(0, 1, 50))
