@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-
-def _fmt(v, digits=4) -> str:
-    if v is None:
-        return "-"
-    v = float(v)
-    if math.isinf(v):
-        return "inf"
-    if math.isnan(v):
-        return "-"
-    if v == 0:
-        return "0"
-    return f"{v:.{digits}g}"
+from empdp.textfmt import fmt as _fmt
 
 
 def print_assessment(result, out: str | None = None, report: str | None = None, show_id=str, top: int = 10,

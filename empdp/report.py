@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 
 from .errors import InputError
 from .io import atomic_path, keyed_hash
+from .textfmt import DIGITS, fmt
 
 #: ids of the sections always present, in page order
 SECTIONS = ("summary", "risk-curves", "at-risk", "riskiest", "densities", "representativeness")
@@ -82,23 +83,9 @@ def _id_formatter(hash_ids) -> Callable[[Any], str]:
     return lambda v: keyed_hash(v, key)
 
 
-def _fmt(v, digits: int = 4) -> str:
-    """A number for humans: ``∞``, ``–`` for missing, else ``digits`` significant digits."""
-    if v is None:
-        return "–"
-    if isinstance(v, (bool, np.bool_)):
-        return "yes" if v else "no"
-    if isinstance(v, (int, np.integer)):
-        return f"{int(v):,}"
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        return str(v)
-    if math.isnan(v):
-        return "–"
-    if math.isinf(v):
-        return "∞" if v > 0 else "−∞"
-    return "0" if v == 0 else f"{v:.{digits}g}"
+def _fmt(v, digits: int = DIGITS) -> str:
+    """A number for humans in the report: ``∞``, ``–`` for missing (:func:`empdp.textfmt.fmt`)."""
+    return fmt(v, digits, missing="–", infinity="∞")
 
 
 def _inf_if_none(v):

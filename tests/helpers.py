@@ -1,0 +1,29 @@
+"""Helpers shared by the CLI tests: run a command in-process, check a one-line error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from empdp.cli.main import cli
+
+SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
+#: the sample's id, database and query options
+QUERY = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]
+
+
+def run(*args, env: dict | None = None):
+    """``empdp ARGS...`` in-process (arguments may be numbers or paths); exceptions propagate."""
+    return CliRunner().invoke(cli, [str(a) for a in args], env=env, catch_exceptions=False)
+
+
+def one_line_error(res, *fragments: str, code: int = 2) -> str:
+    """Bad input: exit ``code``, exactly one 'Error: ' line holding every fragment, no traceback."""
+    assert res.exit_code == code, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), res.output
+    assert "Traceback" not in res.output and "internal error" not in res.output, res.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
