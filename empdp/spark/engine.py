@@ -217,7 +217,9 @@ class SparkEngine(LooEngine):
             base = base.select("__j", "__i", xc.alias("__xc"))
             parts = [F.count("__xc").cast("double").alias("c"), F.coalesce(F.sum("__xc"), F.lit(0.0)).alias("s"),
                      F.coalesce(F.sum(F.col("__xc") * F.col("__xc")), F.lit(0.0)).alias("ss")]
-        p = base.groupBy("__j", "__i").agg(*parts)
+        # partitioned by id once: the GROUP BY (database, id), the screen's GROUP BY id and the
+        # candidates' joins then need no further shuffle of the pairs
+        p = base.repartition("__i").groupBy("__j", "__i").agg(*parts)
         T = {k: _at(v) for k, v in t.items()}
         P = {k: F.col(k) for k in p.columns}
         if form == "count":
