@@ -36,7 +36,9 @@ def setup_logging(verbose: int, quiet: bool, debug: bool) -> None:
     level = logging.WARNING if quiet or not verbose else logging.DEBUG if verbose > 1 else logging.INFO
     root = logging.getLogger("empdp")
     handler = logging.StreamHandler(sys.stderr)  # the stderr of this call (CliRunner swaps it)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    # the level first (grep-able), then the wall-clock time, so a slow stage shows where the time went
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s.%(msecs)03d %(name)s: %(message)s",
+                                           datefmt="%H:%M:%S"))
     before = root.level, root.propagate
     root.addHandler(handler)
     root.setLevel(level)
@@ -129,12 +131,19 @@ def progress_bars(enabled: bool, logger: logging.Logger | None = None):
             stages.close()
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     # the terminal check is ours (above), so rich need not repeat it on a wrapped stream
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=Console(stderr=True, force_terminal=True),
-                  transient=True) as bars:
+                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                  console=Console(stderr=True, force_terminal=True), transient=True) as bars:
         tasks: dict = {}
 
         def update(stage: str, done: int, total: int) -> None:

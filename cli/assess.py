@@ -8,6 +8,7 @@ import time
 import click
 import polars as pl
 
+from empdp import query as query_forms
 from empdp.assess import assess
 from empdp.errors import InputError
 from empdp.io import keyed_hash, load_hash_key, output_batch, refuse_overwrite
@@ -30,8 +31,7 @@ def query_options(f):
     f = click.option("--sql", help="Generic query over the table 'db' (one database), e.g. "
                                    "\"SELECT avg(x) FROM db WHERE y > 0\".")(f)
     f = click.option("--where", help="SQL filter applied before the aggregate, e.g. \"age >= 18\".")(f)
-    f = click.option("--query", "query", help="count(*), sum(x), mean(x), var(x), std(x), sum(a)/sum(b), "
-                                              "min(x), max(x), median(x) or quantile(x, q).")(f)
+    f = click.option("--query", "query", metavar="QUERY", help=f"One of {query_forms.HELP}.")(f)
     f = click.option("--by", required=True, help="Column naming the database (year, month, file...).")(f)
     f = click.option("--id", "id_col", required=True, help="Column naming the individual.")(f)
     f = click.argument("source")(f)
@@ -56,8 +56,9 @@ def query_options(f):
 @click.option("--buckets", type=int, default=None,
               help="Cut the databases into this many groups by the adversary statistic (default: as many as "
                    "keep 10 databases each, at most 5).")
-@click.option("--out", "out", help="Write one row per individual to FILE.parquet or FILE.csv (mode 0600).")
-@click.option("--report", "report", help="Write a self-contained HTML report to FILE.html (mode 0600).")
+@click.option("-o", "--output", "--out", "out", metavar="FILE",
+              help="Write one row per individual to FILE.parquet or FILE.csv (mode 0600).")
+@click.option("--report", "report", metavar="FILE", help="Write a self-contained HTML report to FILE.html (mode 0600).")
 @extras_options
 @click.option("--save-result", "save_result", metavar="FILE.json",
               help="Keep the result for 'empdp report' (summary, model, sweep, riskiest rows and their shifts; "
@@ -66,7 +67,7 @@ def query_options(f):
 @click.option("--without-shifts", is_flag=True,
               help="With --save-result: leave out the shift rows (the report then has no density plots).")
 @click.option("--hash-ids", is_flag=True, help="Replace ids by a keyed hash (HMAC-SHA256) in every output.")
-@click.option("--hash-key-file", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
+@click.option("--hash-key-file", metavar="FILE", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB (spills to disk beyond it; "
                                      "default: 4GB or 40% of memory, whichever is smaller).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,

@@ -49,12 +49,12 @@ def check_epsilon(epsilon: float | None) -> None:
 
 @click.command("report")
 @click.argument("result")
-@click.option("-o", "--output", required=True, help="Write the HTML report to this FILE.html (mode 0600).")
+@click.option("-o", "--output", required=True, metavar="FILE", help="Write the HTML report to FILE.html (mode 0600).")
 @extras_options
 @click.option("--epsilon", "-e", type=float, help="The ε to mark and to evaluate the table at "
                                                   "(default: the smallest assessed ε).")
 @click.option("--hash-ids", is_flag=True, help="Replace ids by a keyed hash (HMAC-SHA256) in the report.")
-@click.option("--hash-key-file", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
+@click.option("--hash-key-file", metavar="FILE", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
 @output_options
 def report(result, output, calibration, audit, epsilon, hash_ids, hash_key_file, as_json, quiet, verbose, debug):
     """The HTML report of an assessment saved with 'empdp assess --save-result'.

@@ -508,7 +508,8 @@ class _Evaluation:
             live = len(order) if exhaustive else int(np.searchsorted(falling, -eps_all, side="left"))
             end = min(pos + batch, live)
             todo = order[pos:end]
-            self.run(todo[np.isnan(eps_i[todo])], self.eps is not None, "eps_all")
+            # one bar for the whole search: done so far out of the rows that can still raise ε_all
+            self.run(todo[np.isnan(eps_i[todo])], self.eps is not None, "eps_all", shown=(pos, live))
             eps_all = max(eps_all, float(np.nanmax(eps_i[order[:end]], initial=0.0)))
             pos, batch = end, batch * 2
         self.eps_all = eps_all
@@ -546,13 +547,17 @@ class _Evaluation:
 
     # ------------------------------------------------------------ evaluation
     def run(self, codes: np.ndarray, with_delta: bool, stage: str, release: bool = False,
-            need_eps_i: bool = True) -> None:
+            need_eps_i: bool = True, shown: tuple[int, int] | None = None) -> None:
         """Exact ε_i (and δ_i at ``eps``) for ``codes``: one scan per fetch chunk, one grid per batch.
 
         With ``need_eps_i=False`` only δ_i is computed (ε_i stays NaN), and only for the
-        individuals whose bounds do not certify ε_i ≤ min(eps).
+        individuals whose bounds do not certify ε_i ≤ min(eps). ``shown`` = (rows done before,
+        rows in the whole stage) when ``codes`` is one batch of a longer stage.
         """
         cache, done = self.cache, 0
+        offset, total = shown if shown is not None else (0, len(codes))
+        total = max(total, offset + len(codes))
+        self.progress(stage, offset, total)
         for a in range(0, len(codes), cache.capacity):
             chunk = codes[a:a + cache.capacity]
             cache.prefetch(chunk)
@@ -562,12 +567,12 @@ class _Evaluation:
             for k, block in enumerate(blocks):
                 while pending and pending[0][0] < k - LAG_BLOCKS:
                     _, b, res = pending.popleft()
-                    done = self._add(b, res.result(), with_delta, stage, done, len(codes))
+                    done = self._add(b, res.result(), with_delta, stage, done, offset, total)
                 needed = self.acc.needed() if with_delta else None  # the δ_i this block needs
                 # the cache is only read while blocks are evaluated
                 pending.append((k, block, self._submit(len(codes), block, with_delta, need_eps_i, needed)))
             for _, b, res in pending:
-                done = self._add(b, res.result(), with_delta, stage, done, len(codes))
+                done = self._add(b, res.result(), with_delta, stage, done, offset, total)
             if release:
                 cache.keep(codes[a + cache.capacity:])
 
@@ -576,7 +581,8 @@ class _Evaluation:
         return self.executors.submit(rows, lambda: self.cache.take(block), self.eps if with_delta else None,
                                      need_eps_i, only, cap)
 
-    def _add(self, block: np.ndarray, result, with_delta: bool, stage: str, done: int, total: int) -> int:
+    def _add(self, block: np.ndarray, result, with_delta: bool, stage: str, done: int, offset: int,
+             total: int) -> int:
         e_i, d, ex = result
         # a δ-only evaluation (NaN ε_i) keeps the exact ε_i the ε_all search found
         self.eps_i[block] = np.where(np.isnan(e_i), self.eps_i[block], e_i)
@@ -585,7 +591,7 @@ class _Evaluation:
             self.acc.add(block, d)
             self.evaluated_delta[block] = True
         done += len(block)
-        self.progress(stage, done, total)
+        self.progress(stage, offset + done, total)
         return done
 
     # ---------------------------------------------------------------- summary

@@ -82,7 +82,15 @@ def test_no_bars_when_stderr_is_not_a_terminal():
 
 # ------------------------------------------------------------------ -v logging
 def _lines(text: str, level: str) -> list[str]:
-    return [ln for ln in text.splitlines() if ln.startswith(level + " ")]
+    """The lines of ``level``, without their timestamp ('INFO 12:34:56.789 empdp.cli: ...')."""
+    stamp = re.compile(r"^(\w+) \d\d:\d\d:\d\d\.\d{3} ")
+    return [stamp.sub(r"\1 ", ln) for ln in text.splitlines() if ln.startswith(level + " ")]
+
+
+def test_log_lines_carry_a_timestamp():
+    res = run([*ASSESS, "-e", "0.05", "--json", "-v"])
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("INFO ")]
+    assert lines and all(re.match(r"INFO \d\d:\d\d:\d\d\.\d{3} empdp", ln) for ln in lines), lines
 
 
 def test_verbose_assess_logs_stages_and_facts_on_stderr_only():
