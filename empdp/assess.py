@@ -57,10 +57,8 @@ def _check_threads(threads) -> int:
 
 def _memory_limit(engine: LooEngine) -> int:
     """The memory limit in bytes: ``--memory-limit``, else its default (DuckDB's setting holds either)."""
-    try:
-        limit = _memory_limit_bytes(engine.panel.con)
-    except Exception:  # noqa: BLE001 - an engine without a DuckDB connection: the default
-        limit = 0
+    con = getattr(engine.panel, "con", None)  # an engine of another kind (Spark) has no DuckDB connection
+    limit = _memory_limit_bytes(con) if con is not None else 0
     return limit or DEFAULT_MEMORY_LIMIT
 
 
@@ -116,8 +114,8 @@ class _Accumulator:
 
     def add(self, codes: np.ndarray, d: np.ndarray) -> None:
         """Add the δ_i of ``codes`` (NaN: positive, not computed; see :meth:`needed`)."""
-        if self.kernel == "gaussian":
-            d[d <= risk.EPS_TOLERANCE] = 0.0  # below the stated tolerance: reported as 0
+        if self.kernel == "gaussian":  # below the stated tolerance: reported as 0 (the caller's array kept)
+            d = np.where(d <= risk.EPS_TOLERANCE, 0.0, d)
         if not len(codes):
             return
         skipped = np.isnan(d)
