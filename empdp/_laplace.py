@@ -148,12 +148,15 @@ class GridPlan:
         self.curvature = cell_curvature(q, b, grid, self.E)
         self.at_q = self.curvature[-1]  # grid index of each q_l
 
-    def shared_at(self, x: np.ndarray):
+    def shared_at(self, x: np.ndarray, cells: np.ndarray | None = None):
         """p̂'s value, slopes and CDF at points x (C, m) from the grid's Taylor series (exact to 1e-15).
 
         Points in cells where the series is not accurate enough are evaluated directly.
+        ``cells``, when known: ``searchsorted(grid, x, side="right") − 1``.
         """
-        g = np.clip(np.searchsorted(self.x, x, side="right") - 1, 0, self.G - 1)
+        if cells is None:
+            cells = np.searchsorted(self.x, x, side="right") - 1
+        g = np.clip(cells, 0, self.G - 1)
         t = x - self.x[g]
         K, c = TAYLOR_TERMS, self.taylor  # c[k, g] = p̂^(k)(x_g+) / k!
         top = c[K][g]
@@ -473,7 +476,7 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     if not len(kr):
         return {f: np.broadcast_to(a, (C, G)).copy() for f, a in base.items()}, rows, K
     kx = kinks[kr, kc]
-    kv = [a[:, 0] for a in plan.shared_at(kx[:, None])]
+    kv = [a[:, 0] for a in plan.shared_at(kx[:, None], g[kr, kc][:, None])]
     if plan.uniform:  # the row's own kinks, by running sums over them
         kvi = [a[kr, kc] for a in uniform_kink_values(kinks, b[0])]
     else:
