@@ -1,11 +1,14 @@
 """Noise calibration and release (docs/method.md#8-calibration-and-release): exact λ*, deconvolution, secure sampling, ledger.
 
 Modules, in data-flow order: :mod:`.exact` (ε_i(λ) and λ*), :mod:`.deconv`
-(the noise h), :mod:`.sampler` (secure exact draws), :mod:`.ledger`
-(append-only record and budget), :mod:`.calibration` (the user-facing object).
+(the noise h), :mod:`.compute` (calibrate: the steps from the data to the noise),
+:mod:`.calibration` (the result: its file, its signature, its releases),
+:mod:`.sampler` (secure exact draws), :mod:`.ledger` (append-only record and
+budget).
 """
 
-from .calibration import Calibration, calibrate, calibrate_values, query_value
+from .calibration import Calibration
+from .compute import calibrate, calibrate_values, query_value
 from .deconv import NoiseSpec, fourier_deconvolve, gaussian_fallback, laplace_closed_form
 from .exact import hausdorff_distance, laplace_kde_eps, minimal_lambda, winf_distance
 from .ledger import Ledger, LedgerError

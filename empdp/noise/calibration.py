@@ -1,15 +1,11 @@
-"""Calibrate and release (docs/method.md#8-calibration-and-release): the least noise reaching a target ε, and its releases.
+"""The calibration (docs/method.md#8-calibration-and-release): a release mechanism, its file and its releases.
 
-:func:`calibrate` reads the source, runs the leave-one-out engine, fits the
-curator kernel and calls :func:`calibrate_values`, the pure numerical core:
-
-1. λ* = max_i min{λ : ε_i(λ) ≤ ε} exactly for Laplace KDEs (docs/method.md#82-the-minimal-scale-exact);
-2. the noise h with k ⋆ h = ℓ_λ* (Laplace kernel: closed form), or the
-   verified feasible-family fallback (Gaussian kernel; docs/method.md#83-deconvolution-the-noise-law);
-3. verification of max_i ε_i over the released density P̂ ⋆ k ⋆ h.
-
-The resulting :class:`Calibration` is saved as JSON, samples noise securely
-(docs/method.md#84-secure-sampling) and releases values through the ledger (docs/method.md#85-ledger-and-budget).
+A :class:`Calibration` is what :func:`~empdp.noise.compute.calibrate` computes: the
+least noise reaching a target ε. This module holds what a calibration *is*: its
+JSON file format (every field checked once, at the boundary; a digest against
+accidental edits; an HMAC under the curator key against forgery,
+docs/release-security.md), its secure noise (docs/method.md#84-secure-sampling)
+and its releases through the ledger (docs/method.md#85-ledger-and-budget).
 """
 
 from __future__ import annotations
@@ -20,30 +16,29 @@ import logging
 import math
 import numbers
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from ..errors import InputError
 from ..io import read_json, write_text
 from ..keys import KEY_ENV, key_id, mac, same
-from .deconv import KERNELS, fourier_deconvolve, gaussian_fallback, laplace_closed_form
-from .exact import MAX_EPSILON, laplace_kde_eps, minimal_lambda
+from ..textfmt import fmt
+from .deconv import KERNELS
+from .exact import MAX_EPSILON
 from .ledger import Ledger
 from .sampler import NoiseSampler
 
 FORMAT = "empdp-calibration/1"
-#: the curator kernel by default: it deconvolves in closed form (a Gaussian one needs the fallback)
-DEFAULT_KERNEL = "laplace"
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
 
 
-def _no_progress(stage: str, done: int, total: int) -> None:
+def no_progress(stage: str, done: int, total: int) -> None:
+    """The progress callback that shows nothing."""
     return None
+
 
 GUARANTEE = ("empirical differential privacy with respect to the distribution of the query over the "
              "databases, under the curator's density model (see the README); not classical DP")
@@ -287,7 +282,7 @@ class Calibration:
                       epsilon=self.epsilon, weight_zero=self.noise["weight_zero"], private=sampler.private,
                       noise_added=self.noise_added, calibration_digest=self.digest)
         fields["lambda"] = self.noise["scale"]
-        progress = progress or _no_progress
+        progress = progress or no_progress
         progress("noise and ledger", 0, 1)
         t0 = time.perf_counter()
         if ledger is None:
@@ -300,8 +295,8 @@ class Calibration:
             rec = book.append(fields, lambda: sampler.release(value), budget=budget)
             spent, left = rec["budget_spent"], rec["budget_left"]
         progress("noise and ledger", 1, 1)
-        log.info("released with epsilon %g (%s); ledger %s: %s spent, seq %s, in %.2f s", self.epsilon,
-                 "CSPRNG" if sampler.private else "seeded, NOT private", ledger, _g(spent), rec["seq"],
+        log.info("released with epsilon %s (%s); ledger %s: %s spent, seq %s, in %.2f s", fmt(self.epsilon),
+                 "CSPRNG" if sampler.private else "seeded, NOT private", ledger, fmt(spent), rec["seq"],
                  time.perf_counter() - t0)
         return {"value": rec["noisy_value"], "epsilon": self.epsilon, "budget_spent": spent,
                 "budget_left": left, "private": sampler.private, "noise_added": self.noise_added,
@@ -387,179 +382,3 @@ def _check_fields(d: dict, where: str) -> None:
     for key in ("n_bisected", "seconds"):
         if key in d:
             _number(d, key, where, integer=key == "n_bisected")
-
-
-def _g(v) -> str:
-    return "-" if v is None else f"{v:g}"
-
-
-def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
-                     undefined=None, density=None, progress: Progress | None = None) -> Calibration:
-    """Calibrate noise for query values ``q`` and leave-one-out ``shifts`` (docs/method.md#81-target-densities).
-
-    Parameters
-    ----------
-    q : (n,) array_like
-        f(X^j), the points of P̂.
-    shifts : (m, n) array_like
-        Δ_ij = f(X^j) − f(X^j ∖ i), 0 where i is absent; P̂_i = {q_j − Δ_ij}.
-    epsilon : float
-        Target empirical ε.
-    kernel, bandwidth :
-        Curator kernel choice, passed to :func:`empdp.density.select_density`
-        with fixed scale (``variable=False``), unless ``density`` is given.
-        The default Laplace kernel deconvolves in closed form; ``"auto"``
-        may pick a Gaussian one, which needs the verified fallback (docs/method.md#112-a-gaussian-curator-kernel-cannot-be-deconvolved).
-    undefined : (m,) bool array_like, optional
-        Sole contributors: excluded from λ* (no λ protects them), counted
-        and warned about.
-    progress : callable, optional
-        ``progress(stage, done, total)`` for the stages "density model",
-        "lambda search" and (Gaussian kernel) "Gaussian fallback".
-
-    Returns
-    -------
-    Calibration
-    """
-    t0 = time.perf_counter()
-    try:
-        epsilon = float(epsilon)
-    except (TypeError, ValueError):
-        raise InputError(f"--epsilon must be a positive number; got {epsilon!r}") from None
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise InputError(f"--epsilon must be a positive number; got {epsilon!r}")
-    q = np.asarray(q, dtype=float)
-    shifts = np.atleast_2d(np.asarray(shifts, dtype=float)).reshape(-1, q.size)
-    if not (np.isfinite(q).all() and np.isfinite(shifts).all()):
-        raise InputError("query values and leave-one-out shifts must be finite")
-    undefined = np.zeros(len(shifts), bool) if undefined is None else np.asarray(undefined, bool)
-    if len(undefined) and undefined.all():  # λ* would be 0 over nobody: a vacuous "no noise needed"
-        raise InputError(f"every individual ({len(undefined)}) is the only contributor to some database: "
-                         "removing any of them leaves a database empty, so no noise level can protect "
-                         "them and there is nothing to calibrate; use a source with several individuals "
-                         "per database")
-    progress = progress or _no_progress
-    if bandwidth == "variable":
-        raise InputError("--bandwidth variable is for assess only: no single noise law deconvolves kernels of "
-                         "different widths; calibrate with --bandwidth auto (the default, the model assess uses "
-                         "by default) or a number")
-    if density is None:
-        from ..density import select_density
-
-        t = time.perf_counter()
-        progress("density model", 0, 1)
-        density = select_density(q, kernel=kernel, bandwidth=bandwidth)
-        progress("density model", 1, 1)
-        log.info("curator kernel: %s, scale %.6g (%s, %d candidate(s), LOO log-likelihood %.6g) in %.2f s",
-                 density.kernel, density.scale, density.selected_by, len(density.candidates), density.loglik,
-                 time.perf_counter() - t)
-    kind, b = density.kernel, float(density.scale)
-    notes = []
-    if undefined.any():
-        notes.append(f"{int(undefined.sum())} sole contributor(s) (the only individual in some database) "
-                     "cannot be protected by any noise level: their presence alone is revealed; they are "
-                     "excluded from lambda")
-    # rows without any shift have ε_i = 0 at every λ
-    rows = ~undefined & (shifts != 0).any(axis=1)
-    B = q - shifts[rows]
-    t = time.perf_counter()
-    search = minimal_lambda(q, B, epsilon, progress=progress)
-    log.info("lambda* = %.6g (W-infinity bound %.6g, Hausdorff rule %.6g): %d of %d individuals evaluated, "
-             "in %.2f s", search.lam, search.lam_winf, search.lam_hausdorff, search.n_bisected, int(rows.sum()),
-             time.perf_counter() - t)
-    t = time.perf_counter()
-    if kind == "laplace":
-        # No noise exactly when the curator's own model P̂ ⋆ ℓ_b is ε-private for everyone: the
-        # question assess answers (nobody at risk at ε), decided on the same exact ε_i, not on
-        # b ≥ λ*, which holds only up to the bisection's tolerance. ε_i(λ) falls as λ grows
-        # (ℓ_λ' = ℓ_λ ⋆ h for λ' > λ, and smoothing both densities by h cannot raise their
-        # ratio), so otherwise λ* > b and the closed form applies.
-        at_b = laplace_kde_eps(q, B, b) if rows.any() else np.zeros(0)
-        if float(at_b.max(initial=0.0)) <= epsilon:
-            noise = laplace_closed_form(b, 0.0)
-            eps_max = float(at_b.max(initial=0.0))
-        else:
-            noise = laplace_closed_form(b, search.lam)
-            eps_max = float(search.eps.max(initial=0.0))
-        deconv = {"method": "closed form (Laplace kernel)", "feasible": True}
-    else:
-        check = fourier_deconvolve(kind, b, max(search.lam, b))
-        deconv = {"method": "feasible family w*delta_0 + (1-w)*Laplace(lambda') (Gaussian kernel)",
-                  "feasible": check.feasible, "reason": check.reason}
-        notes.append("a Gaussian curator kernel cannot be deconvolved (docs/method.md#112-a-gaussian-curator-kernel-cannot-be-deconvolved): " + check.reason
-                     + "; using the verified feasible-family fallback")
-        fb = gaussian_fallback(q, B, b, epsilon, search.lam, progress=progress)
-        noise, eps_max = fb.noise, fb.eps_max
-        deconv["grid_slack"] = fb.slack
-    log.info("noise: %s, weight at 0 %.4g, scale %.6g, E|y| %.6g; verified max eps_i %.6g (%s) in %.2f s",
-             noise.kind, noise.weight_zero, noise.scale, noise.expected_abs, eps_max, deconv["method"],
-             time.perf_counter() - t)
-    if noise.kind == "none":
-        notes.append("no noise is added: the curator's density model is already epsilon-private for every "
-                     "individual (assess with the same options finds nobody at risk at this epsilon), so the "
-                     "exact value is released")
-    if eps_max > epsilon:  # pragma: no cover - the searches verify before returning
-        raise RuntimeError(f"verification failed: max eps_i = {eps_max} > {epsilon}")
-    for note in notes:
-        warnings.warn(note, stacklevel=2)
-    return Calibration(
-        epsilon=epsilon, lam=search.lam, lam_hausdorff=search.lam_hausdorff, lam_winf=search.lam_winf,
-        curator_kernel={"kind": kind, "scale": b}, noise=noise.to_dict(),
-        expected_abs_noise=noise.expected_abs, verified_eps_max=eps_max,
-        n_individuals=int(len(shifts)), n_sole_contributors=int(undefined.sum()), n_databases=int(q.size),
-        deconvolution=deconv, n_bisected=search.n_bisected, seconds=time.perf_counter() - t0, warnings=notes)
-
-
-def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | None = None,
-              where: str | None = None, sql: str | None = None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
-              memory_limit: str | None = None, drop_null_ids: bool = False,
-              progress: Progress | None = None) -> Calibration:
-    """Calibrate release noise for ``query`` over the databases of ``source`` (docs/method.md#8-calibration-and-release).
-
-    Parameters mirror ``empdp calibrate``; see :func:`calibrate_values`. ``progress``
-    also gets the stage "reading and leave-one-out" (size unknown: total 0).
-    """
-    from ..loo import leave_one_out
-
-    progress = progress or _no_progress
-    t0 = time.perf_counter()
-    progress("reading and leave-one-out", 0, 0)
-    loo = leave_one_out(source, id=id, by=by, query=query, where=where, sql=sql,
-                        memory_limit=memory_limit, drop_null_ids=drop_null_ids)
-    progress("reading and leave-one-out", 1, 1)
-    log.info("read %s: %d databases, %d individuals (%d sole contributors), query %s, in %.2f s", loo.source,
-             loo.q.size, len(loo.shifts), int(np.sum(loo.undefined)), loo.query, time.perf_counter() - t0)
-    cal = calibrate_values(loo.q, loo.shifts, epsilon=epsilon, kernel=kernel, bandwidth=bandwidth,
-                           undefined=loo.undefined, progress=progress)
-    cal.source = str(source) if isinstance(source, (str, Path)) else None
-    cal.source_description, cal.query_description = loo.source, loo.query
-    cal.id, cal.by, cal.query, cal.where, cal.sql = id, by, query, where, sql
-    cal.seconds = time.perf_counter() - t0
-    return cal
-
-
-def query_value(cal: Calibration, source: Any, database: str, memory_limit: str | None = None,
-                progress: Progress | None = None) -> float:
-    """f(X) on database ``database`` of ``source`` with the calibration's query (for ``release``).
-
-    ``progress("reading", done, total)``: open the source, then compute the query.
-    """
-    from ..loo import make_engine
-
-    if cal.id is None or cal.by is None:
-        raise InputError("this calibration has no stored query (it was made from arrays); pass --value")
-    progress = progress or _no_progress
-    t0 = time.perf_counter()
-    progress("reading", 0, 2)
-    engine = make_engine(source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql,
-                         memory_limit=memory_limit)
-    progress("reading", 1, 2)
-    labels = [str(x) for x in engine.panel.labels]
-    if str(database) not in labels:
-        shown = ", ".join(labels[:10]) + (" ..." if len(labels) > 10 else "")
-        raise InputError(f"database {database!r} is not in {cal.by!r} of this source; it has: {shown}")
-    value = float(engine.values()[labels.index(str(database))])
-    progress("reading", 2, 2)
-    log.info("computed %s on database %s of %s (%d databases) in %.2f s", engine.query.describe(), database,
-             engine.panel.description, len(labels), time.perf_counter() - t0)
-    return value

@@ -1,0 +1,274 @@
+"""The calibrate computation (docs/method.md#8-calibration-and-release): the least noise that reaches a target ε.
+
+:func:`calibrate` reads the source, runs the leave-one-out engine and calls
+:func:`calibrate_values`, the pure numerical core, in named steps:
+
+1. :func:`_check_inputs`: ε, the query values, the shifts and the sole contributors;
+2. :func:`_curator_model`: the curator's fixed-scale KDE (docs/method.md#3-density-model);
+3. :func:`_lambda_search`: λ* = max_i min{λ : ε_i(λ) ≤ ε}, exactly (docs/method.md#82-the-minimal-scale-exact);
+4. :func:`_noise`: the noise h with k ⋆ h = ℓ_λ* in closed form (Laplace kernel), or the verified
+   feasible-family fallback (Gaussian kernel; docs/method.md#83-deconvolution-the-noise-law);
+5. :func:`_verify`: max_i ε_i over the released density P̂ ⋆ k ⋆ h is at most ε;
+6. the :class:`~empdp.noise.calibration.Calibration` that holds the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from ..textfmt import fmt
+from .calibration import Calibration, Progress, no_progress
+from .deconv import NoiseSpec, fourier_deconvolve, gaussian_fallback, laplace_closed_form
+from .exact import LambdaSearch, laplace_kde_eps, minimal_lambda
+
+#: the curator kernel by default: it deconvolves in closed form (a Gaussian one needs the fallback)
+DEFAULT_KERNEL = "laplace"
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """The checked inputs of :func:`calibrate_values`.
+
+    ``B`` holds the leave-one-out points P̂_i = {q_j − Δ_ij} of the individuals
+    that can be at risk: not sole contributors (no λ protects them) and with
+    some non-zero shift (the others have ε_i = 0 at every λ).
+    """
+
+    epsilon: float
+    q: np.ndarray
+    B: np.ndarray
+    n_individuals: int
+    n_sole: int
+
+
+@dataclass(frozen=True)
+class _NoiseStep:
+    """The noise h, the verified max_i ε_i of the release with it, and how it was found."""
+
+    noise: NoiseSpec
+    eps_max: float
+    deconvolution: dict
+    notes: list = field(default_factory=list)
+
+
+def _check_inputs(q, shifts, epsilon, undefined, bandwidth) -> _Inputs:
+    """Refuse bad input once, here, with one-line errors (docs/method.md#82-the-minimal-scale-exact)."""
+    try:
+        epsilon = float(epsilon)
+    except (TypeError, ValueError):
+        raise InputError(f"--epsilon must be a positive number; got {epsilon!r}") from None
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise InputError(f"--epsilon must be a positive number; got {epsilon!r}")
+    q = np.asarray(q, dtype=float)
+    shifts = np.atleast_2d(np.asarray(shifts, dtype=float)).reshape(-1, q.size)
+    if not (np.isfinite(q).all() and np.isfinite(shifts).all()):
+        raise InputError("query values and leave-one-out shifts must be finite")
+    undefined = np.zeros(len(shifts), bool) if undefined is None else np.asarray(undefined, bool)
+    if len(undefined) and undefined.all():  # λ* would be 0 over nobody: a vacuous "no noise needed"
+        raise InputError(f"every individual ({len(undefined)}) is the only contributor to some database: "
+                         "removing any of them leaves a database empty, so no noise level can protect "
+                         "them and there is nothing to calibrate; use a source with several individuals "
+                         "per database")
+    if bandwidth == "variable":
+        raise InputError("--bandwidth variable is for assess only: no single noise law deconvolves kernels of "
+                         "different widths; calibrate with --bandwidth auto (the default, the model assess uses "
+                         "by default) or a number")
+    rows = ~undefined & (shifts != 0).any(axis=1)
+    return _Inputs(epsilon, q, q - shifts[rows], int(len(shifts)), int(undefined.sum()))
+
+
+def _curator_model(q, kernel, bandwidth, progress: Progress):
+    """The curator's KDE of the query values, of one fixed scale (``variable=False``)."""
+    from ..density import select_density
+
+    t = time.perf_counter()
+    progress("density model", 0, 1)
+    density = select_density(q, kernel=kernel, bandwidth=bandwidth)
+    progress("density model", 1, 1)
+    log.info("curator kernel: %s, scale %s (%s, %d candidate(s), LOO log-likelihood %s) in %.2f s",
+             density.kernel, fmt(density.scale), density.selected_by, len(density.candidates), fmt(density.loglik),
+             time.perf_counter() - t)
+    return density
+
+
+def _lambda_search(inputs: _Inputs, progress: Progress) -> LambdaSearch:
+    """λ*, the least Laplace scale of the target densities P̂ ⋆ ℓ_λ, P̂_i ⋆ ℓ_λ with every ε_i ≤ ε."""
+    t = time.perf_counter()
+    search = minimal_lambda(inputs.q, inputs.B, inputs.epsilon, progress=progress)
+    log.info("lambda* = %s (W-infinity bound %s, Hausdorff rule %s): %d of %d individuals evaluated, in %.2f s",
+             fmt(search.lam), fmt(search.lam_winf), fmt(search.lam_hausdorff), search.n_bisected, len(inputs.B),
+             time.perf_counter() - t)
+    return search
+
+
+def _laplace_noise(inputs: _Inputs, b: float, search: LambdaSearch) -> _NoiseStep:
+    """Laplace curator kernel ℓ_b: no noise, or the closed form w·δ_0 + (1 − w)·ℓ_λ*, w = (b/λ*)²."""
+    q, B, epsilon = inputs.q, inputs.B, inputs.epsilon
+    # No noise exactly when the curator's own model P̂ ⋆ ℓ_b is ε-private for everyone: the
+    # question assess answers (nobody at risk at ε), decided on the same exact ε_i, not on
+    # b ≥ λ*, which holds only up to the bisection's tolerance. ε_i(λ) falls as λ grows
+    # (ℓ_λ' = ℓ_λ ⋆ h for λ' > λ, and smoothing both densities by h cannot raise their
+    # ratio), so otherwise λ* > b and the closed form applies.
+    at_b = laplace_kde_eps(q, B, b) if len(B) else np.zeros(0)
+    if float(at_b.max(initial=0.0)) <= epsilon:
+        noise = laplace_closed_form(b, 0.0)
+        eps_max = float(at_b.max(initial=0.0))
+    else:
+        noise = laplace_closed_form(b, search.lam)
+        eps_max = float(search.eps.max(initial=0.0))
+    return _NoiseStep(noise, eps_max, {"method": "closed form (Laplace kernel)", "feasible": True})
+
+
+def _gaussian_noise(inputs: _Inputs, kind: str, b: float, search: LambdaSearch, progress: Progress) -> _NoiseStep:
+    """A kernel that cannot be deconvolved: the least-E|y| verified member of w·δ_0 + (1 − w)·ℓ_λ′."""
+    check = fourier_deconvolve(kind, b, max(search.lam, b))
+    deconv = {"method": "feasible family w*delta_0 + (1-w)*Laplace(lambda') (Gaussian kernel)",
+              "feasible": check.feasible, "reason": check.reason}
+    note = ("a Gaussian curator kernel cannot be deconvolved "
+            "(docs/method.md#112-a-gaussian-curator-kernel-cannot-be-deconvolved): " + check.reason
+            + "; using the verified feasible-family fallback")
+    fb = gaussian_fallback(inputs.q, inputs.B, b, inputs.epsilon, search.lam, progress=progress)
+    deconv["grid_slack"] = fb.slack
+    return _NoiseStep(fb.noise, fb.eps_max, deconv, [note])
+
+
+def _noise(inputs: _Inputs, kind: str, b: float, search: LambdaSearch, progress: Progress) -> _NoiseStep:
+    """The release noise h for curator kernel ``kind`` of scale ``b`` (docs/method.md#83-deconvolution-the-noise-law)."""
+    t = time.perf_counter()
+    step = (_laplace_noise(inputs, b, search) if kind == "laplace"
+            else _gaussian_noise(inputs, kind, b, search, progress))
+    n = step.noise
+    log.info("noise: %s, weight at 0 %s, scale %s, E|y| %s; verified max eps_i %s (%s) in %.2f s", n.kind,
+             fmt(n.weight_zero), fmt(n.scale), fmt(n.expected_abs), fmt(step.eps_max), step.deconvolution["method"],
+             time.perf_counter() - t)
+    return step
+
+
+def _verify(step: _NoiseStep, epsilon: float) -> None:
+    """The searches verify before they return; a release above ε would be a bug, never a result."""
+    if step.eps_max > epsilon:  # pragma: no cover
+        raise RuntimeError(f"verification failed: max eps_i = {step.eps_max} > {epsilon}")
+
+
+def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
+                     undefined=None, density=None, progress: Progress | None = None) -> Calibration:
+    """Calibrate noise for query values ``q`` and leave-one-out ``shifts`` (docs/method.md#81-target-densities).
+
+    Parameters
+    ----------
+    q : (n,) array_like
+        f(X^j), the points of P̂.
+    shifts : (m, n) array_like
+        Δ_ij = f(X^j) − f(X^j ∖ i), 0 where i is absent; P̂_i = {q_j − Δ_ij}.
+    epsilon : float
+        Target empirical ε.
+    kernel, bandwidth :
+        Curator kernel choice, passed to :func:`empdp.density.select_density`
+        with fixed scale (``variable=False``), unless ``density`` is given.
+        The default Laplace kernel deconvolves in closed form; ``"auto"``
+        may pick a Gaussian one, which needs the verified fallback
+        (docs/method.md#112-a-gaussian-curator-kernel-cannot-be-deconvolved).
+    undefined : (m,) bool array_like, optional
+        Sole contributors: excluded from λ* (no λ protects them), counted
+        and warned about.
+    progress : callable, optional
+        ``progress(stage, done, total)`` for the stages "density model",
+        "lambda search" and (Gaussian kernel) "Gaussian fallback".
+
+    Returns
+    -------
+    Calibration
+    """
+    t0 = time.perf_counter()
+    inputs = _check_inputs(q, shifts, epsilon, undefined, bandwidth)
+    progress = progress or no_progress
+    if density is None:
+        density = _curator_model(inputs.q, kernel, bandwidth, progress)
+    kind, b = density.kernel, float(density.scale)
+    notes = []
+    if inputs.n_sole:
+        notes.append(f"{inputs.n_sole} sole contributor(s) (the only individual in some database) "
+                     "cannot be protected by any noise level: their presence alone is revealed; they are "
+                     "excluded from lambda")
+    search = _lambda_search(inputs, progress)
+    step = _noise(inputs, kind, b, search, progress)
+    notes += step.notes
+    if step.noise.kind == "none":
+        notes.append("no noise is added: the curator's density model is already epsilon-private for every "
+                     "individual (assess with the same options finds nobody at risk at this epsilon), so the "
+                     "exact value is released")
+    _verify(step, inputs.epsilon)
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    return Calibration(
+        epsilon=inputs.epsilon, lam=search.lam, lam_hausdorff=search.lam_hausdorff, lam_winf=search.lam_winf,
+        curator_kernel={"kind": kind, "scale": b}, noise=step.noise.to_dict(),
+        expected_abs_noise=step.noise.expected_abs, verified_eps_max=step.eps_max,
+        n_individuals=inputs.n_individuals, n_sole_contributors=inputs.n_sole, n_databases=int(inputs.q.size),
+        deconvolution=step.deconvolution, n_bisected=search.n_bisected, seconds=time.perf_counter() - t0,
+        warnings=notes)
+
+
+def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | None = None,
+              where: str | None = None, sql: str | None = None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
+              memory_limit: str | None = None, drop_null_ids: bool = False,
+              progress: Progress | None = None) -> Calibration:
+    """Calibrate release noise for ``query`` over the databases of ``source`` (docs/method.md#8-calibration-and-release).
+
+    Parameters mirror ``empdp calibrate``; see :func:`calibrate_values`. ``progress``
+    also gets the stage "reading and leave-one-out" (size unknown: total 0).
+    """
+    from ..loo import leave_one_out
+
+    progress = progress or no_progress
+    t0 = time.perf_counter()
+    progress("reading and leave-one-out", 0, 0)
+    loo = leave_one_out(source, id=id, by=by, query=query, where=where, sql=sql,
+                        memory_limit=memory_limit, drop_null_ids=drop_null_ids)
+    progress("reading and leave-one-out", 1, 1)
+    log.info("read %s: %d databases, %d individuals (%d sole contributors), query %s, in %.2f s", loo.source,
+             loo.q.size, len(loo.shifts), int(np.sum(loo.undefined)), loo.query, time.perf_counter() - t0)
+    cal = calibrate_values(loo.q, loo.shifts, epsilon=epsilon, kernel=kernel, bandwidth=bandwidth,
+                           undefined=loo.undefined, progress=progress)
+    cal.source = str(source) if isinstance(source, (str, Path)) else None
+    cal.source_description, cal.query_description = loo.source, loo.query
+    cal.id, cal.by, cal.query, cal.where, cal.sql = id, by, query, where, sql
+    cal.seconds = time.perf_counter() - t0
+    return cal
+
+
+def query_value(cal: Calibration, source: Any, database: str, memory_limit: str | None = None,
+                progress: Progress | None = None) -> float:
+    """f(X) on database ``database`` of ``source`` with the calibration's query (for ``release``).
+
+    ``progress("reading", done, total)``: open the source, then compute the query.
+    """
+    from ..loo import make_engine
+
+    if cal.id is None or cal.by is None:
+        raise InputError("this calibration has no stored query (it was made from arrays); pass --value")
+    progress = progress or no_progress
+    t0 = time.perf_counter()
+    progress("reading", 0, 2)
+    engine = make_engine(source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql,
+                         memory_limit=memory_limit)
+    progress("reading", 1, 2)
+    labels = [str(x) for x in engine.panel.labels]
+    if str(database) not in labels:
+        shown = ", ".join(labels[:10]) + (" ..." if len(labels) > 10 else "")
+        raise InputError(f"database {database!r} is not in {cal.by!r} of this source; it has: {shown}")
+    value = float(engine.values()[labels.index(str(database))])
+    progress("reading", 2, 2)
+    log.info("computed %s on database %s of %s (%d databases) in %.2f s", engine.query.describe(), database,
+             engine.panel.description, len(labels), time.perf_counter() - t0)
+    return value
