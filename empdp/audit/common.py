@@ -97,6 +97,24 @@ def continuous_dim(x: np.ndarray) -> int:
     return d
 
 
+#: How computing an exact reference value may fail on pairs it was not built for (a huge
+#: or degenerate pair: overflow, a log of 0, an outcome table too large for memory).
+EXACT_VALUE_FAILURES = (ArithmeticError, ValueError, MemoryError)
+
+
+def exact_or_none(compute, *args):
+    """``compute(*args)``, or None when it fails numerically (:data:`EXACT_VALUE_FAILURES`).
+
+    The exact values beside a bound are a convenience for checking it: the audit
+    reports them as unknown rather than fail. Any other exception is a bug and
+    propagates.
+    """
+    try:
+        return compute(*args)
+    except EXACT_VALUE_FAILURES:
+        return None
+
+
 def jsonable(value):
     """Turn numpy scalars/arrays and non-finite floats into JSON-ready values (inf/nan → None)."""
     if isinstance(value, dict):

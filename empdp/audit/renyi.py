@@ -43,14 +43,24 @@ import math
 import time
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from ..errors import InputError
-from .common import as_rng, check_level, check_order, check_size, continuous_dim, detect_discrete, draw, jsonable
+from .common import (
+    as_rng,
+    check_level,
+    check_order,
+    check_size,
+    continuous_dim,
+    detect_discrete,
+    draw,
+    exact_or_none,
+    jsonable,
+)
 from .kde import GAUSS_R, as_samples, binned_kde, categorize, frequencies, make_grid, rule_of_thumb
-from .mechanisms import load_mechanism
+from .mechanisms import Mechanism, load_mechanism
 from .pairs import resolve_pairs
 
 log = logging.getLogger("empdp.audit")
@@ -137,6 +147,16 @@ def _floor(z, tau, eta):
     return np.logaddexp(eta * z, eta * tau) / eta, _special().expit(eta * (z - tau))
 
 
+class Divergence(NamedTuple):
+    """D̂ and σ̂_D of one floored divergence, with what the warnings need."""
+
+    estimate: float
+    sigma: float
+    floor_share: float  # the fraction of T̂ from points where ĝ < τ (the floor binds there)
+    rel_se: float  # σ̂_T / T̂
+    corrected: bool  # the bias correction was applied
+
+
 def floored_divergence(f, g, weight, order: float, tau: float, eta: float, n: int, m: int,
                        var_densities=None, noise: float | None = None):
     """D̂ and σ̂_D from densities (or probabilities) f, g on common points with cell weights.
@@ -151,9 +171,7 @@ def floored_divergence(f, g, weight, order: float, tau: float, eta: float, n: in
     the correction is not applied: it would overshoot, by orders of magnitude at α ≥ 25.
     Sums run on a log scale (every term divided by the largest), so that high orders
     neither overflow nor underflow.
-    Returns (D̂, σ̂_D, floor_share, rel_se, corrected): floor_share is the fraction of T̂
-    from points where ĝ < τ (the floor binds there), rel_se = σ̂_T / T̂, and corrected
-    says whether the bias correction was applied.
+    Returns a :class:`Divergence` (D̂, σ̂_D, floor_share, rel_se, corrected).
     """
     a = order
     top, T, integrand, _, _ = _integral(f, g, weight, a, tau, eta)
@@ -180,7 +198,7 @@ def floored_divergence(f, g, weight, order: float, tau: float, eta: float, n: in
             corrected = True
     sigma_d = rel_se / (a - 1)
     share = float(np.sum(integrand * weight * (g < tau))) / T
-    return D, sigma_d, share, rel_se, corrected
+    return Divergence(D, sigma_d, share, rel_se, corrected)
 
 
 def _bias(f, g, scaled, weight, a, tau, eta, c, n, m):
@@ -270,6 +288,7 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
     order : α > 1.
     n : outputs per database.
     alpha : error level of the bound (P(LB ≤ D_α) ≈ 1 − alpha for large n).
+    rng : numpy Generator or seed (None: fresh randomness).
     tau, eta : floor of the denominator density and sharpness of the floor (default
         τ = 20/n for frequencies, 4·R(K)^d/(n Π h) for densities (≈ 2·10^-4 per unit
         output spread at n = 10^5), both times max(1, α(α − 1)/6); η = 10/τ).
@@ -279,6 +298,70 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
     bias_correction : remove the second-order bias of D̂ (module doc); False is docs/method.md#92-renyi-dp-lower-bound as written.
     progress : optional callback ``progress(stage, done, total)``.
     """
+    plan = _resolve(mechanism, pairs, order, n, alpha, params, tau, eta, discrete, bandwidth, undersmooth,
+                    grid_size, both_directions, bias_correction)
+    rng = as_rng(rng)
+    report = progress or _no_progress
+    candidates: list[dict] = []
+    if len(plan.pairs) * len(plan.directions) == 1:
+        selection, finalists = "single", [(0, True)]
+    else:
+        selection, finalists = "pilot", _pilot(plan, rng, report, candidates)
+    best = _final(plan, finalists, rng, report, candidates)
+    return _result(plan, best, selection, candidates)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The checked inputs of one Rényi run."""
+
+    mech: Mechanism
+    pairs: list
+    order: float
+    n: int
+    alpha: float
+    tau: float | None
+    eta: float | None
+    discrete: bool | None
+    bandwidth: object
+    undersmooth: float
+    grid_size: int
+    directions: tuple  # True: D_α(M(x) ‖ M(x′)); False: the reverse
+    bias_correction: bool
+
+    @property
+    def floor_growth(self) -> float:
+        """max(1, α(α − 1)/6): both floors grow with the order (FLOOR_ORDER_BASE)."""
+        return max(1.0, self.order * (self.order - 1) / FLOOR_ORDER_BASE)
+
+
+@dataclass
+class _Samples:
+    """One pair's outputs, ready to estimate: the estimator, bandwidths and floor they call for."""
+
+    discrete: bool
+    x: np.ndarray
+    y: np.ndarray
+    h: np.ndarray | None  # bandwidth of D̂ (densities)
+    h_var: np.ndarray | None  # bandwidth of σ̂ (densities)
+    tau: float
+    eta: float
+
+
+@dataclass
+class _Bound:
+    """A finalist's bound D̂ − z σ̂_D, with what the result and its warnings report."""
+
+    lower_bound: float
+    divergence: Divergence
+    pair_index: int
+    forward: bool
+    samples: _Samples
+
+
+def _resolve(mechanism, pairs, order, n, alpha, params, tau, eta, discrete, bandwidth, undersmooth, grid_size,
+             both_directions, bias_correction) -> _Plan:
+    """Check the inputs once."""
     mech = load_mechanism(mechanism, params)
     pairs = resolve_pairs(mech, pairs, "renyi")
     order = check_order(order)
@@ -288,104 +371,120 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
         raise InputError(f"tau must be a positive number, got {tau!r}")
     if eta is not None and not (isinstance(eta, (int, float)) and eta > 0):
         raise InputError(f"eta must be a positive number, got {eta!r}")
-    rng = as_rng(rng)
-    report = progress or (lambda stage, done, total: None)
-    directions = (True, False) if both_directions else (True,)
-    k_cand = len(pairs) * len(directions)
-    warnings: list[str] = []
+    return _Plan(mech=mech, pairs=pairs, order=order, n=n, alpha=alpha, tau=tau, eta=eta, discrete=discrete,
+                 bandwidth=bandwidth, undersmooth=undersmooth, grid_size=grid_size,
+                 directions=(True, False) if both_directions else (True,), bias_correction=bias_correction)
 
-    def sample(pair, size):
-        xs = draw(mech, pair[0], size, rng)
-        ys = draw(mech, pair[1], size, rng)
-        return xs, ys
 
-    grow = max(1.0, order * (order - 1) / FLOOR_ORDER_BASE)
-
-    def setup(xs, ys):
-        """(discrete, x, y, bandwidth for D̂, bandwidth for σ̂, floor τ) of one pair's outputs."""
-        disc = detect_discrete(np.concatenate([np.ravel(xs), np.ravel(ys)]), discrete)
-        x, y = as_samples(xs), as_samples(ys)
-        if disc:
-            return disc, x, y, None, None, (tau if tau is not None else TAU_COUNTS * grow / len(x))
+def _sample(plan: _Plan, pair, size: int, rng) -> _Samples:
+    """``size`` fresh outputs of each database of ``pair``, with the estimator settings they call for."""
+    xs = draw(plan.mech, pair[0], size, rng)
+    ys = draw(plan.mech, pair[1], size, rng)
+    disc = detect_discrete(np.concatenate([np.ravel(xs), np.ravel(ys)]), plan.discrete)
+    x, y = as_samples(xs), as_samples(ys)
+    h = h_var = None
+    if disc:
+        t = plan.tau if plan.tau is not None else TAU_COUNTS * plan.floor_growth / len(x)
+    else:
         x, y = x.astype(float), y.astype(float)
         d = continuous_dim(x)
-        if bandwidth is not None:
-            h = h_var = np.broadcast_to(np.asarray(bandwidth, float), (d,))
+        if plan.bandwidth is not None:
+            h = h_var = np.broadcast_to(np.asarray(plan.bandwidth, float), (d,))
         else:
-            h = (rule_of_thumb(x, undersmooth=undersmooth) + rule_of_thumb(y, undersmooth=undersmooth)) / 2
-            h_var = h * len(x) ** (undersmooth - VAR_UNDERSMOOTH)
-        t = tau if tau is not None else TAU_NOISE * grow * GAUSS_R ** d / (len(x) * float(np.prod(h)))
-        return disc, x, y, h, h_var, t
+            u = plan.undersmooth
+            h = (rule_of_thumb(x, undersmooth=u) + rule_of_thumb(y, undersmooth=u)) / 2
+            h_var = h * len(x) ** (u - VAR_UNDERSMOOTH)
+        t = plan.tau if plan.tau is not None else \
+            TAU_NOISE * plan.floor_growth * GAUSS_R ** d / (len(x) * float(np.prod(h)))
+    e = plan.eta if plan.eta is not None else ETA_FACTOR / t
+    return _Samples(disc, x, y, h, h_var, t, e)
 
-    candidates = []
+
+def _divergences(plan: _Plan, smp: _Samples, directions) -> list[Divergence]:
+    return _estimates(smp.x, smp.y, plan.order, smp.discrete, smp.tau, smp.eta, smp.h, plan.grid_size,
+                      directions, smp.h_var, plan.bias_correction)
+
+
+def _direction(forward: bool) -> str:
+    return "x||x'" if forward else "x'||x"
+
+
+def _pilot(plan: _Plan, rng, report, candidates: list) -> list:
+    """Every (pair, direction) on n/5 fresh outputs; the finalists, (pair index, forward) pairs:
+    those whose pilot D̂ ± PILOT_Z σ̂ reaches the best pilot lower end, at most MAX_FINALISTS."""
     t_start = time.perf_counter()
-    if k_cand == 1:
-        selection, finalists = "single", [(0, True)]
-    else:
-        selection = "pilot"
-        n_sel = max(50, n // 5)
-        stage = f"Renyi pilot: {len(pairs)} pairs x 2 x {n_sel:,} outputs"
-        report(stage, 0, len(pairs))
-        pilot = []
-        for b, pair in enumerate(pairs):
-            disc, x, y, h, hv, t = setup(*sample(pair, n_sel))
-            e = eta if eta is not None else ETA_FACTOR / t
-            for fwd, (D, s, *_) in zip(directions, _estimates(x, y, order, disc, t, e, h, grid_size,
-                                                             directions, hv, bias_correction)):
-                pilot.append((D, s, b, fwd))
-                candidates.append({"pair_index": b, "direction": "x||x'" if fwd else "x'||x",
-                                   "estimate": D, "sigma": s, "stage": "pilot"})
-            report(stage, b + 1, len(pairs))
-        floor_best = max(D - PILOT_Z * s for D, s, _, _ in pilot)
-        alive = sorted((c for c in pilot if c[0] + PILOT_Z * c[1] >= floor_best), key=lambda c: -c[0])
-        finalists = [(b, fwd) for _, _, b, fwd in alive[:MAX_FINALISTS]]
-        log.info("Renyi pilot: %d candidates from %d pairs x 2 x %d outputs in %.2f s; %d kept",
-                 len(pilot), len(pairs), n_sel, time.perf_counter() - t_start, len(finalists))
-    z = _normal_quantile(1 - alpha / len(finalists))
-    t_final = time.perf_counter()
+    pairs = plan.pairs
+    n_sel = max(50, plan.n // 5)
+    stage = f"Renyi pilot: {len(pairs)} pairs x 2 x {n_sel:,} outputs"
+    report(stage, 0, len(pairs))
+    pilot = []  # (D̂, σ̂, pair index, forward)
+    for b, pair in enumerate(pairs):
+        smp = _sample(plan, pair, n_sel, rng)
+        for fwd, div in zip(plan.directions, _divergences(plan, smp, plan.directions)):
+            pilot.append((div.estimate, div.sigma, b, fwd))
+            candidates.append({"pair_index": b, "direction": _direction(fwd),
+                               "estimate": div.estimate, "sigma": div.sigma, "stage": "pilot"})
+        report(stage, b + 1, len(pairs))
+    floor_best = max(D - PILOT_Z * s for D, s, _, _ in pilot)
+    alive = sorted((c for c in pilot if c[0] + PILOT_Z * c[1] >= floor_best), key=lambda c: -c[0])
+    finalists = [(b, fwd) for _, _, b, fwd in alive[:MAX_FINALISTS]]
+    log.info("Renyi pilot: %d candidates from %d pairs x 2 x %d outputs in %.2f s; %d kept",
+             len(pilot), len(pairs), n_sel, time.perf_counter() - t_start, len(finalists))
+    return finalists
+
+
+def _final(plan: _Plan, finalists: list, rng, report, candidates: list) -> _Bound:
+    """n fresh outputs per database for the finalists, which share the level (Bonferroni): the best bound."""
+    z = _normal_quantile(1 - plan.alpha / len(finalists))
+    t_start = time.perf_counter()
     final_pairs = sorted({b for b, _ in finalists})
-    stage = f"Renyi bound: {len(final_pairs)} pairs x 2 x {n:,} outputs"
+    stage = f"Renyi bound: {len(final_pairs)} pairs x 2 x {plan.n:,} outputs"
     report(stage, 0, len(final_pairs))
     best = None
     for k, b in enumerate(final_pairs):
-        dirs = tuple(fwd for fwd in directions if (b, fwd) in finalists)
-        disc, x, y, h, hv, t = setup(*sample(pairs[b], n))
-        e = eta if eta is not None else ETA_FACTOR / t
-        for fwd, (D, s, share, rel_se, corrected) in zip(
-                dirs, _estimates(x, y, order, disc, t, e, h, grid_size, dirs, hv, bias_correction)):
-            candidates.append({"pair_index": b, "direction": "x||x'" if fwd else "x'||x",
-                               "estimate": D, "sigma": s, "lower_bound": D - z * s, "stage": "final"})
-            if best is None or D - z * s > best[0]:
-                best = (D - z * s, D, s, b, fwd, disc, t, e, h, share, rel_se, corrected)
+        dirs = tuple(fwd for fwd in plan.directions if (b, fwd) in finalists)
+        smp = _sample(plan, plan.pairs[b], plan.n, rng)
+        for fwd, div in zip(dirs, _divergences(plan, smp, dirs)):
+            lb = div.estimate - z * div.sigma
+            candidates.append({"pair_index": b, "direction": _direction(fwd), "estimate": div.estimate,
+                               "sigma": div.sigma, "lower_bound": lb, "stage": "final"})
+            if best is None or lb > best.lower_bound:
+                best = _Bound(lb, div, b, fwd, smp)
         report(stage, k + 1, len(final_pairs))
     log.info("Renyi bound: %d candidate(s) at level alpha/%d, %d pairs x 2 x %d outputs, %s, in %.2f s",
-             len(finalists), len(finalists), len(final_pairs), n,
-             "frequencies" if best[5] else "binned KDE", time.perf_counter() - t_final)
+             len(finalists), len(finalists), len(final_pairs), plan.n,
+             "frequencies" if best.samples.discrete else "binned KDE", time.perf_counter() - t_start)
+    return best
 
-    lb, D, s, b, fwd, disc, t, e, h, share, rel_se, corrected = best
-    if rel_se > REL_SE_WARN or (bias_correction and not corrected):
-        warnings.append(f"the estimated integral has a relative standard error of {rel_se:.2g}: at order "
-                        f"{order:g} and n = {n:,} it rests on a few outputs, the normal approximation "
-                        "behind the bound is poor" + ("" if corrected or not bias_correction else
+
+def _result(plan: _Plan, best: _Bound, selection: str, candidates: list) -> RenyiResult:
+    """The best finalist's bound, its warnings and the exact value when known."""
+    div, smp = best.divergence, best.samples
+    warnings = []
+    if div.rel_se > REL_SE_WARN or (plan.bias_correction and not div.corrected):
+        warnings.append(f"the estimated integral has a relative standard error of {div.rel_se:.2g}: at order "
+                        f"{plan.order:g} and n = {plan.n:,} it rests on a few outputs, the normal approximation "
+                        "behind the bound is poor" + ("" if div.corrected or not plan.bias_correction else
                                                       " and the bias correction was not applied")
                         + "; increase n or lower the order")
-    if share > 0.05:
-        warnings.append(f"{share:.0%} of the estimated integral comes from outputs where the "
-                        f"denominator density is below the floor tau = {t:.3g}: the bound is loose "
+    if div.floor_share > 0.05:
+        warnings.append(f"{div.floor_share:.0%} of the estimated integral comes from outputs where the "
+                        f"denominator density is below the floor tau = {smp.tau:.3g}: the bound is loose "
                         "there; more samples would tighten it (docs/method.md#115-the-audits-are-asymptotic)")
-    x_db, y_db = pairs[b]
-    pair = (x_db, y_db) if fwd else (y_db, x_db)
-    true_value = None
-    try:
-        true_value = mech.true_renyi_over(order, pairs, both_directions)
-    except Exception:  # exact values are a convenience; never fail the audit over them
-        true_value = None
+    x_db, y_db = plan.pairs[best.pair_index]
+    true_value = exact_or_none(plan.mech.true_renyi_over, plan.order, plan.pairs, len(plan.directions) == 2)
     return RenyiResult(
-        lower_bound=float(lb), estimate=float(D), order=order, pair=pair, pair_index=b,
-        direction="x||x'" if fwd else "x'||x", sigma=float(s), n=n, alpha=alpha, discrete=disc,
-        tau=float(t), eta=float(e), bandwidth=None if h is None else [float(v) for v in h],
-        selection=selection, bias_corrected=bias_correction and corrected, true_value=true_value,
+        lower_bound=float(best.lower_bound), estimate=float(div.estimate), order=plan.order,
+        pair=(x_db, y_db) if best.forward else (y_db, x_db), pair_index=best.pair_index,
+        direction=_direction(best.forward), sigma=float(div.sigma), n=plan.n, alpha=plan.alpha,
+        discrete=smp.discrete, tau=float(smp.tau), eta=float(smp.eta),
+        bandwidth=None if smp.h is None else [float(v) for v in smp.h],
+        selection=selection, bias_corrected=plan.bias_correction and div.corrected, true_value=true_value,
         candidates=candidates, warnings=warnings)
+
+
+def _no_progress(stage: str, done: int, total: int) -> None:
+    pass
 
 
 def _normal_quantile(p: float) -> float:

@@ -1,0 +1,183 @@
+"""MPL stage 1, DPL (Askin, Kutta, Dette 2022, Alg. 3; docs/method.md#91-mpl-a-lower-bound-on-pure-dp-epsilon).
+
+On one pair of output samples: the truncated density estimates (frequencies
+or a binned KDE, floored at τ), the empirical loss ℓ̂(t) = |ln f̂_x(t) − ln f̂_x′(t)|
+over the region C, and the candidate t̂ (or likelihood-ratio event) that stage 2
+measures, chosen by the predicted stage-2 bound (module :mod:`empdp.audit.mpl`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import InputError
+from .common import continuous_dim
+from .kde import GAUSS_R, binned_kde, categorize, frequencies, grid_for, rule_of_thumb, scale_estimate
+
+if TYPE_CHECKING:
+    from .mpl import Plan
+
+#: Stage-1 standard errors subtracted from a candidate's predicted bound when choosing t̂
+#: (see ``_stage1_discrete`` and ``_stage1_continuous``); 0 gives the plain predicted bound.
+SELECT_PENALTY = 1.0
+
+
+@dataclass
+class Candidate:
+    """Stage 1 (DPL, Alg. 3) on one pair: its loss curve and its best point or event."""
+
+    score: float  # the selection criterion (predicted stage-2 bound, or the loss for "max")
+    t: np.ndarray  # the selected output t̂ (most extreme member of an event)
+    event: np.ndarray | None  # the outputs of a likelihood-ratio event, or None for a point
+    pts: np.ndarray  # the points of the loss curve
+    loss: np.ndarray
+    tau: float  # the floor used
+    box: tuple | None  # (lo, hi) corners of the region searched (continuous outputs)
+
+    @property
+    def estimate(self) -> float:
+        return float(self.loss.max())
+
+
+def check_region(region):
+    """The region C as a (2,) or (d, 2) float array; InputError unless finite with lo < hi."""
+    bad = InputError(f"region must be (lo, hi) or one (lo, hi) per output dimension, finite with "
+                     f"lo < hi, got {region!r}")
+    try:
+        arr = np.asarray(region, dtype=float)
+    except (ValueError, TypeError):
+        raise bad from None
+    if arr.shape[-1:] != (2,) or arr.ndim > 2 or arr.size == 0 or not np.all(np.isfinite(arr)) \
+            or np.any(arr[..., 0] >= arr[..., 1]):
+        raise bad
+    return arr
+
+
+def _region_bounds(region, d: int, pooled: np.ndarray | None):
+    """Lower and upper corners of the box C in d output dimensions ((lo, hi) applies to each)."""
+    if region is None:
+        return np.quantile(pooled, 0.005, axis=0), np.quantile(pooled, 0.995, axis=0)
+    arr = check_region(region)
+    if arr.shape == (2,):
+        arr = np.tile(arr, (d, 1))
+    if arr.shape != (d, 2):
+        raise InputError(f"region has {arr.shape[0]} (lo, hi) rows but the outputs have {d} dimensions; "
+                         f"give one (lo, hi) for all or one per dimension, got {region!r}")
+    return arr[:, 0], arr[:, 1]
+
+
+def _default_tau(discrete: bool, n: int, scale: np.ndarray) -> float:
+    """Floor τ: 20/n for frequencies, 10^-3 per unit of output scale for densities.
+
+    The paper uses τ = 10^-3 at n = 2·10^4 and 10^-4 at n = 10^5 (SVT); 20/n
+    gives 10^-3 and 2·10^-4. For densities the floor scales with 1/spread so
+    that it means the same for any unit of the output.
+    """
+    if discrete:
+        return 20.0 / n
+    return 1e-3 / float(np.prod(scale))
+
+
+def _stage1_continuous(x, y, h, lo, hi, tau, zc, c_n2):
+    """Loss on the grid points inside the box [lo, hi] and each point's selection criterion:
+    the predicted stage-2 bound, in 2-3 dimensions less SELECT_PENALTY stage-1 standard errors
+    (the winner's curse: thousands of grid points compete there and the noisiest tail points
+    won). In 1-d a few dozen bandwidths compete, and a penalty would only hold back the search
+    for growing losses in the tails that exposes mechanisms that are not pure DP."""
+    grid = grid_for([x, y], h, lo, hi)
+    fx = np.maximum(binned_kde(x, h, grid), tau)
+    fy = np.maximum(binned_kde(y, h, grid), tau)
+    pts = grid.points()
+    inside = np.all((pts >= lo - 1e-12) & (pts <= hi + 1e-12), axis=1)
+    fx, fy, pts = fx.ravel()[inside], fy.ravel()[inside], pts[inside]
+    loss = np.abs(np.log(fx) - np.log(fy))
+    sigma = np.sqrt(GAUSS_R ** x.shape[1] * (1 / fx + 1 / fy))
+    c_n1 = math.sqrt(len(x) * float(np.prod(h)))
+    penalty = SELECT_PENALTY if x.shape[1] > 1 else 0.0  # 1-d: a few dozen bandwidths compete, not thousands
+    return pts, loss, loss - (zc / c_n2 + penalty / c_n1) * sigma
+
+
+def sigma_discrete(fx, fy):
+    """σ̂ of ln f̂_x − ln f̂_x′ for frequencies (Askin et al. 2022, eq. 25): √(1/f_x + 1/f_x′ − 2)."""
+    return np.sqrt(np.maximum(1 / fx + 1 / fy - 2, 0.0))
+
+
+def _stage1_discrete(x, y, tau, zc, N, region, events: bool):
+    """Loss per observed output and the best candidate (point or likelihood-ratio event).
+
+    Returns (outputs (K, d), loss (K,), criterion of the best candidate, indices of
+    the outputs forming it). The criterion is the predicted stage-2 bound, less
+    ``SELECT_PENALTY`` stage-1 standard errors: among hundreds of candidates the
+    largest estimate is mostly noise when its mass is small (winner's curse).
+    """
+    cats, (cx, cy) = categorize(x, y)
+    k = len(cats)
+    px, py = frequencies(cx, k), frequencies(cy, k)
+    keep = np.ones(k, dtype=bool)
+    if region is not None:  # a box: every coordinate of an output within its (lo, hi)
+        lo, hi = _region_bounds(region, cats.shape[1], None)
+        keep = np.all((cats >= lo) & (cats <= hi), axis=1)
+        if not keep.any():
+            raise InputError(f"no observed output lies in the region {region!r} (for vector outputs, "
+                             "a box applied to every coordinate); widen it or omit it")
+    fx, fy = np.maximum(px, tau), np.maximum(py, tau)
+    ratio = np.log(fx) - np.log(fy)
+    loss = np.abs(ratio)
+    scale = zc / math.sqrt(N) + SELECT_PENALTY / math.sqrt(len(x))
+    crit = np.where(keep, loss - scale * sigma_discrete(fx, fy), -np.inf)
+    i = int(np.argmax(crit))
+    best_crit, members = float(crit[i]), np.array([i])
+    if events:
+        for sign in (1.0, -1.0):
+            order = np.argsort(-sign * ratio, kind="stable")
+            order = order[keep[order]]
+            ex, ey = np.maximum(np.cumsum(px[order]), tau), np.maximum(np.cumsum(py[order]), tau)
+            c = np.abs(np.log(ex) - np.log(ey)) - scale * sigma_discrete(ex, ey)
+            j = int(np.argmax(c))
+            if c[j] > best_crit:
+                best_crit, members = float(c[j]), order[:j + 1]
+    return cats, np.where(keep, loss, 0.0), best_crit, members
+
+
+def undersmoothed(h, N: int, n: int, d: int, gamma: float):
+    """Stage-2 bandwidth from a stage-1 one: rescaled from n to N outputs, times N^-γ (condition C4)."""
+    return h * (N / n) ** (-1.0 / (d + 4)) * N ** (-gamma)
+
+
+def dpl(x, y, is_discrete: bool, plan: Plan) -> Candidate:
+    """DPL on one pair (Alg. 3): the loss curve and the best candidate with its selection score.
+
+    ``plan`` is MPL's checked input (its floor, region, selection rule, bandwidth, N and z).
+    """
+    n = len(x)
+    members = None
+    if is_discrete:
+        t0 = plan.tau if plan.tau is not None else _default_tau(True, n, None)
+        pts, loss, crit, members = _stage1_discrete(x, y, t0, plan.zc, plan.N, plan.region, plan.events)
+        i = int(members[0]) if plan.selection == "lb" else int(np.argmax(loss))
+        score = crit if plan.selection == "lb" else float(loss[i])
+        box = None
+    else:
+        x, y = x.astype(float), y.astype(float)
+        d = continuous_dim(x)
+        pooled = np.vstack([x, y])
+        box = _region_bounds(plan.region, d, pooled)
+        h = (np.broadcast_to(np.asarray(plan.bandwidth, float), (d,)) if plan.bandwidth is not None
+             else (rule_of_thumb(x) + rule_of_thumb(y)) / 2)
+        t0 = plan.tau if plan.tau is not None else _default_tau(False, n, scale_estimate(pooled))
+        h2 = undersmoothed(h, plan.N, n, d, plan.undersmooth)
+        pts, loss, crit = _stage1_continuous(x, y, h, *box, t0, plan.zc, math.sqrt(plan.N * np.prod(h2)))
+        if len(pts) == 0:
+            raise InputError(f"the region {np.column_stack(box).tolist()} holds no evaluation point "
+                             "of the density estimate; widen it or omit it")
+        scores = crit if plan.selection == "lb" else loss
+        i = int(np.argmax(scores))
+        score = float(scores[i])
+    if members is None or plan.selection != "lb":
+        members = np.array([i])
+    return Candidate(score=score, t=pts[i], event=pts[members] if len(members) > 1 else None, pts=pts,
+                     loss=loss, tau=t0, box=box)
