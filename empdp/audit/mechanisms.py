@@ -1,5 +1,8 @@
 """Reference mechanisms for the audits (docs/method.md#93-reference-mechanisms) and loading of user samplers.
 
+The built-ins' samplers are in :mod:`empdp.audit.samplers`; this module pairs
+them with their defaults, pairs, regions and true values.
+
 A mechanism is a sampler ``f(database, size, rng) -> array`` of shape (size,)
 or (size, d). A database is a number or a list of numbers; the additive-noise
 mechanisms release the sum of its entries. Each built-in carries its
@@ -24,9 +27,11 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import InputError
-from . import truth
+from . import samplers, truth
 from .common import one_line, short
 from .patterns import answer_counts, scale_pairs, statdp_patterns
+from .samplers import stat as _stat
+from .samplers import vec as _vec
 
 Sampler = Callable[[Any, int, np.random.Generator], np.ndarray]
 
@@ -116,15 +121,7 @@ def _cached(key, compute):
     return _EXACT[key]
 
 
-# ----------------------------------------------------------------------------- helpers
-
-def _vec(database) -> np.ndarray:
-    return np.atleast_1d(np.asarray(database, dtype=float))
-
-
-def _stat(database) -> float:
-    return float(_vec(database).sum())
-
+# ----------------------------------------------------------------------------- default pairs
 
 def _laplace_pairs(sensitivity=1.0):
     return scale_pairs([(0.0, b / 10) for b in range(1, 11)], sensitivity)
@@ -141,155 +138,6 @@ def _paper_renyi_pair(sensitivity=1.0):
 def _scaled_region(region, sensitivity):
     """The evaluation region C in units of the sensitivity (the output scales with it)."""
     return region if sensitivity == 1 else tuple(v * sensitivity for v in region)
-
-
-# ----------------------------------------------------------------------------- samplers
-
-def _laplace(epsilon=1.0, sensitivity=1.0):
-    scale = sensitivity / epsilon
-
-    def sample(database, size, rng):
-        return _stat(database) + rng.laplace(0.0, scale, size)
-
-    return sample
-
-
-def _gaussian(sigma=1.0, sensitivity=1.0):
-    sd = sigma * sensitivity
-
-    def sample(database, size, rng):
-        return _stat(database) + rng.normal(0.0, sd, size)
-
-    return sample
-
-
-def _noisy_max(epsilon=1.0, sensitivity=1.0):
-    scale = 2.0 * sensitivity / epsilon
-
-    def sample(database, size, rng):
-        q = _vec(database)
-        return np.argmax(q + rng.laplace(0.0, scale, (size, q.size)), axis=1)
-
-    return sample
-
-
-def _noisy_max_value(epsilon=1.0, sensitivity=1.0, k=3):
-    scale = k * sensitivity / epsilon  # Lap(1/λ) per entry, ε = kλ
-
-    def sample(database, size, rng):
-        s = _vec(database)
-        return np.max(s + rng.laplace(0.0, scale, (size, s.size)), axis=1)
-
-    return sample
-
-
-def _exponential(epsilon=1.0):
-    lam = truth.exponential_lambda(epsilon)
-
-    def sample(database, size, rng):
-        s = _stat(database)
-        left = (1 - math.exp(-lam * s)) / (2 - math.exp(-lam * s))  # P(t < s)
-        u = rng.random(size)
-        go_left = rng.random(size) < left
-        t_left = s + np.log(math.exp(-lam * s) + u * (1 - math.exp(-lam * s))) / lam
-        t_right = s + rng.exponential(1.0 / lam, size)
-        return np.where(go_left, t_left, t_right)
-
-    return sample
-
-
-def _svt(variant: int, epsilon=1.0, threshold=1.0, c=1, sensitivity=1.0):
-    """Sparse Vector variants of Lyu, Su, Li 2017 (Alg. 2, 4, 5, 6).
-
-    Output per query: 1 (above), 0 (below), -1 (aborted after c answers above).
-    SVT4 is run at ε·4/(1+6c) so that it is ε-DP (its original scaling gives
-    (1+6c)/4·ε; Askin et al. 2022 correct it the same way).
-    """
-    c = int(c)
-    if variant == 4:
-        eps = epsilon * 4.0 / (1 + 6 * c)
-        rho_scale, nu_scale = sensitivity / (eps / 4), sensitivity / (eps * 3 / 4)
-    elif variant == 2:
-        rho_scale, nu_scale = c * sensitivity / (epsilon / 2), 2 * c * sensitivity / (epsilon / 2)
-    else:  # 5 and 6
-        rho_scale, nu_scale = sensitivity / (epsilon / 2), sensitivity / (epsilon / 2)
-
-    def sample(database, size, rng):
-        q = _vec(database)
-        m = q.size
-        rho = rng.laplace(0.0, rho_scale, size)
-        if variant == 5:
-            return (q[None, :] >= threshold + rho[:, None]).astype(np.int8)
-        noisy = q[None, :] + rng.laplace(0.0, nu_scale, (size, m))
-        if variant == 6:
-            return (noisy >= threshold + rho[:, None]).astype(np.int8)
-        if c == 1:  # abort at the first answer above: fresh threshold noise never matters
-            above = noisy >= threshold + rho[:, None]
-            first = np.where(above.any(axis=1), above.argmax(axis=1), m)[:, None]
-            j = np.arange(m)[None, :]
-            return np.where(j < first, 0, np.where(j == first, 1, -1)).astype(np.int8)
-        out = np.empty((size, m), dtype=np.int8)
-        count = np.zeros(size, dtype=np.int64)
-        for j in range(m):  # loop over the (few) queries, vectorised over samples
-            above = noisy[:, j] >= threshold + rho
-            out[:, j] = np.where(count >= c, -1, above)
-            count += above & (count < c)
-            if variant == 2:  # fresh threshold noise after each answer above
-                fresh = rng.laplace(0.0, rho_scale, size)
-                rho = np.where(above, fresh, rho)
-        return out
-
-    return sample
-
-
-def _randomized_response(p=0.75):
-    def sample(database, size, rng):
-        bits = np.atleast_1d(np.asarray(database)).astype(np.int64)
-        keep = rng.random((size, bits.size)) < p
-        out = np.where(keep, bits[None, :], 1 - bits[None, :]).astype(np.int64)
-        return out[:, 0] if np.ndim(database) == 0 else out
-
-    return sample
-
-
-def _shuffled_rr(p=0.75):
-    """Binary RR by each individual, then shuffled: the release is the number of ones."""
-
-    def sample(database, size, rng):
-        bits = np.atleast_1d(np.asarray(database)).astype(np.int64)
-        prob_one = np.where(bits == 1, p, 1 - p)
-        return (rng.random((size, bits.size)) < prob_one[None, :]).sum(axis=1)
-
-    return sample
-
-
-def _subsampled(noise: str, q=0.2, epsilon=1.0, sigma=1.0, sensitivity=1.0):
-    def sample(database, size, rng):
-        x = _vec(database)
-        included = rng.random((size, x.size)) < q
-        s = included @ x
-        if noise == "laplace":
-            return s + rng.laplace(0.0, sensitivity / epsilon, size)
-        return s + rng.normal(0.0, sigma * sensitivity, size)
-
-    return sample
-
-
-def _noisy_gd(sigma=0.1, lr=0.1, steps=20, theta0=0.0):
-    """Noisy gradient descent on the quadratic loss ½(θ − x_i)² (Chourasia et al. 2021).
-
-    θ_{k+1} = θ_k − η (θ_k − mean(x)) + √(2η)·σ·Z_k, output θ_K.
-    """
-    steps = int(steps)
-
-    def sample(database, size, rng):
-        xbar = float(_vec(database).mean())
-        theta = np.full(size, float(theta0))
-        for _ in range(steps):  # loop over iterations, vectorised over samples
-            theta = theta - lr * (theta - xbar) + math.sqrt(2 * lr) * sigma * rng.normal(size=size)
-        return theta
-
-    return sample
 
 
 # ----------------------------------------------------------------------------- registry
@@ -366,7 +214,7 @@ def builtin(name: str, **params) -> Mechanism:
 def _build_laplace(p):
     eps, sens = p["epsilon"], p["sensitivity"]
     return Mechanism(
-        "laplace", _laplace(eps, sens), p, _laplace_pairs(sens), _paper_renyi_pair(sens),
+        "laplace", samplers.laplace(eps, sens), p, _laplace_pairs(sens), _paper_renyi_pair(sens),
         _scaled_region((-1.0, 1.0), sens), eps, inputs="records",
         pair_epsilon=lambda x, y: abs(_stat(x) - _stat(y)) * eps / sens,
         renyi_divergence=lambda a, x, y: truth.laplace_renyi(a, abs(_stat(x) - _stat(y)) * eps / sens))
@@ -376,7 +224,7 @@ def _build_gaussian(p):
     sens = p["sensitivity"]
     sd = p["sigma"] * sens
     return Mechanism(
-        "gaussian", _gaussian(p["sigma"], sens), p, _laplace_pairs(sens), _paper_renyi_pair(sens),
+        "gaussian", samplers.gaussian(p["sigma"], sens), p, _laplace_pairs(sens), _paper_renyi_pair(sens),
         _scaled_region((-1.0, 1.0), sens), math.inf, inputs="records",
         pair_epsilon=lambda x, y: math.inf if _stat(x) != _stat(y) else 0.0,
         renyi_divergence=lambda a, x, y: truth.gaussian_renyi(a, abs(_stat(x) - _stat(y)), sd))
@@ -385,7 +233,7 @@ def _build_gaussian(p):
 def _build_noisy_max(p):
     scale = 2.0 * p["sensitivity"] / p["epsilon"]
     return Mechanism(
-        "noisy_max", _noisy_max(p["epsilon"], p["sensitivity"]), p,
+        "noisy_max", samplers.noisy_max(p["epsilon"], p["sensitivity"]), p,
         statdp_patterns(6, sensitivity=p["sensitivity"]), None, None,
         p["epsilon"], pattern_dim=6, inputs="queries",
         pair_epsilon=lambda x, y: truth.discrete_epsilon(truth.noisy_max_pmf(x, scale),
@@ -397,7 +245,7 @@ def _build_noisy_max_value(p):
     sens = p["sensitivity"]
     pairs = scale_pairs([((0.0,) * k, (b / 10,) * k) for b in range(1, 11)], sens)
     return Mechanism(
-        "noisy_max_value", _noisy_max_value(p["epsilon"], sens, k), p, pairs, None,
+        "noisy_max_value", samplers.noisy_max_value(p["epsilon"], sens, k), p, pairs, None,
         _scaled_region((-1.0, 1.0), sens), p["epsilon"], pattern_dim=k, inputs="queries", input_length=k,
         pair_epsilon=lambda x, y: truth.noisy_max_value_epsilon(x, y, k * sens / p["epsilon"]))
 
@@ -406,7 +254,7 @@ def _build_exponential(p):
     lam = truth.exponential_lambda(p["epsilon"])
     pairs = [(1.0, 1.0 + b / 10) for b in range(1, 11)]
     return Mechanism(
-        "exponential", _exponential(p["epsilon"]), p, pairs, None, (0.0, 2.0), p["epsilon"],
+        "exponential", samplers.exponential(p["epsilon"]), p, pairs, None, (0.0, 2.0), p["epsilon"],
         inputs="records",
         pair_epsilon=lambda x, y: truth.exponential_pair_epsilon(_stat(x), _stat(y), lam))
 
@@ -432,7 +280,7 @@ def _build_svt(variant):
                 return truth.svt5_pair_values(x, y, rho, order=a)
         # SVT6 has neither: every answer vector has positive probability under every input
         # (D_α and the fixed-m ε are finite), and their exact values are not computed here.
-        return Mechanism(f"svt{variant}", _svt(variant, eps, 1.0, 1, sens), p,
+        return Mechanism(f"svt{variant}", samplers.svt(variant, eps, 1.0, 1, sens), p,
                          statdp_patterns(10, ordered=True, sensitivity=sens),
                          None, None, eps if variant in (2, 4) else math.inf, pair_epsilon=pair,
                          renyi_divergence=renyi_div, pattern_dim=10, ordered_queries=True,
@@ -444,7 +292,7 @@ def _build_svt(variant):
 def _build_rr(p):
     pr = p["p"]
     return Mechanism(
-        "randomized_response", _randomized_response(pr), p, [(0, 1)], [(0, 1)], None,
+        "randomized_response", samplers.randomized_response(pr), p, [(0, 1)], [(0, 1)], None,
         math.log(pr / (1 - pr)), inputs="bits",
         pair_epsilon=lambda x, y: truth.discrete_epsilon(truth.rr_pmf(x, pr), truth.rr_pmf(y, pr)),
         renyi_divergence=lambda a, x, y: truth.discrete_renyi(a, truth.rr_pmf(x, pr), truth.rr_pmf(y, pr)))
@@ -456,7 +304,7 @@ def _build_shuffled_rr(p):
     # post-processing of local RR, so ε ≤ ln(p/(1−p)); attained at the output "no ones"
     # for any pair differing in one bit: P_x(0)/P_x'(0) = p/(1−p)
     return Mechanism(
-        "shuffled_rr", _shuffled_rr(pr), p, pair, pair, None, math.log(pr / (1 - pr)), inputs="bits",
+        "shuffled_rr", samplers.shuffled_rr(pr), p, pair, pair, None, math.log(pr / (1 - pr)), inputs="bits",
         pair_epsilon=lambda x, y: truth.discrete_epsilon(truth.shuffled_rr_pmf(x, pr),
                                                          truth.shuffled_rr_pmf(y, pr)),
         renyi_divergence=lambda a, x, y: truth.discrete_renyi(
@@ -474,7 +322,7 @@ def _build_subsampled(noise):
         sens = p["sensitivity"]
         return Mechanism(
             f"subsampled_{noise}",
-            _subsampled(noise, p["q"], p.get("epsilon", 1.0), p.get("sigma", 1.0), sens),
+            samplers.subsampled(noise, p["q"], p.get("epsilon", 1.0), p.get("sigma", 1.0), sens),
             p, _paper_renyi_pair(sens), _paper_renyi_pair(sens), _scaled_region((-2.0, 3.0), sens), eps,
             inputs="records",
             pair_epsilon=(lambda x, y: truth.mixture_epsilon(noise, x, y, p["q"], scale))
@@ -491,7 +339,7 @@ def _build_noisy_gd(p):
             mu_y, _ = truth.noisy_gd_moments(_vec(y).mean(), p["sigma"], p["lr"], int(p["steps"]))
             return truth.gaussian_renyi(a, abs(mu_x - mu_y), sd)
 
-    return Mechanism("noisy_gd", _noisy_gd(p["sigma"], p["lr"], p["steps"]), p, _PAPER_RENYI_PAIR,
+    return Mechanism("noisy_gd", samplers.noisy_gd(p["sigma"], p["lr"], p["steps"]), p, _PAPER_RENYI_PAIR,
                      _PAPER_RENYI_PAIR, None, math.inf, renyi_divergence=div, inputs="records")
 
 

@@ -1,0 +1,173 @@
+"""Samplers of the built-in reference mechanisms (docs/method.md#93-reference-mechanisms).
+
+Each function takes the mechanism's parameters and returns a sampler
+``sample(database, size, rng) -> array`` of shape (size,) or (size, d),
+vectorised over the samples. A database is a number or a list of numbers; the
+additive-noise mechanisms release the sum of its entries. The registry that
+pairs them with defaults, pairs and true values is :mod:`empdp.audit.mechanisms`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import truth
+
+
+def vec(database) -> np.ndarray:
+    """A database as a 1-d float array."""
+    return np.atleast_1d(np.asarray(database, dtype=float))
+
+
+def stat(database) -> float:
+    """The sum of a database's entries (what the additive-noise mechanisms release)."""
+    return float(vec(database).sum())
+
+
+def laplace(epsilon=1.0, sensitivity=1.0):
+    scale = sensitivity / epsilon
+
+    def sample(database, size, rng):
+        return stat(database) + rng.laplace(0.0, scale, size)
+
+    return sample
+
+
+def gaussian(sigma=1.0, sensitivity=1.0):
+    sd = sigma * sensitivity
+
+    def sample(database, size, rng):
+        return stat(database) + rng.normal(0.0, sd, size)
+
+    return sample
+
+
+def noisy_max(epsilon=1.0, sensitivity=1.0):
+    scale = 2.0 * sensitivity / epsilon
+
+    def sample(database, size, rng):
+        q = vec(database)
+        return np.argmax(q + rng.laplace(0.0, scale, (size, q.size)), axis=1)
+
+    return sample
+
+
+def noisy_max_value(epsilon=1.0, sensitivity=1.0, k=3):
+    scale = k * sensitivity / epsilon  # Lap(1/λ) per entry, ε = kλ
+
+    def sample(database, size, rng):
+        s = vec(database)
+        return np.max(s + rng.laplace(0.0, scale, (size, s.size)), axis=1)
+
+    return sample
+
+
+def exponential(epsilon=1.0):
+    lam = truth.exponential_lambda(epsilon)
+
+    def sample(database, size, rng):
+        s = stat(database)
+        left = (1 - math.exp(-lam * s)) / (2 - math.exp(-lam * s))  # P(t < s)
+        u = rng.random(size)
+        go_left = rng.random(size) < left
+        t_left = s + np.log(math.exp(-lam * s) + u * (1 - math.exp(-lam * s))) / lam
+        t_right = s + rng.exponential(1.0 / lam, size)
+        return np.where(go_left, t_left, t_right)
+
+    return sample
+
+
+def svt(variant: int, epsilon=1.0, threshold=1.0, c=1, sensitivity=1.0):
+    """Sparse Vector variants of Lyu, Su, Li 2017 (Alg. 2, 4, 5, 6).
+
+    Output per query: 1 (above), 0 (below), -1 (aborted after c answers above).
+    SVT4 is run at ε·4/(1+6c) so that it is ε-DP (its original scaling gives
+    (1+6c)/4·ε; Askin et al. 2022 correct it the same way).
+    """
+    c = int(c)
+    if variant == 4:
+        eps = epsilon * 4.0 / (1 + 6 * c)
+        rho_scale, nu_scale = sensitivity / (eps / 4), sensitivity / (eps * 3 / 4)
+    elif variant == 2:
+        rho_scale, nu_scale = c * sensitivity / (epsilon / 2), 2 * c * sensitivity / (epsilon / 2)
+    else:  # 5 and 6
+        rho_scale, nu_scale = sensitivity / (epsilon / 2), sensitivity / (epsilon / 2)
+
+    def sample(database, size, rng):
+        q = vec(database)
+        m = q.size
+        rho = rng.laplace(0.0, rho_scale, size)
+        if variant == 5:
+            return (q[None, :] >= threshold + rho[:, None]).astype(np.int8)
+        noisy = q[None, :] + rng.laplace(0.0, nu_scale, (size, m))
+        if variant == 6:
+            return (noisy >= threshold + rho[:, None]).astype(np.int8)
+        if c == 1:  # abort at the first answer above: fresh threshold noise never matters
+            above = noisy >= threshold + rho[:, None]
+            first = np.where(above.any(axis=1), above.argmax(axis=1), m)[:, None]
+            j = np.arange(m)[None, :]
+            return np.where(j < first, 0, np.where(j == first, 1, -1)).astype(np.int8)
+        out = np.empty((size, m), dtype=np.int8)
+        count = np.zeros(size, dtype=np.int64)
+        for j in range(m):  # loop over the (few) queries, vectorised over samples
+            above = noisy[:, j] >= threshold + rho
+            out[:, j] = np.where(count >= c, -1, above)
+            count += above & (count < c)
+            if variant == 2:  # fresh threshold noise after each answer above
+                fresh = rng.laplace(0.0, rho_scale, size)
+                rho = np.where(above, fresh, rho)
+        return out
+
+    return sample
+
+
+def randomized_response(p=0.75):
+    def sample(database, size, rng):
+        bits = np.atleast_1d(np.asarray(database)).astype(np.int64)
+        keep = rng.random((size, bits.size)) < p
+        out = np.where(keep, bits[None, :], 1 - bits[None, :]).astype(np.int64)
+        return out[:, 0] if np.ndim(database) == 0 else out
+
+    return sample
+
+
+def shuffled_rr(p=0.75):
+    """Binary RR by each individual, then shuffled: the release is the number of ones."""
+
+    def sample(database, size, rng):
+        bits = np.atleast_1d(np.asarray(database)).astype(np.int64)
+        prob_one = np.where(bits == 1, p, 1 - p)
+        return (rng.random((size, bits.size)) < prob_one[None, :]).sum(axis=1)
+
+    return sample
+
+
+def subsampled(noise: str, q=0.2, epsilon=1.0, sigma=1.0, sensitivity=1.0):
+    def sample(database, size, rng):
+        x = vec(database)
+        included = rng.random((size, x.size)) < q
+        s = included @ x
+        if noise == "laplace":
+            return s + rng.laplace(0.0, sensitivity / epsilon, size)
+        return s + rng.normal(0.0, sigma * sensitivity, size)
+
+    return sample
+
+
+def noisy_gd(sigma=0.1, lr=0.1, steps=20, theta0=0.0):
+    """Noisy gradient descent on the quadratic loss ½(θ − x_i)² (Chourasia et al. 2021).
+
+    θ_{k+1} = θ_k − η (θ_k − mean(x)) + √(2η)·σ·Z_k, output θ_K.
+    """
+    steps = int(steps)
+
+    def sample(database, size, rng):
+        xbar = float(vec(database).mean())
+        theta = np.full(size, float(theta0))
+        for _ in range(steps):  # loop over iterations, vectorised over samples
+            theta = theta - lr * (theta - xbar) + math.sqrt(2 * lr) * sigma * rng.normal(size=size)
+        return theta
+
+    return sample
