@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import glob
 import os
+import queue
 import re
 import shutil
 import tempfile
+import threading
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 
 from .errors import InputError
 
@@ -95,6 +99,39 @@ class Panel:
     def close(self) -> None:
         """Close the connection and remove its spill folder."""
         close_connection(self.con)
+
+    def memory_limit_bytes(self) -> int:
+        """DuckDB's memory limit in bytes (``--memory-limit`` or its default; 0 if unreadable)."""
+        return memory_limit_bytes(self.con)
+
+    def execute(self, sql: str, params: Sequence | None = None) -> duckdb.DuckDBPyConnection:
+        """Run ``sql`` on the panel's connection."""
+        return self.con.execute(sql, params) if params is not None else self.con.execute(sql)
+
+    def arrow(self, sql: str) -> pa.Table:
+        """Run ``sql`` and fetch the whole result as an Arrow table."""
+        return fetch_arrow(self.con, sql)
+
+    def batches(self, sql: str, rows: int = 1 << 20) -> Iterator[pa.RecordBatch]:
+        """Run ``sql`` and stream its result as Arrow record batches (:func:`arrow_batches`)."""
+        return arrow_batches(self.con, sql, rows)
+
+    @contextmanager
+    def errors(self, where: str | None = None):
+        """DuckDB's parser and binder errors in a ``--where`` filter as one-line :class:`InputError`."""
+        try:
+            yield
+        except (duckdb.ParserException, duckdb.BinderException) as exc:
+            if not where:
+                raise
+            raise InputError(f"the filter --where {shorten(where)} is not valid here: "
+                             f"{clip(str(exc).strip().splitlines()[0], 200)}") from None
+
+    def temp_table(self, name: str, table: pa.Table) -> None:
+        """Create (or replace) the temporary table ``name`` holding the Arrow ``table``."""
+        self.con.register(name + "_arrow", table)
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM {name}_arrow")
+        self.con.unregister(name + "_arrow")
 
     def base_sql(self, columns: Sequence[str] = (), where: str | None = None) -> str:
         """SQL selecting ``by`` as ``__j`` (0-based database index), ``id`` as ``__i``,
@@ -474,3 +511,79 @@ def _label_index(qb: str, dtype: str, labels: list) -> str | None:
 
 def as_float_array(values: Any) -> np.ndarray:
     return np.asarray(values, dtype=np.float64)
+
+
+_UNITS = {"": 1, "B": 1, "BYTES": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50,
+          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15}
+
+
+def memory_limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
+    """DuckDB's memory limit in bytes (its setting reads like '1.8 GiB'; 0 for an unknown format)."""
+    text = str(con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).upper() not in _UNITS:
+        return 0
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """Run ``sql`` and fetch the result as an Arrow table (DuckDB 1.x and 2.x spellings)."""
+    rel = con.sql(sql)
+    fetch = getattr(rel, "to_arrow_table", None) or getattr(rel, "arrow")
+    tab = fetch()
+    return tab.read_all() if hasattr(tab, "read_all") else tab
+
+
+#: record batches DuckDB may produce ahead of the consumer in :func:`arrow_batches`
+PREFETCH_BATCHES = 3
+
+
+def arrow_batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 1 << 20,
+                  prefetch: int = PREFETCH_BATCHES) -> Iterator[pa.RecordBatch]:
+    """Run ``sql`` and stream the result as Arrow record batches (DuckDB 1.x and 2.x spellings).
+
+    A reader pulled on demand leaves DuckDB idle while the caller works on a batch; with
+    ``prefetch`` > 0 a background thread pulls up to that many batches ahead. The connection
+    is used by one thread at a time: the caller must not use it until the generator is
+    exhausted or closed.
+    """
+    rel = con.sql(sql)
+    reader = (getattr(rel, "to_arrow_reader", None) or getattr(rel, "fetch_arrow_reader"))(rows)
+    if prefetch <= 0:
+        yield from reader
+        return
+    ready: queue.Queue = queue.Queue(maxsize=prefetch)
+    stop = threading.Event()
+    end = object()
+
+    def offer(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def pull() -> None:
+        try:
+            for batch in reader:
+                if not offer(batch):
+                    return
+            offer(end)
+        except BaseException as exc:  # handed to the consumer, raised there
+            offer(exc)
+
+    worker = threading.Thread(target=pull, name="empdp-fetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()  # the consumer stopped early (or failed): the thread ends after its current batch
+        worker.join()

@@ -142,15 +142,14 @@ def test_engine_dense_rows_match_leave_one_out(expr):
 def test_screen_from_the_held_matrix_equals_the_sql_screen(expr, monkeypatch):
     """Below DENSE_CELLS, screen() keeps every Δ row and computes the table in numpy; above it,
     DuckDB aggregates per individual and rows are fetched on demand. Both give the same answers."""
-    from empdp import loo
-    from empdp.loo import make_engine
+    from empdp.loo import decomposable, make_engine
 
     df = random_panel(7)
     scale = np.linspace(0.5, 2.0, df["year"].nunique())
     held = make_engine(df, id="id", by="year", query=expr)
     held.values()
     a = held.screen(scale)
-    monkeypatch.setattr(loo, "DENSE_CELLS", 0)
+    monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
     fetched = make_engine(df, id="id", by="year", query=expr)
     fetched.values()
     b = fetched.screen(scale)
@@ -167,21 +166,20 @@ def test_screen_from_the_held_matrix_equals_the_sql_screen(expr, monkeypatch):
 
 def test_low_memory_limit_does_not_hold_the_matrix(monkeypatch):
     """A third of DuckDB's memory limit caps the held matrix (a low --memory-limit stays low)."""
-    from empdp import loo
-    from empdp.loo import _memory_limit_bytes, make_engine
+    from empdp.loo import make_engine
 
     df = random_panel(1)
     n = df["year"].nunique()
     engine = make_engine(df, id="id", by="year", query="mean(x)", memory_limit="64MB")
-    assert 60e6 < _memory_limit_bytes(engine.panel.con) <= 64e6  # DuckDB reports '61.0 MiB'
+    assert 60e6 < engine.memory_limit_bytes() <= 64e6  # DuckDB reports '61.0 MiB'
     engine.values()
     m = df["id"].nunique()
     # just too small for the m × n doubles (8 bytes each) in a third of the limit
-    monkeypatch.setattr(loo, "_memory_limit_bytes", lambda con: 24 * m * n - 1)
+    monkeypatch.setattr(engine, "memory_limit_bytes", lambda: 24 * m * n - 1)
     engine.screen(np.ones(n))
     assert not engine.holds_all_shifts
     assert engine.shifts(np.array([0, 1])).shape == (2, n)
-    monkeypatch.setattr(loo, "_memory_limit_bytes", lambda con: 24 * m * n)
+    monkeypatch.setattr(engine, "memory_limit_bytes", lambda: 24 * m * n)
     engine.screen(np.ones(n))
     assert engine.holds_all_shifts
 
@@ -203,14 +201,14 @@ def test_assessment_does_not_keep_the_held_matrix():
 def test_streamed_batches_arrive_whole_and_in_order_with_prefetch():
     """The background thread that pulls DuckDB's batches ahead hands over every row, in order;
     a consumer that stops early ends it; an error in the query reaches the consumer."""
-    from empdp.loo import _arrow_batches
+    from empdp.data import arrow_batches
 
     con = duckdb.connect()
     sql = "SELECT range AS v FROM range(10000)"
     for prefetch in (0, 1, 3):
-        got = np.concatenate([b.column(0).to_numpy() for b in _arrow_batches(con, sql, rows=1000, prefetch=prefetch)])
+        got = np.concatenate([b.column(0).to_numpy() for b in arrow_batches(con, sql, rows=1000, prefetch=prefetch)])
         np.testing.assert_array_equal(got, np.arange(10000))
-    stream = _arrow_batches(con, sql, rows=100, prefetch=2)
+    stream = arrow_batches(con, sql, rows=100, prefetch=2)
     first = next(stream)
     stream.close()  # returns once the thread has stopped: the connection is free again
     assert first.num_rows == 100
@@ -219,7 +217,7 @@ def test_streamed_batches_arrive_whole_and_in_order_with_prefetch():
     raised = []
     for prefetch in (0, 2):  # the same error as without the thread (Arrow's reader wraps DuckDB's)
         with pytest.raises(Exception, match="boom") as info:
-            for _ in _arrow_batches(con, bad, rows=100, prefetch=prefetch):
+            for _ in arrow_batches(con, bad, rows=100, prefetch=prefetch):
                 pass
         raised.append(type(info.value))
     assert raised[0] is raised[1]

@@ -1,0 +1,101 @@
+"""The drop-one-identifier loop (docs/method.md#2-leave-one-out-shifts-and-query-forms): f(X^j) and the
+shifts Δ_ij = f(X^j) − f(X^j ∖ i).
+
+One engine per strategy, all answering the protocol of :class:`LooEngine` (``values``,
+``screen``, ``shifts``); :func:`make_engine` picks the engine for the query's form:
+
+* :mod:`.decomposable` — count, sum, mean, var, std, sum(a)/sum(b): partial moments in one
+  DuckDB GROUP BY and closed forms, one entry per form in :data:`.forms.FORMS`;
+* :mod:`.order` — min, max, median, quantile: rank arithmetic on each database's sorted values;
+* :mod:`.sql` — ``--sql``: one correlated query per database.
+
+The Spark engine (:mod:`empdp.spark`) implements the same protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from ..data import memory_limit_bytes as _memory_limit_bytes  # noqa: F401 - assess.py's name, until it calls the engine
+from ..data import open_panel
+from ..query import DECOMPOSABLE, ORDER_STATISTICS, Query, parse_query
+from .base import (
+    MAX_MAGNITUDE,
+    DuckDBEngine,
+    LooEngine,
+    Screen,
+    _require_workable_databases,  # noqa: F401 - imported by empdp.spark
+)
+from .decomposable import DENSE_CELLS, DecomposableEngine
+from .order import OrderStatisticEngine
+from .sql import (
+    SqlEngine,
+    _replace_db,  # noqa: F401 - imported by empdp.spark
+)
+
+__all__ = ["DENSE_CELLS", "ENGINES", "MAX_MAGNITUDE", "DecomposableEngine", "DuckDBEngine", "LooEngine",
+           "LooResult", "OrderStatisticEngine", "Screen", "SqlEngine", "engine_for", "leave_one_out",
+           "make_engine"]
+
+#: query form → the engine class of its strategy
+ENGINES: dict[str, type[DuckDBEngine]] = {
+    **{form: DecomposableEngine for form in DECOMPOSABLE},
+    **{form: OrderStatisticEngine for form in ORDER_STATISTICS},
+    "sql": SqlEngine,
+}
+
+
+@dataclass
+class LooResult:
+    """Dense leave-one-out result for moderate sizes (all individuals at once).
+
+    ``shifts[i, j]`` = f(X^j) − f(X^j ∖ i), 0 where i is absent from database j
+    or where the leave-one-out value is undefined (``undefined[i]`` is then True).
+    P̂ = {q_j} and P̂_i = {q_j − Δ_ij} (docs/method.md#81-target-densities).
+    """
+
+    labels: list
+    q: np.ndarray
+    shifts: np.ndarray
+    present: np.ndarray
+    undefined: np.ndarray
+    ids: pl.Series
+    query: str
+    source: str
+
+
+def engine_for(panel, query: Query) -> DuckDBEngine:
+    """The engine of ``query``'s strategy over a DuckDB ``panel``."""
+    return ENGINES[query.form](panel, query)
+
+
+def make_engine(source: Any, *, id: str, by: str, query: str | None = None, where: str | None = None,
+                sql: str | None = None, memory_limit: str | None = None,
+                drop_null_ids: bool = False, threads: int | None = None) -> DuckDBEngine:
+    """Open ``source`` and parse the query into the engine of its strategy (a :class:`LooEngine`)."""
+    parsed = parse_query(query, where=where, sql=sql)
+    panel = open_panel(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit,
+                       threads=threads)
+    return engine_for(panel, parsed)
+
+
+def leave_one_out(source: Any, *, id: str, by: str, query: str | None = None, where: str | None = None,
+                  sql: str | None = None, memory_limit: str | None = None,
+                  drop_null_ids: bool = False) -> LooResult:
+    """Every individual's leave-one-out shifts as a dense matrix (docs/method.md#2-leave-one-out-shifts-and-query-forms).
+
+    Meant for up to ~10^7 (individual, database) cells; :func:`empdp.assess`
+    screens first and fetches only the individuals it needs.
+    """
+    engine = make_engine(source, id=id, by=by, query=query, where=where, sql=sql,
+                         memory_limit=memory_limit, drop_null_ids=drop_null_ids)
+    q = engine.values()
+    screen = engine.screen(np.ones_like(q))
+    shifts, present = engine.shifts(np.arange(len(screen)), presence=True)
+    return LooResult(labels=list(engine.panel.labels), q=q, shifts=shifts, present=present,
+                     undefined=screen.undefined, ids=screen.ids, query=engine.query.describe(),
+                     source=engine.panel.description)

@@ -1,0 +1,192 @@
+"""Decomposable aggregates in DuckDB (docs/method.md#2-leave-one-out-shifts-and-query-forms).
+
+One GROUP BY (database, id) pass gives every individual's partial moments; the database totals
+minus them give every Δ_ij in closed form (the form's entry in :data:`empdp.loo.forms.FORMS`).
+This is the path that scales to 10^8 rows: when the m × n shifts fit in memory :meth:`screen`
+streams them into one matrix kept for :meth:`shifts`; otherwise DuckDB aggregates the screening
+table per individual and only the rows asked for leave it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from ..data import quote_ident
+from ..data import shorten as short
+from ..errors import InputError
+from .base import DuckDBEngine, Screen
+from .forms import CENTRED_PARTIALS, FORMS, partials_sql
+
+#: largest number of (individual, database) cells held as one dense Δ matrix (8 bytes each); it
+#: must also fit in a third of DuckDB's memory limit, so that a low --memory-limit stays low
+DENSE_CELLS = 100_000_000
+
+
+class DecomposableEngine(DuckDBEngine):
+    """count, sum, mean, var, std and sum(a)/sum(b): closed-form Δ_ij from partial moments in SQL."""
+
+    def __init__(self, panel, query):
+        super().__init__(panel, query)
+        self.form = FORMS[query.form]
+        self._screened = False
+
+    def _base_sql(self) -> str:
+        return self.panel.base_sql(self.query.columns, self.query.where)
+
+    # ------------------------------------------------------------------ values
+    def _values(self) -> np.ndarray:
+        q, n = self.query, len(self.panel.labels)
+        cols = partials_sql(q.form, q.columns)
+        if self.form.centred:
+            cols.append(f"coalesce(avg({quote_ident(q.columns[0])}::DOUBLE), 0) AS m")
+        cols.append(f"{self._null_count()} AS __null")
+        tot = pl.from_arrow(self._arrow(f"SELECT __j, {', '.join(cols)} FROM ({self._base_sql()}) GROUP BY __j"))
+        self.n_null_values = int(tot["__null"].sum())
+        tot = tot.drop("__null")
+        # databases with no row passing the filter get zero totals
+        tot = pl.DataFrame({"__j": np.arange(n, dtype=np.int32)}).join(
+            tot.with_columns(pl.col("__j").cast(pl.Int32)), on="__j", how="left").with_columns(
+            pl.exclude("__j").fill_null(0.0)).sort("__j")
+        if self.form.centred:
+            tot = self._centred_totals(tot)
+        t = {c: tot[c].to_numpy().astype(np.float64) for c in tot.columns if c != "__j"}
+        val, ok = self.form.value(t)
+        if not ok.all():
+            bad = [str(self.panel.labels[k]) for k in np.flatnonzero(~ok)[:5]]
+            raise InputError(f"query {short(q.describe())} is undefined on database(s) {', '.join(bad)} "
+                             f"(no usable rows); filter those databases out")
+        self.panel.temp_table("__totals", tot.with_columns(pl.Series("f", val)).to_arrow())
+        return val
+
+    def _centred_totals(self, tot: pl.DataFrame) -> pl.DataFrame:
+        """Add the sums ``s1``, ``ss`` of x − m about each database's mean m (accurate for 1e9 + noise)."""
+        self.panel.temp_table("__totals", tot.to_arrow())
+        x = quote_ident(self.query.columns[0])
+        cen = pl.from_arrow(self._arrow(
+            f"SELECT b.__j, coalesce(sum(b.{x}::DOUBLE - t.m), 0) AS s1, "
+            f"coalesce(sum((b.{x}::DOUBLE - t.m) * (b.{x}::DOUBLE - t.m)), 0) AS ss "
+            f"FROM ({self._base_sql()}) b JOIN __totals t USING (__j) GROUP BY b.__j"
+        )).with_columns(pl.col("__j").cast(pl.Int32))
+        return tot.join(cen, on="__j", how="left").with_columns(pl.exclude("__j").fill_null(0.0)).sort("__j")
+
+    def _delta_sql(self, id_filter: str = "") -> str:
+        """SQL of (__i, __j, delta, undef) for every (individual, database) pair present."""
+        q = self.query
+        parts = partials_sql(q.form, q.columns)
+        base = self._base_sql()
+        if id_filter:
+            base = f"SELECT * FROM ({base}) WHERE __i IN ({id_filter})"
+        if self.form.centred:
+            x = quote_ident(q.columns[0])
+            base = f"SELECT b.*, b.{x}::DOUBLE - t.m AS __xc FROM ({base}) b JOIN __totals t USING (__j)"
+            parts = CENTRED_PARTIALS
+        return (f"SELECT p.__i, p.__j, ({self.form.delta})::DOUBLE AS delta, ({self.form.undefined}) AS undef "
+                f"FROM (SELECT __j, __i, {', '.join(parts)} FROM ({base}) GROUP BY __j, __i) p "
+                f"JOIN __totals t USING (__j)")
+
+    # ---------------------------------------------------------------- screening
+    def _screen(self, scale: np.ndarray) -> Screen:
+        self._dense = None
+        # codes: the individuals with rows the query reads, in id order
+        self._execute(f"CREATE OR REPLACE TEMP TABLE __ids AS "
+                      f"SELECT __i, (row_number() OVER (ORDER BY __i) - 1)::BIGINT AS __code "
+                      f"FROM (SELECT DISTINCT __i FROM ({self._base_sql()}))")
+        ids = pl.from_arrow(self.panel.arrow("SELECT __i FROM __ids ORDER BY __code"))["__i"].rename(self.panel.id)
+        m, n = len(ids), len(self.panel.labels)
+        self._screened = True
+        if m * n <= min(DENSE_CELLS, self.memory_limit_bytes() // (3 * 8)):
+            return self._dense_screen(ids, scale)
+        # too large to hold: aggregate per individual in DuckDB, fetch chosen rows later
+        self.panel.temp_table("__scale", pa.table({"__j": pa.array(np.arange(n, dtype=np.int32)),
+                                                   "scale": pa.array(scale)}))
+        sql = (f"SELECT c.__code, count(*)::BIGINT AS n_present, bool_or(d.undef) AS undefined, "
+               f"coalesce(max(abs(d.delta)) FILTER (WHERE NOT d.undef), 0) AS max_abs_shift, "
+               f"coalesce(max(abs(d.delta) / s.scale) FILTER (WHERE NOT d.undef), 0) AS bound "
+               f"FROM ({self._delta_sql()}) d JOIN __scale s USING (__j) JOIN __ids c USING (__i) "
+               f"GROUP BY c.__code ORDER BY c.__code")
+        df = pl.from_arrow(self._arrow(sql))
+        if not np.array_equal(df["__code"].to_numpy(), np.arange(m)):  # rows must line up with ``ids``
+            raise RuntimeError("screening table does not cover every individual code")
+        return Screen(
+            ids=ids,
+            n_present=df["n_present"].to_numpy(),
+            undefined=df["undefined"].to_numpy().astype(bool),
+            max_abs_shift=df["max_abs_shift"].to_numpy().astype(np.float64),
+            bound=df["bound"].to_numpy().astype(np.float64),
+        )
+
+    def _dense_screen(self, ids: pl.Series, scale: np.ndarray) -> Screen:
+        """Every Δ_ij in one streamed pass into a dense (m, n) matrix kept for :meth:`shifts`;
+        the screening table is then computed from it (no second scan of the table)."""
+        m, n = len(ids), len(self.panel.labels)
+        dense = np.zeros((m, n))
+        flat_out = dense.reshape(-1)
+        n_present = np.zeros(m, dtype=np.int64)
+        undefined = np.zeros(m, dtype=bool)
+        sql = (f"SELECT (c.__code * {n} + d.__j)::BIGINT AS flat, d.delta, d.undef "
+               f"FROM ({self._delta_sql()}) d JOIN __ids c USING (__i)")
+        for batch in self.panel.batches(sql):
+            flat = batch.column(0).to_numpy()
+            undef = batch.column(2).to_numpy(zero_copy_only=False)
+            n_present += np.bincount(flat // n, minlength=m)
+            if undef.any():
+                undefined[flat[undef] // n] = True
+                flat, delta = flat[~undef], batch.column(1).to_numpy()[~undef]
+            else:
+                delta = batch.column(1).to_numpy()
+            np.put(flat_out, flat, delta)
+        inv = 1.0 / scale
+        max_abs, bound = np.empty(m), np.empty(m)
+        step = max(1, (1 << 22) // max(n, 1))  # row blocks: no temporary the size of the matrix
+        for a in range(0, m, step):
+            part = np.abs(dense[a:a + step])
+            max_abs[a:a + step] = part.max(axis=1, initial=0.0)
+            part *= inv
+            bound[a:a + step] = part.max(axis=1, initial=0.0)
+        self._dense = dense
+        return Screen(ids=ids, n_present=n_present, undefined=undefined, max_abs_shift=max_abs, bound=bound)
+
+    # ------------------------------------------------------------------- shifts
+    def shifts(self, codes: np.ndarray, presence: bool = False):
+        """Dense Δ rows (len(codes), n); see :meth:`LooEngine.shifts`. Without ``presence`` the
+        rows not held in memory are streamed into the output (bounded memory)."""
+        codes = np.asarray(codes, dtype=np.int64)
+        if presence or self._dense is not None or not len(codes):
+            return super().shifts(codes, presence)
+        out = np.zeros((len(codes), len(self.panel.labels)))
+        self._want(codes)
+        n = out.shape[1]
+        sql = (f"SELECT (w.__row * {n} + d.__j)::BIGINT AS flat, d.delta "
+               f"FROM ({self._delta_sql('SELECT __i FROM __want')}) d JOIN __want w USING (__i) WHERE NOT d.undef")
+        flat_out = out.reshape(-1)
+        for batch in self.panel.batches(sql):
+            np.put(flat_out, batch.column(0).to_numpy(), batch.column(1).to_numpy())
+        return out
+
+    def _shift_rows(self, codes: np.ndarray) -> tuple:
+        self._want(codes)
+        sql = (f"SELECT w.__row, d.__j, d.delta, d.undef FROM ({self._delta_sql('SELECT __i FROM __want')}) d "
+               f"JOIN __want w USING (__i)")
+        res = self._execute(sql).fetchnumpy()
+        return (np.asarray(res["__row"], dtype=np.int64), np.asarray(res["__j"], dtype=np.int64),
+                np.asarray(res["delta"], dtype=np.float64), np.asarray(res["undef"], dtype=bool))
+
+    def _want(self, codes: np.ndarray) -> None:
+        """The temp table ``__want`` (__i, __row): the individuals of ``codes`` and their output rows."""
+        if not self._screened:
+            raise RuntimeError("screen() must run before shifts()")
+        self.panel.temp_table("__want_codes", pa.table({"__code": pa.array(codes),
+                                                         "__row": pa.array(np.arange(len(codes)))}))
+        self.panel.execute("CREATE OR REPLACE TEMP TABLE __want AS SELECT i.__i, w.__row "
+                           "FROM __want_codes w JOIN __ids i USING (__code)")
+
+    # ---------------------------------------------------------------- SQL runs
+    def _execute(self, sql: str):
+        with self.panel.errors(self.query.where):
+            return self.panel.execute(sql)
+
+    def _arrow(self, sql: str) -> pa.Table:
+        with self.panel.errors(self.query.where):
+            return self.panel.arrow(sql)

@@ -1,0 +1,108 @@
+"""The decomposable query forms, one table entry each (docs/method.md#2-leave-one-out-shifts-and-query-forms).
+
+A form is computed from per-group partial moments (row counts c, sums s, ...). The same SQL
+gives the totals of database j (group ``__j``) and the partials of individual i in it (group
+``__j, __i``); the form's closed form turns the totals into f(X^j) (NumPy) and the totals
+minus the partials into Δ_ij = f(X^j) − f(X^j ∖ i) (SQL over the totals ``t`` and the
+partials ``p``, with ``t.f`` = f(X^j)). A new decomposable form is one entry of :data:`FORMS`
+and its name in :data:`empdp.query.DECOMPOSABLE`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..data import quote_ident
+
+
+@dataclass(frozen=True)
+class Form:
+    """How one decomposable form gets f(X^j) and every Δ_ij from partial moments.
+
+    Attributes
+    ----------
+    partials : callable
+        Quoted value columns → SQL aggregates of the partial moments, each ``AS`` its name.
+    value : callable
+        Dict of per-database totals (arrays named as the partials) → (f(X^j), defined).
+    delta, undefined : str
+        SQL of Δ_ij and of "f(X^j ∖ i) is undefined", over ``t.*`` and ``p.*``.
+    centred : bool
+        Moments about each database's mean ``t.m`` (``c``, ``s``, ``ss`` of x − t.m; the totals
+        ``s1``, ``ss``): accurate for values like 1e9 + noise (var, std).
+    """
+
+    partials: Callable[[tuple], list]
+    value: Callable[[dict], tuple]
+    delta: str
+    undefined: str
+    centred: bool = False
+
+
+def _count_partials(cols: tuple) -> list:
+    return [f"count({cols[0]})::DOUBLE AS c" if cols else "count(*)::DOUBLE AS c"]
+
+
+def _sum_partials(cols: tuple) -> list:
+    return [f"count({cols[0]})::DOUBLE AS c", f"coalesce(sum({cols[0]}::DOUBLE), 0) AS s"]
+
+
+def _ratio_partials(cols: tuple) -> list:
+    a, b = cols
+    return [f"count({a})::DOUBLE AS ca", f"coalesce(sum({a}::DOUBLE), 0) AS sa",
+            f"count({b})::DOUBLE AS cb", f"coalesce(sum({b}::DOUBLE), 0) AS sb"]
+
+
+#: partial moments of the centred values ``__xc`` = x − t.m (forms with ``centred``)
+CENTRED_PARTIALS = ["count(__xc)::DOUBLE AS c", "coalesce(sum(__xc), 0) AS s", "coalesce(sum(__xc * __xc), 0) AS ss"]
+
+
+def _mean(t: dict) -> tuple:
+    ok = t["c"] > 0
+    return np.divide(t["s"], t["c"], out=np.zeros(len(ok)), where=ok), ok
+
+
+def _var(t: dict) -> tuple:
+    ok = t["c"] > 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        var = np.where(ok, (t["ss"] - t["s1"] ** 2 / t["c"]) / (t["c"] - 1), 0.0)
+    return np.maximum(var, 0.0), ok
+
+
+def _std(t: dict) -> tuple:
+    var, ok = _var(t)
+    return np.sqrt(var), ok
+
+
+def _ratio(t: dict) -> tuple:
+    ok = (t["ca"] > 0) & (t["cb"] > 0) & (t["sb"] != 0)
+    return np.divide(t["sa"], t["sb"], out=np.zeros(len(ok)), where=ok), ok
+
+
+#: the sample variance without individual i, from centred totals minus partials
+_LOO_VAR = "greatest(((t.ss - p.ss) - (t.s1 - p.s) * (t.s1 - p.s) / (t.c - p.c)) / (t.c - p.c - 1), 0)"
+_NO_ROW_LEFT = "t.c - p.c <= 0"
+_RATIO_UNDEFINED = "(t.ca - p.ca <= 0) OR (t.cb - p.cb <= 0) OR (t.sb - p.sb = 0)"
+
+#: form → partial moments and closed-form leave-one-out (docs/method.md#2-leave-one-out-shifts-and-query-forms)
+FORMS: dict[str, Form] = {
+    "count": Form(_count_partials, lambda t: (t["c"], np.ones(len(t["c"]), bool)), "p.c", _NO_ROW_LEFT),
+    "sum": Form(_sum_partials, lambda t: (t["s"], t["c"] > 0), "p.s", _NO_ROW_LEFT),
+    "mean": Form(_sum_partials, _mean,
+                 "CASE WHEN t.c - p.c > 0 THEN (p.s - p.c * t.f) / (t.c - p.c) ELSE 0 END", _NO_ROW_LEFT),
+    "var": Form(_sum_partials, _var, f"CASE WHEN t.c - p.c > 1 THEN t.f - {_LOO_VAR} ELSE 0 END",
+                "t.c - p.c <= 1", centred=True),
+    "std": Form(_sum_partials, _std, f"CASE WHEN t.c - p.c > 1 THEN t.f - sqrt({_LOO_VAR}) ELSE 0 END",
+                "t.c - p.c <= 1", centred=True),
+    "ratio": Form(_ratio_partials, _ratio,
+                  f"CASE WHEN {_RATIO_UNDEFINED} THEN 0 ELSE (p.sa - t.f * p.sb) / (t.sb - p.sb) END",
+                  _RATIO_UNDEFINED),
+}
+
+
+def partials_sql(form: str, columns: tuple) -> list:
+    """The partial-moment aggregates of ``form`` over the (unquoted) value ``columns``."""
+    return FORMS[form].partials(tuple(quote_ident(c) for c in columns))

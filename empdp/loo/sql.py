@@ -1,0 +1,97 @@
+"""Generic ``--sql`` per database (docs/method.md#2-leave-one-out-shifts-and-query-forms).
+
+For each database one set-based, correlated DuckDB query evaluates the user's SQL once for every
+id present, with ``db`` replaced by "this database's rows whose id is not this one". If DuckDB
+cannot run that form, the query is re-run once per individual.
+"""
+
+from __future__ import annotations
+
+import re
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from ..data import clip, quote_ident
+from ..data import shorten as short
+from ..errors import InputError
+from .base import factorize
+from .sparse import InMemoryEngine, SparseShifts
+
+
+class SqlEngine(InMemoryEngine):
+    """Any ``SELECT ... FROM db`` returning one number: exact Δ_ij, one correlated query per database."""
+
+    def _compute(self) -> tuple[np.ndarray, SparseShifts]:
+        panel, sql = self.panel, self.query.sql
+        n = len(panel.labels)
+        qi = quote_ident(panel.id)
+        src_j = (f"(SELECT s.*, l.__j, l.__label FROM __src s JOIN __labels l "
+                 f"ON s.{quote_ident(panel.by)} = l.__label)")
+        rewritten = _replace_db(sql, f"(SELECT * FROM __dbj WHERE {qi} IS DISTINCT FROM __ids.__id) AS db")
+        qv = np.empty(n)
+        frames = []
+        for j in range(n):
+            panel.execute(f"CREATE OR REPLACE TEMP TABLE __dbj AS SELECT * EXCLUDE (__j, __label) FROM {src_j} "
+                          f"WHERE __j = {j} AND {qi} IS NOT NULL")
+            panel.execute("CREATE OR REPLACE TEMP VIEW db AS SELECT * FROM __dbj")
+            qv[j] = _scalar(panel, sql, panel.labels[j])
+            try:
+                df = pl.from_arrow(panel.arrow(
+                    f"SELECT __ids.__id AS __i, ({rewritten}) AS v, "
+                    f"(SELECT count(*) FROM __dbj WHERE {qi} IS DISTINCT FROM __ids.__id) AS rest "
+                    f"FROM (SELECT DISTINCT {qi} AS __id FROM __dbj) __ids"))
+            except duckdb.Error:
+                df = _loo_by_rerunning(panel, sql, qi)
+            df = df.with_columns(pl.lit(j, dtype=pl.Int64).alias("__j"))
+            frames.append(df.select("__i", "__j", pl.col("v").cast(pl.Float64), "rest"))
+        df = pl.concat(frames)
+        ids, code = factorize(df["__i"], panel.id)
+        jj = df["__j"].to_numpy()
+        v = df["v"].to_numpy()
+        undef = (df["rest"].to_numpy() == 0) | ~np.isfinite(v)
+        delta = np.where(undef, 0.0, qv[jj] - np.nan_to_num(v))
+        return qv, SparseShifts(ids, code, jj, delta, undef)
+
+
+def _replace_db(sql: str, replacement: str) -> str:
+    """``sql`` reading ``replacement`` where it reads the table ``db``."""
+    return re.sub(r"\bFROM\s+db\b", "FROM " + replacement, sql, flags=re.I)
+
+
+def _scalar(panel, sql: str, label) -> float:
+    """The user's query on the current database: one finite number, else :class:`InputError`."""
+    try:
+        rows = panel.execute(sql).fetchall()
+    except duckdb.Error as exc:
+        raise InputError(f"--sql failed on database {clip(str(label), 40)}: "
+                         f"{clip(str(exc).strip().splitlines()[0], 200)}") from None
+    if len(rows) != 1 or len(rows[0]) != 1:
+        raise InputError(f"--sql must return one row with one numeric column; got "
+                         f"{len(rows)} row(s) on database {label!s}")
+    val = rows[0][0]
+    try:
+        val = float(val)
+    except (TypeError, ValueError):
+        raise InputError(f"--sql returned {short(val)} on database {label!s}; it must return a number") from None
+    if not np.isfinite(val):
+        raise InputError(f"--sql returned {val} on database {label!s}; the query must be defined "
+                         f"on every database")
+    return val
+
+
+def _loo_by_rerunning(panel, sql: str, qi: str) -> pl.DataFrame:
+    """Last resort: re-run the query once per individual."""
+    ids = pl.from_arrow(panel.arrow(f"SELECT DISTINCT {qi} FROM __dbj")).to_series()
+    panel.execute(f"CREATE OR REPLACE TEMP TABLE __cur AS SELECT {qi} AS v FROM __dbj LIMIT 0")
+    panel.execute(f"CREATE OR REPLACE TEMP VIEW db AS SELECT * FROM __dbj WHERE {qi} IS DISTINCT FROM "
+                  f"(SELECT v FROM __cur)")
+    vals, rest = [], []
+    for value in ids.to_list():
+        panel.execute("DELETE FROM __cur")
+        panel.execute("INSERT INTO __cur VALUES (?)", [value])
+        r = panel.execute(sql).fetchall()
+        vals.append(None if r[0][0] is None else float(r[0][0]))
+        rest.append(panel.execute("SELECT count(*) FROM db").fetchall()[0][0])
+    return pl.DataFrame({"__i": ids, "v": pl.Series(vals, dtype=pl.Float64), "rest": rest})
