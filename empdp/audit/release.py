@@ -32,29 +32,31 @@ log = logging.getLogger("empdp.audit")
 # ----------------------------------------------------------------------------- release density
 
 def release_kernel_logpdf(x, kernel: str, b: float, w: float, lam: float) -> np.ndarray:
-    """log of k ⋆ h at ``x`` for h = w·δ_0 + (1 − w)·Laplace(λ) and k Laplace/Gaussian of scale b."""
+    """log of k ⋆ h at ``x`` for h = w·δ_0 + (1 − w)·Laplace(λ) and k Laplace/Gaussian of scale b.
+
+    For a Gaussian k this is :func:`empdp.noise.deconv.log_smoothed_kernel`, the kernel
+    calibration certifies (docs/method.md#94-release-audit).
+    """
     x = np.asarray(x, float)
-    if kernel == "laplace":
-        log_k = -np.abs(x) / b - math.log(2 * b)
-    elif kernel == "gaussian":
-        log_k = -0.5 * (x / b) ** 2 - math.log(b * math.sqrt(2 * math.pi))
-    else:
+    if kernel not in ("laplace", "gaussian"):
         raise InputError(f"unknown curator kernel {kernel!r}; expected 'laplace' or 'gaussian'")
-    if w >= 1 or lam <= 0:
+    noisy = w < 1 and lam > 0
+    if kernel == "gaussian":
+        if noisy:  # the exponentially modified Gaussian, mixed with the atom at 0
+            from ..noise.deconv import log_smoothed_kernel  # scipy.special: imported on first use
+
+            return log_smoothed_kernel(x, b, w, lam)
+        return -0.5 * (x / b) ** 2 - math.log(b * math.sqrt(2 * math.pi))
+    log_k = -np.abs(x) / b - math.log(2 * b)
+    if not noisy:
         return log_k
-    if kernel == "laplace":
-        if abs(lam - b) < 1e-12 * lam:  # ℓ_b ⋆ ℓ_b
-            log_conv = np.log1p(np.abs(x) / b) - np.abs(x) / b - math.log(4 * b)
-        else:  # ℓ_b ⋆ ℓ_λ = (λ e^{−|x|/λ} − b e^{−|x|/b}) / (2(λ² − b²))
-            hi, lo = max(lam, b), min(lam, b)
-            ax = np.abs(x)
-            log_conv = (math.log(hi) - ax / hi + np.log1p(-(lo / hi) * np.exp(-ax / lo + ax / hi))
-                        - math.log(2 * (hi * hi - lo * lo)))
-    else:  # Gaussian ⋆ Laplace (exponentially modified Gaussian, both sides)
-        s2 = b * b
-        a1 = s2 / (2 * lam * lam) - x / lam + _special().log_ndtr((x - s2 / lam) / b)
-        a2 = s2 / (2 * lam * lam) + x / lam + _special().log_ndtr((-x - s2 / lam) / b)
-        log_conv = np.logaddexp(a1, a2) - math.log(2 * lam)
+    if abs(lam - b) < 1e-12 * lam:  # ℓ_b ⋆ ℓ_b
+        log_conv = np.log1p(np.abs(x) / b) - np.abs(x) / b - math.log(4 * b)
+    else:  # ℓ_b ⋆ ℓ_λ = (λ e^{−|x|/λ} − b e^{−|x|/b}) / (2(λ² − b²))
+        hi, lo = max(lam, b), min(lam, b)
+        ax = np.abs(x)
+        log_conv = (math.log(hi) - ax / hi + np.log1p(-(lo / hi) * np.exp(-ax / lo + ax / hi))
+                    - math.log(2 * (hi * hi - lo * lo)))
     if w <= 0:
         return log_conv
     return np.logaddexp(math.log(w) + log_k, math.log1p(-w) + log_conv)

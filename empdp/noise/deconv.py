@@ -155,10 +155,12 @@ def fourier_deconvolve(kernel, scale, lam, *, points_per_scale=256, width_scales
 
 
 def log_smoothed_kernel(u, sigma, w, lam):
-    """log of k′ = w·g_σ + (1 − w)·(g_σ ⋆ ℓ_λ), the kernel of P̂ ⋆ k ⋆ h for Gaussian k.
+    """log of k′ = w·g_σ + (1 − w)·(g_σ ⋆ ℓ_λ), the kernel of P̂ ⋆ k ⋆ h for Gaussian k (0 ≤ w < 1, λ > 0).
 
     g_σ ⋆ ℓ_λ is the exponentially modified Gaussian, written with log Φ for
     stability: (1/2λ)e^{σ²/2λ²}[e^{−u/λ}Φ(u/σ − σ/λ) + e^{u/λ}Φ(−u/σ − σ/λ)].
+    The one copy: calibration certifies ε with it and the release audit
+    (:func:`empdp.audit.release.release_kernel_logpdf`) computes the exact values with it.
     """
     u = np.asarray(u, dtype=float)
     r = sigma / lam
