@@ -122,12 +122,17 @@ def test_executor_evaluation_equals_local_blocks(spark, sample_path, kernel):
     codes = codes[~screen.undefined[codes]]
     eps = np.array([0.01, 0.1, 0.5]) * float(screen.bound.max())
     got_eps, got_delta = evaluate_on_executors(engine, model, codes, eps, block_rows=128)
+    only_delta = evaluate_on_executors(engine, model, codes, eps, need_eps_i=False, block_rows=128,
+                                       return_exact=True)
     rows = engine.shifts(codes)
     for a in range(0, len(codes), 128):
         with threadpool_limits(limits=1, user_api="blas"):  # as on the executors (and in assess)
             want_eps, want_delta = risk.evaluate(model, rows[a:a + 128], eps)
+            want_only = risk.evaluate(model, rows[a:a + 128], eps, need_eps_i=False, return_exact=True)
         np.testing.assert_array_equal(got_eps[a:a + 128], want_eps)
         np.testing.assert_array_equal(got_delta[a:a + 128], want_delta)
+        for got, want in zip(only_delta, want_only):
+            np.testing.assert_array_equal(got[a:a + 128], want)
     assert (got_delta[:, 0] > 0).any()  # the comparison is not between zeros
     engine.close()
 

@@ -19,7 +19,7 @@ BLOCK_ROWS = 8192
 
 
 def _block_evaluator(model: DensityModel, n: int, total: int, eps: np.ndarray | None, need_eps_i: bool,
-                     block_rows: int):
+                     block_rows: int, cols: tuple):
     """The pandas function applied to one block's sparse (row, j, delta, undef) rows."""
 
     def evaluate_block(pdf):
@@ -36,23 +36,24 @@ def _block_evaluator(model: DensityModel, n: int, total: int, eps: np.ndarray | 
         dense[rows[ok] - first, pdf["__j"].to_numpy()[ok]] = pdf["delta"].to_numpy()[ok]
         # single-threaded BLAS as in assess: the executor's cores run tasks side by side
         with threadpool_limits(limits=1, user_api="blas"):
-            eps_i, delta = risk.evaluate(model, dense, eps, need_eps_i=need_eps_i)
-        out = {"__row": np.arange(first, first + count, dtype=np.int64), "eps_i": eps_i}
+            eps_i, delta, exact = risk.evaluate(model, dense, eps, need_eps_i=need_eps_i, return_exact=True)
+        out = {"__row": np.arange(first, first + count, dtype=np.int64), "eps_i": eps_i, "exact": exact}
         if eps is not None:
             out["delta"] = list(delta)
-        return pd.DataFrame(out)
+        return pd.DataFrame(out)[list(cols)]
 
     return evaluate_block
 
 
 def evaluate_on_executors(engine, model: DensityModel, codes: np.ndarray, eps: np.ndarray | None,
-                          need_eps_i: bool = True, block_rows: int = BLOCK_ROWS):
+                          need_eps_i: bool = True, block_rows: int = BLOCK_ROWS, return_exact: bool = False):
     """ε_i and δ_i(ε) of the individuals ``codes`` of a screened :class:`SparkEngine`, on the executors.
 
     Returns ``(eps_i, delta)``: arrays in ``codes`` order, ``delta`` of shape (len(codes), len(eps))
     (None without ``eps``), equal to ``risk.evaluate(model, engine.shifts(block), eps, ...)`` on
     each block ``codes[b·block_rows:(b+1)·block_rows]``. Individuals absent everywhere in the Δ
-    table (none, for codes from the screen) get ε_i = 0 and δ_i = 0.
+    table (none, for codes from the screen) get ε_i = 0 and δ_i = 0. ``return_exact`` adds a
+    third array: which rows were evaluated exactly (see :func:`empdp.risk.evaluate`).
     """
     from pyspark.sql import functions as F
 
@@ -63,16 +64,19 @@ def evaluate_on_executors(engine, model: DensityModel, codes: np.ndarray, eps: n
     eps = None if eps is None else np.asarray(eps, dtype=np.float64)
     eps_i = np.zeros(len(codes))
     delta = None if eps is None else np.zeros((len(codes), len(eps)))
+    exact = np.zeros(len(codes), dtype=bool)
     if not len(codes):
-        return eps_i, delta
+        return (eps_i, delta, exact) if return_exact else (eps_i, delta)
     rows = engine.shift_rows(codes).withColumn("__block", (F.col("__row") / block_rows).cast("long"))
-    schema = "__row long, eps_i double" + ("" if eps is None else ", delta array<double>")
-    fn = _block_evaluator(model, n, len(codes), eps, need_eps_i, block_rows)
+    schema = "__row long, eps_i double, exact boolean" + ("" if eps is None else ", delta array<double>")
+    cols = ("__row", "eps_i", "exact") + (() if eps is None else ("delta",))
+    fn = _block_evaluator(model, n, len(codes), eps, need_eps_i, block_rows, cols)
     result = rows.groupBy("__block").applyInPandas(fn, schema=schema)
     tab = engine._run(lambda: _collect(result))
     at = np.asarray(tab.column("__row").to_numpy(zero_copy_only=False), dtype=np.int64)
     eps_i[at] = np.asarray(tab.column("eps_i").to_numpy(zero_copy_only=False), dtype=np.float64)
+    exact[at] = np.asarray(tab.column("exact").to_numpy(zero_copy_only=False), dtype=bool)
     if eps is not None:
         flat = tab.column("delta").combine_chunks().flatten().to_numpy(zero_copy_only=False)
         delta[at] = np.asarray(flat, dtype=np.float64).reshape(len(at), len(eps))
-    return eps_i, delta
+    return (eps_i, delta, exact) if return_exact else (eps_i, delta)
