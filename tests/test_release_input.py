@@ -7,20 +7,16 @@ ledger record makes a release spend zero or negative epsilon.
 import json
 import math
 import sqlite3
-from pathlib import Path
 
 import pytest
-from audit_cli_helpers import assert_one_line_exit_2
-from click.testing import CliRunner
+from helpers import SAMPLE, one_line_error, run
 
 import empdp
-import empdp.cli.main as main_mod
 from empdp.errors import InputError
 from empdp.noise import Calibration, Ledger, LedgerError
-from empdp.noise.ledger import _record_hash
+from empdp.noise.ledger_v1 import record_hash as _record_hash
 from empdp.noise.sampler import NoiseSampler
 
-SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
 KEY = b"release-input-curator-key-0123456789"
 
 
@@ -28,11 +24,6 @@ KEY = b"release-input-curator-key-0123456789"
 def curator_key(monkeypatch):
     """Releases need the curator key that signed the calibration (README, "Release security")."""
     monkeypatch.setenv("EMPDP_KEY", KEY.decode())
-
-
-def run(*args):
-    """``empdp ARGS...`` in-process under the real error handling; arguments may be numbers."""
-    return CliRunner().invoke(main_mod.cli, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +61,7 @@ def test_non_positive_epsilon_is_refused_and_spends_nothing(cal_dict, tmp_path, 
     assert run("release", good, "--value", 1, "--ledger", ledger, "--budget", 0.15).exit_code == 0
     bad = write(tmp_path, {**cal_dict, "epsilon": eps})
     res = run("release", bad, "--value", 1, "--ledger", ledger, "--budget", 0.15)
-    assert_one_line_exit_2(res, "'epsilon'", str(bad), "empdp calibrate")
+    one_line_error(res, "'epsilon'", str(bad), "empdp calibrate")
     summary = Ledger(ledger, key=KEY).verify()
     assert summary["n_releases"] == 1 and summary["spent"] == pytest.approx(0.1)
     # the budget was not refunded: a second real release is refused
@@ -193,7 +184,7 @@ def test_damaged_calibration_field_exits_2_naming_it(cal_dict, tmp_path, path, v
     _set(path, value)(cal_dict)
     bad = write(tmp_path, cal_dict)
     res = run("release", bad, "--value", 1, "--ledger", tmp_path / "l.sqlite", "--budget", 1)
-    assert_one_line_exit_2(res, field, str(bad))
+    one_line_error(res, field, str(bad))
     assert not (tmp_path / "l.sqlite").exists()
 
 
@@ -203,14 +194,14 @@ def test_nan_epsilon_exits_2(cal_dict, tmp_path):
     bad.write_text(json.dumps(cal_dict).replace('"epsilon": 0.1', '"epsilon": NaN'))
     assert "NaN" in bad.read_text()
     res = run("release", bad, "--value", 1, "--ledger", tmp_path / "l.sqlite")
-    assert_one_line_exit_2(res, "'epsilon'", "nan")
+    one_line_error(res, "'epsilon'", "nan")
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", '"x"', "null"])
 def test_calibration_that_is_not_an_object_exits_2(tmp_path, text):
     bad = tmp_path / "c.json"
     bad.write_text(text)
-    assert_one_line_exit_2(run("release", bad, "--value", 1), "not an empdp calibration", str(bad))
+    one_line_error(run("release", bad, "--value", 1), "not an empdp calibration", str(bad))
 
 
 # --------------------------------------------------------------- digest
@@ -225,7 +216,7 @@ def test_saved_calibration_carries_a_digest_that_matches(cal_path, cal_dict):
 def test_edited_calibration_with_a_digest_is_refused(cal_dict, tmp_path, key, value):
     bad = write(tmp_path, {**cal_dict, key: value}, digest=True)
     res = run("release", bad, "--value", 1, "--ledger", tmp_path / "l.sqlite")
-    assert_one_line_exit_2(res, "was edited", str(bad), "empdp calibrate")
+    one_line_error(res, "was edited", str(bad), "empdp calibrate")
     assert not (tmp_path / "l.sqlite").exists()
 
 
@@ -269,14 +260,14 @@ def test_unreadable_ledger_exits_2_and_is_left_unchanged(cal_path, tmp_path, mak
     make(ledger, cal_path)
     before = ledger.read_bytes()
     res = run("release", cal_path, "--value", 1, "--ledger", ledger, "--budget", 1)
-    assert_one_line_exit_2(res, str(ledger), "--ledger", "not a readable empdp ledger")
+    one_line_error(res, str(ledger), "--ledger", "not a readable empdp ledger")
     assert ledger.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("l.")) == ["l.sqlite"]
 
 
 def test_ledger_path_that_is_a_folder_exits_2(cal_path, tmp_path):
     res = run("release", cal_path, "--value", 1, "--ledger", tmp_path)
-    assert_one_line_exit_2(res, "folder", str(tmp_path))
+    one_line_error(res, "folder", str(tmp_path))
     with pytest.raises(InputError, match="is a folder"):  # the library refuses it too
         Ledger(tmp_path, key=KEY).spent()
 
@@ -306,7 +297,6 @@ def test_calibrating_a_source_of_sole_contributors_only_is_refused(tmp_path):
     src = tmp_path / "oneid.parquet"
     pd.DataFrame({"id": [1] * 4, "year": [2000, 2001, 2002, 2003], "x": [1.0, 2.0, 1.5, 3.0]}).to_parquet(src)
     out = tmp_path / "cal.json"
-    res = CliRunner().invoke(main_mod.cli, ["calibrate", str(src), "--id", "id", "--by", "year", "--query", "mean(x)",
-                                   "--epsilon", "1", "-o", str(out)])
-    assert_one_line_exit_2(res, "only contributor to some database")
+    res = run("calibrate", src, "--id", "id", "--by", "year", "--query", "mean(x)", "--epsilon", 1, "-o", out)
+    one_line_error(res, "only contributor to some database")
     assert not out.exists()

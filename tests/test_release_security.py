@@ -10,26 +10,19 @@ import json
 import os
 import sqlite3
 import warnings
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from audit_cli_helpers import assert_one_line_exit_2
-from click.testing import CliRunner
+from helpers import SAMPLE, one_line_error, run
 
-import empdp.cli.main as main_mod
 from empdp.keys import key_id
 from empdp.noise import Calibration, Ledger, calibrate_values
-from empdp.noise.ledger import CHAIN_FIELDS, _body
+from empdp.noise.ledger_format import CHAIN_FIELDS
+from empdp.noise.ledger_format import body as _body
 
 KEY = b"security-suite-curator-key-0123456789"
 OTHER = b"another-curators-key-abcdefghijklmn"
-SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
-
-
-def run(*args, env=None):
-    return CliRunner().invoke(main_mod.cli, [str(a) for a in args], env=env)
 
 
 def make_calibration(scale=0.01):
@@ -82,7 +75,7 @@ def ledger(tmp_path, cal_dict):
 
 
 def assert_refused(res, ledger, before, *fragments):
-    assert_one_line_exit_2(res, *fragments)
+    one_line_error(res, *fragments)
     assert ledger.read_bytes() == before
 
 
@@ -131,7 +124,7 @@ def test_calibration_signed_with_another_key_is_refused(tmp_path, ledger):
 def test_unsigned_calibration_needs_allow_unsigned(tmp_path):
     unsigned = tmp_path / "u.json"
     make_calibration().save(unsigned)
-    assert_one_line_exit_2(release(unsigned, tmp_path / "l.sqlite"), "is not signed", "--allow-unsigned")
+    one_line_error(release(unsigned, tmp_path / "l.sqlite"), "is not signed", "--allow-unsigned")
     assert not (tmp_path / "l.sqlite").exists()
     res = release(unsigned, tmp_path / "l.sqlite", "--allow-unsigned")
     assert res.exit_code == 0 and "Warning: --allow-unsigned" in res.output
@@ -140,14 +133,14 @@ def test_unsigned_calibration_needs_allow_unsigned(tmp_path):
 def test_release_without_any_key_is_refused_before_anything(tmp_path, cal_dict, monkeypatch):
     monkeypatch.delenv("EMPDP_KEY")
     cal = write(tmp_path / "cal.json", cal_dict)
-    assert_one_line_exit_2(release(cal, tmp_path / "l.sqlite"), "needs the curator key", "--key-file")
+    one_line_error(release(cal, tmp_path / "l.sqlite"), "needs the curator key", "--key-file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.json"]
     key_file = tmp_path / "k"
     key_file.write_bytes(KEY + b"\n")
     assert release(cal, tmp_path / "l.sqlite", "--key-file", key_file).exit_code == 0
     short = tmp_path / "short"
     short.write_bytes(b"too short")
-    assert_one_line_exit_2(release(cal, tmp_path / "l.sqlite", "--key-file", short), "at least 16 bytes")
+    one_line_error(release(cal, tmp_path / "l.sqlite", "--key-file", short), "at least 16 bytes")
 
 
 def test_calibration_changed_in_python_after_loading_cannot_release(tmp_path, cal_dict):
@@ -255,7 +248,7 @@ def test_budget_set_later_is_a_chained_record(tmp_path, cal_dict):
     kinds = [r["kind"] for r in Ledger(path, key=KEY).chain()]
     assert kinds == ["genesis", "release", "budget", "release"]
     assert Ledger(path, key=KEY).verify()["budget"] == 0.3
-    assert_one_line_exit_2(run("release", cal, "--value", 1, "--ledger", path, "--budget", 5), "cannot be changed")
+    one_line_error(run("release", cal, "--value", 1, "--ledger", path, "--budget", 5), "cannot be changed")
 
 
 # ------------------------------------------------------------- show, verify, anchoring
@@ -282,15 +275,15 @@ def test_expect_head_catches_a_rolled_back_or_replaced_ledger(tmp_path, ledger):
     ledger.write_bytes(old_copy)  # rolled back to the older copy: it verifies on its own ...
     assert run("ledger", "verify", ledger).exit_code == 0
     # ... but not against the head recorded elsewhere
-    assert_one_line_exit_2(run("ledger", "verify", ledger, "--expect-head", new_head), "expected head", "rolled back")
+    one_line_error(run("ledger", "verify", ledger, "--expect-head", new_head), "expected head", "rolled back")
     ledger.unlink()  # deleted and started afresh: a new chain
     assert release(tmp_path / "cal.json", ledger).exit_code == 0
-    assert_one_line_exit_2(run("ledger", "verify", ledger, "--expect-head", old_head), "expected head")
+    one_line_error(run("ledger", "verify", ledger, "--expect-head", old_head), "expected head")
 
 
 def test_ledger_commands_refuse_a_missing_file_and_need_the_key(tmp_path, ledger):
-    assert_one_line_exit_2(run("ledger", "verify", tmp_path / "nope.sqlite"), "does not exist")
-    assert_one_line_exit_2(run("ledger", "verify", ledger, env={"EMPDP_KEY": ""}), "is signed with the curator key")
+    one_line_error(run("ledger", "verify", tmp_path / "nope.sqlite"), "does not exist")
+    one_line_error(run("ledger", "verify", ledger, env={"EMPDP_KEY": ""}), "is signed with the curator key")
 
 
 # ---------------------------------------------------------------- the guarantee travels
@@ -329,7 +322,7 @@ def test_empty_ledger_path_is_refused(tmp_path, cal_dict, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cal = write(tmp_path / "cal.json", cal_dict)
     for empty in ("", " "):
-        assert_one_line_exit_2(run("release", cal, "--value", 1, "--ledger", empty), "--ledger is empty")
+        one_line_error(run("release", cal, "--value", 1, "--ledger", empty), "--ledger is empty")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.json"]
 
 
@@ -339,8 +332,8 @@ def test_ledger_symlink_is_refused(tmp_path, ledger, dangling):
     link = tmp_path / "link.sqlite"
     link.symlink_to(target)
     before = sorted(p.name for p in tmp_path.iterdir())
-    assert_one_line_exit_2(release(tmp_path / "cal.json", link), "symbolic link")
-    assert_one_line_exit_2(run("ledger", "verify", link), "symbolic link")
+    one_line_error(release(tmp_path / "cal.json", link), "symbolic link")
+    one_line_error(run("ledger", "verify", link), "symbolic link")
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # a dangling link's target is not created
 
 

@@ -4,7 +4,8 @@ Modules, in data-flow order: :mod:`.exact` (ε_i(λ) and λ*), :mod:`.deconv`
 (the noise h), :mod:`.compute` (calibrate: the steps from the data to the noise),
 :mod:`.calibration` (the result: its file, its signature, its releases),
 :mod:`.sampler` (secure exact draws), :mod:`.ledger` (append-only record and
-budget).
+budget; :mod:`.ledger_format` is what its file holds, :mod:`.ledger_v1` reads the
+first, unkeyed format).
 """
 
 from .calibration import Calibration

@@ -24,8 +24,8 @@ appends the record and moves the head. A crash before COMMIT leaves no trace
 after COMMIT the record survives (the noisy value may be lost to the user,
 never the ε). A file that is not a ledger is refused as bad input before
 anything is written to it. Ledgers of the first format (an unkeyed SHA-256
-chain, the budget outside it) are read and extended only with
-``allow_unsigned``.
+chain, the budget outside it; :mod:`.ledger_v1`) are read and extended only
+with ``allow_unsigned``.
 """
 
 from __future__ import annotations
@@ -40,41 +40,18 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import BudgetExceededError, EmpdpError, InputError
-from ..keys import KEY_ENV, key_id, mac, same
+from ..keys import KEY_ENV, key_id, same
+from . import ledger_v1
+from .ledger_format import CHAIN_FIELDS, FIELDS, FORMAT
+from .ledger_format import GENESIS as _GENESIS
+from .ledger_format import SCHEMA as _SCHEMA
+from .ledger_format import V2_COLUMNS as _V2_COLUMNS
+from .ledger_format import head_mac as _head_mac
+from .ledger_format import record_mac as _record_mac
+from .ledger_format import stored as _stored
 
-FORMAT = "empdp-ledger/2"
-#: what a release record holds (the dict :meth:`Ledger.append` takes, plus time and noisy value)
-FIELDS = ("time", "query", "source", "database", "epsilon", "lambda", "weight_zero",
-          "noisy_value", "private", "noise_added", "calibration_digest")
-#: the columns every record's MAC covers, in order
-CHAIN_FIELDS = ("seq", "kind", "time", "budget", "key_id", "query", "source", "database", "epsilon", "lambda",
-                "weight_zero", "noisy_value", "private", "noise_added", "calibration_digest")
-_SCHEMA = (
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    """CREATE TABLE chain (
-        seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, time TEXT NOT NULL, budget REAL, key_id TEXT,
-        query TEXT, source TEXT, database TEXT, epsilon REAL, lambda REAL, weight_zero REAL,
-        noisy_value REAL, private INTEGER, noise_added INTEGER, calibration_digest TEXT,
-        prev_mac TEXT NOT NULL, mac TEXT NOT NULL)""",
-    "CREATE VIEW releases AS SELECT * FROM chain WHERE kind = 'release'",
-    """CREATE TRIGGER chain_no_update BEFORE UPDATE ON chain
-       BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END""",
-    """CREATE TRIGGER chain_no_delete BEFORE DELETE ON chain
-       BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END""",
-    """CREATE TRIGGER chain_positive_epsilon BEFORE INSERT ON chain
-       WHEN NEW.kind = 'release' AND NOT (NEW.epsilon > 0 AND NEW.epsilon < 1e308)
-       BEGIN SELECT RAISE(ABORT, 'a release must spend a positive, finite epsilon'); END""",
-)
-_V2_COLUMNS = {*CHAIN_FIELDS, "prev_mac", "mac"}
-#: the first format: table ``releases``, budget in ``meta``, unkeyed SHA-256 chain
-_V1_FIELDS = ("time", "query", "source", "database", "epsilon", "lambda", "weight_zero",
-              "noisy_value", "private", "calibration_digest")
-_V1_COLUMNS = {"seq", *_V1_FIELDS, "prev_hash", "hash"}
 #: SQLite primary result codes that mean "this file is not (or no longer) a usable database"
 _BAD_FILE_CODES = {11: "SQLITE_CORRUPT", 14: "SQLITE_CANTOPEN", 26: "SQLITE_NOTADB"}
-_GENESIS = "0" * 64
-_REAL = {"budget", "epsilon", "lambda", "weight_zero", "noisy_value"}
-_INTEGER = {"seq", "private", "noise_added"}
 #: relative slack on the budget comparison so that e.g. 3 × 0.1 fits a budget of 0.3
 _BUDGET_RTOL = 1e-9
 _UNSAFE = "--allow-unsigned (unsafe: see the README)"
@@ -97,23 +74,6 @@ class LedgerTamperedError(LedgerError, InputError):
 def _fix_hint() -> str:
     return ("point --ledger at the right ledger file, or at a new path to start a new ledger "
             "(this file was left unchanged)")
-
-
-def _body(rec: dict, names) -> str:
-    return json.dumps([rec[k] for k in names], separators=(",", ":"), allow_nan=False)
-
-
-def _record_mac(key: bytes | None, prev: str, rec: dict) -> str:
-    return mac(key, prev + _body(rec, CHAIN_FIELDS))
-
-
-def _head_mac(key: bytes | None, seq: int, last: str) -> str:
-    return mac(key, f"head:{seq}:{last}")
-
-
-def _record_hash(prev_hash: str, record: dict) -> str:
-    """The first format's unkeyed SHA-256 link."""
-    return mac(None, prev_hash + _body(record, _V1_FIELDS))
 
 
 def _now() -> str:
@@ -229,7 +189,7 @@ class Ledger:
                 empty = all(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] == 0 for t in ("meta", "chain"))
                 return "empty" if empty else "v2"
         elif {"meta", "releases"} <= objects:
-            if {r[1] for r in con.execute("PRAGMA table_info(releases)")} == _V1_COLUMNS:
+            if {r[1] for r in con.execute("PRAGMA table_info(releases)")} == ledger_v1.COLUMNS:
                 return "v1"
         elif objects <= {"meta", "chain", "releases"} and all(
                 con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] == 0 for t in objects & {"meta", "chain"}):
@@ -380,20 +340,8 @@ class Ledger:
         if not self.allow_unsigned:
             raise self._tampered("it has the first, unkeyed ledger format (its budget and records can be rewritten "
                                  f"undetected); start a new ledger, or pass {_UNSAFE} to use it")
-        prev, spent = _GENESIS, 0.0
-        rows = self._rows(con, "releases")
-        for expected, rec in enumerate(rows, start=1):
-            if rec["seq"] != expected:
-                raise self._tampered(f"record {expected} is missing")
-            if rec["prev_hash"] != prev or rec["hash"] != _record_hash(prev, rec):
-                raise self._tampered(f"record {expected} does not match its hash (it was edited)")
-            if not (isinstance(rec["epsilon"], float) and 0 < rec["epsilon"] < 1e308):
-                raise self._tampered(f"record {expected} spends epsilon {rec['epsilon']!r}, not a positive number, "
-                                     "so its total cannot be trusted")
-            spent, prev = spent + rec["epsilon"], rec["hash"]
-        row = con.execute("SELECT value FROM meta WHERE key = 'budget'").fetchone()
-        budget = float(row[0]) if row else None
-        summary = _summary(len(rows), spent, budget, prev if rows else None, False, None, "empdp-ledger/1")
+        n, spent, budget, prev = ledger_v1.verify(con, self._rows(con, "releases"), self._tampered)
+        summary = _summary(n, spent, budget, prev if n else None, False, None, ledger_v1.FORMAT)
         return summary, {"layout": "v1", "prev": prev}
 
     # ----------------------------------------------------------------- writes
@@ -473,15 +421,9 @@ class Ledger:
         rec["epsilon"], rec["private"] = eps, int(bool(fields["private"]))
         rec["noise_added"] = int(bool(fields.get("noise_added", True)))
         if state["layout"] == "v1":
-            if stored is None and budget is not None:
-                sql("INSERT INTO meta VALUES ('budget', ?)", (repr(float(budget)),))
             rec["time"], rec["noisy_value"] = _now(), float(draw())
-            rec = _stored(rec)
-            rec["prev_hash"], rec["hash"] = state["prev"], _record_hash(state["prev"], rec)
-            cur = sql(f"INSERT INTO releases ({', '.join(_V1_FIELDS)}, prev_hash, hash) "
-                      f"VALUES ({', '.join('?' * (len(_V1_FIELDS) + 2))})",
-                      [rec[k] for k in _V1_FIELDS] + [rec["prev_hash"], rec["hash"]])
-            rec["seq"], head = cur.lastrowid, rec["hash"]
+            rec = ledger_v1.append(sql, state["prev"], _stored(rec), budget if stored is None else None)
+            head = rec["hash"]
         else:
             key, prev, seq = state["key"], state["prev"], state["last"]
             if stored is None and budget is not None:
@@ -519,19 +461,6 @@ class Ledger:
             [full[k] for k in names])
         rec["prev_mac"], rec["mac"] = prev, full["mac"]
         return full["mac"]
-
-
-def _stored(rec: dict) -> dict:
-    """``rec`` with the types SQLite gives back (REAL, TEXT, INTEGER), so that its MAC verifies when read."""
-    out = dict(rec)
-    for k, v in rec.items():
-        if v is not None and k in _REAL:
-            out[k] = float(v)
-        elif v is not None and k in _INTEGER:
-            out[k] = int(v)
-        elif v is not None:
-            out[k] = str(v)
-    return out
 
 
 def _summary(n, spent, budget, head, signed, kid, fmt) -> dict:

@@ -1,0 +1,70 @@
+"""What a ledger file holds (docs/release-security.md): its schema, its records' fields and how they are MACed.
+
+Shared by :mod:`.ledger` (the second, keyed format) and :mod:`.ledger_v1`
+(the first, unkeyed one), whose record encoding and genesis link the second
+format kept.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..keys import mac
+
+FORMAT = "empdp-ledger/2"
+#: what a release record holds (the dict :meth:`Ledger.append` takes, plus time and noisy value)
+FIELDS = ("time", "query", "source", "database", "epsilon", "lambda", "weight_zero",
+          "noisy_value", "private", "noise_added", "calibration_digest")
+#: the columns every record's MAC covers, in order
+CHAIN_FIELDS = ("seq", "kind", "time", "budget", "key_id", "query", "source", "database", "epsilon", "lambda",
+                "weight_zero", "noisy_value", "private", "noise_added", "calibration_digest")
+SCHEMA = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE chain (
+        seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, time TEXT NOT NULL, budget REAL, key_id TEXT,
+        query TEXT, source TEXT, database TEXT, epsilon REAL, lambda REAL, weight_zero REAL,
+        noisy_value REAL, private INTEGER, noise_added INTEGER, calibration_digest TEXT,
+        prev_mac TEXT NOT NULL, mac TEXT NOT NULL)""",
+    "CREATE VIEW releases AS SELECT * FROM chain WHERE kind = 'release'",
+    """CREATE TRIGGER chain_no_update BEFORE UPDATE ON chain
+       BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END""",
+    """CREATE TRIGGER chain_no_delete BEFORE DELETE ON chain
+       BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END""",
+    """CREATE TRIGGER chain_positive_epsilon BEFORE INSERT ON chain
+       WHEN NEW.kind = 'release' AND NOT (NEW.epsilon > 0 AND NEW.epsilon < 1e308)
+       BEGIN SELECT RAISE(ABORT, 'a release must spend a positive, finite epsilon'); END""",
+)
+V2_COLUMNS = {*CHAIN_FIELDS, "prev_mac", "mac"}
+#: the link before the first record
+GENESIS = "0" * 64
+#: the columns SQLite stores as REAL and as INTEGER (everything else but NULL is TEXT)
+REAL = {"budget", "epsilon", "lambda", "weight_zero", "noisy_value"}
+INTEGER = {"seq", "private", "noise_added"}
+
+
+def body(rec: dict, names) -> str:
+    """The text a record's hash or HMAC covers: its ``names`` fields as compact JSON."""
+    return json.dumps([rec[k] for k in names], separators=(",", ":"), allow_nan=False)
+
+
+def record_mac(key: bytes | None, prev: str, rec: dict) -> str:
+    """A second-format record's link: HMAC(key, previous MAC + its fields); SHA-256 without a key."""
+    return mac(key, prev + body(rec, CHAIN_FIELDS))
+
+
+def head_mac(key: bytes | None, seq: int, last: str) -> str:
+    """The MAC of the head: the last record's number and MAC, so that removing last records is noticed."""
+    return mac(key, f"head:{seq}:{last}")
+
+
+def stored(rec: dict) -> dict:
+    """``rec`` with the types SQLite gives back (REAL, TEXT, INTEGER), so that its MAC verifies when read."""
+    out = dict(rec)
+    for k, v in rec.items():
+        if v is not None and k in REAL:
+            out[k] = float(v)
+        elif v is not None and k in INTEGER:
+            out[k] = int(v)
+        elif v is not None:
+            out[k] = str(v)
+    return out
