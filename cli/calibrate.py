@@ -12,6 +12,7 @@ from empdp.keys import KEY_ENV, key_id, load_key
 from empdp.noise import Calibration, Ledger, query_value
 from empdp.noise import calibrate as calibrate_source
 from empdp.noise.exact import check_epsilon
+from empdp.textfmt import fmt
 
 from ._common import check_output, emit_json, log, output_options, progress_bars, setup_logging
 from .assess import parse_bandwidth, query_options
@@ -27,7 +28,7 @@ def key_options(f):
                      help="UNSAFE: accept calibration files and ledgers without a valid curator-key signature "
                           "(and write an unsigned ledger when no key is given). Anyone who can write those "
                           "files can then lift the budget or release exact values undetected.")(f)
-    f = click.option("--key-file", type=click.Path(dir_okay=False),
+    f = click.option("--key-file", type=click.Path(dir_okay=False), metavar="FILE",
                      help=f"File holding the curator key (>= 16 bytes) that signs calibrations and ledgers with "
                           f"HMAC-SHA256; default: ${KEY_ENV}. Keep it apart from the files it protects.")(f)
     return f
@@ -43,10 +44,11 @@ def key_options(f):
                    "often picks Gaussian.")
 @click.option("--bandwidth", default="auto", show_default=True,
               help="'auto' (fixed scale by held-out likelihood) or a fixed kernel scale.")
-@click.option("-o", "--output", "output", required=True, help="Write the calibration to this JSON file.")
+@click.option("-o", "--output", "output", metavar="FILE", required=True,
+              help="Write the calibration to FILE.json (mode 0600).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB.")
 @click.option("--drop-null-ids", is_flag=True, help="Drop rows whose id is NULL instead of failing.")
-@click.option("--key-file", type=click.Path(dir_okay=False),
+@click.option("--key-file", type=click.Path(dir_okay=False), metavar="FILE",
               help=f"Sign the calibration with the curator key in this file (default: ${KEY_ENV}); 'empdp "
                    "release' refuses unsigned calibrations unless --allow-unsigned.")
 @output_options
@@ -78,7 +80,7 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth,
                                kernel=kernel, bandwidth=parse_bandwidth(bandwidth), memory_limit=memory_limit,
                                drop_null_ids=drop_null_ids, progress=progress)
     cal.save(output, key=key)
-    log.info("wrote %s (lambda* %.6g, noise %s, %s) after %.2f s of calibration", output, cal.lam,
+    log.info("wrote %s (lambda* %s, noise %s, %s) after %.2f s of calibration", output, fmt(cal.lam),
              cal.noise["kind"], f"signed with key {key_id(key)}" if key else "unsigned", cal.seconds)
     for note in cal.warnings:
         _warn(note)
@@ -94,19 +96,21 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth,
 def _print_calibration(cal: Calibration, output: str) -> None:
     n = cal.noise
     noise = {"none": "none (the curator kernel already suffices)",
-             "laplace": f"Laplace(scale {n['scale']:.6g})",
-             "laplace_mixture": f"0 with probability {n['weight_zero']:.4g}, else Laplace(scale {n['scale']:.6g})"}
+             "laplace": f"Laplace(scale {fmt(n['scale'])})",
+             "laplace_mixture": f"0 with probability {fmt(n['weight_zero'])}, else Laplace(scale {fmt(n['scale'])})"}
     rows = [
-        ("query", f"{cal.query_description} on {cal.source_description} ({cal.n_databases} databases)"),
-        ("target epsilon", f"{cal.epsilon:g}"),
-        ("lambda* (exact, minimal)", f"{cal.lam:.6g}"),
-        ("lambda by Hausdorff rule", f"{cal.lam_hausdorff:.6g}  (paper's rule; not valid: see the README)"),
-        ("lambda by W-infinity bound", f"{cal.lam_winf:.6g}  (valid, loose)"),
-        ("curator kernel", f"{cal.curator_kernel['kind']}, scale {cal.curator_kernel['scale']:.6g}"),
+        ("query", f"{cal.query_description} on {cal.source_description} ({fmt(cal.n_databases)} databases)"),
+        ("target epsilon", fmt(cal.epsilon)),
+        ("lambda* (exact, minimal)", fmt(cal.lam)),
+        ("lambda by Hausdorff rule", f"{fmt(cal.lam_hausdorff)}  (paper's rule; not valid: see docs/method.md"
+                                     "#111-the-hausdorff-rule-does-not-guarantee-epsilon)"),
+        ("lambda by W-infinity bound", f"{fmt(cal.lam_winf)}  (valid, loose)"),
+        ("curator kernel", f"{cal.curator_kernel['kind']}, scale {fmt(cal.curator_kernel['scale'])}"),
         ("noise", noise.get(n["kind"], n["kind"])),
-        ("expected |noise|", f"{cal.expected_abs_noise:.6g}  (plain Laplace(lambda*): {cal.lam:.6g})"),
-        ("verified max eps_i", f"{cal.verified_eps_max:.6g}"),
-        ("individuals", f"{cal.n_individuals} ({cal.n_sole_contributors} sole contributors, unprotectable)"),
+        ("expected |noise|", f"{fmt(cal.expected_abs_noise)}  (plain Laplace(lambda*): {fmt(cal.lam)})"),
+        ("verified max eps_i", fmt(cal.verified_eps_max)),
+        ("individuals", f"{fmt(cal.n_individuals)} ({fmt(cal.n_sole_contributors)} sole contributors, "
+                        "unprotectable)"),
         ("classical DP epsilon", "none: " + cal.to_dict()["classical_dp_explanation"]),
     ]
     width = max(len(k) for k, _ in rows)
@@ -121,9 +125,12 @@ def _print_calibration(cal: Calibration, output: str) -> None:
 @click.argument("source", required=False)
 @click.option("--value", type=float, help="The new statistic to release (never printed).")
 @click.option("--database", help="With SOURCE: compute the query on this database label.")
-@click.option("--ledger", help="Ledger file (default: CALIBRATION with suffix .ledger.sqlite); not a symbolic link.")
-@click.option("--budget", type=float, help="Total epsilon budget of the ledger (fixed by its first use).")
-@click.option("--seed", type=int, help="Reproducible noise for TESTS ONLY: the release is marked not private.")
+@click.option("--ledger", metavar="FILE", help="Ledger file the release is appended to (default: CALIBRATION with "
+                                                "suffix .ledger.sqlite); not a symbolic link.")
+@click.option("--budget", type=float, help="Total epsilon budget of the ledger, fixed by its first use (default: "
+                                           "none, so spending is unlimited).")
+@click.option("--seed", type=int, help="Reproducible noise for TESTS ONLY: the release is marked not private "
+                                       "(default: none, the operating system's CSPRNG).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB.")
 @key_options
 @output_options
@@ -160,8 +167,8 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
         raise InputError(f"release needs the curator key that signed the calibration and signs the ledger: give "
                          f"--key-file FILE or set ${KEY_ENV} (or pass --allow-unsigned: unsafe, see the README)")
     cal = Calibration.load(calibration, key=key, allow_unsigned=allow_unsigned)
-    log.info("calibration %s: epsilon %g, noise %s (weight at 0 %.4g, scale %.6g), %s", calibration, cal.epsilon,
-             cal.noise["kind"], cal.noise["weight_zero"], cal.noise["scale"],
+    log.info("calibration %s: epsilon %s, noise %s (weight at 0 %s, scale %s), %s", calibration, fmt(cal.epsilon),
+             cal.noise["kind"], fmt(cal.noise["weight_zero"]), fmt(cal.noise["scale"]),
              "signature verified" if key and cal.signed else "NOT verified (--allow-unsigned)")
     book = Ledger(ledger, key=key, allow_unsigned=allow_unsigned)
     summary = book.verify()  # a tampered ledger is refused before the query is computed (and again inside)
@@ -177,12 +184,12 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
         emit_json({k: out[k] for k in ("value", "epsilon", "budget_spent", "budget_left", "private", "noise_added",
                                        "guarantee", "seq")})
     elif not quiet:
-        left = "unlimited" if out["budget_left"] is None else f"{out['budget_left']:g} left"
-        click.echo(f"{out['value']!r}")
-        click.echo(f"epsilon {out['epsilon']:g}; ledger {ledger}: {out['budget_spent']:g} spent, {left}; "
+        left = "unlimited" if out["budget_left"] is None else f"{fmt(out['budget_left'])} left"
+        click.echo(f"{out['value']!r}")  # the released value itself, in full
+        click.echo(f"epsilon {fmt(out['epsilon'])}; ledger {ledger}: {fmt(out['budget_spent'])} spent, {left}; "
                    f"record {out['seq']}, chain head {out['head']}", err=True)
     if not out["noise_added"]:
         _warn(f"NO NOISE WAS ADDED: the exact value was released (the calibration found that the data's own spread "
-              f"already gives epsilon {cal.epsilon:g} under the curator's density model; see the README)")
+              f"already gives epsilon {fmt(cal.epsilon)} under the curator's density model; see the README)")
     if not out["private"]:
         _warn("released with --seed: reproducible noise, NOT PRIVATE (tests only)")

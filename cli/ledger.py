@@ -9,6 +9,7 @@ import click
 from empdp.errors import InputError
 from empdp.keys import load_key
 from empdp.noise import Ledger
+from empdp.textfmt import fmt
 
 from ._common import emit_json, output_options, setup_logging
 from .calibrate import key_options
@@ -53,8 +54,8 @@ def verify(ledger_path, expect_head, key_file, allow_unsigned, as_json, quiet, v
     if as_json:
         emit_json({"ok": True, "ledger": ledger_path, **summary})
     elif not quiet:
-        budget = "no budget" if summary["budget"] is None else f"budget {summary['budget']:g}"
-        click.echo(f"ok: {summary['n_releases']} releases, epsilon {summary['spent']:g} spent, {budget}; "
+        budget = "no budget (unlimited)" if summary["budget"] is None else f"budget {fmt(summary['budget'])}"
+        click.echo(f"ok: {fmt(summary['n_releases'])} releases, epsilon {fmt(summary['spent'])} spent, {budget}; "
                    f"{'signed with key ' + summary['key_id'] if summary['signed'] else 'UNSIGNED'}")
         click.echo(f"head {summary['head']}")
 
@@ -88,10 +89,11 @@ def show(ledger_path, key_file, allow_unsigned, as_json, quiet, verbose, debug):
     if quiet:
         return
     for r in records:
-        click.echo("  ".join(f"{k}={r.get(k)}" for k in _COLUMNS))
+        # the released value in full (it is what was published); epsilon to 4 digits like every number shown
+        click.echo("  ".join(f"{k}={fmt(r.get(k)) if k == 'epsilon' else r.get(k)}" for k in _COLUMNS))
     if summary is None:
-        click.echo(f"{len(records)} releases, NOT VERIFIED (no curator key given)")
+        click.echo(f"{fmt(len(records))} releases, NOT VERIFIED (no curator key given)")
     else:
-        budget = "no budget" if summary["budget"] is None else f"budget {summary['budget']:g}"
-        click.echo(f"{summary['n_releases']} releases verified, epsilon {summary['spent']:g} spent, {budget}")
+        budget = "no budget (unlimited)" if summary["budget"] is None else f"budget {fmt(summary['budget'])}"
+        click.echo(f"{fmt(summary['n_releases'])} releases verified, epsilon {fmt(summary['spent'])} spent, {budget}")
     click.echo(f"head {head}")

@@ -2,22 +2,18 @@
 
 import json
 import warnings
-from pathlib import Path
 
-import click
 import numpy as np
 import polars as pl
 import pytest
-from click.testing import CliRunner
+from helpers import QUERY, SAMPLE, one_line_error, run
 
-from empdp.cli.calibrate import calibrate, release
-from empdp.cli.main import EmpdpGroup
+from empdp import risk
+from empdp.density import DensityModel
 from empdp.loo import leave_one_out
-from empdp.noise import Calibration, Ledger, calibrate_values, laplace_kde_eps
+from empdp.noise import Calibration, Ledger, calibrate_values
 from empdp.noise import calibrate as calibrate_api
 
-SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
-QUERY = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]
 RELEASE_KEYS = {"value", "epsilon", "budget_spent", "budget_left", "private", "noise_added", "guarantee", "seq"}
 KEY = b"calibrate-cli-curator-key-0123456789"
 
@@ -26,19 +22,6 @@ KEY = b"calibrate-cli-curator-key-0123456789"
 def curator_key(monkeypatch):
     """Releases need the curator key that signed the calibration (README, "Release security")."""
     monkeypatch.setenv("EMPDP_KEY", KEY.decode())
-
-
-@click.group(cls=EmpdpGroup)
-def cli():
-    """The two commands under the real error-handling group."""
-
-
-cli.add_command(calibrate)
-cli.add_command(release)
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +52,22 @@ def test_calibrate_json_contract(cal_path):
     assert (d["source"], d["id"], d["by"], d["query"]) == (SAMPLE, "countyid", "year", "mean(murdrate)")
 
 
-def test_calibration_matches_an_independent_computation(cal_path):
+def test_lambda_star_is_minimal_by_the_assessment_risk(cal_path):
+    """λ* checked by other code than the search's: the assessment's ε_i (:func:`empdp.risk.evaluate`, its own
+    exact integration) of P̂ ⋆ ℓ_λ against P̂_i ⋆ ℓ_λ, a Laplace KDE of the fixed bandwidth λ
+    (docs/method.md#82-the-minimal-scale-exact): every ε_i ≤ ε at λ*, some ε_i > ε just below it."""
     cal = Calibration.load(cal_path)
     loo = leave_one_out(SAMPLE, id="countyid", by="year", query="mean(murdrate)")
-    eps = laplace_kde_eps(loo.q, loo.q - loo.shifts, cal.lam)
-    assert eps.max() <= 0.1
-    assert eps.max() == pytest.approx(cal.verified_eps_max, rel=1e-12)
-    assert laplace_kde_eps(loo.q, loo.q - loo.shifts, cal.lam * (1 - 1e-6)).max() > 0.1
+    n = loo.q.size
+
+    def eps_i(lam):
+        model = DensityModel("laplace", lam, 0.0, loo.q, np.full(n, lam), 0.0)
+        return risk.evaluate(model, loo.shifts[~np.asarray(loo.undefined)])[0]
+
+    at_star = eps_i(cal.lam)
+    assert at_star.max() <= 0.1
+    assert at_star.max() == pytest.approx(cal.verified_eps_max, rel=1e-9)
+    assert eps_i(cal.lam * (1 - 1e-6)).max() > 0.1
 
 
 def test_load_round_trip_and_digest(cal_path):
@@ -96,8 +88,7 @@ def test_release_json_budget_and_refusal(cal_path, tmp_path):
     assert [o["budget_spent"] for o in outs] == pytest.approx([0.1, 0.2, 0.3])
     assert outs[-1]["budget_left"] == pytest.approx(0.0) and all(o["private"] for o in outs)
     res = run("release", cal_path, "--value", 0.47, "--ledger", ledger, "--json")
-    assert res.exit_code == 1
-    assert res.output.startswith("Error: release refused") and res.output.count("\n") == 1
+    assert one_line_error(res, code=1).startswith("Error: release refused")
     assert Ledger(ledger, key=KEY).verify()["n_releases"] == 3
 
 
@@ -131,15 +122,13 @@ def test_release_from_source_database_with_seed_is_marked_not_private(cal_path, 
     ([SAMPLE, "--database", 1700], "is not in 'year'"),
 ])
 def test_release_bad_input_exits_2(cal_path, args, message):
-    res = run("release", cal_path, *args)
-    assert res.exit_code == 2 and message in res.output and res.output.startswith("Error: ")
+    one_line_error(run("release", cal_path, *args), message)
 
 
 def test_release_missing_or_bad_calibration(tmp_path):
-    assert run("release", tmp_path / "nope.json", "--value", 1).exit_code == 2
+    one_line_error(run("release", tmp_path / "nope.json", "--value", 1), "nope.json")
     (tmp_path / "x.json").write_text("{}")
-    res = run("release", tmp_path / "x.json", "--value", 1)
-    assert res.exit_code == 2 and "not an empdp calibration" in res.output
+    one_line_error(run("release", tmp_path / "x.json", "--value", 1), "not an empdp calibration")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -149,8 +138,7 @@ def test_release_missing_or_bad_calibration(tmp_path):
 ])
 def test_calibrate_bad_input_exits_2_and_writes_nothing(tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
-    res = run("calibrate", SAMPLE, *QUERY, *args)
-    assert res.exit_code == 2 and message in res.output
+    one_line_error(run("calibrate", SAMPLE, *QUERY, *args), message)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -201,6 +189,25 @@ def test_default_kernel_is_laplace_with_the_closed_form(tmp_path):
     auto = run("calibrate", SAMPLE, *QUERY, "--epsilon", 0.1, "--kernel", "auto", "-o", tmp_path / "a.json", "--json")
     assert json.loads(auto.stdout)["curator_kernel"]["kind"] == "gaussian"
     assert "closed form" in run("calibrate", "--help").output
+
+
+def test_help_names_files_and_states_defaults():
+    calibrate_help = " ".join(run("calibrate", "--help").output.split())
+    assert "-o, --output FILE" in calibrate_help and "--key-file FILE" in calibrate_help
+    release_help = " ".join(run("release", "--help").output.split())
+    assert "--ledger FILE" in release_help and "--key-file FILE" in release_help
+    assert "spending is unlimited" in release_help and "TESTS ONLY" in release_help and "CSPRNG" in release_help
+
+
+def test_numbers_shown_to_four_significant_digits(cal_path, tmp_path):
+    cal = Calibration.load(cal_path)
+    res = run("calibrate", SAMPLE, *QUERY, "--epsilon", 0.1, "-o", tmp_path / "c.json")
+    assert res.exit_code == 0, res.output
+    assert f"lambda* (exact, minimal)    {cal.lam:.4g}" in res.stdout and f"{cal.lam:.6g}" not in res.stdout
+    assert "2,197 (0 sole contributors" in res.stdout
+    res = run("release", cal_path, "--value", 1, "--seed", 1, "--ledger", tmp_path / "l.sqlite", "--budget", 1 / 3)
+    assert res.exit_code == 0, res.output
+    assert "epsilon 0.1; ledger" in res.stderr and "0.1 spent, 0.2333 left" in res.stderr
 
 
 def _recorder():

@@ -13,20 +13,19 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from helpers import QUERY, SAMPLE, run
 from test_release_security import KEY, make_calibration
 
-import empdp.cli.main as main_mod
 from empdp.errors import InputError
 from empdp.noise import Calibration, Ledger
 
-SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
-QUERY = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]
 CHILD_ENV = {**os.environ, "EMPDP_KEY": KEY.decode()}
 
 
-def run(*args):
-    return CliRunner().invoke(main_mod.cli, [str(a) for a in args], env={"EMPDP_KEY": KEY.decode()})
+@pytest.fixture(autouse=True)
+def curator_key(monkeypatch):
+    """The CLI commands here run with the curator key of :func:`make_calibration`."""
+    monkeypatch.setenv("EMPDP_KEY", KEY.decode())
 
 
 @pytest.fixture(scope="module")
