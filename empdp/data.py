@@ -104,28 +104,34 @@ class Panel:
         """DuckDB's memory limit in bytes (``--memory-limit`` or its default; 0 if unreadable)."""
         return memory_limit_bytes(self.con)
 
-    def execute(self, sql: str, params: Sequence | None = None) -> duckdb.DuckDBPyConnection:
-        """Run ``sql`` on the panel's connection."""
-        return self.con.execute(sql, params) if params is not None else self.con.execute(sql)
+    def execute(self, sql: str, params: Sequence | None = None, *, where: str | None = None,
+                context: str | None = None) -> duckdb.DuckDBPyConnection:
+        """Run ``sql`` on the panel's connection; bad SQL raises :class:`InputError` (:func:`sql_errors`)."""
+        with sql_errors(where, context):
+            return self.con.execute(sql, params) if params is not None else self.con.execute(sql)
 
-    def arrow(self, sql: str) -> pa.Table:
-        """Run ``sql`` and fetch the whole result as an Arrow table."""
-        return fetch_arrow(self.con, sql)
+    def fetchall(self, sql: str, params: Sequence | None = None, *, where: str | None = None,
+                 context: str | None = None) -> list:
+        """Run ``sql`` and fetch its rows as tuples (errors as in :meth:`execute`)."""
+        with sql_errors(where, context):
+            return (self.con.execute(sql, params) if params is not None else self.con.execute(sql)).fetchall()
 
-    def batches(self, sql: str, rows: int = 1 << 20) -> Iterator[pa.RecordBatch]:
-        """Run ``sql`` and stream its result as Arrow record batches (:func:`arrow_batches`)."""
-        return arrow_batches(self.con, sql, rows)
+    def arrow(self, sql: str, *, where: str | None = None) -> pa.Table:
+        """Run ``sql`` and fetch the whole result as an Arrow table (errors as in :meth:`execute`)."""
+        with sql_errors(where):
+            return fetch_arrow(self.con, sql)
 
-    @contextmanager
-    def errors(self, where: str | None = None):
-        """DuckDB's parser and binder errors in a ``--where`` filter as one-line :class:`InputError`."""
+    def try_arrow(self, sql: str) -> pa.Table | None:
+        """:meth:`arrow`, or None when DuckDB cannot run ``sql`` (the caller has another way)."""
         try:
-            yield
-        except (duckdb.ParserException, duckdb.BinderException) as exc:
-            if not where:
-                raise
-            raise InputError(f"the filter --where {shorten(where)} is not valid here: "
-                             f"{clip(str(exc).strip().splitlines()[0], 200)}") from None
+            return fetch_arrow(self.con, sql)
+        except duckdb.Error:
+            return None
+
+    def batches(self, sql: str, rows: int = 1 << 20, *, where: str | None = None) -> Iterator[pa.RecordBatch]:
+        """Run ``sql`` and stream its result as Arrow record batches (:func:`arrow_batches`)."""
+        with sql_errors(where):
+            yield from arrow_batches(self.con, sql, rows)
 
     def temp_table(self, name: str, table: pa.Table) -> None:
         """Create (or replace) the temporary table ``name`` holding the Arrow ``table``."""
@@ -162,15 +168,9 @@ class Panel:
             )
         if typ.startswith(_FLOAT_PREFIXES):
             q = quote_ident(column)
-            try:
-                bad = self.con.execute(
-                    f"SELECT count(*) FILTER (WHERE isnan({q})), count(*) FILTER (WHERE isinf({q})) "
-                    f"FROM {SOURCE_VIEW}" + (f" WHERE ({where})" if where else "")
-                ).fetchall()[0]
-            except (duckdb.ParserException, duckdb.BinderException) as exc:
-                if not where:
-                    raise
-                raise InputError(f"the filter --where {shorten(where)} is not valid here: {_first_line(exc)}") from None
+            bad = self.fetchall(
+                f"SELECT count(*) FILTER (WHERE isnan({q})), count(*) FILTER (WHERE isinf({q})) "
+                f"FROM {SOURCE_VIEW}" + (f" WHERE ({where})" if where else ""), where=where)[0]
             if bad[0] or bad[1]:
                 raise InputError(
                     f"column {shorten(column)} has {bad[0]} NaN and {bad[1]} infinite values"
@@ -387,6 +387,30 @@ def _register_source(con: duckdb.DuckDBPyConnection, source: Any) -> str:
 def _first_line(exc: BaseException, width: int = 200) -> str:
     """The first line of an engine error, cut to ``width`` (DuckDB echoes long paths and SQL)."""
     return clip(str(exc).strip().splitlines()[0], width) if str(exc).strip() else type(exc).__name__
+
+
+#: DuckDB's errors that mean bad input: SQL that does not parse or bind, a value that does not convert
+BAD_INPUT_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
+                    duckdb.ConversionException, duckdb.InvalidInputException)
+
+
+@contextmanager
+def sql_errors(where: str | None = None, context: str | None = None):
+    """DuckDB's bad-input errors (:data:`BAD_INPUT_ERRORS`) as a one-line :class:`InputError`.
+
+    A parser or binder error with a ``--where`` filter names the filter; with ``context``, every
+    DuckDB error is reported after it (e.g. "--sql failed on database 2001").
+    """
+    try:
+        yield
+    except duckdb.Error as exc:
+        if context:
+            raise InputError(f"{context}: {_first_line(exc)}") from None
+        if not isinstance(exc, BAD_INPUT_ERRORS):
+            raise
+        if where and isinstance(exc, (duckdb.ParserException, duckdb.BinderException)):
+            raise InputError(f"the filter --where {shorten(where)} is not valid here: {_first_line(exc)}") from None
+        raise InputError(f"the query or filter is not valid SQL for this source: {_first_line(exc)}") from None
 
 
 def open_panel(

@@ -201,3 +201,21 @@ def test_bad_thread_counts_are_refused(threads):
 
     with pytest.raises(InputError, match="--threads .* must be an integer from 1 to"):
         connect(threads=threads)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(query="mean(x)", where="year = 'abc'"), "not valid SQL for this source: Conversion Error"),
+    (dict(query="median(x)", where="nosuch > 1"), r"the filter --where 'nosuch > 1' is not valid here: Binder Error"),
+    (dict(sql="SELECT avg(nosuch) FROM db"), "--sql failed on database 2000: Binder Error"),
+])
+def test_duckdb_errors_are_input_errors_in_the_library(tmp_path, kw, match):
+    """The data layer turns DuckDB's bad-input errors into one-line InputError (the CLI's map is a fallback)."""
+    from empdp.loo import leave_one_out
+
+    src = _write(tmp_path / "p.json", _panel())
+    with pytest.raises(InputError, match=match) as info:
+        leave_one_out(src, id="id", by="year", **kw)
+    assert "\n" not in str(info.value)
+    args = ["assess", src, "--id", "id", "--by", "year", "-q"] + [f"--{k}={v}" for k, v in kw.items()]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "Error: " in res.output, res.output

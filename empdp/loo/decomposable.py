@@ -93,7 +93,7 @@ class DecomposableEngine(DuckDBEngine):
         self._execute(f"CREATE OR REPLACE TEMP TABLE __ids AS "
                       f"SELECT __i, (row_number() OVER (ORDER BY __i) - 1)::BIGINT AS __code "
                       f"FROM (SELECT DISTINCT __i FROM ({self._base_sql()}))")
-        ids = pl.from_arrow(self.panel.arrow("SELECT __i FROM __ids ORDER BY __code"))["__i"].rename(self.panel.id)
+        ids = pl.from_arrow(self._arrow("SELECT __i FROM __ids ORDER BY __code"))["__i"].rename(self.panel.id)
         m, n = len(ids), len(self.panel.labels)
         self._screened = True
         if m * n <= min(DENSE_CELLS, self.memory_limit_bytes() // (3 * 8)):
@@ -127,7 +127,7 @@ class DecomposableEngine(DuckDBEngine):
         undefined = np.zeros(m, dtype=bool)
         sql = (f"SELECT (c.__code * {n} + d.__j)::BIGINT AS flat, d.delta, d.undef "
                f"FROM ({self._delta_sql()}) d JOIN __ids c USING (__i)")
-        for batch in self.panel.batches(sql):
+        for batch in self.panel.batches(sql, where=self.query.where):
             flat = batch.column(0).to_numpy()
             undef = batch.column(2).to_numpy(zero_copy_only=False)
             n_present += np.bincount(flat // n, minlength=m)
@@ -161,7 +161,7 @@ class DecomposableEngine(DuckDBEngine):
         sql = (f"SELECT (w.__row * {n} + d.__j)::BIGINT AS flat, d.delta "
                f"FROM ({self._delta_sql('SELECT __i FROM __want')}) d JOIN __want w USING (__i) WHERE NOT d.undef")
         flat_out = out.reshape(-1)
-        for batch in self.panel.batches(sql):
+        for batch in self.panel.batches(sql, where=self.query.where):
             np.put(flat_out, batch.column(0).to_numpy(), batch.column(1).to_numpy())
         return out
 
@@ -184,9 +184,7 @@ class DecomposableEngine(DuckDBEngine):
 
     # ---------------------------------------------------------------- SQL runs
     def _execute(self, sql: str):
-        with self.panel.errors(self.query.where):
-            return self.panel.execute(sql)
+        return self.panel.execute(sql, where=self.query.where)
 
     def _arrow(self, sql: str) -> pa.Table:
-        with self.panel.errors(self.query.where):
-            return self.panel.arrow(sql)
+        return self.panel.arrow(sql, where=self.query.where)

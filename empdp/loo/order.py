@@ -24,9 +24,11 @@ class OrderStatisticEngine(InMemoryEngine):
         panel, query = self.panel, self.query
         x = query.columns[0]
         base = panel.base_sql(query.columns, query.where)
-        self.n_null_values = int(panel.execute(f"SELECT {self._null_count()} FROM ({base})").fetchall()[0][0])
+        self.n_null_values = int(panel.fetchall(f"SELECT {self._null_count()} FROM ({base})",
+                                                where=query.where)[0][0])
         rows = pl.from_arrow(panel.arrow(f"SELECT __j, __i, {quote_ident(x)}::DOUBLE AS x "
-                                         f"FROM ({panel.base_sql([x], query.where)}) WHERE {quote_ident(x)} IS NOT NULL"))
+                                         f"FROM ({panel.base_sql([x], query.where)}) WHERE {quote_ident(x)} IS NOT NULL",
+                                         where=query.where))
         ids, code = factorize(rows["__i"], panel.id)
         q, code, j, delta, undef = order_statistic_loo(code, rows["__j"].to_numpy().astype(np.int64),
                                                        rows["x"].to_numpy(), float(query.q), panel.labels, query)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 
-import duckdb
 import numpy as np
 import polars as pl
 
@@ -37,13 +36,10 @@ class SqlEngine(InMemoryEngine):
                           f"WHERE __j = {j} AND {qi} IS NOT NULL")
             panel.execute("CREATE OR REPLACE TEMP VIEW db AS SELECT * FROM __dbj")
             qv[j] = _scalar(panel, sql, panel.labels[j])
-            try:
-                df = pl.from_arrow(panel.arrow(
-                    f"SELECT __ids.__id AS __i, ({rewritten}) AS v, "
-                    f"(SELECT count(*) FROM __dbj WHERE {qi} IS DISTINCT FROM __ids.__id) AS rest "
-                    f"FROM (SELECT DISTINCT {qi} AS __id FROM __dbj) __ids"))
-            except duckdb.Error:
-                df = _loo_by_rerunning(panel, sql, qi)
+            tab = panel.try_arrow(f"SELECT __ids.__id AS __i, ({rewritten}) AS v, "
+                                  f"(SELECT count(*) FROM __dbj WHERE {qi} IS DISTINCT FROM __ids.__id) AS rest "
+                                  f"FROM (SELECT DISTINCT {qi} AS __id FROM __dbj) __ids")
+            df = _loo_by_rerunning(panel, sql, qi) if tab is None else pl.from_arrow(tab)
             df = df.with_columns(pl.lit(j, dtype=pl.Int64).alias("__j"))
             frames.append(df.select("__i", "__j", pl.col("v").cast(pl.Float64), "rest"))
         df = pl.concat(frames)
@@ -62,11 +58,7 @@ def _replace_db(sql: str, replacement: str) -> str:
 
 def _scalar(panel, sql: str, label) -> float:
     """The user's query on the current database: one finite number, else :class:`InputError`."""
-    try:
-        rows = panel.execute(sql).fetchall()
-    except duckdb.Error as exc:
-        raise InputError(f"--sql failed on database {clip(str(label), 40)}: "
-                         f"{clip(str(exc).strip().splitlines()[0], 200)}") from None
+    rows = panel.fetchall(sql, context=f"--sql failed on database {clip(str(label), 40)}")
     if len(rows) != 1 or len(rows[0]) != 1:
         raise InputError(f"--sql must return one row with one numeric column; got "
                          f"{len(rows)} row(s) on database {label!s}")
@@ -91,7 +83,7 @@ def _loo_by_rerunning(panel, sql: str, qi: str) -> pl.DataFrame:
     for value in ids.to_list():
         panel.execute("DELETE FROM __cur")
         panel.execute("INSERT INTO __cur VALUES (?)", [value])
-        r = panel.execute(sql).fetchall()
+        r = panel.fetchall(sql)
         vals.append(None if r[0][0] is None else float(r[0][0]))
-        rest.append(panel.execute("SELECT count(*) FROM db").fetchall()[0][0])
+        rest.append(panel.fetchall("SELECT count(*) FROM db")[0][0])
     return pl.DataFrame({"__i": ids, "v": pl.Series(vals, dtype=pl.Float64), "rest": rest})
