@@ -7,14 +7,13 @@ import math
 
 import click
 
+from empdp.audit.mechanisms import BUILTIN_NAMES
 from empdp.data import shorten as short
 from empdp.errors import InputError
 from empdp.io import read_json
+from empdp.textfmt import fmt
 
 from ._common import emit_json, output_options, progress_bars, setup_logging
-
-BUILTINS = ("laplace, gaussian, noisy_max, noisy_max_value, exponential, svt2, svt4, svt5, svt6, "
-            "randomized_response, shuffled_rr, subsampled_laplace, subsampled_gaussian, noisy_gd")
 
 
 def _is_patterns(value: str) -> bool:
@@ -64,21 +63,28 @@ MAX_REGION = 1e100
 
 SEED = click.IntRange(min=0)  # NumPy seeds are non-negative
 
+_seed_option = click.option("--seed", type=SEED, default=None,
+                            help="Seed for reproducible runs (an integer ≥ 0). Default: none, fresh randomness "
+                                 "each run.")
 
-def _fmt(v):
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return "inf" if math.isinf(v) else f"{v:.4g}"
-    return str(v)
+
+def _size(ctx, name: str, value, alias: str, old):
+    """A sample size given by its name or by its old, hidden alias (--n, --N): not both, unless equal."""
+    source = ctx.get_parameter_source(name)
+    if old is None:
+        return value
+    if source is not None and source.name != "DEFAULT" and value != old:
+        raise InputError(f"--{name.replace('_', '-')} and its old name {alias} disagree ({value} vs {old}); "
+                         "give one")
+    return old
 
 
 def _common_options(f):
     f = output_options(f)
-    f = click.option("--seed", type=SEED, default=None, help="Seed for reproducible runs (an integer ≥ 0).")(f)
+    f = _seed_option(f)
     f = click.option("--alpha", type=float, default=0.05, show_default=True,
                      help="Error level: the bound holds with probability ≈ 1 − alpha.")(f)
-    f = click.option("--pairs", default=None,
+    f = click.option("--pairs", default=None, metavar="FILE|patterns[:K]",
                      help="JSON file with a list of [x, x_prime] (numbers or lists), or 'patterns' "
                           "(StatDP input patterns; 'patterns:K' for K queries). Default: the built-in's pairs.")(f)
     f = click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
@@ -87,7 +93,7 @@ def _common_options(f):
                           "(keep probability of randomized response), sensitivity (default 1; default pairs "
                           "differ by it).")(f)
     f = click.option("--mechanism", "-m", required=True, metavar="NAME|module:function",
-                     help=f"Built-in ({BUILTINS}) or a sampler f(database, size, rng) importable "
+                     help=f"Built-in ({', '.join(BUILTIN_NAMES)}) or a sampler f(database, size, rng) importable "
                           "from the working directory or PYTHONPATH.")(f)
     return f
 
@@ -112,9 +118,10 @@ def _print_result(d: dict, title: str):
     if d.get("direction"):
         rows.append(("direction", d["direction"]))
     rows += [("sample sizes", f"n = {d['n']}, N = {d['N']}"), ("alpha", d["alpha"]),
-             ("estimator", "frequencies (TDDE)" if d["discrete"] else f"KDE, bandwidth {_fmt((d.get('bandwidth') or [None])[0])}")]
+             ("estimator", "frequencies (TDDE)" if d["discrete"]
+              else f"KDE, bandwidth {fmt((d.get('bandwidth') or [None])[0])}")]
     for k, v in rows:
-        click.echo(f"  {k:20s} {_fmt(v) if not isinstance(v, str) else v}")
+        click.echo(f"  {k:20s} {fmt(v) if not isinstance(v, str) else v}")
     for w in d.get("warnings", []):
         click.echo(f"  warning: {w}", err=True)
 
@@ -135,15 +142,36 @@ def audit():
 
 @audit.command("mpl")
 @_common_options
-@click.option("--n", "n", type=int, default=20000, show_default=True, help="Stage-1 outputs per database.")
-@click.option("--N", "N", type=int, default=50000, show_default=True, help="Stage-2 outputs (fresh, N > n).")
+@click.option("--search-size", "search_size", type=int, default=20000, show_default=True,
+              help="Stage-1 outputs per database: the search for the worst output (old name --n).")
+@click.option("--final-size", "final_size", type=int, default=50000, show_default=True,
+              help="Stage-2 outputs per database, fresh, more than --search-size: the bound (old name --N).")
+@click.option("--n", "n_old", type=int, default=None, hidden=True)
+@click.option("--N", "N_old", type=int, default=None, hidden=True)
 @click.option("--region", default=None, metavar="LO,HI", callback=lambda ctx, param, value: _region(value),
-              help="Region C searched for the worst output (LO < HI).")
-def mpl_cmd(mechanism, params, pairs, alpha, seed, n, N, region, as_json, quiet, verbose, debug):
-    """MPL lower bound on the pure-DP epsilon (Askin, Kutta, Dette 2022)."""
+              help="Region C searched for the worst output (LO < HI). Default: the built-in's region, else "
+                   "the central 99% of the stage-1 outputs (discrete outputs: all observed values).")
+@click.pass_context
+def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, search_size, final_size, n_old, N_old, region, as_json,
+            quiet, verbose, debug):
+    """MPL lower bound on the pure-DP epsilon (Askin, Kutta, Dette 2022).
+
+    Stage 1 searches for the output t_hat and the pair of databases with the
+    largest privacy loss; stage 2 bounds the loss there from fresh outputs
+    (docs/method.md#91-mpl-a-lower-bound-on-pure-dp-epsilon).
+
+    \b
+    Examples:
+      empdp audit mpl -m laplace --param epsilon=0.7 --seed 1
+      empdp audit mpl -m noisy_max --pairs patterns --json
+      empdp audit mpl -m svt6 --search-size 50000 --final-size 200000
+      empdp audit mpl -m mymodule:sampler --pairs pairs.json --region -1,1
+    """
     from empdp.audit import mpl
     from empdp.audit.mechanisms import parse_params
 
+    n = _size(ctx, "search_size", search_size, "--n", n_old)
+    N = _size(ctx, "final_size", final_size, "--N", N_old)
     setup_logging(verbose, quiet, debug)
     with progress_bars(enabled=not as_json and not quiet) as progress:  # the library logs its stages
         res = mpl(mechanism, _pairs(pairs), n=n, N=N, region=region, alpha=alpha, rng=seed,
@@ -158,12 +186,29 @@ def mpl_cmd(mechanism, params, pairs, alpha, seed, n, N, region, as_json, quiet,
 @audit.command("renyi")
 @_common_options
 @click.option("--order", type=float, required=True, help="Rényi order alpha > 1.")
-@click.option("--n", "n", type=int, default=100000, show_default=True, help="Outputs per database.")
-def renyi_cmd(mechanism, params, pairs, alpha, seed, order, n, as_json, quiet, verbose, debug):
-    """Lower bound on the Rényi divergence D_alpha (Kutta, Askin, Dunsche 2024)."""
+@click.option("--sample-size", "sample_size", type=int, default=100000, show_default=True,
+              help="Outputs per database for the bound (old name --n).")
+@click.option("--n", "n_old", type=int, default=None, hidden=True)
+@click.pass_context
+def renyi_cmd(ctx, mechanism, params, pairs, alpha, seed, order, sample_size, n_old, as_json, quiet, verbose,
+              debug):
+    """Lower bound on the Rényi divergence D_alpha (Kutta, Askin, Dunsche 2024).
+
+    With several candidates (pairs, both directions) a pilot on a fifth of the
+    outputs picks at most four, which share the error level
+    (docs/method.md#92-renyi-dp-lower-bound).
+
+    \b
+    Examples:
+      empdp audit renyi -m gaussian --param sigma=1 --order 2 --seed 1
+      empdp audit renyi -m subsampled_gaussian --order 3 --sample-size 200000
+      empdp audit renyi -m randomized_response --param p=0.8 --order 10 --json
+      empdp audit renyi -m mymodule:sampler --pairs pairs.json --order 2
+    """
     from empdp.audit import renyi
     from empdp.audit.mechanisms import parse_params
 
+    n = _size(ctx, "sample_size", sample_size, "--n", n_old)
     setup_logging(verbose, quiet, debug)
     with progress_bars(enabled=not as_json and not quiet) as progress:
         res = renyi(mechanism, _pairs(pairs), order=order, n=n, alpha=alpha, rng=seed,
@@ -176,22 +221,29 @@ def renyi_cmd(mechanism, params, pairs, alpha, seed, order, n, as_json, quiet, v
 
 
 @audit.command("release")
-@click.argument("calibration", type=click.Path(dir_okay=False))
-@click.argument("source")
+@click.argument("calibration", type=click.Path(dir_okay=False), metavar="CALIBRATION_FILE")
+@click.argument("source", metavar="SOURCE")
 @click.option("--top", type=int, default=5, show_default=True, help="Riskiest individuals audited.")
 @click.option("--order", type=float, default=2.0, show_default=True, help="Rényi order alpha > 1.")
 @click.option("--alpha", type=float, default=0.05, show_default=True, help="Error level of the bounds.")
-@click.option("--seed", type=SEED, default=None, help="Seed for reproducible runs (an integer ≥ 0).")
+@_seed_option
 @click.option("--hash-ids", is_flag=True, help="Replace ids by a keyed hash (HMAC-SHA256) in the output, "
                                                "as 'empdp assess --hash-ids' does.")
-@click.option("--hash-key-file", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
+@click.option("--hash-key-file", metavar="FILE", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
 @output_options
 def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key_file, as_json, quiet, verbose,
                 debug):
     """Audit a calibration from 'empdp calibrate' on its SOURCE.
 
     Runs MPL and the Rényi bound on the release distribution of the riskiest
-    individuals and prints the exact values beside them.
+    individuals and prints the exact values beside them
+    (docs/method.md#94-release-audit).
+
+    \b
+    Examples:
+      empdp audit release calibration.json data.parquet --seed 1
+      empdp audit release calibration.json data.parquet --top 10 --order 3 --json
+      empdp audit release calibration.json data.parquet --hash-ids --hash-key-file key.txt
     """
     from empdp.audit import audit_release
     from empdp.io import load_hash_key
@@ -207,17 +259,17 @@ def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key
         return
     if quiet:
         return
-    click.echo(f"Release audit: target epsilon {_fmt(d['target_epsilon'])}, noise {d['noise']['kind']}, "
+    click.echo(f"Release audit: target epsilon {fmt(d['target_epsilon'])}, noise {d['noise']['kind']}, "
                f"curator kernel {d['curator_kernel']['kind']}")
     click.echo(f"  {'id':>12s} {'exact eps_i':>12s} {'stage-1 max':>11s} {'exact D_' + format(order, 'g'):>10s}")
     for row in d["individuals"]:
-        click.echo(f"  {str(row['id']):>12s} {_fmt(row['exact_epsilon']):>12s} "
-                   f"{_fmt(row.get('mpl_estimate')):>11s} {_fmt(row['exact_renyi']):>10s}")
+        click.echo(f"  {str(row['id']):>12s} {fmt(row['exact_epsilon']):>12s} "
+                   f"{fmt(row.get('mpl_estimate')):>11s} {fmt(row['exact_renyi']):>10s}")
     click.echo("  (stage-1 max: MPL's largest noisy loss estimate for the individual, biased up; a screening "
                "statistic, not a bound)")
-    click.echo(f"  MPL lower bound   {_fmt(d['mpl_lower_bound'])}  <=  exact max eps {_fmt(d['exact_epsilon_max'])}"
-               f"  <=  target {_fmt(d['target_epsilon'])}")
-    click.echo(f"  Renyi lower bound {_fmt(d['renyi_lower_bound'])}  vs exact max D {_fmt(d['exact_renyi_max'])}")
+    click.echo(f"  MPL lower bound   {fmt(d['mpl_lower_bound'])}  <=  exact max eps {fmt(d['exact_epsilon_max'])}"
+               f"  <=  target {fmt(d['target_epsilon'])}")
+    click.echo(f"  Renyi lower bound {fmt(d['renyi_lower_bound'])}  vs exact max D {fmt(d['exact_renyi_max'])}")
     if not d["renyi_consistent"]:
         click.echo(f"  note: the Renyi lower bound exceeds the exact D; at level alpha = {d['alpha']:g} this happens "
                    f"by chance with probability at most alpha (rerun with another --seed); repeated, it means the "

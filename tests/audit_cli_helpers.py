@@ -1,20 +1,8 @@
-"""Shared helpers of the audit CLI input tests."""
+"""The audit tests' thin wrapper over :mod:`helpers`: ``run("mpl", ...)`` is ``empdp audit mpl ...``."""
 
-from click.testing import CliRunner
-
-import empdp.cli.main as main_mod
+import helpers
 
 
-def run(*args):
-    """``empdp audit ARGS...`` in-process; arguments may be numbers."""
-    return CliRunner().invoke(main_mod.cli, ["audit", *map(str, args)])
-
-
-def assert_one_line_exit_2(res, *fragments):
-    """Bad input: exit 2, one 'Error:' line holding every fragment, no traceback."""
-    out = res.output.strip()
-    assert res.exit_code == 2, res.output
-    assert "Traceback" not in out and "internal error" not in out
-    assert out.startswith("Error:") and len(out.splitlines()) == 1, out
-    for fragment in fragments:
-        assert fragment in out, out
+def run(*args, env: dict | None = None):
+    """``empdp audit ARGS...`` in-process (arguments may be numbers or paths)."""
+    return helpers.run("audit", *args, env=env)

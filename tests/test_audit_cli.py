@@ -2,11 +2,11 @@
 
 import json
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from audit_cli_helpers import run
+from helpers import SAMPLE, one_line_error
 
 import empdp.cli.main as main_mod
 from empdp.audit import audit_release
@@ -14,16 +14,12 @@ from empdp.cli.audit import audit
 
 assert main_mod.cli.get_command(None, "audit") is audit  # registered in cli/main.py
 
-SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
 KEYS = {"lower_bound", "estimate", "pair", "t_hat", "n", "N", "alpha", "true_value"}
 
 
-def run(*args):
-    return CliRunner().invoke(main_mod.cli, ["audit", *map(str, args)])
-
-
 def test_mpl_json_builtin():
-    res = run("mpl", "-m", "laplace", "--param", "epsilon=0.7", "--n", 3000, "--N", 8000, "--seed", 1, "--json")
+    res = run("mpl", "-m", "laplace", "--param", "epsilon=0.7", "--search-size", 3000, "--final-size", 8000,
+              "--seed", 1, "--json")
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
     assert KEYS <= set(d)
@@ -32,16 +28,16 @@ def test_mpl_json_builtin():
 
 
 def test_renyi_json_and_human_output():
-    res = run("renyi", "-m", "randomized_response", "--order", 2, "--n", 5000, "--seed", 2, "--json")
+    res = run("renyi", "-m", "randomized_response", "--order", 2, "--sample-size", 5000, "--seed", 2, "--json")
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
     assert KEYS <= set(d) and d["t_hat"] is None and d["discrete"] is True
-    res = run("renyi", "-m", "gaussian", "--order", 2, "--n", 5000, "--seed", 2)
+    res = run("renyi", "-m", "gaussian", "--order", 2, "--sample-size", 5000, "--seed", 2)
     assert res.exit_code == 0 and "lower bound" in res.output
 
 
 def test_infinite_true_value_is_null_in_json():
-    res = run("mpl", "-m", "svt5", "--n", 2000, "--N", 5000, "--seed", 3, "--json")
+    res = run("mpl", "-m", "svt5", "--search-size", 2000, "--final-size", 5000, "--seed", 3, "--json")
     d = json.loads(res.output)
     assert d["true_value"] is None and d["true_value_infinite"] is True
 
@@ -54,7 +50,7 @@ def test_user_sampler_and_pairs_file(tmp_path, monkeypatch):
     (tmp_path / "pairs.json").write_text(json.dumps([[0, 1], [[0, 0], [0, 0.5]]]))
     monkeypatch.chdir(tmp_path)
     res = run("mpl", "-m", "mymech:sampler", "--param", "scale=2", "--pairs", "pairs.json",
-              "--region", "-1,1", "--n", 3000, "--N", 8000, "--seed", 4, "--json")
+              "--region", "-1,1", "--search-size", 3000, "--final-size", 8000, "--seed", 4, "--json")
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
     assert d["true_value"] is None and d["pair"] == [0, 1]
@@ -71,10 +67,7 @@ def test_user_sampler_and_pairs_file(tmp_path, monkeypatch):
     (("mpl", "-m", "nomodule_xyz:f"), "cannot import module"),
 ])
 def test_bad_input_one_line_exit_2(args, fragment):
-    res = run(*args)
-    assert res.exit_code == 2
-    assert fragment in res.output and "Traceback" not in res.output
-    assert res.output.strip().startswith("Error:") and len(res.output.strip().splitlines()) == 1
+    one_line_error(run(*args), fragment)
 
 
 def test_release_audit_on_constructed_calibration():
@@ -118,3 +111,44 @@ def test_release_cli_on_sample_data(tmp_path):
     d = json.loads(res.output)
     assert d["exact_epsilon_max"] <= 1.0 + 1e-9 and d["mpl_lower_bound"] <= 1.0 and d["ok"]
     assert d["renyi_consistent"] == (d["renyi_lower_bound"] <= d["exact_renyi_max"] * (1 + 1e-9) + 1e-12)
+
+
+# ---------------------------------------------------------------- help and option names (issue 22, item 8)
+
+@pytest.mark.parametrize("command", ["mpl", "renyi", "release"])
+def test_every_subcommand_has_its_own_examples(command):
+    res = run(command, "--help")
+    assert res.exit_code == 0, res.output
+    examples = res.output.split("Examples:")[1].split("Options:")[0]
+    lines = [ln.strip() for ln in examples.splitlines() if ln.strip()]
+    assert len(lines) >= 3 and all(ln.startswith(f"empdp audit {command} ") for ln in lines), examples
+    assert "fresh randomness" in res.output  # --seed states its default
+
+
+def test_help_names_sizes_apart_hides_old_names_and_lists_every_builtin():
+    from empdp.audit import BUILTIN_NAMES
+
+    mpl_help, renyi_help = run("mpl", "--help").output, run("renyi", "--help").output
+    assert "--search-size" in mpl_help and "--final-size" in mpl_help and "--sample-size" in renyi_help
+    for text in (mpl_help, renyi_help):
+        assert "--n " not in text and "--N " not in text  # the old names work, unlisted
+        assert "--pairs FILE" in text
+        flat = " ".join(text.split())
+        assert all(name in flat for name in BUILTIN_NAMES)
+    assert "--hash-key-file FILE" in run("release", "--help").output
+
+
+def test_old_size_names_still_work():
+    new = run("mpl", "-m", "laplace", "--search-size", 2000, "--final-size", 5000, "--seed", 1, "--json")
+    old = run("mpl", "-m", "laplace", "--n", 2000, "--N", 5000, "--seed", 1, "--json")
+    assert new.exit_code == old.exit_code == 0 and json.loads(new.output) == json.loads(old.output)
+    assert json.loads(old.output)["n"] == 2000 and json.loads(old.output)["N"] == 5000
+    new = run("renyi", "-m", "gaussian", "--order", 2, "--sample-size", 2000, "--seed", 1, "--json")
+    old = run("renyi", "-m", "gaussian", "--order", 2, "--n", 2000, "--seed", 1, "--json")
+    assert new.exit_code == old.exit_code == 0 and json.loads(new.output) == json.loads(old.output)
+
+
+def test_old_and_new_size_names_must_agree():
+    one_line_error(run("mpl", "-m", "laplace", "--search-size", 2000, "--n", 3000), "--search-size", "--n")
+    one_line_error(run("renyi", "-m", "gaussian", "--order", 2, "--sample-size", 2000, "--n", 3000),
+                   "--sample-size", "--n")

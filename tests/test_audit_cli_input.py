@@ -5,18 +5,17 @@ import os
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
-from audit_cli_helpers import assert_one_line_exit_2, run
+from audit_cli_helpers import run
+from helpers import SAMPLE, one_line_error
 
 from empdp.audit import audit_release, mpl
 from empdp.audit.common import as_rng
 from empdp.errors import InputError
 
-SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
-FAST = ("--n", 2000, "--N", 5000)
+FAST = ("--search-size", 2000, "--final-size", 5000)
 
 
 
@@ -64,7 +63,7 @@ def test_pairs_patterns_k_still_means_patterns(tmp_path, monkeypatch):
 
 def test_pairs_patterns_bad_k_is_a_missing_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert_one_line_exit_2(run("mpl", "-m", "laplace", "--pairs", "patterns:x", *FAST),
+    one_line_error(run("mpl", "-m", "laplace", "--pairs", "patterns:x", *FAST),
                            "'patterns:x' does not exist", "patterns:K")
 
 
@@ -73,7 +72,7 @@ def test_pairs_patterns_bad_k_is_a_missing_file(tmp_path, monkeypatch):
 @pytest.mark.parametrize("value,fragment", [(".", "pairs file '.' is a folder"), ("", "--pairs is empty")])
 def test_pairs_folder_or_empty(tmp_path, monkeypatch, value, fragment):
     monkeypatch.chdir(tmp_path)
-    assert_one_line_exit_2(run("mpl", "-m", "laplace", "--pairs", value, *FAST), fragment)
+    one_line_error(run("mpl", "-m", "laplace", "--pairs", value, *FAST), fragment)
 
 
 def test_pairs_unreadable(tmp_path, monkeypatch):
@@ -85,7 +84,7 @@ def test_pairs_unreadable(tmp_path, monkeypatch):
     (tmp_path / "pairs.json").write_text("[[0, 1]]")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(pathlib.Path, "read_text", denied)
-    assert_one_line_exit_2(run("mpl", "-m", "laplace", "--pairs", "pairs.json", *FAST),
+    one_line_error(run("mpl", "-m", "laplace", "--pairs", "pairs.json", *FAST),
                            "'pairs.json' cannot be read: Permission denied")
 
 
@@ -95,19 +94,19 @@ def test_pairs_permission_denied(tmp_path, monkeypatch):
     path.write_text("[[0, 1]]")
     path.chmod(0)
     monkeypatch.chdir(tmp_path)
-    assert_one_line_exit_2(run("mpl", "-m", "laplace", "--pairs", "pairs.json", *FAST), "cannot be read")
+    one_line_error(run("mpl", "-m", "laplace", "--pairs", "pairs.json", *FAST), "cannot be read")
 
 
 # 4. negative seeds
 
 @pytest.mark.parametrize("args", [("mpl", "-m", "laplace", *FAST),
-                                  ("renyi", "-m", "gaussian", "--order", 2, "--n", 2000)])
+                                  ("renyi", "-m", "gaussian", "--order", 2, "--sample-size", 2000)])
 def test_negative_seed_cli(args):
-    assert_one_line_exit_2(run(*args, "--seed", -1), "--seed", "-1")
+    one_line_error(run(*args, "--seed", -1), "--seed", "-1")
 
 
 def test_negative_seed_release_cli(calibration):
-    assert_one_line_exit_2(run("release", calibration, SAMPLE, "--seed", -1), "--seed", "-1")
+    one_line_error(run("release", calibration, SAMPLE, "--seed", -1), "--seed", "-1")
 
 
 @pytest.mark.parametrize("seed", [-1, np.int64(-5)])
@@ -122,7 +121,7 @@ def test_negative_seed_api(seed):
 
 @pytest.mark.parametrize("region", ["1,1", "2,1"])
 def test_region_lo_must_be_below_hi(region):
-    assert_one_line_exit_2(run("mpl", "-m", "laplace", "--region", region, *FAST, "--seed", 1),
+    one_line_error(run("mpl", "-m", "laplace", "--region", region, *FAST, "--seed", 1),
                            "--region", "LO < HI", repr(region))
 
 
@@ -130,7 +129,7 @@ def test_region_lo_must_be_below_hi(region):
 
 @pytest.mark.parametrize("order", [1, 0.5, "inf"])
 def test_release_order_cli(calibration, order):
-    assert_one_line_exit_2(run("release", calibration, SAMPLE, "--order", order, "--top", 1),
+    one_line_error(run("release", calibration, SAMPLE, "--order", order, "--top", 1),
                            "Rényi order must be a finite number > 1")
 
 
@@ -181,4 +180,4 @@ def test_release_audit_hash_ids_without_a_key_is_refused_before_work(calibration
 
     monkeypatch.delenv("EMPDP_HASH_KEY", raising=False)
     monkeypatch.setattr(empdp.audit, "audit_release", lambda *a, **k: pytest.fail("the audit ran"))
-    assert_one_line_exit_2(run("release", calibration, SAMPLE, "--hash-ids"), "--hash-ids needs a secret key")
+    one_line_error(run("release", calibration, SAMPLE, "--hash-ids"), "--hash-ids needs a secret key")

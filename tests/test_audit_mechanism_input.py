@@ -7,7 +7,8 @@ import warnings
 
 import numpy as np
 import pytest
-from audit_cli_helpers import assert_one_line_exit_2, run
+from audit_cli_helpers import run
+from helpers import one_line_error
 from numpy.testing import assert_allclose
 
 import empdp.cli.main as main_mod
@@ -132,11 +133,12 @@ def test_patterns_are_refused_where_they_make_no_sense(name, why):
 
 def test_cli_patterns_for_user_sampler_and_noisy_max_value(user_module):
     mod = user_module("fixb_sum_sampler", SUM_SAMPLER)
-    res = run("mpl", "-m", f"{mod}:sample", "--pairs", "patterns", "--n", 500, "--N", 1000, "--seed", 1, "--json")
+    sizes = ("--search-size", 500, "--final-size", 1000)
+    res = run("mpl", "-m", f"{mod}:sample", "--pairs", "patterns", *sizes, "--seed", 1, "--json")
     assert res.exit_code == 0, res.output
-    res = run("mpl", "-m", "noisy_max_value", "--pairs", "patterns", "--n", 500, "--N", 1000, "--seed", 1)
+    res = run("mpl", "-m", "noisy_max_value", "--pairs", "patterns", *sizes, "--seed", 1)
     assert res.exit_code == 0, res.output
-    assert_one_line_exit_2(run("mpl", "-m", "randomized_response", "--pairs", "patterns"), "bits")
+    one_line_error(run("mpl", "-m", "randomized_response", "--pairs", "patterns"), "bits")
 
 
 # ----------------------------------------------------------------------------- 3. databases in pairs
@@ -171,7 +173,7 @@ def test_cli_bad_databases_exit_2(tmp_path, pairs, fragment):
     path = tmp_path / "pairs.json"
     path.write_text(pairs)
     name = "svt2" if fragment == "same length" else "laplace"
-    assert_one_line_exit_2(run("mpl", "-m", name, "--pairs", path, "--n", 500, "--N", 1000), fragment)
+    one_line_error(run("mpl", "-m", name, "--pairs", path, "--search-size", 500, "--final-size", 1000), fragment)
 
 
 # ----------------------------------------------------------------------------- 4. loading modules
@@ -184,14 +186,14 @@ def test_modules_that_fail_on_import_are_input_errors(user_module, source, fragm
     with pytest.raises(InputError, match=f"cannot import module '{mod}'") as info:
         load_mechanism(f"{mod}:f")
     assert fragment in str(info.value) and "\n" not in str(info.value)
-    assert_one_line_exit_2(run("mpl", "-m", f"{mod}:f"), "cannot import module", fragment)
+    one_line_error(run("mpl", "-m", f"{mod}:f"), "cannot import module", fragment)
 
 
 @pytest.mark.parametrize("spec", [":f", "mymod:", ":"])
 def test_module_and_function_both_needed(spec):
     with pytest.raises(InputError, match="module:function with both parts"):
         load_mechanism(spec)
-    assert_one_line_exit_2(run("mpl", "-m", spec), "both parts")
+    one_line_error(run("mpl", "-m", spec), "both parts")
 
 
 # ----------------------------------------------------------------------------- 5. region and sizes
@@ -218,8 +220,8 @@ def test_stage_two_must_be_larger(n, N):
 
 def test_cli_default_sizes_satisfy_n_below_N():
     defaults = {p.name: p.default for p in main_mod.cli.get_command(None, "audit").commands["mpl"].params}
-    assert defaults["n"] < defaults["N"]
-    assert_one_line_exit_2(run("mpl", "-m", "laplace", "--N", defaults["n"]), "larger than n")
+    assert defaults["search_size"] < defaults["final_size"]
+    one_line_error(run("mpl", "-m", "laplace", "--final-size", defaults["search_size"]), "larger than n")
 
 
 # ----------------------------------------------------------------------------- 6. no stray warnings

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from audit_cli_helpers import run
 from numpy.testing import assert_allclose
 
 import empdp.cli._common as common
@@ -15,7 +15,6 @@ from empdp.audit import builtin, mpl, renyi, truth
 from empdp.audit.kde import contains
 from empdp.audit.patterns import answer_counts
 from empdp.audit.renyi import floored_divergence
-from empdp.cli.main import cli
 from empdp.errors import InputError
 
 BAR = "━"  # rich's bar glyph
@@ -191,31 +190,28 @@ def terminal(monkeypatch):
     monkeypatch.setattr(common.sys.stderr, "isatty", lambda: True, raising=False)
 
 
-def run(*args):
-    return CliRunner().invoke(cli, ["audit", *map(str, args)])
-
-
 def test_json_stays_pure_on_a_terminal(terminal):
-    res = run("mpl", "-m", "laplace", "--n", 3000, "--N", 8000, "--seed", 1, "--json")
+    res = run("mpl", "-m", "laplace", "--search-size", 3000, "--final-size", 8000, "--seed", 1, "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["n"] == 3000
     assert BAR not in res.stderr and ESC not in res.stderr and ESC not in res.stdout
 
 
 def test_bars_on_a_terminal_go_to_stderr(terminal):
-    res = run("renyi", "-m", "gaussian", "--order", 2, "--n", 5000, "--seed", 1)
+    res = run("renyi", "-m", "gaussian", "--order", 2, "--sample-size", 5000, "--seed", 1)
     assert res.exit_code == 0, res.output
     assert "Renyi bound" in res.stderr and BAR in res.stderr
     assert ESC not in res.stdout and "lower bound" in res.stdout
 
 
 def test_verbose_logs_one_line_per_stage():
-    res = run("mpl", "-m", "svt6", "--param", "epsilon=0.7", "--n", 5000, "--N", 20000, "--seed", 1, "-v")
+    res = run("mpl", "-m", "svt6", "--param", "epsilon=0.7", "--search-size", 5000, "--final-size", 20000,
+              "--seed", 1, "-v")
     assert res.exit_code == 0, res.output
     lines = [ln for ln in res.stderr.splitlines() if "empdp.audit" in ln]
     assert len(lines) == 2 and all(ln.startswith("INFO") for ln in lines), res.stderr
     assert "stage 1" in lines[0] and "10 pairs x 2 x 2500 outputs" in lines[0] and " s;" in lines[0]
     assert "stage 2" in lines[1] and "20000 fresh outputs" in lines[1]
-    quiet = run("mpl", "-m", "svt6", "--n", 5000, "--N", 20000, "--seed", 1)
+    quiet = run("mpl", "-m", "svt6", "--search-size", 5000, "--final-size", 20000, "--seed", 1)
     assert "INFO" not in quiet.stderr
     logging.getLogger("empdp").handlers.clear()

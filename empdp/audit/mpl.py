@@ -218,8 +218,9 @@ def _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, even
     pairs = resolve_pairs(mech, pairs, "mpl")
     n, N = check_size("n", n), check_size("N", N)
     if N <= n:
-        raise InputError(f"N (stage-2 outputs, {N}) must be larger than n (stage-1 outputs, {n}): stage 2 "
-                         "measures the selected output with fresh, more numerous samples")
+        raise InputError(f"N (stage-2 outputs, --final-size: {N}) must be larger than n (stage-1 outputs, "
+                         f"--search-size: {n}): stage 2 measures the selected output with fresh, more "
+                         "numerous samples")
     alpha = check_level(alpha)
     if region is not None:
         check_region(region)
@@ -290,7 +291,8 @@ def _stage2(plan: Plan, is_discrete: bool, best: Candidate, pair, rng, report) -
         fx, fy, sigma, c_n, h2, warnings = _stage2_continuous(xs, ys, best, plan)
     if min(fx, fy) <= best.tau:
         warnings.append(f"the floor tau = {best.tau:.3g} binds at t_hat (a density estimate is at the "
-                        "floor): too few samples there, the bound is unreliable (docs/method.md#115-the-audits-are-asymptotic)")
+                        "floor): too few samples there, the bound is unreliable "
+                        "(docs/method.md#115-the-audits-are-asymptotic)")
     loss_star = abs(math.log(max(fx, best.tau)) - math.log(max(fy, best.tau)))
     lb = loss_star - plan.zc * sigma / c_n
     report(stage, 1, 1)

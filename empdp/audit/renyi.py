@@ -295,7 +295,8 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
     discrete : force relative frequencies (True) or KDE (False); default: detect.
     bandwidth : KDE bandwidth per dimension (default 1.06 σ̂ n^{-1/5} · n^{-undersmooth}).
     both_directions : audit D_α(M(x) ‖ M(x′)) and D_α(M(x′) ‖ M(x)) (RDP bounds both).
-    bias_correction : remove the second-order bias of D̂ (module doc); False is docs/method.md#92-renyi-dp-lower-bound as written.
+    bias_correction : remove the second-order bias of D̂ (module doc); False is the estimator of
+        docs/method.md#92-renyi-dp-lower-bound without it.
     progress : optional callback ``progress(stage, done, total)``.
     """
     plan = _resolve(mechanism, pairs, order, n, alpha, params, tau, eta, discrete, bandwidth, undersmooth,
