@@ -43,6 +43,21 @@ def test_import_empdp_gives_audit_lazily():
     assert res.returncode == 0, res.stderr
 
 
+
+def test_audit_modules_and_an_mpl_run_import_no_scipy():
+    """An audit command must start fast: scipy.stats/integrate/optimize/special are imported on first
+    use (the Rényi floor, some exact values, the release audit's quadrature), never at module level."""
+    code = ("import sys\n"
+            "import empdp.audit, empdp.audit.truth, empdp.audit.release, empdp.audit.dpl, empdp.audit.samplers\n"
+            "from helpers import run\n"
+            "res = run('audit', 'mpl', '-m', 'laplace', '--search-size', 2000, '--final-size', 5000, '--seed', 1)\n"
+            "assert res.exit_code == 0, res.output\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(__file__))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]", res.stdout
+
 # 2. only 'patterns' and 'patterns:K' mean the StatDP patterns; other values are files
 
 @pytest.mark.parametrize("name", ["patterns.json", "patterns_mine.json", "patterns:x"])
