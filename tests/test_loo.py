@@ -62,29 +62,64 @@ def test_named_forms_match_requery(expr, ref, seed, ties):
     assert result.undefined[solo]
 
 
-@pytest.mark.parametrize("expr,ref", [("mean(x)", "avg(x)"), ("count(*)", "count(*)"), ("median(x)", "median(x)")])
-def test_where_filter(expr, ref):
-    df = random_panel(3)
-    result = leave_one_out(df, id="id", by="year", query=expr, where="flag = 1")
-    check_against_duckdb(df, result, ref, where="flag = 1")
-
-
-def test_generic_sql_matches_requery():
-    df = random_panel(4)
-    sql = "SELECT sum(x * w) / count(DISTINCT id) FROM db WHERE w > 0.6"
-    result = leave_one_out(df, id="id", by="year", sql=sql)
-    con = duckdb.connect()
-    con.register("t", df)
+def check_against_pandas(df, result, fn):
+    """Compare every q_j, presence flag and Δ_ij with a brute-force loop: ``fn(rows)`` is the query
+    on a pandas frame (None where undefined), run on each database with and without each id. A
+    database left with no row is undefined for every form (a sole contributor, docs/method.md#1-data-model).
+    Returns the number of defined Δ_ij compared."""
+    n_checked = 0
     for a, ident in enumerate(result.ids.to_list()):
+        undefined = False
         for j, label in enumerate(result.labels):
-            con.execute("CREATE OR REPLACE TEMP VIEW db AS SELECT * FROM t WHERE year = ? AND id <> ?".replace(
-                "?", "{}").format(label, "'" + ident + "'"))
-            loo = con.execute(sql).fetchall()[0][0]
-            if not result.present[a, j] or result.undefined[a] and loo is None:
+            rows = df[df["year"] == label]
+            full, mine = fn(rows), rows["id"] == ident
+            assert full is not None and result.q[j] == pytest.approx(full, rel=1e-12, abs=1e-12)
+            assert result.present[a, j] == mine.any(), (ident, label)
+            if not mine.any():
+                assert result.shifts[a, j] == 0.0
                 continue
+            loo = fn(rows[~mine]) if (~mine).any() else None
             if loo is None:
+                undefined = True
+                assert result.shifts[a, j] == 0.0
                 continue
-            assert result.shifts[a, j] == pytest.approx(result.q[j] - loo, rel=1e-9, abs=1e-12)
+            assert result.shifts[a, j] == pytest.approx(full - loo, rel=1e-9, abs=1e-12), (ident, label)
+            n_checked += 1
+        assert result.undefined[a] == undefined, ident
+    return n_checked
+
+
+BRUTE_FORCE = {
+    "mean(x)": lambda d: d["x"].mean() if len(d) else None,
+    "count(*)": lambda d: float(len(d)),
+    "median(x)": lambda d: d["x"].median() if len(d) else None,  # linear interpolation, as quantile_cont
+}
+
+
+@pytest.mark.parametrize("seed", [3, 5])
+@pytest.mark.parametrize("expr", sorted(BRUTE_FORCE))
+def test_where_filter(expr, seed):
+    """--where keeps only the rows that pass it, for the query and for every leave-one-out value."""
+    df = random_panel(seed)
+    result = leave_one_out(df, id="id", by="year", query=expr, where="flag = 1")
+    kept = df[df["flag"] == 1]
+    assert result.ids.to_list() == sorted(kept["id"].unique())  # ids with no kept row are not individuals
+    assert check_against_pandas(kept, result, BRUTE_FORCE[expr]) > 20
+    assert result.undefined[result.ids.to_list().index("solo")]  # their one kept row is all of 2005
+
+
+def _weighted_per_id(d):
+    """``SELECT sum(x * w) / count(DISTINCT id) FROM db WHERE w > 0.6`` in pandas (None when NULL)."""
+    d = d[d["w"] > 0.6]
+    return float((d["x"] * d["w"]).sum() / d["id"].nunique()) if len(d) else None
+
+
+@pytest.mark.parametrize("seed", [4, 6])
+def test_generic_sql_matches_requery(seed):
+    df = random_panel(seed)
+    result = leave_one_out(df, id="id", by="year", sql="SELECT sum(x * w) / count(DISTINCT id) FROM db WHERE w > 0.6")
+    assert check_against_pandas(df, result, _weighted_per_id) > 20
+    assert result.undefined[result.ids.to_list().index("solo")]
 
 
 def test_absent_everywhere_has_no_shift():
@@ -290,3 +325,12 @@ def test_cli_refuses_overflow_in_one_line(tmp_path):
     res = CliRunner().invoke(cli, ["assess", str(path), "--id", "id", "--by", "year", "--query", "median(x)",
                                    "-e", "1"])
     assert res.exit_code == 2 and res.output.startswith("Error: ") and res.output.count("\n") == 1, res.output
+
+
+def test_every_query_form_has_one_engine_and_each_decomposable_form_one_table_entry():
+    from empdp import query
+    from empdp.loo import ENGINES, DecomposableEngine
+    from empdp.loo.forms import FORMS as TABLE
+
+    assert set(ENGINES) == set(query.FORMS)
+    assert set(TABLE) == set(query.DECOMPOSABLE) == {f for f, e in ENGINES.items() if e is DecomposableEngine}
