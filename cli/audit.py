@@ -98,6 +98,20 @@ def _common_options(f):
     return f
 
 
+def _run_bound(bound, title, mechanism, params, pairs, options, as_json, quiet, verbose, debug):
+    """Run ``bound`` (mpl or renyi) with progress bars (the library logs its stages), then print."""
+    from empdp.audit.mechanisms import parse_params
+
+    setup_logging(verbose, quiet, debug)
+    with progress_bars(enabled=not as_json and not quiet) as progress:
+        res = bound(mechanism, _pairs(pairs), params=parse_params(params), progress=progress, **options)
+    d = res.to_dict()
+    if as_json:
+        emit_json(d)
+    elif not quiet:
+        _print_result(d, title)
+
+
 def _print_result(d: dict, title: str):
     click.echo(title)
     if d.get("method") == "renyi":
@@ -168,19 +182,11 @@ def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, search_size, final_size,
       empdp audit mpl -m mymodule:sampler --pairs pairs.json --region -1,1
     """
     from empdp.audit import mpl
-    from empdp.audit.mechanisms import parse_params
 
     n = _size(ctx, "search_size", search_size, "--n", n_old)
     N = _size(ctx, "final_size", final_size, "--N", N_old)
-    setup_logging(verbose, quiet, debug)
-    with progress_bars(enabled=not as_json and not quiet) as progress:  # the library logs its stages
-        res = mpl(mechanism, _pairs(pairs), n=n, N=N, region=region, alpha=alpha, rng=seed,
-                  params=parse_params(params), progress=progress)
-    d = res.to_dict()
-    if as_json:
-        emit_json(d)
-    elif not quiet:
-        _print_result(d, f"MPL lower bound on pure-DP epsilon ({mechanism})")
+    _run_bound(mpl, f"MPL lower bound on pure-DP epsilon ({mechanism})", mechanism, params, pairs,
+               dict(n=n, N=N, region=region, alpha=alpha, rng=seed), as_json, quiet, verbose, debug)
 
 
 @audit.command("renyi")
@@ -206,18 +212,10 @@ def renyi_cmd(ctx, mechanism, params, pairs, alpha, seed, order, sample_size, n_
       empdp audit renyi -m mymodule:sampler --pairs pairs.json --order 2
     """
     from empdp.audit import renyi
-    from empdp.audit.mechanisms import parse_params
 
     n = _size(ctx, "sample_size", sample_size, "--n", n_old)
-    setup_logging(verbose, quiet, debug)
-    with progress_bars(enabled=not as_json and not quiet) as progress:
-        res = renyi(mechanism, _pairs(pairs), order=order, n=n, alpha=alpha, rng=seed,
-                    params=parse_params(params), progress=progress)
-    d = res.to_dict()
-    if as_json:
-        emit_json(d)
-    elif not quiet:
-        _print_result(d, f"Renyi lower bound, order {order:g} ({mechanism})")
+    _run_bound(renyi, f"Renyi lower bound, order {order:g} ({mechanism})", mechanism, params, pairs,
+               dict(order=order, n=n, alpha=alpha, rng=seed), as_json, quiet, verbose, debug)
 
 
 @audit.command("release")
