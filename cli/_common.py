@@ -131,18 +131,12 @@ def progress_bars(enabled: bool, logger: logging.Logger | None = None):
             stages.close()
         return
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     # the terminal check is ours (above), so rich need not repeat it on a wrapped stream
+    # the time left while a stage runs (ETA), its time taken once it is done
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                  TimeRemainingColumn(compact=True, elapsed_when_finished=True),
                   console=Console(stderr=True, force_terminal=True), transient=True) as bars:
         tasks: dict = {}
 

@@ -56,6 +56,12 @@ def query_options(f):
 @click.option("--buckets", type=int, default=None,
               help="Cut the databases into this many groups by the adversary statistic (default: as many as "
                    "keep 10 databases each, at most 5).")
+@click.option("--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True,
+              help="duckdb (embedded) or spark: read, aggregate and screen on Spark and evaluate on its executors "
+                   "(pip install \"empdp[spark]\"; see docs/spark.md).")
+@click.option("--spark-master", metavar="URL", help="With --engine spark: the master (default local[*]).")
+@click.option("--spark-remote", metavar="URL", envvar="SPARK_REMOTE",
+              help="With --engine spark: a Spark Connect server, sc://HOST:PORT (default: $SPARK_REMOTE).")
 @click.option("-o", "--output", "--out", "out", metavar="FILE",
               help="Write one row per individual to FILE.parquet or FILE.csv (mode 0600).")
 @click.option("--report", "report", metavar="FILE", help="Write a self-contained HTML report to FILE.html (mode 0600).")
@@ -79,7 +85,7 @@ def query_options(f):
 @click.option("--no-screening", is_flag=True, help="Evaluate every individual exactly (slower; same results).")
 @output_options
 def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth, adversary, adversary_sql, buckets,
-               out, report, calibration, audit,
+               engine, spark_master, spark_remote, out, report, calibration, audit,
                save_result, without_shifts, hash_ids, hash_key_file, memory_limit, threads, workers, drop_null_ids, no_screening,
                as_json, quiet, verbose, debug):
     """Per-individual empirical privacy risk of releasing QUERY of each database.
@@ -119,7 +125,8 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
                         epsilon=list(epsilon) or None, kernel=kernel, bandwidth=parse_bandwidth(bandwidth),
                         memory_limit=memory_limit, threads=threads, workers=workers, drop_null_ids=drop_null_ids,
                         exact_all=bool(out), screening=not no_screening, adversary=adversary,
-                        adversary_sql=adversary_sql, buckets=buckets, progress=progress)
+                        adversary_sql=adversary_sql, buckets=buckets, engine=engine, spark_master=spark_master,
+                        spark_remote=spark_remote, progress=progress)
     log_summary(result, time.perf_counter() - started)
     # all outputs are committed together: a failure writing one leaves none of them
     with progress_bars(not (as_json or quiet), log) as progress, output_batch():

@@ -8,6 +8,7 @@ M_i → :mod:`empdp.risk` (exact δ_i and ε_i for the individuals that need the
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from . import checks, risk
 from ._parallel import WORKERS, Executors, available_cores
 from .density import DEFAULT_KERNEL, DensityModel, select_density
 from .errors import InputError
-from .loo import LooEngine, _memory_limit_bytes, make_engine
+from .loo import LooEngine, make_engine
 from .ranking import Ranking, eps_all_code
 
 Progress = Callable[[str, int, int], None]
@@ -57,9 +58,7 @@ def _check_threads(threads) -> int:
 
 def _memory_limit(engine: LooEngine) -> int:
     """The memory limit in bytes: ``--memory-limit``, else its default (DuckDB's setting holds either)."""
-    con = getattr(engine.panel, "con", None)  # an engine of another kind (Spark) has no DuckDB connection
-    limit = _memory_limit_bytes(con) if con is not None else 0
-    return limit or DEFAULT_MEMORY_LIMIT
+    return engine.memory_limit_bytes() or DEFAULT_MEMORY_LIMIT  # 0: an engine without one (Spark)
 
 
 def _check_epsilons(epsilon) -> np.ndarray:
@@ -322,7 +321,8 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
            memory_limit: str | None = None, drop_null_ids: bool = False, exact_all: bool = False,
            screening: bool = True, threads: int | None = None, workers: str = "threads",
            adversary: str | None = None, adversary_sql: str | None = None, buckets: int | None = None,
-           progress: Progress | None = None) -> Assessment:
+           engine: str = "duckdb", spark_master: str | None = None, spark_remote: str | None = None,
+           table: str | None = None, progress: Progress | None = None) -> Assessment:
     """Per-individual empirical privacy risk of releasing a query of repeated databases.
 
     Parameters
@@ -363,6 +363,11 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
         groups by it (default: as many as keep 10 databases each, at most 5)
         and the risk is the largest conditional risk over the buckets (see
         :mod:`empdp.adversary`); the plain assessment is kept beside it.
+    engine, spark_master, spark_remote, table
+        ``"duckdb"`` (embedded, the default) or ``"spark"``: read, aggregate and
+        screen on Spark (``spark_master``, default ``local[*]``, or Spark Connect
+        at ``spark_remote``), a catalog ``table`` instead of ``source``, and
+        evaluate the candidates on the executors (docs/spark.md).
     """
     progress = progress or _no_progress
     eps = None if epsilon is None else _check_epsilons(epsilon)
@@ -378,16 +383,41 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
                              "QUERY or --adversary-sql too")
         if adversary and adversary_sql:
             raise InputError("give either --adversary or --adversary-sql, not both")
-        engine = make_engine(source, id=id, by=by, query=query, where=where, sql=sql,
-                             memory_limit=memory_limit, drop_null_ids=drop_null_ids, threads=threads)
+        engine = _open(source, id=id, by=by, query=query, where=where, sql=sql, memory_limit=memory_limit,
+                       drop_null_ids=drop_null_ids, threads=threads, engine=engine, spark_master=spark_master,
+                       spark_remote=spark_remote, table=table)
         plain = _assess(engine, eps=eps, kernel=kernel, bandwidth=bandwidth, exact_all=exact_all,
                         screening=screening, threads=threads, stack=stack, workers=workers, progress=progress)
         if not (adversary or adversary_sql):
             return plain
-        knows = make_engine(source, id=id, by=by, query=adversary, sql=adversary_sql, memory_limit=memory_limit,
-                            drop_null_ids=drop_null_ids, threads=threads)
+        knows = _open(source, id=id, by=by, query=adversary, sql=adversary_sql, memory_limit=memory_limit,
+                      drop_null_ids=drop_null_ids, threads=threads, engine="spark" if _on_spark(engine) else "duckdb",
+                      spark_master=spark_master, spark_remote=spark_remote, table=table)
         return _adversarial(plain, knows, eps=eps, kernel=kernel, bandwidth=bandwidth, buckets=buckets,
                             progress=progress)
+
+
+ENGINES = ("duckdb", "spark")
+
+
+def _open(source, *, engine: str, spark_master, spark_remote, table, memory_limit, threads, **query) -> LooEngine:
+    """The leave-one-out engine of ``source``: embedded DuckDB, or Spark (docs/spark.md)."""
+    if engine not in ENGINES:
+        raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {str(engine)[:40]!r}")
+    if engine == "duckdb":
+        if spark_master or spark_remote or table:
+            raise InputError("--spark-master, --spark-remote and --table go with --engine spark")
+        return make_engine(source, memory_limit=memory_limit, threads=threads, **query)
+    try:
+        from .spark import make_spark_engine
+    except ImportError:
+        raise InputError("--engine spark needs PySpark: pip install \"empdp[spark]\" (and Java 17)") from None
+    return make_spark_engine(source, master=spark_master, remote=spark_remote, table=table, **query)
+
+
+def _on_spark(engine) -> bool:
+    spark = sys.modules.get("empdp.spark")
+    return spark is not None and isinstance(engine, spark.SparkEngine)
 
 
 def _adversarial(plain: "Assessment", knows: LooEngine, *, eps, kernel, bandwidth, buckets,
@@ -497,7 +527,8 @@ class _Evaluation:
         want = order[:SEARCH_PREFETCH]
         if self.eps is not None:
             want = np.union1d(want, self.candidates(self.eps[0])[:self.cache.capacity])
-        self.cache.prefetch(want)
+        if not _on_spark(self.engine):  # Spark keeps the rows on the executors
+            self.cache.prefetch(want)
         eps_all, pos, batch = 0.0, 0, SEARCH_BATCH
         falling = -eps_bound[order]  # ascending
         while pos < len(order) and (exhaustive or eps_bound[order[pos]] > eps_all):
@@ -556,6 +587,15 @@ class _Evaluation:
         offset, total = shown if shown is not None else (0, len(codes))
         total = max(total, offset + len(codes))
         self.progress(stage, offset, total)
+        if _on_spark(self.engine):  # the candidates are evaluated where their rows are: on the executors
+            from .spark import evaluate_on_executors
+
+            for a in range(0, len(codes), cache.capacity):
+                chunk = codes[a:a + cache.capacity]
+                result = evaluate_on_executors(self.engine, self.model, chunk, self.eps if with_delta else None,
+                                               need_eps_i=need_eps_i, return_exact=True)
+                done = self._add(chunk, result, with_delta, stage, done, offset, total)
+            return
         for a in range(0, len(codes), cache.capacity):
             chunk = codes[a:a + cache.capacity]
             cache.prefetch(chunk)

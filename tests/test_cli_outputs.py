@@ -97,7 +97,8 @@ def test_assess_unwritable_folder_is_refused_before_work(tmp_path, panel, no_wor
     outputs[option] = locked / name
     before = files_under(tmp_path)
     line = one_line_error(run(["assess", panel, *QUERY, *[a for kv in outputs.items() for a in kv]]))
-    assert option in line and str(locked / name) in line and "writable folder" in line
+    # long paths are cut in the middle of the line: the option, the file name and the reason stay
+    assert option in line and name in line and "writable folder" in line
     assert files_under(tmp_path) == before
 
 

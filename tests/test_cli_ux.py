@@ -126,7 +126,7 @@ def test_verbose_calibrate_and_release(tmp_path, monkeypatch):
     info = "\n".join(_lines(res.stderr, "INFO"))
     assert "read " in info and "17 databases, 2197 individuals" in info
     assert "curator kernel: laplace" in info
-    assert re.search(r"INFO empdp\.noise\.calibration: lambda\* = 0\.0386\d+ ", info)
+    assert re.search(r"INFO empdp\.noise\.compute: lambda\* = 0\.0386\d* ", info)
     assert "noise: laplace_mixture" in info and f"wrote {cal}" in info
     res = run(["release", cal, "--value", 0.4711, "--ledger", tmp_path / "l.sqlite", "--json", "-v"])
     assert res.exit_code == 0, res.output

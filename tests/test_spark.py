@@ -24,6 +24,7 @@ if not shutil.which("java"):
         pytest.skip("the Spark engine needs Java (a JRE 17) on PATH or JAVA_HOME", allow_module_level=True)
 
 from conftest import random_panel  # noqa: E402
+
 from empdp import risk  # noqa: E402
 from empdp.density import select_density  # noqa: E402
 from empdp.errors import InputError  # noqa: E402
@@ -165,3 +166,24 @@ def test_bad_input_is_one_line(spark, sample_path, kwargs, message):
         engine.values()
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("query", ["mean(x)", "median(x)"])
+def test_assess_on_spark_is_the_duckdb_assessment(spark, tmp_path, query):
+    """The whole assessment through --engine spark (screening on Spark, candidates on the executors):
+    the same eps_all, sweep, per-individual table and riskiest rows as the embedded engine."""
+    from empdp import assess
+
+    path = tmp_path / "p.parquet"
+    random_panel(3, n_db=8, n_ind=40, ties=False).to_parquet(path)
+    for eps in ([0.1, 0.5], None):
+        a = assess(str(path), id="id", by="year", query=query, epsilon=eps)
+        b = assess(str(path), id="id", by="year", query=query, epsilon=eps, engine="spark")
+        assert b.eps_all == pytest.approx(a.eps_all, rel=RTOL)
+        np.testing.assert_allclose(b.epsilons, a.epsilons, rtol=RTOL)
+        np.testing.assert_allclose(b.delta, a.delta, rtol=RTOL, atol=1e-15)
+        np.testing.assert_allclose(b.total_risk, a.total_risk, rtol=RTOL, atol=1e-15)
+        np.testing.assert_array_equal(b.n_at_risk, a.n_at_risk)
+        np.testing.assert_allclose(b.individuals["delta"].to_numpy(), a.individuals["delta"].to_numpy(),
+                                   rtol=RTOL, atol=1e-15)
+        assert b.riskiest(5)["id"].to_list() == a.riskiest(5)["id"].to_list()

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ..data import memory_limit_bytes as _memory_limit_bytes  # noqa: F401 - assess.py's name, until it calls the engine
 from ..data import open_panel
 from ..query import DECOMPOSABLE, ORDER_STATISTICS, Query, parse_query
 from .base import (

@@ -7,7 +7,7 @@ The same questions as :class:`empdp.loo.LooEngine`, with the same answers (1e-9 
   (a few numbers per database, sent back as literals) minus the partials give Δ_ij in closed form;
 * order statistics: each database's rows ranked by a window; an individual's leave-one-out
   k-th value is at rank k + #{t : r_t − (t − 1) ≤ k} (r_1 < … < r_c its own ranks: the rank
-  arithmetic of :func:`empdp.loo._kth_excluding` in closed form), read from the few ranks each
+  arithmetic of :func:`empdp.loo.order._kth_excluding` in closed form), read from the few ranks each
   database needs;
 * ``--sql``: Spark SQL once per database and individual (the last resort; slow).
 
@@ -279,15 +279,16 @@ class SparkEngine(LooEngine):
         for j in range(n):
             h = (N[j] - 1) * level
             k0 = int(math.floor(h))
-            need_j.append(j); need_r.append(k0)
-            need_j.append(j); need_r.append(min(k0 + 1, N[j] - 1))
+            need_j += [j, j]
+            need_r += [k0, min(k0 + 1, N[j] - 1)]
         for j, c in zip(cj, cc):
             remaining = N[j] - c
             if c == 0 or remaining == 0:
                 continue
             k = int(math.floor((remaining - 1) * level))
             span = np.arange(k, min(k + c + 2, N[j]))
-            need_j.extend([int(j)] * len(span)); need_r.extend(span.tolist())
+            need_j.extend([int(j)] * len(span))
+            need_r.extend(span.tolist())
         need = pl.DataFrame({"__j": need_j, "r": need_r}, schema={"__j": pl.Int32, "r": pl.Int32}).unique()
         want = self.spark.createDataFrame(need.to_pandas())
         lookup = self._run(lambda: _collect(self._ranked.join(F.broadcast(want), ["__j", "r"])
