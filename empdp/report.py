@@ -16,6 +16,7 @@ import html
 import io
 import math
 import secrets
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -114,7 +115,11 @@ def _style(ax) -> None:
 def _img(fig: Figure, alt: str) -> str:
     """Embed a figure as a base64 PNG ``data:`` URI (no metadata: it would carry a URL)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None}, facecolor="white")
+    with warnings.catch_warnings():
+        # ids in a script the plot font lacks (CJK, ...) are drawn as boxes in the figure titles; the
+        # table beside the figure shows them in the browser's fonts, so the warning only adds noise
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from", category=UserWarning)
+        fig.savefig(buf, format="png", dpi=110, metadata={"Software": None}, facecolor="white")
     data = base64.b64encode(buf.getvalue()).decode("ascii")
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
 

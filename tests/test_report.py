@@ -195,3 +195,21 @@ def test_calibration_json_of_the_cli_shows_no_bookkeeping():
                 classical_dp_explanation=_classical_note("laplace"))
     text = _calibration(pure)
     assert "not claimed" in text and "global sensitivity" in text and "<td>∞</td>" not in text
+
+
+def test_ids_in_scripts_the_plot_font_lacks_render_without_warnings():
+    import warnings
+
+    import pandas as pd
+
+    from empdp import assess
+
+    rng = np.random.default_rng(0)
+    names = ["北京", "上海", "東京", "서울", "Zürich", "Αθήνα"] + [f"c{i}" for i in range(20)]
+    df = pd.DataFrame([(n, y, rng.normal() + (5 if n == "北京" else 0) * (y % 2)) for y in range(12) for n in names],
+                      columns=["id", "year", "x"])
+    a = assess(df, id="id", by="year", query="mean(x)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        html = report_html(a)
+    assert "北京" in html
