@@ -28,15 +28,7 @@ import pyarrow as pa
 from ..errors import InputError
 from ..loo import LooEngine, Screen, _require_workable_databases
 from ..query import Query, parse_query
-from .session import SparkPanel, _q, first_line, open_spark_panel, spark_session
-
-
-def _collect(df) -> pa.Table:
-    """A (small) DataFrame on the driver as an Arrow table (``toArrow`` from PySpark 4, else pandas)."""
-    to_arrow = getattr(df, "toArrow", None)
-    if to_arrow is not None:
-        return to_arrow()
-    return pa.Table.from_pandas(df.toPandas(), preserve_index=False)
+from .session import SparkPanel, _collect, _q, first_line, open_spark_panel, spark_session
 
 
 def _lits(values) -> Any:

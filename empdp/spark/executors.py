@@ -57,7 +57,7 @@ def evaluate_on_executors(engine, model: DensityModel, codes: np.ndarray, eps: n
     """
     from pyspark.sql import functions as F
 
-    from .engine import _collect
+    from .session import _collect
 
     codes = np.asarray(codes, dtype=np.int64)
     n = len(engine.panel.labels)

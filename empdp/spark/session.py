@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
+import pyarrow as pa
+
 from ..data import _kind, clip, shorten
 from ..errors import InputError
 
@@ -333,3 +335,11 @@ def open_spark_panel(spark, source: Any, *, id: str, by: str, table: str | None 
     schema = f"__label {df.schema[by].dataType.simpleString()}, __j int"
     panel._label_df = spark.createDataFrame([(lab, j) for j, lab in enumerate(labels)], schema)
     return panel
+
+
+def _collect(df) -> pa.Table:
+    """A (small) DataFrame on the driver as an Arrow table (``toArrow`` from PySpark 4, else pandas)."""
+    to_arrow = getattr(df, "toArrow", None)
+    if to_arrow is not None:
+        return to_arrow()
+    return pa.Table.from_pandas(df.toPandas(), preserve_index=False)

@@ -91,6 +91,6 @@ def _literal(value) -> str:
 
 
 def _arrow(df):
-    from .engine import _collect
+    from .session import _collect
 
     return _collect(df)
