@@ -43,8 +43,8 @@ def load_extras(calibration: str | None, audit: str | None) -> tuple[dict | None
 
 
 def check_epsilon(epsilon: float | None) -> None:
-    if epsilon is not None and not (math.isfinite(epsilon) and epsilon >= 0):
-        raise InputError(f"--epsilon must be finite and >= 0; got {epsilon}")
+    if epsilon is not None and not (math.isfinite(epsilon) and 0 <= epsilon <= 700):
+        raise InputError(f"--epsilon must be in [0, 700] (e^epsilon overflows beyond); got {epsilon:.4g}")
 
 
 @click.command("report")

@@ -61,10 +61,14 @@ def _memory_limit(engine: LooEngine) -> int:
     return engine.memory_limit_bytes() or DEFAULT_MEMORY_LIMIT  # 0: an engine without one (Spark)
 
 
+#: the largest ε any command takes: e^ε overflows a double just beyond 709
+MAX_EPSILON = 700.0
+
+
 def _check_epsilons(epsilon) -> np.ndarray:
     eps = np.atleast_1d(np.asarray(epsilon, dtype=float))
-    if not len(eps) or np.any(~np.isfinite(eps)) or np.any(eps < 0):
-        raise InputError("--epsilon values must be finite and >= 0")
+    if not len(eps) or np.any(~np.isfinite(eps)) or np.any(eps < 0) or np.any(eps > MAX_EPSILON):
+        raise InputError(f"--epsilon values must be in [0, {MAX_EPSILON:g}] (e^epsilon overflows beyond)")
     return np.unique(eps)
 
 

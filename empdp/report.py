@@ -632,8 +632,8 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
     """
     a = assessment
     eps = float(a.epsilons[0] if epsilon is None else epsilon)
-    if not np.isfinite(eps) or eps < 0:
-        raise InputError(f"--epsilon must be finite and >= 0, got {epsilon!r}")
+    if not (np.isfinite(eps) and 0 <= eps <= 700):
+        raise InputError(f"--epsilon must be in [0, 700] (e^epsilon overflows beyond), got {epsilon!r}")
     if audit is not None:
         audit_kind(audit)
     show = _id_formatter(hash_ids)

@@ -84,3 +84,11 @@ def test_result_without_shifts_keeps_no_values(tmp_path, data):
     out = tmp_path / "r.html"
     assert CliRunner().invoke(cli, ["report", str(path), "-o", str(out), "-q"]).exit_code == 0
     assert "No individual with a defined leave-one-out value" in out.read_text()
+
+
+def test_an_epsilon_beyond_700_is_one_line(saved):
+    # e^epsilon overflows a double past 709: a huge epsilon crashed the report's plot (exit 1)
+    out = saved.with_suffix(".html")
+    _one_line_error(CliRunner().invoke(cli, ["report", str(saved), "-e", "1e308", "-o", str(out)]), "--epsilon")
+    assert not out.exists()
+    assert CliRunner().invoke(cli, ["report", str(saved), "-e", "700", "-o", str(out)]).exit_code == 0
