@@ -58,7 +58,12 @@ def _replace_db(sql: str, replacement: str) -> str:
 
 def _scalar(panel, sql: str, label) -> float:
     """The user's query on the current database: one finite number, else :class:`InputError`."""
-    rows = panel.fetchall(sql, context=f"--sql failed on database {clip(str(label), 40)}")
+    return scalar_value(panel.fetchall(sql, context=f"--sql failed on database {clip(str(label), 40)}"), label)
+
+
+def scalar_value(rows, label) -> float:
+    """The one finite number ``--sql`` must return on database ``label`` (``rows`` as fetched; the
+    DuckDB and Spark engines share this check), else :class:`InputError`."""
     if len(rows) != 1 or len(rows[0]) != 1:
         raise InputError(f"--sql must return one row with one numeric column; got "
                          f"{len(rows)} row(s) on database {label!s}")

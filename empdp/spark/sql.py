@@ -10,6 +10,7 @@ import polars as pl
 
 from ..errors import InputError
 from ..loo import _replace_db
+from ..loo.sql import scalar_value
 from .session import _q, first_line
 
 
@@ -18,17 +19,7 @@ def _scalar(spark, sql: str, label) -> float:
         rows = spark.sql(sql).collect()
     except Exception as exc:  # noqa: BLE001 - ParseException, AnalysisException, ...
         raise InputError(f"--sql failed on database {label!s}: {first_line(exc)}") from None
-    if len(rows) != 1 or len(rows[0]) != 1:
-        raise InputError(f"--sql must return one row with one numeric column; got "
-                         f"{len(rows)} row(s) on database {label!s}")
-    val = rows[0][0]
-    try:
-        val = float(val)
-    except (TypeError, ValueError):
-        raise InputError(f"--sql returned {val!r} on database {label!s}; it must return a number") from None
-    if not np.isfinite(val):
-        raise InputError(f"--sql returned {val} on database {label!s}; the query must be defined on every database")
-    return val
+    return scalar_value(rows, label)
 
 
 def sql_values(engine):
