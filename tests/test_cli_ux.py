@@ -222,7 +222,7 @@ def test_assess_saves_hashed_ids(tmp_path, monkeypatch):
     ("audit as calibration", "not an empdp calibration"),
     ("bad extension", "must end in .html"),
     ("missing folder", "does not exist"),
-    ("negative epsilon", "--epsilon must be finite"),
+    ("negative epsilon", "--epsilon must be in [0, 700]"),
 ])
 def test_report_bad_input_writes_nothing(files, tmp_path, case, needle):
     result, out = files / "r.json", tmp_path / "out.html"

@@ -35,6 +35,7 @@ import math
 import numbers
 import os
 import sqlite3
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -169,7 +170,7 @@ class Ledger:
                     raise self._bad_file(f"corrupt: {status}")
                 self._layout(con)
             if write:
-                con.execute("PRAGMA journal_mode=WAL")
+                _wal(con)
                 con.execute("PRAGMA synchronous=FULL")
         except (sqlite3.DatabaseError, LedgerError) as exc:
             if con is not None:
@@ -473,3 +474,23 @@ def _check_budget(spent: float, eps: float, budget: float) -> None:
         raise BudgetExceededError(
             f"release refused: epsilon {eps:g} would bring the total to {spent + eps:g}, over the budget "
             f"of {budget:g} ({max(budget - spent, 0):g} left); nothing was released or recorded")
+
+
+def _wal(con: sqlite3.Connection, wait: float = 30.0) -> None:
+    """Switch to WAL mode, waiting like every other statement does for another writer's lock.
+
+    Changing the journal mode can fail at once with 'database is locked' while another process
+    holds the file (SQLite's busy timeout does not always cover it): concurrent first use of a
+    new ledger under load hit it. Retried with a short back-off for up to ``wait`` seconds.
+    """
+    deadline = time.monotonic() + wait
+    delay = 0.01
+    while True:
+        try:
+            con.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
