@@ -235,16 +235,17 @@ def _kind(lower: str) -> str | None:
 
 
 def default_memory_limit() -> str:
-    """DuckDB's share when the user sets none: 4 GB or 40% of physical memory, whichever is smaller.
+    """DuckDB's share when the user sets none: 2 GB or 25% of physical memory, whichever is smaller.
 
     DuckDB's own default (80% of memory) lets a 10^8-row GROUP BY hold ~7 GB;
     with a limit it spills instead, at about the same speed, and leaves room
-    for the density evaluation.
+    for the density evaluation. At 10^8 rows a 4 GB share peaked at 4.9 GB for
+    the whole process and a 2 GB one at 2.2 GB, in the same time (16.8 s).
     """
     total = physical_memory()
     if total is None:
-        return "4GB"
-    return f"{max(256, min(4096, int(0.4 * total / 2**20)))}MB"
+        return "2GB"
+    return f"{max(256, min(2048, int(0.25 * total / 2**20)))}MB"
 
 
 def spill_directory(con: duckdb.DuckDBPyConnection) -> str:
