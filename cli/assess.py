@@ -126,7 +126,8 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
                         memory_limit=memory_limit, threads=threads, workers=workers, drop_null_ids=drop_null_ids,
                         exact_all=bool(out), screening=not no_screening, adversary=adversary,
                         adversary_sql=adversary_sql, buckets=buckets, engine=engine, spark_master=spark_master,
-                        spark_remote=spark_remote, progress=progress)
+                        # $SPARK_REMOTE set for other tools must not stop the embedded engine
+                        spark_remote=spark_remote if engine == "spark" else None, progress=progress)
     log_summary(result, time.perf_counter() - started)
     # all outputs are committed together: a failure writing one leaves none of them
     with progress_bars(not (as_json or quiet), log) as progress, output_batch():

@@ -387,6 +387,9 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
                              "QUERY or --adversary-sql too")
         if adversary and adversary_sql:
             raise InputError("give either --adversary or --adversary-sql, not both")
+        if buckets is not None and (isinstance(buckets, bool) or not isinstance(buckets, (int, np.integer))
+                                    or buckets < 1):
+            raise InputError(f"--buckets must be a whole number >= 1, got {buckets!r}")  # before the long part
         engine = _open(source, id=id, by=by, query=query, where=where, sql=sql, memory_limit=memory_limit,
                        drop_null_ids=drop_null_ids, threads=threads, engine=engine, spark_master=spark_master,
                        spark_remote=spark_remote, table=table)

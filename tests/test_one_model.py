@@ -161,3 +161,9 @@ def test_null_values_are_counted_and_warned_about():
     df.loc[nulls, "x"] = np.nan
     a = assess(df, id="id", by="y", query="mean(x)")
     assert any(f"{int(nulls.sum()):,} rows have a NULL" in w for w in a.warnings), a.warnings
+
+
+def test_spark_remote_in_the_environment_does_not_stop_the_embedded_engine(sample_path):
+    res = CliRunner().invoke(cli, ["assess", sample_path, "--id", "countyid", "--by", "year", "--query",
+                                   "mean(murdrate)", "-e", "1", "-q"], env={"SPARK_REMOTE": "sc://nowhere:1"})
+    assert res.exit_code == 0, res.output
