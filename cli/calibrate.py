@@ -37,6 +37,12 @@ def key_options(f):
 @click.command("calibrate")
 @query_options
 @click.option("--epsilon", "-e", "epsilon", type=float, required=True, help="Target empirical epsilon.")
+@click.option("--adversary", metavar="QUERY",
+              help="What the adversary knows about each database (a named query over the whole table): every "
+                   "adversary bucket's release is made epsilon-private, as 'assess --adversary' measures it.")
+@click.option("--adversary-sql", metavar="SQL", help="The adversary statistic as SQL over the table 'db'.")
+@click.option("--buckets", type=int, default=None,
+              help="With --adversary: groups of databases (default: as many as keep 10 each, at most 5).")
 @click.option("--kernel", type=click.Choice(["laplace", "gaussian", "auto"]), default="laplace", show_default=True,
               help="Curator kernel. Laplace (default) deconvolves in closed form: the least noise, exactly. A "
                    "Gaussian kernel cannot be deconvolved, so a verified Laplace-mixture fallback is searched "
@@ -52,7 +58,8 @@ def key_options(f):
               help=f"Sign the calibration with the curator key in this file (default: ${KEY_ENV}); 'empdp "
                    "release' refuses unsigned calibrations unless --allow-unsigned.")
 @output_options
-def calibrate(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth, output, memory_limit,
+def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversary_sql, buckets, kernel, bandwidth,
+              output, memory_limit,
               drop_null_ids, key_file, as_json, quiet, verbose, debug):
     """The least noise that makes releasing QUERY epsilon-empirically private (docs/method.md#8-calibration-and-release).
 
@@ -78,7 +85,8 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth,
         warnings.simplefilter("ignore")  # the notes are shown below and kept in the JSON
         cal = calibrate_source(source, id=id_col, by=by, query=query, where=where, sql=sql, epsilon=epsilon,
                                kernel=kernel, bandwidth=parse_bandwidth(bandwidth), memory_limit=memory_limit,
-                               drop_null_ids=drop_null_ids, progress=progress)
+                               drop_null_ids=drop_null_ids, adversary=adversary, adversary_sql=adversary_sql,
+                               buckets=buckets, progress=progress)
     cal.save(output, key=key)
     log.info("wrote %s (lambda* %s, noise %s, %s) after %.2f s of calibration", output, fmt(cal.lam),
              cal.noise["kind"], f"signed with key {key_id(key)}" if key else "unsigned", cal.seconds)

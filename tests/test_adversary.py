@@ -176,3 +176,85 @@ def test_saved_result_and_report_keep_the_buckets(tmp_path):
     html = report_html(r)
     assert 'id="adversary"' in html and "max(season)" in html
     assert 'id="adversary"' not in report_html(assess(season_panel(3), id="id", by="db", query="mean(x)"))
+
+
+# ------------------------------------------------------------------ calibration against the adversary
+def _calibrate(df, eps, **kw):
+    import warnings
+
+    from empdp import calibrate
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return calibrate(df, id="id", by="db", query="mean(x)", epsilon=eps, adversary="max(season)", **kw)
+
+
+@pytest.mark.parametrize("bandwidth", ["auto", 1.0])
+def test_calibrate_with_adversary_adds_no_noise_exactly_when_assess_finds_nobody_at_risk(bandwidth):
+    df = season_panel(3, spike=4.0)
+    a = assess(df, id="id", by="db", query="mean(x)", adversary="max(season)", buckets=2, bandwidth=bandwidth)
+    for factor, nobody in ((1 - 1e-6, False), (1 + 1e-6, True)):
+        eps = a.eps_all * factor
+        found = int(assess(df, id="id", by="db", query="mean(x)", adversary="max(season)", buckets=2,
+                           bandwidth=bandwidth, epsilon=[eps]).n_at_risk[0]) == 0
+        cal = _calibrate(df, eps, buckets=2, bandwidth=bandwidth)
+        assert found is nobody and (cal.noise["kind"] == "none") is nobody
+        assert cal.verified_eps_max <= eps
+
+
+def test_one_noise_law_makes_every_bucket_private():
+    # brute force: the released density of every bucket, P̂_B ⋆ ℓ_b_B ⋆ h, on a dense grid
+    from empdp.loo import leave_one_out
+
+    df = season_panel(3, spike=4.0)
+    eps = 0.5
+    cal = _calibrate(df, eps, buckets=2)
+    loo = leave_one_out(df, id="id", by="db", query="mean(x)")
+    w, lam = cal.noise["weight_zero"], cal.noise["scale"]
+    assert 0 < w < 1
+    worst = 0.0
+    for b in cal.deconvolution["adversary"]["buckets"]:
+        cols = np.array([loo.labels.index(v) for v in b["databases"]])
+        s = b["scale"]
+        x = np.linspace(loo.q[cols].min() - 60 * lam, loo.q[cols].max() + 60 * lam, 40_001)
+
+        def released(points):  # (ℓ_s ⋆ (w δ0 + (1 − w) ℓ_λ)) at each point, averaged
+            u = np.abs(x[:, None] - points[None, :])
+            lap = lambda t: np.exp(-u / t) / (2 * t)  # noqa: E731
+            conv = (lam * lap(lam) * lam - s * lap(s) * s) / (lam ** 2 - s ** 2)  # ℓ_s ⋆ ℓ_λ
+            return (w * lap(s) + (1 - w) * conv).mean(axis=1)
+
+        p = released(loo.q[cols])
+        for r in np.flatnonzero(~loo.undefined):
+            pi = released(loo.q[cols] - loo.shifts[r, cols])
+            worst = max(worst, float(np.abs(np.log(p) - np.log(pi)).max()))
+    assert worst <= eps * (1 + 1e-9), worst
+    assert worst > 0.5 * eps  # the noise is not grossly more than needed
+
+
+def test_adversary_calibration_releases_and_is_not_audited_as_a_plain_one(tmp_path):
+    from empdp.audit import audit_release
+    from empdp.errors import InputError
+
+    df = season_panel(3, spike=4.0)
+    cal = _calibrate(df, 0.5, buckets=2)
+    out = cal.release(1.0, seed=1)  # a test draw: the noise law is an ordinary one
+    assert out["noise_added"] is True and out["private"] is False
+    path = tmp_path / "d.parquet"
+    df.to_parquet(path)
+    with pytest.raises(InputError, match="adversary"):
+        audit_release(cal, str(path), top=1, rng=1)
+
+
+def test_cli_calibrate_with_adversary(panel_file, tmp_path):
+    out = tmp_path / "cal.json"
+    res = CliRunner().invoke(cli, ["calibrate", panel_file, "--id", "id", "--by", "db", "--query", "mean(x)",
+                                   "-e", "0.5", "--adversary", "max(season)", "--buckets", "2", "-o", str(out),
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(out.read_text())
+    assert d["deconvolution"]["adversary"]["statistic"] == "max(season)"
+    assert [b["n_databases"] for b in d["deconvolution"]["adversary"]["buckets"]] == [12, 12]
+    bad = CliRunner().invoke(cli, ["calibrate", panel_file, "--id", "id", "--by", "db", "--query", "mean(x)",
+                                   "-e", "0.5", "--buckets", "2", "-o", str(tmp_path / "c2.json")])
+    _one_line_error(bad, "--adversary")

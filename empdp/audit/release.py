@@ -200,6 +200,10 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     n, N, n_renyi = check_size("n", n), check_size("N", N), check_size("n_renyi", n_renyi, 50)
     rng = as_rng(rng)
     cal = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
+    if isinstance(cal.deconvolution, dict) and cal.deconvolution.get("adversary"):
+        raise InputError("this calibration protects against an adversary (calibrate --adversary): its release "
+                         "is audited per adversary bucket, which 'audit release' does not do yet; audit a "
+                         "calibration made without --adversary, or read its per-bucket lambda in the file")
     if loo is None:
         if source is None:
             raise InputError("give the source the calibration was made from")

@@ -221,13 +221,21 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
 
 def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | None = None,
               where: str | None = None, sql: str | None = None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
-              memory_limit: str | None = None, drop_null_ids: bool = False,
+              memory_limit: str | None = None, drop_null_ids: bool = False, adversary: str | None = None,
+              adversary_sql: str | None = None, buckets: int | None = None,
               progress: Progress | None = None) -> Calibration:
     """Calibrate release noise for ``query`` over the databases of ``source`` (docs/method.md#8-calibration-and-release).
 
     Parameters mirror ``empdp calibrate``; see :func:`calibrate_values`. ``progress``
-    also gets the stage "reading and leave-one-out" (size unknown: total 0).
+    also gets the stage "reading and leave-one-out" (size unknown: total 0). With
+    ``adversary`` (or ``adversary_sql``) and ``buckets``, every adversary bucket's released
+    density is made ε-private (:mod:`empdp.noise.adversary`), as ``assess`` with the same
+    options measures it.
     """
+    if buckets is not None and not (adversary or adversary_sql):
+        raise InputError("--buckets cuts the databases by what the adversary knows: give --adversary too")
+    if adversary and adversary_sql:
+        raise InputError("give either --adversary or --adversary-sql, not both")
     from ..loo import leave_one_out
 
     progress = progress or no_progress
@@ -238,8 +246,18 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | Non
     progress("reading and leave-one-out", 1, 1)
     log.info("read %s: %d databases, %d individuals (%d sole contributors), query %s, in %.2f s", loo.source,
              loo.q.size, len(loo.shifts), int(np.sum(loo.undefined)), loo.query, time.perf_counter() - t0)
-    cal = calibrate_values(loo.q, loo.shifts, epsilon=epsilon, kernel=kernel, bandwidth=bandwidth,
-                           undefined=loo.undefined, progress=progress)
+    if adversary or adversary_sql:
+        from .adversary import calibrate_buckets, statistic_values
+
+        g, statistic = statistic_values(source, id=id, by=by, adversary=adversary, adversary_sql=adversary_sql,
+                                        labels=loo.labels, memory_limit=memory_limit, drop_null_ids=drop_null_ids)
+        checked = _check_inputs(loo.q, loo.shifts, epsilon, loo.undefined, bandwidth)
+        cal = calibrate_buckets(loo.q, loo.shifts, g, epsilon=checked.epsilon, buckets=buckets,
+                                labels=loo.labels, statistic=statistic, bandwidth=bandwidth,
+                                undefined=loo.undefined, kernel=kernel)
+    else:
+        cal = calibrate_values(loo.q, loo.shifts, epsilon=epsilon, kernel=kernel, bandwidth=bandwidth,
+                               undefined=loo.undefined, progress=progress)
     cal.source = str(source) if isinstance(source, (str, Path)) else None
     cal.source_description, cal.query_description = loo.source, loo.query
     cal.id, cal.by, cal.query, cal.where, cal.sql = id, by, query, where, sql
