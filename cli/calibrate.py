@@ -43,6 +43,11 @@ def key_options(f):
 @click.option("--adversary-sql", metavar="SQL", help="The adversary statistic as SQL over the table 'db'.")
 @click.option("--buckets", type=int, default=None,
               help="With --adversary: groups of databases (default: as many as keep 10 each, at most 5).")
+@click.option("--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True,
+              help="duckdb (embedded) or spark: compute the leave-one-out on Spark (see docs/spark.md).")
+@click.option("--spark-master", metavar="URL", help="With --engine spark: the master (default local[*]).")
+@click.option("--spark-remote", metavar="URL", envvar="SPARK_REMOTE",
+              help="With --engine spark: a Spark Connect server, sc://HOST:PORT (default: $SPARK_REMOTE).")
 @click.option("--kernel", type=click.Choice(["laplace", "gaussian", "auto"]), default="laplace", show_default=True,
               help="Curator kernel. Laplace (default) deconvolves in closed form: the least noise, exactly. A "
                    "Gaussian kernel cannot be deconvolved, so a verified Laplace-mixture fallback is searched "
@@ -58,7 +63,8 @@ def key_options(f):
               help=f"Sign the calibration with the curator key in this file (default: ${KEY_ENV}); 'empdp "
                    "release' refuses unsigned calibrations unless --allow-unsigned.")
 @output_options
-def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversary_sql, buckets, kernel, bandwidth,
+def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversary_sql, buckets, engine, spark_master,
+              spark_remote, kernel, bandwidth,
               output, memory_limit,
               drop_null_ids, key_file, as_json, quiet, verbose, debug):
     """The least noise that makes releasing QUERY epsilon-empirically private (docs/method.md#8-calibration-and-release).
@@ -86,7 +92,9 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
         cal = calibrate_source(source, id=id_col, by=by, query=query, where=where, sql=sql, epsilon=epsilon,
                                kernel=kernel, bandwidth=parse_bandwidth(bandwidth), memory_limit=memory_limit,
                                drop_null_ids=drop_null_ids, adversary=adversary, adversary_sql=adversary_sql,
-                               buckets=buckets, progress=progress)
+                               buckets=buckets, engine=engine, spark_master=spark_master,
+                               # $SPARK_REMOTE set for other tools must not stop the embedded engine
+                               spark_remote=spark_remote if engine == "spark" else None, progress=progress)
     cal.save(output, key=key)
     log.info("wrote %s (lambda* %s, noise %s, %s) after %.2f s of calibration", output, fmt(cal.lam),
              cal.noise["kind"], f"signed with key {key_id(key)}" if key else "unsigned", cal.seconds)

@@ -22,7 +22,7 @@ from . import checks, risk
 from ._parallel import WORKERS, Executors, available_cores
 from .density import DEFAULT_KERNEL, DensityModel, select_density
 from .errors import InputError
-from .loo import LooEngine, make_engine
+from .loo import LooEngine, open_engine
 from .ranking import Ranking, eps_all_code
 
 Progress = Callable[[str, int, int], None]
@@ -404,22 +404,9 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
                             progress=progress)
 
 
-ENGINES = ("duckdb", "spark")
-
-
-def _open(source, *, engine: str, spark_master, spark_remote, table, memory_limit, threads, **query) -> LooEngine:
+def _open(source, **options) -> LooEngine:
     """The leave-one-out engine of ``source``: embedded DuckDB, or Spark (docs/spark.md)."""
-    if engine not in ENGINES:
-        raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {str(engine)[:40]!r}")
-    if engine == "duckdb":
-        if spark_master or spark_remote or table:
-            raise InputError("--spark-master, --spark-remote and --table go with --engine spark")
-        return make_engine(source, memory_limit=memory_limit, threads=threads, **query)
-    try:
-        from .spark import make_spark_engine
-    except ImportError:
-        raise InputError("--engine spark needs PySpark: pip install \"empdp[spark]\" (and Java 17)") from None
-    return make_spark_engine(source, master=spark_master, remote=spark_remote, table=table, **query)
+    return open_engine(source, **options)
 
 
 def _on_spark(engine) -> bool:

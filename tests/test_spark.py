@@ -187,3 +187,21 @@ def test_assess_on_spark_is_the_duckdb_assessment(spark, tmp_path, query):
         np.testing.assert_allclose(b.individuals["delta"].to_numpy(), a.individuals["delta"].to_numpy(),
                                    rtol=RTOL, atol=1e-15)
         assert b.riskiest(5)["id"].to_list() == a.riskiest(5)["id"].to_list()
+
+
+def test_calibrate_on_spark_is_the_duckdb_calibration(spark, tmp_path):
+    """calibrate --engine spark: the same lambda*, noise and verified epsilon as the embedded engine."""
+    import warnings
+
+    from empdp import calibrate
+
+    path = tmp_path / "p.parquet"
+    random_panel(4, n_db=8, n_ind=30, ties=False).to_parquet(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sole contributors, noted by both
+        a = calibrate(str(path), id="id", by="year", query="mean(x)", epsilon=0.3)
+        b = calibrate(str(path), id="id", by="year", query="mean(x)", epsilon=0.3, engine="spark")
+    assert b.lam == pytest.approx(a.lam, rel=RTOL)
+    assert b.noise["kind"] == a.noise["kind"] and b.noise["scale"] == pytest.approx(a.noise["scale"], rel=RTOL)
+    assert b.verified_eps_max == pytest.approx(a.verified_eps_max, rel=RTOL)
+    assert (b.n_individuals, b.n_sole_contributors) == (a.n_individuals, a.n_sole_contributors)

@@ -21,6 +21,7 @@ import numpy as np
 import polars as pl
 
 from ..data import open_panel
+from ..errors import InputError
 from ..query import DECOMPOSABLE, ORDER_STATISTICS, Query, parse_query
 from .base import (
     MAX_MAGNITUDE,
@@ -90,11 +91,37 @@ def leave_one_out(source: Any, *, id: str, by: str, query: str | None = None, wh
     Meant for up to ~10^7 (individual, database) cells; :func:`empdp.assess`
     screens first and fetches only the individuals it needs.
     """
-    engine = make_engine(source, id=id, by=by, query=query, where=where, sql=sql,
-                         memory_limit=memory_limit, drop_null_ids=drop_null_ids)
+    return loo_result(make_engine(source, id=id, by=by, query=query, where=where, sql=sql,
+                                  memory_limit=memory_limit, drop_null_ids=drop_null_ids))
+
+
+def loo_result(engine: LooEngine) -> LooResult:
+    """Every individual's shifts from an open engine (DuckDB or Spark) as a :class:`LooResult`."""
     q = engine.values()
     screen = engine.screen(np.ones_like(q))
     shifts, present = engine.shifts(np.arange(len(screen)), presence=True)
     return LooResult(labels=list(engine.panel.labels), q=q, shifts=shifts, present=present,
                      undefined=screen.undefined, ids=screen.ids, query=engine.query.describe(),
                      source=engine.panel.description)
+
+
+#: where the leave-one-out runs: embedded DuckDB (the default) or Apache Spark (docs/spark.md)
+ENGINE_KINDS = ("duckdb", "spark")
+
+
+def open_engine(source: Any, *, engine: str = "duckdb", spark_master: str | None = None,
+                spark_remote: str | None = None, table: str | None = None, memory_limit: str | None = None,
+                threads: int | None = None, **query) -> LooEngine:
+    """The leave-one-out engine of ``source`` of the kind ``engine`` (``query``: id, by, query, where, sql,
+    drop_null_ids, as for :func:`make_engine`)."""
+    if engine not in ENGINE_KINDS:
+        raise InputError(f"--engine must be one of {', '.join(ENGINE_KINDS)}, got {str(engine)[:40]!r}")
+    if engine == "duckdb":
+        if spark_master or spark_remote or table:
+            raise InputError("--spark-master, --spark-remote and --table go with --engine spark")
+        return make_engine(source, memory_limit=memory_limit, threads=threads, **query)
+    try:
+        from ..spark import make_spark_engine
+    except ImportError:
+        raise InputError("--engine spark needs PySpark: pip install \"empdp[spark]\" (and Java 17)") from None
+    return make_spark_engine(source, master=spark_master, remote=spark_remote, table=table, **query)

@@ -222,7 +222,8 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
 def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | None = None,
               where: str | None = None, sql: str | None = None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
               memory_limit: str | None = None, drop_null_ids: bool = False, adversary: str | None = None,
-              adversary_sql: str | None = None, buckets: int | None = None,
+              adversary_sql: str | None = None, buckets: int | None = None, engine: str = "duckdb",
+              spark_master: str | None = None, spark_remote: str | None = None, table: str | None = None,
               progress: Progress | None = None) -> Calibration:
     """Calibrate release noise for ``query`` over the databases of ``source`` (docs/method.md#8-calibration-and-release).
 
@@ -236,19 +237,22 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | Non
         raise InputError("--buckets cuts the databases by what the adversary knows: give --adversary too")
     if adversary and adversary_sql:
         raise InputError("give either --adversary or --adversary-sql, not both")
-    from ..loo import leave_one_out
+    from ..loo import loo_result, open_engine
 
     progress = progress or no_progress
     t0 = time.perf_counter()
     progress("reading and leave-one-out", 0, 0)
-    loo = leave_one_out(source, id=id, by=by, query=query, where=where, sql=sql,
-                        memory_limit=memory_limit, drop_null_ids=drop_null_ids)
+    loo = loo_result(open_engine(source, id=id, by=by, query=query, where=where, sql=sql,
+                                 memory_limit=memory_limit, drop_null_ids=drop_null_ids, engine=engine,
+                                 spark_master=spark_master, spark_remote=spark_remote, table=table))
     progress("reading and leave-one-out", 1, 1)
     log.info("read %s: %d databases, %d individuals (%d sole contributors), query %s, in %.2f s", loo.source,
              loo.q.size, len(loo.shifts), int(np.sum(loo.undefined)), loo.query, time.perf_counter() - t0)
     if adversary or adversary_sql:
         from .adversary import calibrate_buckets, statistic_values
 
+        if engine != "duckdb":
+            raise InputError("calibrate --adversary reads with DuckDB: drop --engine spark")
         g, statistic = statistic_values(source, id=id, by=by, adversary=adversary, adversary_sql=adversary_sql,
                                         labels=loo.labels, memory_limit=memory_limit, drop_null_ids=drop_null_ids)
         checked = _check_inputs(loo.q, loo.shifts, epsilon, loo.undefined, bandwidth)
