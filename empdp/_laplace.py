@@ -1,4 +1,4 @@
-"""Fast exact node values for Laplace kernels (SPEC 9, the matrix form).
+"""Fast exact node values for Laplace kernels (docs/method.md#53-matrix-form-laplace, the matrix form).
 
 Every term of p̂_i is a Laplace kernel ℓ_{b_l}(x − k_il) with kink
 k_il = q_l − Δ_il. Outside the kink interval between q_l and k_il it equals

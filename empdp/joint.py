@@ -1,4 +1,4 @@
-"""Joint queries: d = 2 or 3 statistics released together (SPEC 5.3, issue 19).
+"""Joint queries: d = 2 or 3 statistics released together (docs/method.md#102-joint-queries-planned, issue 19).
 
 Numerical core, arrays in and out. A point is q_j ∈ ℝ^d (one value per statistic and database),
 a shift Δ_ij ∈ ℝ^d (the change of every statistic when individual i leaves database j).
@@ -74,7 +74,7 @@ _BLOCK = 4_000_000
 # ----------------------------------------------------------------------------------- the model
 @dataclass
 class JointModel:
-    """Product Laplace KDE of d statistics in whitened coordinates (SPEC 5.3).
+    """Product Laplace KDE of d statistics in whitened coordinates (docs/method.md#102-joint-queries-planned).
 
     Attributes
     ----------
@@ -212,7 +212,7 @@ def _loo_loglik(absdiff: np.ndarray, scales: np.ndarray) -> float:
 
 
 def select_joint_model(q, bandwidth="auto", n_scales: int = 41, names=None) -> JointModel:
-    """Fit the joint density model of the (n, d) query values (SPEC 5.3).
+    """Fit the joint density model of the (n, d) query values (docs/method.md#102-joint-queries-planned).
 
     Parameters
     ----------
@@ -305,7 +305,7 @@ def _check_shifts(model: JointModel, shifts) -> np.ndarray:
 
 
 def joint_bound(model: JointModel, shifts) -> np.ndarray:
-    """Screening bound M_i = max_j Σ_k |(T Δ_ij)_k| ≥ ε_i, so δ_i(ε) = 0 for ε ≥ M_i (SPEC 5.3)."""
+    """Screening bound M_i = max_j Σ_k |(T Δ_ij)_k| ≥ ε_i, so δ_i(ε) = 0 for ε ≥ M_i (docs/method.md#102-joint-queries-planned)."""
     s = _check_shifts(model, shifts) @ model.transform.T
     return np.abs(s).sum(-1).max(-1, initial=0.0)
 
@@ -453,7 +453,7 @@ def _edge_root(gamma, eta, w):
 
 
 def _pos_integral(C: np.ndarray, w: np.ndarray, nodes: int) -> np.ndarray:
-    """∫_{[0,w]} (Σ_σ C_σ e^{σ·t})_+ dt for K cells: C (K, 2, …, 2), w (K, d) (SPEC 5.3).
+    """∫_{[0,w]} (Σ_σ C_σ e^{σ·t})_+ dt for K cells: C (K, 2, …, 2), w (K, d) (docs/method.md#102-joint-queries-planned).
 
     Exact along axis 1; Gauss–Legendre along the others, on pieces split where h vanishes on the
     edges parallel to that axis (closed form), so that each piece's integrand is analytic. An axis
@@ -598,7 +598,7 @@ def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_e
 
 def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES, return_error: bool = False,
                screen: bool = True):
-    """Exact ε_i and δ_i(ε) of each individual for a joint query (SPEC 4.1 and 5.3).
+    """Exact ε_i and δ_i(ε) of each individual for a joint query (docs/method.md#41-per-individual-risk and 5.3).
 
     Parameters
     ----------
@@ -650,7 +650,7 @@ def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES, 
 # ------------------------------------------------------------------------------- calibration
 @dataclass(frozen=True)
 class JointNoise:
-    """Release noise for a joint query (SPEC 5.3, 6.3): independent per whitened axis k,
+    """Release noise for a joint query (docs/method.md#102-joint-queries-planned): independent per whitened axis k,
 
         z_k ~ w_k δ_0 + (1 − w_k) Laplace(λ_k),   noise = W^{−1} z   (statistics' units).
 
@@ -730,7 +730,7 @@ def joint_eps_at(model: JointModel, shifts, t: float) -> np.ndarray:
 
 def joint_minimal_lambda(model: JointModel, shifts, epsilon: float, *, rtol: float = 1e-10,
                          max_steps: int = 400) -> JointLambda:
-    """Least t with max_i ε_i(t) ≤ ε for the released densities at scales λ_k = t b_k (SPEC 5.3).
+    """Least t with max_i ε_i(t) ≤ ε for the released densities at scales λ_k = t b_k (docs/method.md#102-joint-queries-planned).
 
     ε_i(t) is non-increasing in t (per axis ℓ_{t b} = ℓ_{t' b} ⋆ ((t'/t)² δ_0 + (1 − (t'/t)²) ℓ_{t b})
     for t' < t, and convolving both densities with one probability law cannot raise their

@@ -1,4 +1,4 @@
-"""Per-individual risk (SPEC 4): δ_i(ε), ε_i, screening bounds.
+"""Per-individual risk (docs/method.md#4-risk): δ_i(ε), ε_i, screening bounds.
 
 For a chunk of individuals (rows of a dense shift matrix D) we evaluate, on
 nodes that contain every kink of both densities, p̂ and p̂_i with their
@@ -73,7 +73,7 @@ def term_delta(kernel: str, eps, mu):
 
 
 def delta_upper_bound(kernel: str, eps, bound, n_present, n):
-    """Certified δ_i(ε) ≤ (n_i/n) δ_kernel(ε; M_i) (SPEC 4.3).
+    """Certified δ_i(ε) ≤ (n_i/n) δ_kernel(ε; M_i) (docs/method.md#51-screening-bound).
 
     (Σ a_j − e^ε Σ b_j)_+ ≤ Σ (a_j − e^ε b_j)_+ term by term, and each term is
     the kernel's own curve at sensitivity |Δ_ij|/b_j ≤ M_i, increasing in it.
@@ -780,6 +780,6 @@ def _delta_on_crossings(model: DensityModel, shifts: np.ndarray, grid: np.ndarra
 
 
 def total_risk(delta: np.ndarray, axis=0) -> np.ndarray:
-    """δ* = 1 − Π(1 − δ_i), computed as −expm1(Σ log1p(−δ_i)) (SPEC 4.1)."""
+    """δ* = 1 − Π(1 − δ_i), computed as −expm1(Σ log1p(−δ_i)) (docs/method.md#41-per-individual-risk)."""
     with np.errstate(divide="ignore"):
         return -np.expm1(np.sum(np.log1p(-np.clip(delta, 0, 1)), axis=axis))

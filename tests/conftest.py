@@ -38,3 +38,12 @@ def sample_assessment(sample_path):
     from empdp import assess
 
     return assess(sample_path, id="countyid", by="year", query="mean(murdrate)", kernel="laplace", bandwidth=0.05)
+
+
+@pytest.fixture
+def curator_key(monkeypatch):
+    """$EMPDP_KEY set to ``helpers.CURATOR_KEY``: the CLI signs and verifies with it (release needs one).
+    Test files that release put ``pytestmark = pytest.mark.usefixtures("curator_key")``."""
+    from helpers import CURATOR_KEY
+
+    monkeypatch.setenv("EMPDP_KEY", CURATOR_KEY.decode())

@@ -9,6 +9,8 @@ from click.testing import CliRunner
 from empdp.cli.main import cli
 
 SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
+#: the curator key that signs the tests' calibrations and ledgers (fixture ``curator_key`` sets it)
+CURATOR_KEY = b"test-suite-curator-key-0123456789abc"
 #: the sample's id, database and query options
 QUERY = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]
 

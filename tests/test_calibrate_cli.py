@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import polars as pl
 import pytest
-from helpers import QUERY, SAMPLE, one_line_error, run
+from helpers import CURATOR_KEY, QUERY, SAMPLE, one_line_error, run
 
 from empdp import risk
 from empdp.density import DensityModel
@@ -15,13 +15,10 @@ from empdp.noise import Calibration, Ledger, calibrate_values
 from empdp.noise import calibrate as calibrate_api
 
 RELEASE_KEYS = {"value", "epsilon", "budget_spent", "budget_left", "private", "noise_added", "guarantee", "seq"}
-KEY = b"calibrate-cli-curator-key-0123456789"
+KEY = CURATOR_KEY
 
 
-@pytest.fixture(autouse=True)
-def curator_key(monkeypatch):
-    """Releases need the curator key that signed the calibration (README, "Release security")."""
-    monkeypatch.setenv("EMPDP_KEY", KEY.decode())
+pytestmark = pytest.mark.usefixtures("curator_key")  # $EMPDP_KEY = KEY (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

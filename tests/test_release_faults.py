@@ -22,10 +22,7 @@ from empdp.noise import Calibration, Ledger
 CHILD_ENV = {**os.environ, "EMPDP_KEY": KEY.decode()}
 
 
-@pytest.fixture(autouse=True)
-def curator_key(monkeypatch):
-    """The CLI commands here run with the curator key of :func:`make_calibration`."""
-    monkeypatch.setenv("EMPDP_KEY", KEY.decode())
+pytestmark = pytest.mark.usefixtures("curator_key")  # $EMPDP_KEY = KEY (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import math
 import sqlite3
 
 import pytest
-from helpers import SAMPLE, one_line_error, run
+from helpers import CURATOR_KEY, SAMPLE, one_line_error, run
 
 import empdp
 from empdp.errors import InputError
@@ -17,13 +17,10 @@ from empdp.noise import Calibration, Ledger, LedgerError
 from empdp.noise.ledger_v1 import record_hash as _record_hash
 from empdp.noise.sampler import NoiseSampler
 
-KEY = b"release-input-curator-key-0123456789"
+KEY = CURATOR_KEY
 
 
-@pytest.fixture(autouse=True)
-def curator_key(monkeypatch):
-    """Releases need the curator key that signed the calibration (README, "Release security")."""
-    monkeypatch.setenv("EMPDP_KEY", KEY.decode())
+pytestmark = pytest.mark.usefixtures("curator_key")  # $EMPDP_KEY = KEY (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

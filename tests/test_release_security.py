@@ -14,14 +14,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from helpers import SAMPLE, one_line_error, run
+from helpers import CURATOR_KEY, SAMPLE, one_line_error, run
 
 from empdp.keys import key_id
 from empdp.noise import Calibration, Ledger, calibrate_values
 from empdp.noise.ledger_format import CHAIN_FIELDS
 from empdp.noise.ledger_format import body as _body
 
-KEY = b"security-suite-curator-key-0123456789"
+KEY = CURATOR_KEY
 OTHER = b"another-curators-key-abcdefghijklmn"
 
 
@@ -36,9 +36,7 @@ def make_calibration(scale=0.01):
         return calibrate_values(q, shifts, epsilon=0.1, density=density)
 
 
-@pytest.fixture(autouse=True)
-def curator_key(monkeypatch):
-    monkeypatch.setenv("EMPDP_KEY", KEY.decode())
+pytestmark = pytest.mark.usefixtures("curator_key")  # $EMPDP_KEY = KEY (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -140,14 +140,18 @@ class LooEngine:
             present[rows, j] = True
         return (out, present) if presence else out
 
+    # the strategy's hooks (template methods): each engine class defines these three
     def _values(self) -> np.ndarray:
-        raise NotImplementedError
+        """f(X^j) of every database, in label order."""
+        raise NotImplementedError(f"{type(self).__name__} defines no _values: a strategy must")
 
     def _screen(self, scale: np.ndarray) -> Screen:
-        raise NotImplementedError
+        """The screening table with M_i = max_j |Δ_ij| / scale_j."""
+        raise NotImplementedError(f"{type(self).__name__} defines no _screen: a strategy must")
 
     def _shift_rows(self, codes: np.ndarray) -> tuple:
-        raise NotImplementedError
+        """(row, j, Δ, undefined) of the present (individual, database) pairs of ``codes``."""
+        raise NotImplementedError(f"{type(self).__name__} defines no _shift_rows: a strategy must")
 
     def _require_in_range(self, values: np.ndarray, ids: pl.Series | None = None) -> None:
         """Refuse query values (``ids`` None: one per database) or per-individual largest shifts

@@ -66,7 +66,8 @@ class InMemoryEngine(DuckDBEngine):
         self._sparse: SparseShifts | None = None
 
     def _compute(self) -> tuple[np.ndarray, SparseShifts]:
-        raise NotImplementedError
+        """The strategy's hook: every f(X^j) and every shift at once (order statistics, --sql)."""
+        raise NotImplementedError(f"{type(self).__name__} defines no _compute: an in-memory strategy must")
 
     def _values(self) -> np.ndarray:
         q, self._sparse = self._compute()
