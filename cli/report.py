@@ -25,6 +25,8 @@ def extras_options(f):
 
 def load_extras(calibration: str | None, audit: str | None) -> tuple[dict | None, dict | None]:
     """Read and check the ``--calibration`` and ``--audit`` files (before any long computation)."""
+    if not calibration and not audit:  # nothing to read: no need to import the report (matplotlib)
+        return None, None
     from empdp.noise import Calibration
     from empdp.report import audit_kind
 

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import risk
+from . import _onescale, risk
 from .density import DensityModel
 
 #: (bytes one evaluation's grid may take, the databases' names) for risk.base_grid
@@ -37,6 +37,8 @@ def _evaluate_block(model: DensityModel, shifts: np.ndarray, eps, need_eps_i: bo
                     grid_budget: GridBudget | None = None):
     """Exact ε_i, δ_i and the exact-evaluation flags of one block of shift rows, on its own grid
     (refused, InputError, when it would not fit in ``grid_budget``)."""
+    if _onescale.applies(model):  # no grid: the nodes are the centres (docs/method.md#53-matrix-form-laplace)
+        return risk.evaluate(model, shifts, eps, need_eps_i=need_eps_i, return_exact=True, only=only, cap=cap)
     budget, labels = grid_budget or (None, None)
     grid = risk.base_grid(model, model.points[None, :] - shifts, budget=budget, labels=labels)
     return risk.evaluate(model, shifts, eps, grid=grid, plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i,

@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 from threadpoolctl import threadpool_limits
 
-from . import checks, risk
+from . import _onescale, checks, risk
 from ._parallel import WORKERS, Executors, available_cores
 from .density import DEFAULT_KERNEL, DensityModel, select_density
 from .errors import InputError
@@ -459,6 +459,7 @@ def _adversarial(plain: "Assessment", knows: LooEngine, *, eps, kernel, bandwidt
 def _assess(engine: LooEngine, *, eps, kernel, bandwidth, exact_all, screening, threads, stack, workers,
             progress) -> Assessment:
     """The plain assessment in its named stages: model, screening, ε_all search, δ_i, summary."""
+    checks.preload()  # the summary's trend test needs scipy.stats: imported while the table is read
     progress("reading and leave-one-out", 0, 3)
     q = engine.values()
     progress("reading and leave-one-out", 1, 3)
@@ -500,7 +501,8 @@ class _Evaluation:
         # cannot fit is refused with the reason (the query values' span in bandwidths) before it is built
         labels = list(engine.panel.labels)
         grid_budget = (_memory_limit(engine) / threads, labels)
-        risk.base_grid(model, budget=grid_budget[0], labels=labels)  # the query values alone: refused early
+        if not _onescale.applies(model):  # the one-scale model needs no grid
+            risk.base_grid(model, budget=grid_budget[0], labels=labels)  # the query values alone: refused early
         self.cache = _ShiftCache(engine, max(1, FETCH_CELLS // self.n))
         self.executors = Executors(stack, threads, workers, model, grid_budget)
         self.evaluated_delta = np.zeros(m, dtype=bool)

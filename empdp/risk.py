@@ -43,7 +43,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import log_ndtr, ndtr
 
-from . import _gaussian, _laplace
+from . import _gaussian, _laplace, _onescale
 from .density import DensityModel, kernel_terms
 from .errors import InputError
 
@@ -687,6 +687,10 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
              cap: np.ndarray | None = None):
     """ε_i and δ_i(ε) for each row of ``shifts`` (C, n).
 
+    Laplace kernels of one global scale (the default model) are evaluated in closed form by
+    :mod:`empdp._onescale`: every row exactly, with ε_i even when ``need_eps_i`` is False, and
+    ``grid`` and ``plan`` unused. Other models go to :func:`evaluate_on_grid`, described here.
+
     Returns ``(eps_i, delta)`` with ``delta`` of shape (C, len(eps)) or None.
     ``plan`` (from :func:`grid_plan` on the same ``grid``) is built when missing.
     With ``need_eps_i=False`` (and ``eps`` given) only δ_i is computed: ε_i
@@ -703,6 +707,19 @@ def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = N
     nodes than every crossing: on a 50-value sweep with 29 of them saturated,
     the evaluation took 124 µs a row instead of 150.
     """
+    shifts = np.atleast_2d(np.asarray(shifts, dtype=np.float64))
+    if _onescale.applies(model):  # the default model: exact in closed form, every row and every ε
+        eps_i, delta = _onescale.evaluate(model.points, float(model.bandwidths[0]), shifts, eps, only, cap)
+        return (eps_i, delta, np.ones(len(shifts), dtype=bool)) if return_exact else (eps_i, delta)
+    return evaluate_on_grid(model, shifts, eps, grid, plan, need_eps_i, return_exact, only, cap)
+
+
+def evaluate_on_grid(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = None,
+                     grid: np.ndarray | None = None, plan: _laplace.GridPlan | None = None,
+                     need_eps_i: bool = True, return_exact: bool = False, only: np.ndarray | None = None,
+                     cap: np.ndarray | None = None):
+    """:func:`evaluate` on a grid with certified bounds: the general path (variable bandwidths,
+    Gaussian kernels), also valid for one scale (the tests compare it with the closed form)."""
     shifts = np.atleast_2d(np.asarray(shifts, dtype=np.float64))
     C, n = shifts.shape
     if grid is None:

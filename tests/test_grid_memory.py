@@ -106,10 +106,15 @@ def test_tiny_bandwidth_assess_runs_in_little_memory_without_warnings(small, mon
 
 
 def test_grid_over_memory_limit_is_refused_with_exit_2(small, monkeypatch):
+    """Models evaluated on a grid (here Gaussian kernels) refuse a grid that cannot fit; the
+    default one-scale Laplace model needs no grid and runs."""
     A = importlib.import_module("empdp.assess")
 
     monkeypatch.setattr(A, "_memory_limit", lambda engine: 10_000)
-    res = _assess(small, "--bandwidth", "1e-9")
+    res = CliRunner().invoke(cli, ["assess", small, "--id", "id", "--by", "year", "--query", "mean(x)",
+                                   "--kernel", "gaussian", "--bandwidth", "1e-9", "-e", "1", "-q", "--json"])
     assert res.exit_code == 2, res.output
     line, = res.output.strip().splitlines()
     assert line.startswith("Error: the density grid would need") and "--bandwidth" in line
+    res = _assess(small, "--bandwidth", "1e-9")
+    assert res.exit_code == 0, res.output

@@ -1,0 +1,140 @@
+"""The closed-form risk of one-scale Laplace models (empdp._onescale) against references:
+adaptive quadrature split at every kink and at every root, and the general grid path."""
+
+import numpy as np
+import pytest
+from scipy.integrate import quad
+from scipy.optimize import brentq
+
+from empdp import _onescale, risk
+from empdp.density import DensityModel
+
+
+def one_scale(q, b) -> DensityModel:
+    return DensityModel(kernel="laplace", scale=b, sensitivity=0.0, points=np.asarray(q, dtype=float),
+                        bandwidths=np.full(len(q), float(b)), loglik=0.0, selected_by="fixed")
+
+
+def quadrature_delta(q, b, shift, eps):
+    """max over both directions of ∫ (p − e^ε p_i)_+, by quad on the pieces between the kinks
+    and the roots (brentq) of the integrand: independent of the closed form."""
+    n = len(q)
+    kinks = q - shift
+
+    def density(centres):
+        return lambda x: np.exp(-np.abs(x - centres) / b).sum() / (2 * b * n)
+
+    p, pi = density(q), density(kinks)
+    nodes = np.unique(np.r_[q, kinks])
+    out = []
+    for a, c in ((p, pi), (pi, p)):
+        def g(x):
+            return a(x) - np.exp(eps) * c(x)
+
+        total = 0.0
+        for lo, hi in ((-np.inf, nodes[0]), (nodes[-1], np.inf)):  # tails: one sign each
+            total += max(quad(g, lo, hi, epsabs=1e-15, epsrel=1e-13)[0], 0.0)
+        for x0, x1 in zip(nodes[:-1], nodes[1:]):
+            g0, g1 = g(x0), g(x1)
+            if g0 >= 0 and g1 >= 0:
+                total += quad(g, x0, x1, epsabs=1e-15, epsrel=1e-13)[0]
+            elif g0 > 0 or g1 > 0:  # one sign change on the piece (one-signed exponential sum)
+                r = brentq(g, x0, x1, xtol=1e-15, rtol=1e-15)
+                lo, hi = (x0, r) if g0 > 0 else (r, x1)
+                total += quad(g, lo, hi, epsabs=1e-15, epsrel=1e-13)[0]
+        out.append(total)
+    return max(out)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_delta_and_eps_i_against_quadrature(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 9))
+    q = rng.normal(size=n) * rng.uniform(0.2, 2)
+    b = float(rng.uniform(0.05, 0.8))
+    shifts = rng.normal(size=(3, n)) * rng.uniform(0.05, 1.0) * (rng.random((3, n)) < 0.8)
+    eps = np.array([0.0, 0.03, 0.2, 0.6, 1.5])
+    eps_i, delta = _onescale.evaluate(q, b, shifts, eps)
+    for i in range(len(shifts)):
+        ref = [quadrature_delta(q, b, shifts[i], e) for e in eps]
+        np.testing.assert_allclose(delta[i], ref, rtol=0, atol=1e-12)
+        # ε_i = sup |L|, taken at a node (L is monotone between nodes): check it on a dense grid
+        x = np.unique(np.r_[np.linspace(q.min() - 3, q.max() + 3, 20001), q, q - shifts[i]])
+        m = one_scale(q, b)
+        sup = np.abs(m.logpdf(x) - m.logpdf(x, shifts[i])).max()
+        assert eps_i[i] == pytest.approx(sup, rel=1e-12, abs=1e-14)
+        assert np.all(delta[i][eps >= eps_i[i]] == 0)
+
+
+def test_log_ratio_is_monotone_between_nodes():
+    """The property the closed form rests on (δ_i cuts at most one root per piece)."""
+    rng = np.random.default_rng(7)
+    q = rng.normal(size=12)
+    b = 0.3
+    shift = rng.normal(size=12) * 0.7
+    m = one_scale(q, b)
+    nodes = np.unique(np.r_[q, q - shift])
+    for x0, x1 in zip(nodes[:-1], nodes[1:]):
+        x = np.linspace(x0, x1, 400)
+        d = np.diff(m.logpdf(x) - m.logpdf(x, shift))
+        assert np.all(d >= -1e-12) or np.all(d <= 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_equals_the_general_grid_path(seed):
+    """Two independent exact methods: the closed form and the certified-bounds grid path."""
+    rng = np.random.default_rng(100 + seed)
+    n = [5, 30, 100, 17][seed]
+    q = rng.standard_t(3, size=n)
+    b = float(rng.uniform(0.05, 0.5))
+    shifts = rng.normal(size=(60, n)) * rng.uniform(0.01, 1.0) * (rng.random((60, n)) < 0.6)
+    shifts[0] = 0.0  # no change: no risk
+    shifts[1, 0] = 40 * b  # far outside the others
+    eps = np.sort(rng.uniform(0, 2, size=9))
+    model = one_scale(q, b)
+    e_new, d_new = risk.evaluate(model, shifts, eps)
+    e_old, d_old = risk.evaluate_on_grid(model, shifts, eps)
+    np.testing.assert_allclose(e_new, e_old, rtol=1e-11, atol=1e-14)
+    np.testing.assert_allclose(d_new, d_old, rtol=0, atol=5e-10)
+    assert e_new[0] == 0 and np.all(d_new[0] == 0)
+
+
+def test_ties_absences_and_far_kinks():
+    """Kinks on the shared points (absent from a database: Δ = 0), repeated points, and kinks
+    thousands of scales away (densities that underflow between them): finite, in [0, 1]."""
+    q = np.array([0.0, 0.0, 1.0, 2.0, 2.0, 3.0])
+    b = 0.1
+    shifts = np.array([[0.0, 0.5, 0.0, 0.0, 0.0, 0.0],
+                       [0.0, 0.0, 0.0, 1.0, 0.0, 0.0],  # a kink on another point
+                       [0.0, 0.0, 0.0, 0.0, 0.0, 500.0]])  # 5,000 scales away
+    eps = np.array([0.1, 1.0, 10.0])
+    eps_i, delta = _onescale.evaluate(q, b, shifts, eps)
+    assert np.all(np.isfinite(eps_i)) and np.all((delta >= 0) & (delta <= 1))
+    for i in range(2):
+        ref = [quadrature_delta(q, b, shifts[i], e) for e in eps]
+        np.testing.assert_allclose(delta[i], ref, atol=1e-12)
+    # the far kink moves 1/6 of the mass out of reach: δ = 1/6 whatever ε (to double precision)
+    np.testing.assert_allclose(delta[2], 1 / 6, rtol=1e-12)
+    assert eps_i[2] == 700.0  # capped like the general path
+
+
+def test_only_and_cap_as_the_general_path():
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=20)
+    model = one_scale(q, 0.2)
+    shifts = rng.normal(size=(40, 20)) * 0.3
+    eps = np.geomspace(0.01, 1.0, 8)
+    only = np.zeros(8, dtype=bool)
+    only[:3] = True
+    full = risk.evaluate(model, shifts, eps)[1]
+    cap = np.full(8, np.median(full[:, 0]))
+    got = risk.evaluate(model, shifts, eps, only=only, cap=cap)[1]
+    # the same sums over fewer levels: equal to round-off
+    np.testing.assert_allclose(got[:, only], full[:, only], rtol=1e-13, atol=1e-17)
+    over = full[:, 0] > cap[0]
+    np.testing.assert_allclose(got[over], full[over], rtol=1e-13, atol=1e-17)
+    rest = got[~over][:, ~only]
+    assert np.isnan(rest).any()
+    np.testing.assert_array_equal(np.isnan(rest), full[~over][:, ~only] > 0)
+    with pytest.raises(ValueError):
+        risk.evaluate(model, shifts, eps, only=~only, cap=cap)
