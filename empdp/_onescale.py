@@ -1,4 +1,5 @@
-"""Exact risk for Laplace kernels of one global scale, in closed form (docs/method.md#53-matrix-form-laplace).
+"""Exact risk for Laplace kernels of one global scale, in closed form
+(docs/method.md#54-one-laplace-scale-closed-form-the-default-model).
 
 With one scale b, every term of p̂ and of p̂_i is (1/2b) e^{−|x − c|/b}. Between two consecutive
 nodes x_k < x_{k+1} of the merged centres (the q_j, shared, and the row's kinks q_j − Δ_ij)

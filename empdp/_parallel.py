@@ -37,7 +37,7 @@ def _evaluate_block(model: DensityModel, shifts: np.ndarray, eps, need_eps_i: bo
                     grid_budget: GridBudget | None = None):
     """Exact ε_i, δ_i and the exact-evaluation flags of one block of shift rows, on its own grid
     (refused, InputError, when it would not fit in ``grid_budget``)."""
-    if _onescale.applies(model):  # no grid: the nodes are the centres (docs/method.md#53-matrix-form-laplace)
+    if _onescale.applies(model):  # no grid: the closed form needs none (see empdp._onescale)
         return risk.evaluate(model, shifts, eps, need_eps_i=need_eps_i, return_exact=True, only=only, cap=cap)
     budget, labels = grid_budget or (None, None)
     grid = risk.base_grid(model, model.points[None, :] - shifts, budget=budget, labels=labels)
@@ -72,10 +72,11 @@ class _Done:
 class Executors:
     """Where blocks are evaluated: in the calling thread, a thread pool, or worker processes.
 
-    Threads share the GIL: on two cores they reach about 1.6× one thread on the exact
-    evaluation (many numpy calls on a few hundred rows each), processes about 1.8×. Worker
-    processes are started (with 'spawn': safe whatever threads DuckDB runs) on the first stage
-    that has at least :data:`PROCESS_ROWS` individuals and kept until the assessment ends.
+    Threads share the GIL: on two cores they reach about 1.6× one thread on the grid path's
+    exact evaluation (many numpy calls on a few hundred rows each), processes about 1.8×. With
+    ``workers="auto"``, worker processes are started (with 'spawn': safe whatever threads DuckDB
+    runs) on the first stage that has at least :data:`PROCESS_ROWS` individuals, for models on
+    the grid path only, and kept until the assessment ends.
     """
 
     def __init__(self, stack: ExitStack, threads: int, workers: str, model: DensityModel,
@@ -90,7 +91,11 @@ class Executors:
     def uses_processes(self, rows: int) -> bool:
         if self.threads < 2 or self.workers == "threads":
             return False
-        return self.workers == "processes" or rows >= PROCESS_ROWS
+        if self.workers == "processes":
+            return True
+        # the closed form (one-scale Laplace) spends its time in long numpy loops that release the
+        # GIL: threads beat processes, which pay for shipping every shift row (10^7 rows: 4.4 s vs 6.0 s)
+        return rows >= PROCESS_ROWS and not _onescale.applies(self.model)
 
     def submit(self, rows: int, take: Callable[[], np.ndarray], eps, need_eps_i: bool, only, cap):
         """Evaluate the block whose shift rows ``take()`` returns (a stage of ``rows`` individuals)."""
