@@ -14,13 +14,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import numpy as np
 
 from ..errors import InputError
 from ..io import keyed_hash
+from ..textfmt import fmt
 from .common import as_rng, check_level, check_order, check_size, jsonable
 from .mechanisms import Mechanism
 from .mpl import mpl
@@ -120,26 +121,16 @@ def release_mechanism(q, shifts_top, kernel, b, w, lam) -> Mechanism:
 # ----------------------------------------------------------------------------- audit
 
 @dataclass
-class ReleaseAudit:
-    """MPL and Rényi bounds for a calibrated release beside the exact grid values."""
+class _Bounds:
+    """The audit figures of one released density against the target ε: bounds beside exact values."""
 
     target_epsilon: float
-    order: float
     individuals: list
     mpl_lower_bound: float
     mpl_estimate: float
     renyi_lower_bound: float
     exact_epsilon_max: float
     exact_renyi_max: float
-    n: int
-    N: int
-    n_renyi: int
-    alpha: float
-    noise: dict
-    curator_kernel: dict
-    warnings: list = field(default_factory=list)
-    #: the ids in ``individuals`` are keyed pseudonyms (``hash_key`` was given)
-    ids_hashed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -157,78 +148,121 @@ class ReleaseAudit:
         """
         return self.renyi_lower_bound <= self.exact_renyi_max * (1 + 1e-9) + 1e-12
 
-    def to_dict(self) -> dict:
-        return jsonable({
-            "method": "release", "target_epsilon": self.target_epsilon, "order": self.order,
-            "ok": self.ok, "renyi_consistent": self.renyi_consistent,
-            "mpl_lower_bound": self.mpl_lower_bound, "mpl_estimate": self.mpl_estimate,
-            "exact_epsilon_max": self.exact_epsilon_max, "renyi_lower_bound": self.renyi_lower_bound,
-            "exact_renyi_max": self.exact_renyi_max, "individuals": self.individuals,
-            "n": self.n, "N": self.N, "n_renyi": self.n_renyi, "alpha": self.alpha,
-            "noise": self.noise, "curator_kernel": self.curator_kernel, "warnings": self.warnings,
-            "ids_hashed": self.ids_hashed,
-        })
+    def _figures(self) -> dict:
+        return {"ok": self.ok, "renyi_consistent": self.renyi_consistent,
+                "mpl_lower_bound": self.mpl_lower_bound, "mpl_estimate": self.mpl_estimate,
+                "exact_epsilon_max": self.exact_epsilon_max, "renyi_lower_bound": self.renyi_lower_bound,
+                "exact_renyi_max": self.exact_renyi_max, "individuals": self.individuals}
 
 
-def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: float = 2.0,
-                  n: int = 20000, N: int = 50000, n_renyi: int = 100000, alpha: float = 0.05,
-                  rng=None, progress: Callable[[str, int, int], None] | None = None,
-                  hash_key: bytes | None = None) -> ReleaseAudit:
-    """Audit the release described by ``calibration`` on the databases of ``source`` (docs/method.md#94-release-audit).
+@dataclass
+class BucketAudit(_Bounds):
+    """The audit of one adversary bucket: the release density of its databases, P̂_B ⋆ k_B ⋆ h.
 
-    Parameters
-    ----------
-    calibration : :class:`empdp.noise.Calibration` or a path to its JSON.
-    source : the data source the calibration was made from (re-read with its query), or
-        ``loo``: an object with ``q`` (n,), ``shifts`` (m, n) and optionally ``ids``, ``undefined``.
-    top : number of riskiest individuals audited (by exact ε_i of the release).
-    order : Rényi order α > 1.
-    n, N : MPL sample sizes; n_renyi : Rényi sample size per database.
-    progress : optional callback ``progress(stage, done, total)``.
-    hash_key : with a key (:func:`empdp.io.load_hash_key`), the ids are reported as keyed
-        pseudonyms (:func:`empdp.io.keyed_hash`, as ``assess --hash-ids`` writes them).
+    ``alpha`` is the bucket's error level: the overall level over the number of buckets.
     """
-    from ..noise import Calibration
+
+    lo: float = 0.0
+    hi: float = 0.0
+    n_databases: int = 0
+    curator_kernel: dict = field(default_factory=dict)
+    alpha: float = 0.05
+
+    def to_dict(self) -> dict:
+        return jsonable({"lo": self.lo, "hi": self.hi, "n_databases": self.n_databases,
+                         "curator_kernel": self.curator_kernel, "alpha": self.alpha, **self._figures()})
+
+
+@dataclass
+class ReleaseAudit(_Bounds):
+    """MPL and Rényi bounds for a calibrated release beside the exact grid values.
+
+    For a calibration against an adversary (``calibrate --adversary``) each bucket is audited
+    apart (``buckets``); the figures here are then the largest over the buckets, ``individuals``
+    gathers every bucket's (each with its ``bucket``), and the release passes when every bucket does.
+    """
+
+    order: float = 2.0
+    n: int = 0
+    N: int = 0
+    n_renyi: int = 0
+    alpha: float = 0.05
+    noise: dict = field(default_factory=dict)
+    curator_kernel: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
+    #: the ids in ``individuals`` are keyed pseudonyms (``hash_key`` was given)
+    ids_hashed: bool = False
+    #: per adversary bucket, in the calibration's order (empty without an adversary)
+    buckets: list = field(default_factory=list)
+    adversary_statistic: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Exact ε ≤ target and the MPL bound does not contradict it (in every adversary bucket)."""
+        return _Bounds.ok.fget(self) and all(b.ok for b in self.buckets)
+
+    @property
+    def renyi_consistent(self) -> bool:
+        """The Rényi bound stays at or below the exact D_α (in every adversary bucket); see :class:`_Bounds`."""
+        if self.buckets:
+            return all(b.renyi_consistent for b in self.buckets)
+        return _Bounds.renyi_consistent.fget(self)
+
+    @property
+    def worst_bucket(self) -> int | None:
+        """The adversary bucket that sets the verdict: a failing one first, then the largest exact ε, then MPL bound."""
+        if not self.buckets:
+            return None
+        return max(range(len(self.buckets)), key=lambda k: (not self.buckets[k].ok, self.buckets[k].exact_epsilon_max,
+                                                            self.buckets[k].mpl_lower_bound))
+
+    def to_dict(self) -> dict:
+        d = {"method": "release", "target_epsilon": self.target_epsilon, "order": self.order, **self._figures(),
+             "n": self.n, "N": self.N, "n_renyi": self.n_renyi, "alpha": self.alpha, "noise": self.noise,
+             "curator_kernel": self.curator_kernel, "warnings": self.warnings, "ids_hashed": self.ids_hashed}
+        if self.buckets:
+            d.update(adversary_statistic=self.adversary_statistic, worst_bucket=self.worst_bucket,
+                     buckets=[b.to_dict() for b in self.buckets])
+        return jsonable(d)
+
+
+def describe_buckets(d: dict) -> list[str]:
+    """Terminal lines for the buckets of an adversary release audit (``to_dict`` output); none without.
+
+    One row per bucket (its range of the adversary statistic, size, exact max ε_i, MPL bound,
+    verdict), then the worst bucket.
+    """
+    buckets = d.get("buckets") or []
+    if not buckets:
+        return []
+    stat = d.get("adversary_statistic") or "the adversary statistic"
+    lines = [f"  adversary knows {stat}: {len(buckets)} bucket(s), each audited apart at alpha "
+             f"{fmt(buckets[0]['alpha'])} (alpha / buckets)",
+             f"  {'bucket':>6s} {'range':>17s} {'databases':>9s} {'exact max eps':>13s} {'MPL bound':>9s}  verdict"]
+    for k, b in enumerate(buckets):
+        lines.append(f"  {k:>6d} {'[' + fmt(b['lo']) + ', ' + fmt(b['hi']) + ']':>17s} {b['n_databases']:>9d} "
+                     f"{fmt(b['exact_epsilon_max']):>13s} {fmt(b['mpl_lower_bound']):>9s}  "
+                     f"{'ok' if b['ok'] else 'FAILS'}")
+    k = d["worst_bucket"]
+    b = buckets[k]
+    lines.append(f"  worst bucket: {k} ({stat} in [{fmt(b['lo'])}, {fmt(b['hi'])}]): MPL lower bound "
+                 f"{fmt(b['mpl_lower_bound'])}, exact max eps {fmt(b['exact_epsilon_max'])}, target "
+                 f"{fmt(d['target_epsilon'])}: {'meets it' if b['ok'] else 'needs more noise'}")
+    return lines
+
+
+def _audit_density(q, shifts, rows, name, *, kernel, b, w, lam, target, top, order, n, N, n_renyi, alpha, rng,
+                   progress) -> tuple[_Bounds, list]:
+    """Audit the release density P̂ ⋆ k ⋆ h of the databases ``q`` for the individuals ``rows``.
+
+    The ``top`` riskiest (ranked by the exact Laplace-KDE ε at the release's scale, a proxy; the
+    shortlist of 4 × top is then ranked by the exact ε_i on the grid) get exact values, MPL and the
+    Rényi bound. Returns the figures and the bounds' warnings.
+    """
     from ..noise.exact import laplace_kde_eps
 
-    # check the options before the calibration is read and the exact values computed
-    # (order = 1 would otherwise fail in exact_values, after the slow part)
-    order, alpha = check_order(order), check_level(alpha)
-    if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
-        raise InputError(f"--top must be a positive integer, got {top!r}")
-    top = int(top)
-    n, N, n_renyi = check_size("n", n), check_size("N", N), check_size("n_renyi", n_renyi, 50)
-    rng = as_rng(rng)
-    cal = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
-    if isinstance(cal.deconvolution, dict) and cal.deconvolution.get("adversary"):
-        raise InputError("this calibration protects against an adversary (calibrate --adversary): its release "
-                         "is audited per adversary bucket, which 'audit release' does not do yet; audit a "
-                         "calibration made without --adversary, or read its per-bucket lambda in the file")
-    if loo is None:
-        if source is None:
-            raise InputError("give the source the calibration was made from")
-        if cal.id is None or cal.by is None:
-            raise InputError("this calibration stores no query (it was made from arrays); pass loo=")
-        from ..loo import leave_one_out
-
-        loo = leave_one_out(source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql)
-    q = np.asarray(loo.q, float)
-    shifts = np.atleast_2d(np.asarray(loo.shifts, float)).reshape(-1, q.size)
-    ids = list(getattr(loo, "ids", None) if getattr(loo, "ids", None) is not None else range(len(shifts)))
-    undefined = np.asarray(getattr(loo, "undefined", None) if getattr(loo, "undefined", None) is not None
-                           else np.zeros(len(shifts), bool), bool)
-    usable = ~undefined & (shifts != 0).any(axis=1)
-    if not usable.any():
-        raise InputError("no individual changes the query: nothing to audit")
-    kernel, b = cal.curator_kernel["kind"], float(cal.curator_kernel["scale"])
-    w, lam = float(cal.noise["weight_zero"]), float(cal.noise["scale"])
-    warnings = []
-    if undefined.any():
-        warnings.append(f"{int(undefined.sum())} sole contributor(s) are not audited (no noise protects them)")
-
-    # rank by the exact Laplace-KDE ε at the effective scale (exact for the Laplace closed form)
-    rows = np.flatnonzero(usable)
-    eff = lam if w < 1 and lam > 0 else b
+    noisy = w < 1 and lam > 0
+    eff = (max(lam, b) if kernel == "laplace" else lam) if noisy else b
     rank_eps = laplace_kde_eps(q, q[None, :] - shifts[rows], eff)
     # the ranking is a proxy for other kernels: take 4x as many, keep the top by exact ε_i
     shortlist = rows[np.argsort(-rank_eps, kind="stable")[:4 * top]]
@@ -242,22 +276,142 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     log.info("release audit: exact epsilon_i and D_%g for %d shortlisted of %d individuals in %.2f s",
              order, len(shortlist), len(rows), time.perf_counter() - t0)
 
-    name = (lambda v: keyed_hash(v, hash_key)) if hash_key else (lambda v: v)
-    individuals = [{"id": name(ids[k]), "exact_epsilon": exact[k][0], "exact_renyi": exact[k][1]} for k in chosen]
+    individuals = [{"id": name(k), "exact_epsilon": exact[k][0], "exact_renyi": exact[k][1]} for k in chosen]
     mech = release_mechanism(q, shifts[np.array(chosen)], kernel, b, w, lam)
     pairs = [(-1, k) for k in range(len(chosen))]
     m = mpl(mech, pairs, n=n, N=N, alpha=alpha, rng=rng, progress=progress)
     r = renyi(mech, pairs, order=order, n=n_renyi, alpha=alpha, rng=rng, progress=progress)
     for k, est in enumerate(m.pair_estimates):
         individuals[k]["mpl_estimate"] = est
-    warnings += m.warnings + r.warnings
-    return ReleaseAudit(
-        target_epsilon=float(cal.epsilon), order=float(order), individuals=individuals,
-        mpl_lower_bound=m.lower_bound, mpl_estimate=m.estimate, renyi_lower_bound=r.lower_bound,
-        exact_epsilon_max=max(d["exact_epsilon"] for d in individuals),
-        exact_renyi_max=max(d["exact_renyi"] for d in individuals), n=n, N=N, n_renyi=n_renyi,
-        alpha=alpha, noise=dict(cal.noise), curator_kernel=dict(cal.curator_kernel), warnings=warnings,
-        ids_hashed=bool(hash_key))
+    bounds = _Bounds(target_epsilon=target, individuals=individuals, mpl_lower_bound=m.lower_bound,
+                     mpl_estimate=m.estimate, renyi_lower_bound=r.lower_bound,
+                     exact_epsilon_max=max(d["exact_epsilon"] for d in individuals),
+                     exact_renyi_max=max(d["exact_renyi"] for d in individuals))
+    return bounds, m.warnings + r.warnings
+
+
+def _figures_of(bounds: _Bounds) -> dict:
+    return {f.name: getattr(bounds, f.name) for f in fields(_Bounds)}
+
+
+def _read_shifts(cal, source, loo):
+    """The leave-one-out of the calibration's query: ``loo`` as given, or read from ``source``."""
+    if loo is not None:
+        return loo
+    if source is None:
+        raise InputError("give the source the calibration was made from")
+    if cal.id is None or cal.by is None:
+        raise InputError("this calibration stores no query (it was made from arrays); pass loo=")
+    from ..loo import leave_one_out
+
+    return leave_one_out(source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql)
+
+
+def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: float = 2.0,
+                  n: int = 20000, N: int = 50000, n_renyi: int = 100000, alpha: float = 0.05,
+                  rng=None, progress: Callable[[str, int, int], None] | None = None,
+                  hash_key: bytes | None = None) -> ReleaseAudit:
+    """Audit the release described by ``calibration`` on the databases of ``source`` (docs/method.md#94-release-audit).
+
+    A calibration against an adversary (``calibrate --adversary``) is audited per adversary bucket
+    (docs/method.md#101-adversarial-knowledge): bucket B's release density is P̂_B ⋆ ℓ_{b_B} ⋆ h, its
+    databases, its curator scale and the common noise law h; each bucket's bounds run at level
+    alpha / K, so that all K hold together with probability ≥ 1 − alpha.
+
+    Parameters
+    ----------
+    calibration : :class:`empdp.noise.Calibration` or a path to its JSON.
+    source : the data source the calibration was made from (re-read with its query), or
+        ``loo``: an object with ``q`` (n,), ``shifts`` (m, n) and optionally ``ids``, ``undefined``
+        (and ``labels``, the databases, for a calibration against an adversary).
+    top : number of riskiest individuals audited (by exact ε_i of the release), per bucket.
+    order : Rényi order α > 1.
+    n, N : MPL sample sizes; n_renyi : Rényi sample size per database.
+    progress : optional callback ``progress(stage, done, total)``.
+    hash_key : with a key (:func:`empdp.io.load_hash_key`), the ids are reported as keyed
+        pseudonyms (:func:`empdp.io.keyed_hash`, as ``assess --hash-ids`` writes them).
+    """
+    from ..noise import Calibration
+
+    # check the options before the calibration is read and the exact values computed
+    # (order = 1 would otherwise fail in exact_values, after the slow part)
+    order, alpha = check_order(order), check_level(alpha)
+    if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
+        raise InputError(f"--top must be a positive integer, got {top!r}")
+    top = int(top)
+    n, N, n_renyi = check_size("n", n), check_size("N", N), check_size("n_renyi", n_renyi, 50)
+    rng = as_rng(rng)
+    cal = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
+    loo = _read_shifts(cal, source, loo)
+    q, shifts, ids, undefined = _arrays(loo)
+    statistic, groups = _stored_buckets(cal, loo)
+    usable = ~undefined & (shifts != 0).any(axis=1)
+    if not usable.any():
+        raise InputError("no individual changes the query: nothing to audit")
+    warnings = []
+    if undefined.any():
+        warnings.append(f"{int(undefined.sum())} sole contributor(s) are not audited (no noise protects them)")
+    name = (lambda k: keyed_hash(ids[k], hash_key)) if hash_key else (lambda k: ids[k])
+    common = dict(kernel=cal.curator_kernel["kind"], w=float(cal.noise["weight_zero"]),
+                  lam=float(cal.noise["scale"]), target=float(cal.epsilon), top=top, order=order, n=n, N=N,
+                  n_renyi=n_renyi, rng=rng)
+    run = dict(order=float(order), n=n, N=N, n_renyi=n_renyi, alpha=alpha, noise=dict(cal.noise),
+               curator_kernel=dict(cal.curator_kernel), ids_hashed=bool(hash_key))
+    if not groups:
+        bounds, notes = _audit_density(q, shifts, np.flatnonzero(usable), name, b=float(cal.curator_kernel["scale"]),
+                                       alpha=alpha, progress=progress, **common)
+        return ReleaseAudit(**_figures_of(bounds), warnings=warnings + notes, **run)
+    per, notes = _audit_buckets(groups, statistic, q, shifts, usable, name, alpha=alpha, progress=progress,
+                                **common)
+    everyone = sorted(({**row, "bucket": k} for k, a in enumerate(per) for row in a.individuals),
+                      key=lambda row: -row["exact_epsilon"])
+    figures = {key: max(getattr(a, key) for a in per) for key in
+               ("mpl_lower_bound", "mpl_estimate", "renyi_lower_bound", "exact_epsilon_max", "exact_renyi_max")}
+    return ReleaseAudit(target_epsilon=float(cal.epsilon), individuals=everyone, **figures, warnings=warnings + notes,
+                        buckets=per, adversary_statistic=statistic, **run)
+
+
+def _arrays(loo):
+    """``q``, ``shifts`` (m, n), ``ids`` and ``undefined`` of a leave-one-out (defaults for the optional ones)."""
+    q = np.asarray(loo.q, float)
+    shifts = np.atleast_2d(np.asarray(loo.shifts, float)).reshape(-1, q.size)
+    ids = getattr(loo, "ids", None)
+    undefined = getattr(loo, "undefined", None)
+    return (q, shifts, list(ids if ids is not None else range(len(shifts))),
+            np.asarray(undefined if undefined is not None else np.zeros(len(shifts), bool), bool))
+
+
+def _stored_buckets(cal, loo):
+    """The adversary statistic and the calibration's buckets on ``loo``'s databases (``("", [])`` without)."""
+    from ..noise.adversary import stored_buckets
+
+    if not (isinstance(cal.deconvolution, dict) and cal.deconvolution.get("adversary")):
+        return "", []
+    labels = getattr(loo, "labels", None)
+    if labels is None:
+        raise InputError("this calibration protects against an adversary: its buckets name databases, so "
+                         "the leave-one-out must carry the databases' labels (loo.labels)")
+    return stored_buckets(cal.deconvolution, list(labels))
+
+
+def _audit_buckets(groups, statistic, q, shifts, usable, name, *, alpha, progress, target, **common):
+    """Each bucket's release density P̂_B ⋆ ℓ_{b_B} ⋆ h audited apart, at level alpha / K (Bonferroni)."""
+    per, warnings = [], []
+    level = alpha / len(groups)
+    for k, g in enumerate(groups):
+        qb, sb = q[g.databases], shifts[:, g.databases]
+        rows = np.flatnonzero(usable & (sb != 0).any(axis=1))
+        if not len(rows):  # the release there is the same with or without anyone: ε = 0 exactly
+            bounds, notes = _Bounds(target, [], 0.0, 0.0, 0.0, 0.0, 0.0), [
+                "no individual changes the query on its databases: nothing to audit there"]
+        else:
+            stage = None if progress is None else (lambda s, d, t, k=k: progress(f"bucket {k}: {s}", d, t))
+            bounds, notes = _audit_density(qb, sb, rows, name, b=g.scale, alpha=level, progress=stage, target=target,
+                                           **common)
+        per.append(BucketAudit(**_figures_of(bounds), lo=g.lo, hi=g.hi, n_databases=int(len(g.databases)),
+                               curator_kernel={"kind": common["kernel"], "scale": g.scale}, alpha=level))
+        warnings += [f"bucket {k} ({statistic} in [{fmt(g.lo)}, {fmt(g.hi)}]): {note}" for note in notes]
+    return per, warnings
 
 
 def _special():
