@@ -8,9 +8,12 @@ reads, with the 0-based database index ``__j`` and the id as ``__i``).
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
 import socket
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,15 +37,22 @@ def require_pyspark():
         from pyspark.sql import SparkSession  # noqa: F401
     except ImportError:
         raise InputError('the Spark engine needs PySpark >= 3.5: pip install "empdp[spark]"') from None
+    # PySpark warns about pandas 3 at every pandas UDF; the engine's UDFs use plain columns only
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     return pyspark
 
 
+#: a Java exception's class name before its message (Py4J errors quote the JVM's)
+_JAVA_CLASS = re.compile(r"^:?\s*(?:[A-Za-z_$][\w$]*\.)+[\w$]*(?:Exception|Error):\s*")
+
+
 def first_line(exc: BaseException) -> str:
-    """The first meaningful line of a Spark/Py4J error (they run to hundreds of lines)."""
+    """The first meaningful line of a Spark/Py4J error (they run to hundreds of lines), without
+    Py4J's "An error occurred while calling o123.load." and the Java exception's class name."""
     text = str(exc).strip()
     for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith(("JVM stacktrace", "Traceback")):
+        line = _JAVA_CLASS.sub("", line.strip()).strip(": ")
+        if line and not line.startswith(("JVM stacktrace", "Traceback", "An error occurred while calling")):
             return clip(line, 300)
     return type(exc).__name__
 
@@ -103,18 +113,28 @@ def spark_session(master: str | None = None, remote: str | None = None, config: 
     if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
         raise InputError("the Spark engine needs Java 17 (or 11/21): install a JRE (e.g. apt-get install "
                          "openjdk-17-jre-headless) or set JAVA_HOME")
-    builder = SparkSession.builder.master(master).appName("empdp")
-    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.sql.execution.arrow.pyspark.enabled": "true",
-                "spark.sql.session.timeZone": "UTC"}
+    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+                "spark.sql.execution.arrow.pyspark.enabled": "true", "spark.sql.session.timeZone": "UTC"}
     if master.startswith("local"):
         settings["spark.sql.shuffle.partitions"] = str(4 * (os.cpu_count() or 1))
     settings.update(config or {})
-    for key, value in settings.items():
-        builder = builder.config(key, value)
+    # PySpark reads $SPARK_REMOTE itself and refuses it beside a master: an explicit master wins
+    remote_env = os.environ.pop("SPARK_REMOTE", None)
     try:
-        return builder.getOrCreate()
+        builder = SparkSession.builder.master(master).appName("empdp")
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
     except Exception as exc:  # noqa: BLE001 - e.g. JAVA_GATEWAY_EXITED, a bad master URL
         raise InputError(f"cannot start Spark on master {shorten(master)}: {first_line(exc)}") from None
+    finally:
+        if remote_env is not None:
+            os.environ["SPARK_REMOTE"] = remote_env
+    if not logging.getLogger("empdp").isEnabledFor(logging.DEBUG):
+        # a failed task logs its Java stack trace on stderr; empdp reports the error in one line
+        # (-vv keeps Spark's own log)
+        session.sparkContext.setLogLevel("FATAL")
+    return session
 
 
 def is_dataframe(source: Any) -> bool:
