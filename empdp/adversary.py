@@ -93,6 +93,24 @@ def align_statistic(g_labels, g_values, labels, statistic: str) -> np.ndarray:
     return g
 
 
+def read_statistic(source, labels, *, id: str, by: str, adversary: str | None, adversary_sql: str | None,
+                   **engine) -> tuple[np.ndarray, str]:
+    """g on every database of the assessment (``labels``) and its description, computed by the engine
+    the assessment reads with (``engine``: the keywords of :func:`empdp.loo.open_engine`, e.g.
+    ``engine="spark"``, ``table=``): only one number per database leaves it."""
+    from .loo import open_engine
+
+    knows = open_engine(source, id=id, by=by, query=adversary, sql=adversary_sql, **engine)
+    statistic = knows.query.describe()
+    try:
+        values = knows.values()
+    except InputError as exc:
+        raise InputError(f"the adversary statistic {statistic}: {exc}") from None
+    finally:
+        knows.close()
+    return align_statistic(knows.panel.labels, values, labels, statistic), statistic
+
+
 def fit_buckets(q: np.ndarray, g: np.ndarray, k: int, *, kernel: str, bandwidth) -> tuple[list[Bucket], list]:
     """The buckets and their models; warnings for buckets under :data:`MIN_BUCKET` databases."""
     buckets = []
@@ -158,6 +176,8 @@ def assess_buckets(engine, q: np.ndarray, buckets: list[Bucket], eps: np.ndarray
 
     def run(codes, with_eps, stage):
         """Evaluate ``codes`` (fetched in as few scans as fit in memory); δ only ``with_eps``."""
+        if getattr(engine, "on_executors", False):
+            return run_on_executors(codes, with_eps, stage)
         out = np.zeros((len(codes), len(eps))) if with_eps else None
         for a in range(0, len(codes), fetch_rows):
             chunk = codes[a:a + fetch_rows]
@@ -170,6 +190,16 @@ def assess_buckets(engine, q: np.ndarray, buckets: list[Bucket], eps: np.ndarray
                 if with_eps:
                     out[a + s:a + s + len(sel)] = d
                 progress(stage, a + s + len(sel), len(codes))
+        return out
+
+    def run_on_executors(codes, with_eps, stage):
+        """Spark: every bucket's model goes to the executors, the candidates' Δ rows stay there."""
+        from .spark import evaluate_buckets_on_executors
+
+        e, out, w, per = evaluate_buckets_on_executors(engine, buckets, codes, eps if with_eps else None)
+        eps_i[codes], which[codes] = e, w
+        per_bucket[:] = np.maximum(per_bucket, per.max(axis=0, initial=0.0))
+        progress(stage, len(codes), len(codes))
         return out
 
     # ε_all: exact ε_i in decreasing order of the bound until the bound cannot beat the best so far

@@ -2,11 +2,13 @@
 
 :func:`make_spark_engine` opens a source on Spark and returns a :class:`SparkEngine` with the
 interface of :class:`empdp.loo.LooEngine`; :func:`evaluate_on_executors` evaluates the exact
-ε_i and δ_i(ε) of candidates on the executors. Needs ``pip install "empdp[spark]"`` and Java.
+ε_i and δ_i(ε) of candidates on the executors (:func:`evaluate_buckets_on_executors`: per adversary
+bucket). Needs ``pip install "empdp[spark]"`` and Java.
 """
 
 from .engine import SparkEngine, make_spark_engine
-from .executors import evaluate_on_executors
+from .executors import evaluate_buckets_on_executors, evaluate_on_executors
 from .session import SparkPanel, spark_session
 
-__all__ = ["SparkEngine", "SparkPanel", "evaluate_on_executors", "make_spark_engine", "spark_session"]
+__all__ = ["SparkEngine", "SparkPanel", "evaluate_buckets_on_executors", "evaluate_on_executors", "make_spark_engine",
+           "spark_session"]

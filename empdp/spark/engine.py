@@ -52,6 +52,9 @@ class SparkEngine(LooEngine):
     (the Δ table stays on the cluster).
     """
 
+    #: the candidates' risk is evaluated where their Δ rows are (:mod:`empdp.spark.executors`)
+    on_executors = True
+
     def __init__(self, panel: SparkPanel, query: Query):
         self.panel = panel
         self.query = query

@@ -5,7 +5,9 @@ candidates, cut into fixed blocks of consecutive candidates, and each block is m
 passed to :func:`empdp.risk.evaluate` in a Python worker (``applyInPandas``), with the density
 model shipped to the executors once per task in the function's closure. Only (row, ε_i, δ_i(ε))
 come back. A block holds the same individuals as ``codes[b·B:(b+1)·B]``, so the results are
-exactly those of ``risk.evaluate`` run locally on those blocks.
+exactly those of ``risk.evaluate`` run locally on those blocks. With an adversary
+(:func:`evaluate_buckets_on_executors`) each block runs :func:`empdp.adversary.bucket_risk`
+with every bucket's model instead.
 """
 
 from __future__ import annotations
@@ -18,15 +20,13 @@ from ..density import DensityModel
 BLOCK_ROWS = 8192
 
 
-def _block_evaluator(model: DensityModel, n: int, total: int, eps: np.ndarray | None, need_eps_i: bool,
-                     block_rows: int, cols: tuple):
-    """The pandas function applied to one block's sparse (row, j, delta, undef) rows."""
+def _block_evaluator(evaluate, n: int, total: int, block_rows: int, cols: tuple):
+    """The pandas function applied to one block's sparse (row, j, delta, undef) rows: the block made
+    dense, ``evaluate(dense)`` (a dict of per-row columns) and the block's row numbers."""
 
     def evaluate_block(pdf):
         import pandas as pd
         from threadpoolctl import threadpool_limits
-
-        from empdp import risk
 
         rows = pdf["__row"].to_numpy()
         first = int(rows.min()) // block_rows * block_rows
@@ -36,13 +36,38 @@ def _block_evaluator(model: DensityModel, n: int, total: int, eps: np.ndarray | 
         dense[rows[ok] - first, pdf["__j"].to_numpy()[ok]] = pdf["delta"].to_numpy()[ok]
         # single-threaded BLAS as in assess: the executor's cores run tasks side by side
         with threadpool_limits(limits=1, user_api="blas"):
-            eps_i, delta, exact = risk.evaluate(model, dense, eps, need_eps_i=need_eps_i, return_exact=True)
-        out = {"__row": np.arange(first, first + count, dtype=np.int64), "eps_i": eps_i, "exact": exact}
-        if eps is not None:
-            out["delta"] = list(delta)
+            out = evaluate(dense)
+        out = {"__row": np.arange(first, first + count, dtype=np.int64),
+               **{k: (list(v) if np.ndim(v) == 2 else v) for k, v in out.items()}}
         return pd.DataFrame(out)[list(cols)]
 
     return evaluate_block
+
+
+def _run_blocks(engine, codes: np.ndarray, evaluate, schema: str, block_rows: int):
+    """``evaluate`` on the executors, block by block of the individuals ``codes``; the Arrow table of
+    (__row, the columns of ``schema``) and, per row, the position of each result row in ``codes``."""
+    from pyspark.sql import functions as F
+
+    from .session import _collect
+
+    n = len(engine.panel.labels)
+    cols = ("__row",) + tuple(part.split()[0] for part in schema.split(", "))
+    rows = engine.shift_rows(codes).withColumn("__block", (F.col("__row") / block_rows).cast("long"))
+    fn = _block_evaluator(evaluate, n, len(codes), block_rows, cols)
+    result = rows.groupBy("__block").applyInPandas(fn, schema="__row long, " + schema)
+    tab = engine._run(lambda: _collect(result))
+    return tab, np.asarray(tab.column("__row").to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _column(tab, name: str, dtype) -> np.ndarray:
+    return np.asarray(tab.column(name).to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def _matrix(tab, name: str, width: int) -> np.ndarray:
+    """An ``array<double>`` column as a (rows, width) matrix."""
+    flat = tab.column(name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return np.asarray(flat, dtype=np.float64).reshape(tab.num_rows, width)
 
 
 def evaluate_on_executors(engine, model: DensityModel, codes: np.ndarray, eps: np.ndarray | None,
@@ -55,28 +80,52 @@ def evaluate_on_executors(engine, model: DensityModel, codes: np.ndarray, eps: n
     table (none, for codes from the screen) get ε_i = 0 and δ_i = 0. ``return_exact`` adds a
     third array: which rows were evaluated exactly (see :func:`empdp.risk.evaluate`).
     """
-    from pyspark.sql import functions as F
-
-    from .session import _collect
-
     codes = np.asarray(codes, dtype=np.int64)
-    n = len(engine.panel.labels)
     eps = None if eps is None else np.asarray(eps, dtype=np.float64)
     eps_i = np.zeros(len(codes))
     delta = None if eps is None else np.zeros((len(codes), len(eps)))
     exact = np.zeros(len(codes), dtype=bool)
-    if not len(codes):
-        return (eps_i, delta, exact) if return_exact else (eps_i, delta)
-    rows = engine.shift_rows(codes).withColumn("__block", (F.col("__row") / block_rows).cast("long"))
-    schema = "__row long, eps_i double, exact boolean" + ("" if eps is None else ", delta array<double>")
-    cols = ("__row", "eps_i", "exact") + (() if eps is None else ("delta",))
-    fn = _block_evaluator(model, n, len(codes), eps, need_eps_i, block_rows, cols)
-    result = rows.groupBy("__block").applyInPandas(fn, schema=schema)
-    tab = engine._run(lambda: _collect(result))
-    at = np.asarray(tab.column("__row").to_numpy(zero_copy_only=False), dtype=np.int64)
-    eps_i[at] = np.asarray(tab.column("eps_i").to_numpy(zero_copy_only=False), dtype=np.float64)
-    exact[at] = np.asarray(tab.column("exact").to_numpy(zero_copy_only=False), dtype=bool)
-    if eps is not None:
-        flat = tab.column("delta").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-        delta[at] = np.asarray(flat, dtype=np.float64).reshape(len(at), len(eps))
+    if len(codes):
+        def evaluate(dense):
+            from empdp import risk
+
+            e, d, x = risk.evaluate(model, dense, eps, need_eps_i=need_eps_i, return_exact=True)
+            return {"eps_i": e, "exact": x, **({} if eps is None else {"delta": d})}
+
+        schema = "eps_i double, exact boolean" + ("" if eps is None else ", delta array<double>")
+        tab, at = _run_blocks(engine, codes, evaluate, schema, block_rows)
+        eps_i[at] = _column(tab, "eps_i", np.float64)
+        exact[at] = _column(tab, "exact", bool)
+        if eps is not None:
+            delta[at] = _matrix(tab, "delta", len(eps))
     return (eps_i, delta, exact) if return_exact else (eps_i, delta)
+
+
+def evaluate_buckets_on_executors(engine, buckets: list, codes: np.ndarray, eps: np.ndarray | None,
+                                  block_rows: int = BLOCK_ROWS):
+    """:func:`empdp.adversary.bucket_risk` of the individuals ``codes`` of a screened
+    :class:`SparkEngine`, on the executors: the adversary buckets' models travel in the function,
+    the candidates' Δ rows stay on the cluster.
+
+    Returns ``(eps_i, delta, which, per_bucket_eps)`` in ``codes`` order, as ``bucket_risk`` on the
+    dense rows of ``codes`` (``delta`` None without ``eps``).
+    """
+    codes = np.asarray(codes, dtype=np.int64)
+    eps = None if eps is None else np.asarray(eps, dtype=np.float64)
+    k = len(buckets)
+    eps_i, which, per = np.zeros(len(codes)), np.zeros(len(codes), dtype=np.int64), np.zeros((len(codes), k))
+    delta = None if eps is None else np.zeros((len(codes), len(eps)))
+    if len(codes):
+        def evaluate(dense):
+            from empdp.adversary import bucket_risk
+
+            e, d, w, p = bucket_risk(buckets, dense, eps)
+            return {"eps_i": e, "which": w, "per": p, **({} if eps is None else {"delta": d})}
+
+        schema = "eps_i double, which long, per array<double>" + ("" if eps is None else ", delta array<double>")
+        tab, at = _run_blocks(engine, codes, evaluate, schema, block_rows)
+        eps_i[at], which[at] = _column(tab, "eps_i", np.float64), _column(tab, "which", np.int64)
+        per[at] = _matrix(tab, "per", k)
+        if eps is not None:
+            delta[at] = _matrix(tab, "delta", len(eps))
+    return eps_i, delta, which, per
