@@ -186,3 +186,53 @@ def write_table(df, path: str) -> None:
             df.write_csv(tmp)
         else:
             df.write_parquet(tmp)
+
+
+def engine_options(engine_help: str, table: bool = True):
+    """``--engine duckdb|spark``, ``--spark-master``, ``--spark-remote`` and (``table``) ``--table``
+    for a command that reads a source; :func:`engine_settings` checks them together."""
+
+    def decorate(f):
+        if table:
+            f = click.option("--table", metavar="DB.NAME",
+                             help="With --engine spark: read this catalog or Delta table instead of SOURCE.")(f)
+        f = click.option("--spark-remote", metavar="URL", envvar="SPARK_REMOTE",
+                         help="With --engine spark: a Spark Connect server, sc://HOST:PORT (default: "
+                              "$SPARK_REMOTE).")(f)
+        f = click.option("--spark-master", metavar="URL",
+                         help="With --engine spark: the master (default local[*]).")(f)
+        f = click.option("--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True,
+                         help=engine_help)(f)
+        return f
+
+    return decorate
+
+
+def engine_settings(source, engine: str, spark_master: str | None, spark_remote: str | None,
+                    table: str | None = None, required: bool = True) -> dict:
+    """The engine keywords of the library (``engine``, ``spark_master``, ``spark_remote``, ``table``),
+    checked before any data are read: ``--table`` and the Spark URLs go with ``--engine spark``, a
+    ``$SPARK_REMOTE`` meant for other tools neither stops the embedded engine nor overrides an
+    explicit ``--spark-master``, and (``required``) exactly one of SOURCE and ``--table`` is given."""
+    from click.core import ParameterSource
+
+    from empdp.errors import InputError
+
+    ctx = click.get_current_context()
+    if spark_remote is not None and ctx.get_parameter_source("spark_remote") == ParameterSource.ENVIRONMENT \
+            and (engine != "spark" or spark_master):
+        spark_remote = None
+    if engine != "spark":
+        if table is not None:
+            raise InputError(f"--table {table} names a catalog or Delta table, which only Spark reads: add "
+                             f"--engine spark, or give a file, glob or folder as SOURCE")
+        for option, value in (("--spark-master", spark_master), ("--spark-remote", spark_remote)):
+            if value:
+                raise InputError(f"{option} goes with --engine spark: add --engine spark, or drop {option}")
+    if source is not None and table is not None:
+        raise InputError("give either SOURCE or --table DB.NAME, not both")
+    if required and source is None and table is None:
+        raise InputError("give the SOURCE to read (a file, glob or folder), or --table DB.NAME with --engine spark")
+    if table is not None and not table.strip():
+        raise InputError("--table is empty (an unset shell variable?); give the table's name, e.g. db.claims")
+    return {"engine": engine, "spark_master": spark_master, "spark_remote": spark_remote, "table": table}

@@ -13,7 +13,17 @@ from empdp.assess import assess
 from empdp.errors import InputError
 from empdp.io import keyed_hash, load_hash_key, output_batch, refuse_overwrite
 
-from ._common import check_output, emit_json, log, output_options, progress_bars, setup_logging, write_table
+from ._common import (
+    check_output,
+    emit_json,
+    engine_options,
+    engine_settings,
+    log,
+    output_options,
+    progress_bars,
+    setup_logging,
+    write_table,
+)
 from .report import extras_options, load_extras
 
 
@@ -27,14 +37,15 @@ def parse_bandwidth(value: str):
 
 
 def query_options(f):
-    """``--id --by (--query [--where] | --sql)`` shared by assess and calibrate."""
+    """``SOURCE --id --by (--query [--where] | --sql)`` shared by assess and calibrate (SOURCE may be
+    left out for ``--table``; :func:`engine_settings` checks that one of them is given)."""
     f = click.option("--sql", help="Generic query over the table 'db' (one database), e.g. "
                                    "\"SELECT avg(x) FROM db WHERE y > 0\".")(f)
     f = click.option("--where", help="SQL filter applied before the aggregate, e.g. \"age >= 18\".")(f)
     f = click.option("--query", "query", metavar="QUERY", help=f"One of {query_forms.HELP}.")(f)
     f = click.option("--by", required=True, help="Column naming the database (year, month, file...).")(f)
     f = click.option("--id", "id_col", required=True, help="Column naming the individual.")(f)
-    f = click.argument("source")(f)
+    f = click.argument("source", required=False)(f)
     return f
 
 
@@ -56,12 +67,8 @@ def query_options(f):
 @click.option("--buckets", type=int, default=None,
               help="Cut the databases into this many groups by the adversary statistic (default: as many as "
                    "keep 10 databases each, at most 5).")
-@click.option("--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True,
-              help="duckdb (embedded) or spark: read, aggregate and screen on Spark and evaluate on its executors "
-                   "(pip install \"empdp[spark]\"; see docs/spark.md).")
-@click.option("--spark-master", metavar="URL", help="With --engine spark: the master (default local[*]).")
-@click.option("--spark-remote", metavar="URL", envvar="SPARK_REMOTE",
-              help="With --engine spark: a Spark Connect server, sc://HOST:PORT (default: $SPARK_REMOTE).")
+@engine_options("duckdb (embedded) or spark: read, aggregate and screen on Spark and evaluate on its executors "
+                "(pip install \"empdp[spark]\"; see docs/spark.md).")
 @click.option("-o", "--output", "--out", "out", metavar="FILE",
               help="Write one row per individual to FILE.parquet or FILE.csv (mode 0600).")
 @click.option("--report", "report", metavar="FILE", help="Write a self-contained HTML report to FILE.html (mode 0600).")
@@ -85,7 +92,7 @@ def query_options(f):
 @click.option("--no-screening", is_flag=True, help="Evaluate every individual exactly (slower; same results).")
 @output_options
 def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth, adversary, adversary_sql, buckets,
-               engine, spark_master, spark_remote, out, report, calibration, audit,
+               engine, spark_master, spark_remote, table, out, report, calibration, audit,
                save_result, without_shifts, hash_ids, hash_key_file, memory_limit, threads, workers, drop_null_ids, no_screening,
                as_json, quiet, verbose, debug):
     """Per-individual empirical privacy risk of releasing QUERY of each database.
@@ -101,9 +108,11 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
       empdp assess data/*.parquet --id customer --by month --query "sum(kwh)" -e 0.5 -e 1 --out risk.parquet
       empdp assess panel.duckdb::sales --id shop --by day --sql "SELECT median(amount) FROM db" --json
       empdp assess data.parquet --id id --by year --query "mean(x)" --save-result r.json   # then: empdp report
+      empdp assess --table lake.claims --engine spark --id patient --by month --query "mean(cost)"
     """
     setup_logging(verbose, quiet, debug)
     # every input is checked before the long computation, so bad input writes nothing
+    engine_kw = engine_settings(source, engine, spark_master, spark_remote, table)
     check_output(out, "--out", (".parquet", ".pq", ".csv"), ".parquet or .csv")
     check_output(report, "--report", (".html", ".htm"), ".html")
     check_output(save_result, "--save-result", (".json",), ".json")
@@ -125,9 +134,7 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
                         epsilon=list(epsilon) or None, kernel=kernel, bandwidth=parse_bandwidth(bandwidth),
                         memory_limit=memory_limit, threads=threads, workers=workers, drop_null_ids=drop_null_ids,
                         exact_all=bool(out), screening=not no_screening, adversary=adversary,
-                        adversary_sql=adversary_sql, buckets=buckets, engine=engine, spark_master=spark_master,
-                        # $SPARK_REMOTE set for other tools must not stop the embedded engine
-                        spark_remote=spark_remote if engine == "spark" else None, progress=progress)
+                        adversary_sql=adversary_sql, buckets=buckets, progress=progress, **engine_kw)
     log_summary(result, time.perf_counter() - started)
     # all outputs are committed together: a failure writing one leaves none of them
     with progress_bars(not (as_json or quiet), log) as progress, output_batch():
@@ -137,10 +144,10 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
             # the ε its delta column is at travels with the table
             if result.adversary:
                 cols.append("bucket")  # the adversary bucket that sets the individual's eps_i
-            table = result.individuals.with_columns(pl.lit(float(result.epsilons[0])).alias("epsilon")).select(cols)
+            rows = result.individuals.with_columns(pl.lit(float(result.epsilons[0])).alias("epsilon")).select(cols)
             if key:
-                table = table.with_columns(pl.col(result.id_column).map_elements(show, return_dtype=pl.Utf8))
-            _write(progress, out, write_table, table, out)
+                rows = rows.with_columns(pl.col(result.id_column).map_elements(show, return_dtype=pl.Utf8))
+            _write(progress, out, write_table, rows, out)
         if report:
             from empdp.report import render_report
 

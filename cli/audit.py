@@ -13,7 +13,7 @@ from empdp.errors import InputError
 from empdp.io import read_json
 from empdp.textfmt import fmt
 
-from ._common import emit_json, output_options, progress_bars, setup_logging
+from ._common import emit_json, engine_options, engine_settings, output_options, progress_bars, setup_logging
 
 
 def _is_patterns(value: str) -> bool:
@@ -220,7 +220,7 @@ def renyi_cmd(ctx, mechanism, params, pairs, alpha, seed, order, sample_size, n_
 
 @audit.command("release")
 @click.argument("calibration", type=click.Path(dir_okay=False), metavar="CALIBRATION_FILE")
-@click.argument("source", metavar="SOURCE")
+@click.argument("source", metavar="[SOURCE]", required=False)
 @click.option("--top", type=int, default=5, show_default=True, help="Riskiest individuals audited.")
 @click.option("--order", type=float, default=2.0, show_default=True, help="Rényi order alpha > 1.")
 @click.option("--alpha", type=float, default=0.05, show_default=True, help="Error level of the bounds.")
@@ -228,9 +228,10 @@ def renyi_cmd(ctx, mechanism, params, pairs, alpha, seed, order, sample_size, n_
 @click.option("--hash-ids", is_flag=True, help="Replace ids by a keyed hash (HMAC-SHA256) in the output, "
                                                "as 'empdp assess --hash-ids' does.")
 @click.option("--hash-key-file", metavar="FILE", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
+@engine_options("Re-read SOURCE with duckdb (embedded) or spark (see docs/spark.md).")
 @output_options
-def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key_file, as_json, quiet, verbose,
-                debug):
+def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key_file, engine, spark_master,
+                spark_remote, table, as_json, quiet, verbose, debug):
     """Audit a calibration from 'empdp calibrate' on its SOURCE.
 
     Runs MPL and the Rényi bound on the release distribution of the riskiest
@@ -242,14 +243,21 @@ def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key
       empdp audit release calibration.json data.parquet --seed 1
       empdp audit release calibration.json data.parquet --top 10 --order 3 --json
       empdp audit release calibration.json data.parquet --hash-ids --hash-key-file key.txt
+      empdp audit release calibration.json --table lake.claims --engine spark
     """
     from empdp.audit import audit_release
     from empdp.io import load_hash_key
 
     setup_logging(verbose, quiet, debug)
+    engine_kw = engine_settings(source, engine, spark_master, spark_remote, table)
     key = load_hash_key(hash_key_file) if hash_ids or hash_key_file else None
+    loo = None
+    if engine != "duckdb" or table is not None:  # read by the chosen engine, after the options are checked
+        from empdp.noise.compute import SourceShifts
+
+        loo = SourceShifts(calibration, source, **engine_kw)
     with progress_bars(enabled=not as_json and not quiet) as progress:
-        res = audit_release(calibration, source, top=top, order=order, alpha=alpha, rng=seed,
+        res = audit_release(calibration, source, loo=loo, top=top, order=order, alpha=alpha, rng=seed,
                             progress=progress, hash_key=key)
     d = res.to_dict()
     if as_json:

@@ -14,7 +14,16 @@ from empdp.noise import calibrate as calibrate_source
 from empdp.noise.exact import check_epsilon
 from empdp.textfmt import fmt
 
-from ._common import check_output, emit_json, log, output_options, progress_bars, setup_logging
+from ._common import (
+    check_output,
+    emit_json,
+    engine_options,
+    engine_settings,
+    log,
+    output_options,
+    progress_bars,
+    setup_logging,
+)
 from .assess import parse_bandwidth, query_options
 
 
@@ -43,11 +52,8 @@ def key_options(f):
 @click.option("--adversary-sql", metavar="SQL", help="The adversary statistic as SQL over the table 'db'.")
 @click.option("--buckets", type=int, default=None,
               help="With --adversary: groups of databases (default: as many as keep 10 each, at most 5).")
-@click.option("--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True,
-              help="duckdb (embedded) or spark: compute the leave-one-out on Spark (see docs/spark.md).")
-@click.option("--spark-master", metavar="URL", help="With --engine spark: the master (default local[*]).")
-@click.option("--spark-remote", metavar="URL", envvar="SPARK_REMOTE",
-              help="With --engine spark: a Spark Connect server, sc://HOST:PORT (default: $SPARK_REMOTE).")
+@engine_options("duckdb (embedded) or spark: compute the leave-one-out (and the adversary statistic) on Spark "
+                "(see docs/spark.md).")
 @click.option("--kernel", type=click.Choice(["laplace", "gaussian", "auto"]), default="laplace", show_default=True,
               help="Curator kernel. Laplace (default) deconvolves in closed form: the least noise, exactly. A "
                    "Gaussian kernel cannot be deconvolved, so a verified Laplace-mixture fallback is searched "
@@ -64,7 +70,7 @@ def key_options(f):
                    "release' refuses unsigned calibrations unless --allow-unsigned.")
 @output_options
 def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversary_sql, buckets, engine, spark_master,
-              spark_remote, kernel, bandwidth,
+              spark_remote, table, kernel, bandwidth,
               output, memory_limit,
               drop_null_ids, key_file, as_json, quiet, verbose, debug):
     """The least noise that makes releasing QUERY epsilon-empirically private (docs/method.md#8-calibration-and-release).
@@ -82,6 +88,7 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
           --query "sum(kwh)" -e 0.5 -o kwh.json --json
     """
     setup_logging(verbose, quiet, debug)
+    engine_kw = engine_settings(source, engine, spark_master, spark_remote, table)
     if not (isinstance(epsilon, float) and epsilon == epsilon and 0 < epsilon < float("inf")):
         raise InputError(f"--epsilon must be a positive number; got {epsilon!r}")
     check_epsilon(epsilon)  # before the data are read
@@ -92,9 +99,7 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
         cal = calibrate_source(source, id=id_col, by=by, query=query, where=where, sql=sql, epsilon=epsilon,
                                kernel=kernel, bandwidth=parse_bandwidth(bandwidth), memory_limit=memory_limit,
                                drop_null_ids=drop_null_ids, adversary=adversary, adversary_sql=adversary_sql,
-                               buckets=buckets, engine=engine, spark_master=spark_master,
-                               # $SPARK_REMOTE set for other tools must not stop the embedded engine
-                               spark_remote=spark_remote if engine == "spark" else None, progress=progress)
+                               buckets=buckets, progress=progress, **engine_kw)
     cal.save(output, key=key)
     log.info("wrote %s (lambda* %s, noise %s, %s) after %.2f s of calibration", output, fmt(cal.lam),
              cal.noise["kind"], f"signed with key {key_id(key)}" if key else "unsigned", cal.seconds)
@@ -148,10 +153,11 @@ def _print_calibration(cal: Calibration, output: str) -> None:
 @click.option("--seed", type=int, help="Reproducible noise for TESTS ONLY: the release is marked not private "
                                        "(default: none, the operating system's CSPRNG).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB.")
+@engine_options("With SOURCE: compute the query with duckdb (embedded) or spark (see docs/spark.md).")
 @key_options
 @output_options
-def release(calibration, source, value, database, ledger, budget, seed, memory_limit, key_file, allow_unsigned,
-            as_json, quiet, verbose, debug):
+def release(calibration, source, value, database, ledger, budget, seed, memory_limit, engine, spark_master,
+            spark_remote, table, key_file, allow_unsigned, as_json, quiet, verbose, debug):
     """Add calibrated noise to a new statistic and record it in the ledger (docs/method.md#84-secure-sampling).
 
     Before anything is released, the calibration's HMAC and the whole ledger
@@ -165,12 +171,15 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
     Examples:
       empdp release cal.json --value 0.4711 --ledger releases.sqlite --budget 3 --key-file curator.key
       EMPDP_KEY=... empdp release cal.json new_year.parquet --database 2024 --json
+      empdp release cal.json --table lake.claims --engine spark --database 2024-06 --key-file curator.key
     """
     setup_logging(verbose, quiet, debug)
     if ledger is not None and not ledger.strip():
         raise InputError("--ledger is empty (an unset shell variable?); give the ledger file's path")
-    if (value is None) == (database is None) or (database is None) != (source is None):
-        raise InputError("give either --value X, or SOURCE with --database LABEL")
+    if (value is None) == (database is None) or (database is None) != (source is None and table is None):
+        raise InputError("give either --value X, or SOURCE (or --table DB.NAME with --engine spark) with "
+                         "--database LABEL")
+    engine_kw = engine_settings(source, engine, spark_master, spark_remote, table, required=value is None)
     if seed is not None and not 0 <= seed < 2 ** 128:
         raise InputError(f"--seed must be an integer in [0, 2^128); got {str(seed)[:40]}")
     if budget is not None and not (budget == budget and 0 < budget < float("inf")):
@@ -193,7 +202,7 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
               "are not detected")
     with progress_bars(not (as_json or quiet)) as progress:  # the library logs its stages
         if value is None:
-            value = query_value(cal, source, database, memory_limit=memory_limit, progress=progress)
+            value = query_value(cal, source, database, memory_limit=memory_limit, progress=progress, **engine_kw)
         out = cal.release(value, ledger=ledger, budget=budget, seed=seed, database=database, progress=progress,
                           key=key, allow_unsigned=allow_unsigned)
     if as_json:

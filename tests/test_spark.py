@@ -205,3 +205,123 @@ def test_calibrate_on_spark_is_the_duckdb_calibration(spark, tmp_path):
     assert b.noise["kind"] == a.noise["kind"] and b.noise["scale"] == pytest.approx(a.noise["scale"], rel=RTOL)
     assert b.verified_eps_max == pytest.approx(a.verified_eps_max, rel=RTOL)
     assert (b.n_individuals, b.n_sole_contributors) == (a.n_individuals, a.n_sole_contributors)
+
+
+def test_adversary_on_spark_is_the_duckdb_assessment(spark, tmp_path, monkeypatch):
+    """assess and calibrate --adversary on Spark: the statistic per database from Spark, every bucket's
+    risk evaluated on the executors; the embedded engine's eps_all, sweep, per-individual table and
+    lambda* (1e-9 relative)."""
+    import warnings
+
+    import empdp.spark
+    from empdp import assess, calibrate
+
+    calls = []
+    on_executors = empdp.spark.evaluate_buckets_on_executors
+    monkeypatch.setattr(empdp.spark, "evaluate_buckets_on_executors",
+                        lambda *a, **k: calls.append(len(a[2])) or on_executors(*a, **k))
+    path = tmp_path / "p.parquet"
+    random_panel(5, n_db=10, n_ind=30, ties=False).to_parquet(path)
+    options = dict(id="id", by="year", query="mean(x)", adversary="sum(w)", buckets=2)
+    a = assess(str(path), **options)
+    b = assess(str(path), engine="spark", **options)
+    assert calls  # the buckets were evaluated on the executors
+    assert b.eps_all == pytest.approx(a.eps_all, rel=RTOL)
+    np.testing.assert_allclose(b.epsilons, a.epsilons, rtol=RTOL)
+    np.testing.assert_allclose(b.delta, a.delta, rtol=RTOL, atol=1e-15)
+    np.testing.assert_array_equal(b.n_at_risk, a.n_at_risk)
+    ia, ib = a.individuals.sort("id"), b.individuals.sort("id")
+    for col in ("eps_i", "delta", "eps_bound"):
+        np.testing.assert_allclose(ib[col].to_numpy(), ia[col].to_numpy(), rtol=RTOL, atol=1e-15)
+    assert ib["bucket"].to_list() == ia["bucket"].to_list()
+    assert [g["n_databases"] for g in b.adversary["buckets"]] == [g["n_databases"] for g in a.adversary["buckets"]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sole contributors and small buckets, noted by both
+        ca = calibrate(str(path), epsilon=0.3, **options)
+        cb = calibrate(str(path), epsilon=0.3, engine="spark", **options)
+    assert cb.lam == pytest.approx(ca.lam, rel=RTOL) and cb.noise["kind"] == ca.noise["kind"]
+    assert cb.verified_eps_max == pytest.approx(ca.verified_eps_max, rel=RTOL)
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from empdp.cli.main import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args], env={"EMPDP_KEY": "k" * 32, "SPARK_REMOTE": None})
+
+
+@pytest.fixture(scope="module")
+def cli_panel(spark, tmp_path_factory):
+    """A panel as a file and as the catalog table ``global_temp.empdp_panel`` of the module's session."""
+    df = random_panel(6, n_db=8, n_ind=30, ties=False)
+    path = tmp_path_factory.mktemp("cli") / "p.parquet"
+    df.to_parquet(path)
+    spark.createDataFrame(df).createOrReplaceGlobalTempView("empdp_panel")
+    yield path, "global_temp.empdp_panel"
+    spark.catalog.dropGlobalTempView("empdp_panel")
+
+
+def test_cli_table_release_and_audit_on_spark(cli_panel, tmp_path):
+    """assess, calibrate, release and audit release read a catalog table with --engine spark (--table),
+    and give what the embedded engine gives on the same rows."""
+    import json
+
+    path, table = cli_panel
+    q = ["--id", "id", "--by", "year", "--query", "mean(x)"]
+    a = _cli("assess", path, *q, "-e", "0.3", "--json")
+    b = _cli("assess", "--table", table, "--engine", "spark", *q, "-e", "0.3", "--json")
+    assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
+    ja, jb = json.loads(a.output), json.loads(b.output)
+    assert jb["eps_all"] == pytest.approx(ja["eps_all"], rel=RTOL)
+    assert jb["sweep"][0]["delta"] == pytest.approx(ja["sweep"][0]["delta"], rel=RTOL)
+    cal = tmp_path / "cal.json"
+    res = _cli("calibrate", "--table", table, "--engine", "spark", *q, "-e", "0.2", "-o", cal, "-q")
+    assert res.exit_code == 0, res.output
+    released = []
+    for source in (["--table", table, "--engine", "spark"], [path, "--engine", "spark"], [path]):
+        res = _cli("release", cal, *source, "--database", "2003", "--seed", "7", "--ledger",
+                   tmp_path / f"l{len(released)}.sqlite", "--json")
+        assert res.exit_code == 0, res.output
+        released.append(json.loads(res.output.splitlines()[0])["value"])
+    assert released[0] == pytest.approx(released[2], rel=RTOL) and released[1] == pytest.approx(released[2], rel=RTOL)
+    audits = [_cli("audit", "release", cal, *source, "--seed", "3", "--top", "2", "--json")
+              for source in (["--table", table, "--engine", "spark"], [path])]
+    assert all(r.exit_code == 0 for r in audits), audits[0].output + audits[1].output
+    ja, jb = (json.loads(r.output) for r in audits)
+    assert [d["id"] for d in jb["individuals"]] == [d["id"] for d in ja["individuals"]]
+    assert jb["exact_epsilon_max"] == pytest.approx(ja["exact_epsilon_max"], rel=RTOL)
+    assert jb["mpl_lower_bound"] == pytest.approx(ja["mpl_lower_bound"], rel=RTOL)
+
+
+@pytest.mark.parametrize("case", ["no table", "table without spark", "unreachable master", "unreadable path",
+                                  "source and table", "master without spark"])
+def test_cli_bad_engine_input_is_one_line_and_writes_nothing(cli_panel, tmp_path, case):
+    path, table = cli_panel
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 not a parquet file")
+    source, extra, message = {
+        "no table": (["--table", "global_temp.no_such_table"], ["--engine", "spark"], "cannot read table"),
+        "table without spark": (["--table", table], [], "only Spark reads: add --engine spark"),
+        "unreachable master": ([path], ["--engine", "spark", "--spark-master", f"spark://127.0.0.1:{_closed_port()}"],
+                               "cannot reach the Spark master"),
+        "unreadable path": ([bad], ["--engine", "spark"], "cannot read"),
+        "source and table": ([path, "--table", table], ["--engine", "spark"], "not both"),
+        "master without spark": ([path], ["--spark-master", "local[1]"], "goes with --engine spark"),
+    }[case]
+    q = ["--id", "id", "--by", "year", "--query", "mean(x)"]
+    cal = tmp_path / "cal.json"
+    runs = {"assess": ["assess", *source, *q, *extra, "--out", tmp_path / "out.parquet"],
+            "calibrate": ["calibrate", *source, *q, *extra, "-e", "0.3", "-o", cal]}
+    if case in ("no table", "table without spark", "unreadable path"):
+        good = _cli("calibrate", path, *q, "-e", "0.3", "-o", tmp_path / "good.json", "-q")
+        assert good.exit_code == 0, good.output
+        runs["release"] = ["release", tmp_path / "good.json", *source, *extra, "--database", "2003",
+                           "--ledger", tmp_path / "l.sqlite"]
+        runs["audit release"] = ["audit", "release", tmp_path / "good.json", *source, *extra]
+    for name, args in runs.items():
+        res = _cli(*args)
+        assert res.exit_code == 2, (name, res.output)
+        line = res.output.strip()
+        assert line.startswith("Error: ") and "\n" not in line and message in line, (name, line)
+    assert not any(p.exists() for p in (tmp_path / "out.parquet", cal, tmp_path / "l.sqlite"))

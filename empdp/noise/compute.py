@@ -242,19 +242,20 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | Non
     progress = progress or no_progress
     t0 = time.perf_counter()
     progress("reading and leave-one-out", 0, 0)
+    spark = dict(engine=engine, spark_master=spark_master, spark_remote=spark_remote, table=table)
     loo = loo_result(open_engine(source, id=id, by=by, query=query, where=where, sql=sql,
-                                 memory_limit=memory_limit, drop_null_ids=drop_null_ids, engine=engine,
-                                 spark_master=spark_master, spark_remote=spark_remote, table=table))
+                                 memory_limit=memory_limit, drop_null_ids=drop_null_ids, **spark))
     progress("reading and leave-one-out", 1, 1)
     log.info("read %s: %d databases, %d individuals (%d sole contributors), query %s, in %.2f s", loo.source,
              loo.q.size, len(loo.shifts), int(np.sum(loo.undefined)), loo.query, time.perf_counter() - t0)
     if adversary or adversary_sql:
-        from .adversary import calibrate_buckets, statistic_values
+        from ..adversary import read_statistic
+        from .adversary import calibrate_buckets
 
-        if engine != "duckdb":
-            raise InputError("calibrate --adversary reads with DuckDB: drop --engine spark")
-        g, statistic = statistic_values(source, id=id, by=by, adversary=adversary, adversary_sql=adversary_sql,
-                                        labels=loo.labels, memory_limit=memory_limit, drop_null_ids=drop_null_ids)
+        # the statistic is read by the engine that read the query (Spark: one number per database)
+        g, statistic = read_statistic(source, loo.labels, id=id, by=by, adversary=adversary,
+                                      adversary_sql=adversary_sql, memory_limit=memory_limit,
+                                      drop_null_ids=drop_null_ids, **spark)
         checked = _check_inputs(loo.q, loo.shifts, epsilon, loo.undefined, bandwidth)
         cal = calibrate_buckets(loo.q, loo.shifts, g, epsilon=checked.epsilon, buckets=buckets,
                                 labels=loo.labels, statistic=statistic, bandwidth=bandwidth,
@@ -270,27 +271,75 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | Non
 
 
 def query_value(cal: Calibration, source: Any, database: str, memory_limit: str | None = None,
-                progress: Progress | None = None) -> float:
+                progress: Progress | None = None, *, engine: str = "duckdb", spark_master: str | None = None,
+                spark_remote: str | None = None, table: str | None = None) -> float:
     """f(X) on database ``database`` of ``source`` with the calibration's query (for ``release``).
 
+    ``engine``, ``spark_master``, ``spark_remote``, ``table``: where the query runs, as for
+    :func:`calibrate` (a catalog ``table`` instead of ``source`` on Spark; docs/spark.md).
     ``progress("reading", done, total)``: open the source, then compute the query.
     """
-    from ..loo import make_engine
+    from ..loo import open_engine
 
-    if cal.id is None or cal.by is None:
-        raise InputError("this calibration has no stored query (it was made from arrays); pass --value")
+    _require_query(cal)
     progress = progress or no_progress
     t0 = time.perf_counter()
     progress("reading", 0, 2)
-    engine = make_engine(source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql,
-                         memory_limit=memory_limit)
-    progress("reading", 1, 2)
-    labels = [str(x) for x in engine.panel.labels]
-    if str(database) not in labels:
-        shown = ", ".join(labels[:10]) + (" ..." if len(labels) > 10 else "")
-        raise InputError(f"database {database!r} is not in {cal.by!r} of this source; it has: {shown}")
-    value = float(engine.values()[labels.index(str(database))])
-    progress("reading", 2, 2)
-    log.info("computed %s on database %s of %s (%d databases) in %.2f s", engine.query.describe(), database,
-             engine.panel.description, len(labels), time.perf_counter() - t0)
+    eng = open_engine(source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql,
+                      memory_limit=memory_limit, engine=engine, spark_master=spark_master,
+                      spark_remote=spark_remote, table=table)
+    try:
+        progress("reading", 1, 2)
+        labels = [str(x) for x in eng.panel.labels]
+        if str(database) not in labels:
+            shown = ", ".join(labels[:10]) + (" ..." if len(labels) > 10 else "")
+            raise InputError(f"database {database!r} is not in {cal.by!r} of this source; it has: {shown}")
+        value = float(eng.values()[labels.index(str(database))])
+        progress("reading", 2, 2)
+        log.info("computed %s on database %s of %s (%d databases) in %.2f s", eng.query.describe(), database,
+                 eng.panel.description, len(labels), time.perf_counter() - t0)
+    finally:
+        eng.close()
     return value
+
+
+def _require_query(cal: Calibration) -> None:
+    if cal.id is None or cal.by is None:
+        raise InputError("this calibration has no stored query (it was made from arrays); pass --value")
+
+
+class SourceShifts:
+    """The leave-one-out of a calibration's query on ``source``, read on first use (for ``audit release``).
+
+    Has the ``q``, ``shifts``, ``ids``, ``undefined`` and ``labels`` of :class:`empdp.loo.LooResult`, read by
+    the engine named in ``engine`` (``"duckdb"`` or ``"spark"``, with ``spark_master``,
+    ``spark_remote``, ``table`` as for :func:`calibrate`). Reading waits for the first attribute:
+    :func:`empdp.audit.audit_release` checks its options and the calibration before it asks, so
+    bad options never cost a pass over the data.
+    """
+
+    def __init__(self, calibration, source: Any = None, **engine):
+        self._calibration, self._source, self._engine = calibration, source, engine
+        self._result = None
+
+    def _read(self):
+        if self._result is None:
+            from ..loo import loo_result, open_engine
+
+            cal = (self._calibration if isinstance(self._calibration, Calibration)
+                   else Calibration.load(self._calibration, allow_unsigned=True))
+            if cal.id is None or cal.by is None:
+                raise InputError("this calibration stores no query (it was made from arrays); nothing to read")
+            eng = open_engine(self._source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql,
+                              **self._engine)
+            try:
+                self._result = loo_result(eng)
+            finally:
+                eng.close()
+        return self._result
+
+    q = property(lambda self: self._read().q)
+    shifts = property(lambda self: self._read().shifts)
+    ids = property(lambda self: self._read().ids)
+    undefined = property(lambda self: self._read().undefined)
+    labels = property(lambda self: self._read().labels)
