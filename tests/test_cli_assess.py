@@ -55,9 +55,9 @@ def test_fixed_model_is_exactly_reproducible(sample_path):
 
 
 def test_results_do_not_depend_on_the_thread_count(sample_path, monkeypatch):
-    import sys
+    import importlib
 
-    monkeypatch.setattr(sys.modules["empdp.assess"], "EVAL_ROWS", 256)  # several blocks, so that threads really run side by side
+    monkeypatch.setattr(importlib.import_module("empdp.evaluation"), "EVAL_ROWS", 256)  # several blocks, so that threads really run side by side
     args = ["assess", sample_path, *BASE, "--kernel", "laplace", "--json", "-e", "0.05", "-e", "0.3"]
     one, two = run(args + ["--threads", "1"]), run(args + ["--threads", "2"])
     assert one.exit_code == 0, one.output
