@@ -1,0 +1,314 @@
+"""Exact ε_i and δ_i(ε) for two statistics on the grid of kink lines (docs/method.md#102-joint-queries-planned).
+
+Scaled coordinates u = T x (each kernel is ¼ e^{−|u − a_j|_1}). For one individual, the kink
+lines of axis k are the 2n coordinates a_jk and b_jk = a_jk − s_jk, sorted: x_k,0 ≤ … ≤ x_k,J−1.
+On the cell [x_1,i, x_1,i+1] × [x_2,k, x_2,k+1] (local t ∈ [0, w_1] × [0, w_2]) every term of a
+density lies in one quadrant of the cell, so
+
+    p(t) = C−− e^{−t1−t2} + C+− e^{−(w1−t1)−t2} + C−+ e^{−t1−(w2−t2)} + C++ e^{−(w1−t1)−(w2−t2)},
+
+C−− summing e^{−|x_1,i − a_j1| − |x_2,k − a_j2|} over the points left of and below the cell, C+−
+those right of and below it (referred to the right edge), and so on: every factor is at most 1.
+All four quadrant sums of every cell are one matrix product per density, F_1 F_2ᵀ with F_k the
+(2J × n) left/right factor matrices of axis k. From them, exactly:
+
+* the values at the grid nodes, hence L = log p − log p_i at every vertex. Along an axis line L is
+  monotone between kinks and flat beyond the outermost kink, so on each cell L lies between its
+  vertex values and ε_i = max |L| over the vertices (docs/method.md#41-per-individual-risk);
+* each cell's mass (1 − e^{−w1})(1 − e^{−w2}) Σ C, and the tails: beyond the outermost kink of an
+  axis every term carries the same factor e^{−s} (s the distance to that kink line), so the
+  half-strip beyond a boundary segment integrates to ∫ (p − e^ε p_i)_+ along the segment (a 1-d
+  closed form), and a corner quadrant to (p − e^ε p_i)_+ at the corner node;
+* δ_i(ε) = max(∫ (p − e^ε p_i)_+, ∫ (p_i − e^ε p)_+): a piece (cell, boundary segment, corner)
+  whose vertices all have L ≥ ε contributes its mass difference, one whose vertices all have
+  L ≤ ε nothing; the pieces the level cuts are integrated exactly along the cell's wider axis
+  (α e^{−t} + β e^{−(w−t)} has one root) and by Gauss–Legendre along the narrower one, on
+  pieces split where the level crosses the cell's edges (closed-form roots) and at most
+  :data:`MAX_PIECE` wide, so each piece's integrand is analytic and the rule's error is far
+  below 1e−9.
+
+Rows whose vertex densities underflow (points hundreds of scales apart) are left to the caller
+(``ok`` is False for them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Gauss–Legendre nodes per piece of a cut cell along its narrower axis
+NODES = 4
+#: widest piece (scaled units) of the Gauss–Legendre axis: 4 nodes on e^{±t} over 0.5 err ~1e−12 relative
+MAX_PIECE = 0.5
+#: per cut cell, halve the Gauss pieces until two rules agree within this (× 2n, unnormalised units)
+TOL = 1e-13
+#: most pieces per interval between edge roots
+MAX_PARTS = 256
+#: (rows × vertices) per block: the block's dozen (C, 2J, 2J) temporaries stay within a few tens of MB
+BLOCK_VERTICES = 400_000
+#: |L| cap, as for one statistic (e^ε overflows beyond it)
+L_CAP = 700.0
+#: vertex densities below this fraction of the largest are unreliable (underflowed factors): fallback
+_TINY = 1e-250
+
+_GL = {q: np.polynomial.legendre.leggauss(q) for q in (2, 3, 4, 6, 8)}
+
+
+def rows_per_block(n: int) -> int:
+    return max(1, BLOCK_VERTICES // (4 * n * n))
+
+
+def evaluate(a: np.ndarray, s: np.ndarray, eps: np.ndarray | None, nodes: int = NODES):
+    """Exact ε_i and δ_i(ε) for scaled points ``a`` (n, 2) and scaled shifts ``s`` (C, n, 2).
+
+    Returns ``(eps_i, delta, ok)``: ``eps_i`` (C,), ``delta`` (C, E) or None, and ``ok`` (C,) False
+    for rows this method cannot certify (their results are NaN). ``eps`` ascending.
+    """
+    C, n, _ = s.shape
+    eps_i = np.full(C, np.nan)
+    delta = None if eps is None else np.full((C, len(eps)), np.nan)
+    ok = np.zeros(C, dtype=bool)
+    step = rows_per_block(n)
+    for k in range(0, C, step):
+        sl = slice(k, k + step)
+        e, d, good = _block(a, s[sl], eps, nodes)
+        eps_i[sl], ok[sl] = e, good
+        if delta is not None:
+            delta[sl] = d
+    return eps_i, delta, ok
+
+
+def _axis(a_k: np.ndarray, b_k: np.ndarray):
+    """Sorted kinks x (C, J), each point's rank (C, J: the first n of set A), gaps' e^{−w} (C, J)."""
+    C, n = b_k.shape
+    coords = np.concatenate([np.broadcast_to(a_k, (C, n)), b_k], axis=1)
+    order = np.argsort(coords, axis=1, kind="stable")
+    x = np.take_along_axis(coords, order, axis=1)
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(2 * n)[None, :], axis=1)
+    w = np.diff(x, axis=1)
+    f = np.zeros_like(x)
+    f[:, :-1] = np.exp(-w)
+    return x, rank, w, f
+
+
+def _factors(x: np.ndarray, pts: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """(C, 2J, n): rows i < J the left factors [rank_j ≤ i] e^{−(x_i − p_j)}, rows J + i the right
+    factors [rank_j ≥ i + 1] e^{−(p_j − x_{i+1})} (0 for i = J − 1)."""
+    C, J = x.shape
+    n = pts.shape[1]
+    E = np.exp(-np.abs(x[:, :, None] - pts[:, None, :]))  # (C, J, n)
+    idx = np.arange(J)[None, :, None]
+    out = np.zeros((C, 2 * J, n))
+    left = rank[:, None, :] <= idx
+    np.multiply(E, left, out=out[:, :J])
+    np.multiply(E[:, 1:], ~left[:, :-1], out=out[:, J:2 * J - 1])
+    return out
+
+
+def _quadrants(xs, ranks, pts):
+    """The quadrant sums (C, 4, J, J) in the order −−, +−, −+, ++ (axis 1 sign first)."""
+    F1 = _factors(xs[0], pts[..., 0], ranks[0])
+    F2 = _factors(xs[1], pts[..., 1], ranks[1])
+    M = F1 @ F2.transpose(0, 2, 1)  # (C, 2J, 2J)
+    J = xs[0].shape[1]
+    return np.stack([M[:, :J, :J], M[:, J:, :J], M[:, :J, J:], M[:, J:, J:]], axis=1)
+
+
+def _block(a, s, eps, nodes):
+    C, n, _ = s.shape
+    b = a[None] - s
+    xs, ranks, ws, fs = [], [], [], []
+    for k in range(2):
+        x, rank, w, f = _axis(a[:, k], b[:, :, k])
+        xs.append(x)
+        ranks.append(rank)
+        ws.append(w)
+        fs.append(f)
+    A = np.broadcast_to(a, b.shape)
+    QA = _quadrants(xs, [r[:, :n] for r in ranks], A)
+    QB = _quadrants(xs, [r[:, n:] for r in ranks], b)
+    f1 = fs[0][:, :, None]
+    f2 = fs[1][:, None, :]
+    VA = QA[:, 0] + f1 * QA[:, 1] + f2 * QA[:, 2] + f1 * f2 * QA[:, 3]
+    VB = QB[:, 0] + f1 * QB[:, 1] + f2 * QB[:, 2] + f1 * f2 * QB[:, 3]
+    ok = (VA.reshape(C, -1).min(1) > _TINY * n) & (VB.reshape(C, -1).min(1) > _TINY * n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        L = np.log(VA) - np.log(VB)
+    L = np.clip(np.nan_to_num(L, nan=0.0, posinf=L_CAP, neginf=-L_CAP), -L_CAP, L_CAP)
+    eps_i = np.abs(L).reshape(C, -1).max(1)
+    eps_i[~ok] = np.nan
+    if eps is None:
+        return eps_i, None, ok
+    pieces = _pieces(L, QA, QB, VA, VB, fs)
+    plus = _side(pieces, eps, 0, ws, nodes)
+    minus = _side(pieces, eps, 1, ws, nodes)
+    delta = np.clip(np.maximum(plus, minus) / (4.0 * n), 0.0, 1.0)
+    delta[eps_i[:, None] <= eps[None, :]] = 0.0
+    delta[~ok] = np.nan
+    return eps_i, delta, ok
+
+
+def _pieces(L, QA, QB, VA, VB, fs):
+    """Every piece of the plane: per row, (Lmin, Lmax, mass A, mass B) over the J−1 × J−1 cells, the
+    4 (J−1) boundary segments (with their half-strips) and the 4 corner quadrants, in that order;
+    plus what the cut pieces need: the quadrant sums and the segments' (α, β) coefficients."""
+    C, J, _ = L.shape
+    f1, f2 = fs[0][:, :-1], fs[1][:, :-1]  # (C, J − 1)
+    corners = [L[:, :-1, :-1], L[:, 1:, :-1], L[:, :-1, 1:], L[:, 1:, 1:]]
+    cmin = np.minimum(np.minimum(corners[0], corners[1]), np.minimum(corners[2], corners[3]))
+    cmax = np.maximum(np.maximum(corners[0], corners[1]), np.maximum(corners[2], corners[3]))
+    area = (1.0 - f1)[:, :, None] * (1.0 - f2)[:, None, :]
+    mA = QA[:, :, :-1, :-1].sum(1) * area
+    mB = QB[:, :, :-1, :-1].sum(1) * area
+    # boundary segments: along axis 2 on the lines u1 = x1_0 and u1 = x1_{J−1}, along axis 1 on
+    # u2 = x2_0 and u2 = x2_{J−1}; (α, β): the line's density is α e^{−t} + β e^{−(w−t)}
+    seg = []
+    for Q in (QA, QB):
+        g1 = fs[0][:, :, None]
+        g2 = fs[1][:, None, :]
+        # on the line u1 = x1_i: α = C−− + f1 C+−, β = C−+ + f1 C++ (segment k); u2 = x2_k likewise
+        al1 = Q[:, 0] + g1 * Q[:, 1]
+        be1 = Q[:, 2] + g1 * Q[:, 3]
+        al2 = Q[:, 0] + g2 * Q[:, 2]
+        be2 = Q[:, 1] + g2 * Q[:, 3]
+        seg.append((np.concatenate([al1[:, 0, :-1], al1[:, -1, :-1], al2[:, :-1, 0], al2[:, :-1, -1]], axis=1),
+                    np.concatenate([be1[:, 0, :-1], be1[:, -1, :-1], be2[:, :-1, 0], be2[:, :-1, -1]], axis=1)))
+    sw = np.concatenate([f2, f2, f1, f1], axis=1)  # e^{−w} of each segment
+    sL0 = np.concatenate([L[:, 0, :-1], L[:, -1, :-1], L[:, :-1, 0], L[:, :-1, -1]], axis=1)
+    sL1 = np.concatenate([L[:, 0, 1:], L[:, -1, 1:], L[:, 1:, 0], L[:, 1:, -1]], axis=1)
+    smA = (seg[0][0] + seg[0][1]) * (1.0 - sw)
+    smB = (seg[1][0] + seg[1][1]) * (1.0 - sw)
+    kc = (0, -1)
+    cL = np.stack([L[:, i, k] for i in kc for k in kc], axis=1)
+    cA = np.stack([VA[:, i, k] for i in kc for k in kc], axis=1)
+    cB = np.stack([VB[:, i, k] for i in kc for k in kc], axis=1)
+    lo = np.concatenate([cmin.reshape(C, -1), np.minimum(sL0, sL1), cL], axis=1)
+    hi = np.concatenate([cmax.reshape(C, -1), np.maximum(sL0, sL1), cL], axis=1)
+    mass_A = np.concatenate([mA.reshape(C, -1), smA, cA], axis=1)
+    mass_B = np.concatenate([mB.reshape(C, -1), smB, cB], axis=1)
+    return {"lo": lo, "hi": hi, "mA": mass_A, "mB": mass_B, "QA": QA, "QB": QB, "seg": seg, "sw": sw,
+            "ncell": (J - 1) ** 2, "nseg": 4 * (J - 1), "J": J}
+
+
+def _side(P, eps, side, ws, nodes):
+    """∫ (p − e^ε p_i)_+ (side 0) or ∫ (p_i − e^ε p)_+ (side 1), up to 4n, for each row and ε."""
+    lo, hi, mp, mq = P["lo"], P["hi"], P["mA"], P["mB"]
+    if side:
+        lo, hi, mp, mq = -P["hi"], -P["lo"], P["mB"], P["mA"]
+    C, K = lo.shape
+    E = len(eps)
+    growth = np.exp(np.minimum(eps, L_CAP))
+    k_lo = np.searchsorted(eps, lo, side="right")  # levels ε ≤ min L: the piece lies in {L ≥ ε}
+    k_hi = np.searchsorted(eps, hi, side="left")   # levels ε < max L
+    flat = (np.arange(C)[:, None] * (E + 1) + k_lo).ravel()
+    bp = np.bincount(flat, weights=mp.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
+    bq = np.bincount(flat, weights=mq.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
+    full_p = np.cumsum(bp[:, ::-1], axis=1)[:, -2::-1]
+    full_q = np.cumsum(bq[:, ::-1], axis=1)[:, -2::-1]
+    out = full_p - growth * full_q
+    count = (k_hi - k_lo).ravel()
+    cut = np.flatnonzero(count > 0)
+    if not len(cut):
+        return out
+    c = count[cut]
+    at = np.repeat(cut, c)
+    level = np.repeat(k_lo.ravel()[cut] - (np.cumsum(c) - c), c) + np.arange(len(at))
+    row, piece = np.divmod(at, K)
+    g = growth[level]
+    value = np.zeros(len(at))
+    ncell, nseg, J = P["ncell"], P["nseg"], P["J"]
+    is_cell = piece < ncell
+    if is_cell.any():
+        r, pc, gg = row[is_cell], piece[is_cell], g[is_cell]
+        i, k = np.divmod(pc, J - 1)
+        Qp, Qq = (P["QA"], P["QB"]) if side == 0 else (P["QB"], P["QA"])
+        D = Qp[r, :, i, k] - gg[:, None] * Qq[r, :, i, k]  # (N, 4)
+        value[is_cell] = _cell_integral(D, ws[0][r, i], ws[1][r, k], nodes, TOL * J)
+    is_seg = (piece >= ncell) & (piece < ncell + nseg)
+    if is_seg.any():
+        r, ps, gg = row[is_seg], piece[is_seg] - ncell, g[is_seg]
+        (pa, pb), (qa, qb) = P["seg"] if side == 0 else P["seg"][::-1]
+        value[is_seg] = _pos_1d(pa[r, ps] - gg * qa[r, ps], pb[r, ps] - gg * qb[r, ps], P["sw"][r, ps])
+    # corners are never cut (one value); sum the pairs per (row, level)
+    out += np.bincount(row * E + level, weights=value, minlength=C * E).reshape(C, E)
+    return out
+
+
+def _pos_1d(alpha, beta, f):
+    """∫_0^w (α e^{−t} + β e^{−(w−t)})_+ dt with f = e^{−w}: exact (one root at most).
+
+    With e1 = e^{−t*} at the root (α e^{−2t*} = −β f), ∫_0^{t*} = α (1 − e1) + β (f/e1 − f); the
+    integrand is positive before the root when α > 0 and after it when α < 0.
+    """
+    total = (alpha + beta) * (1.0 - f)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        e1 = np.sqrt(-beta * f / alpha)
+        e1 = np.clip(np.nan_to_num(e1, nan=1.0, posinf=1.0), f, 1.0)
+        e2 = np.where(e1 > 0, f / np.where(e1 > 0, e1, 1.0), 0.0)
+    head = alpha * (1.0 - e1) + beta * (e2 - f)
+    mixed = alpha * beta < 0
+    value = np.where(mixed, np.where(alpha > 0, head, total - head), np.where((alpha >= 0) & (beta >= 0), total, 0.0))
+    return np.maximum(value, 0.0)
+
+
+def _edge_root(gamma, eta, f, w):
+    """t in [0, w] where γ e^{−t} + η e^{−(w−t)} = 0 (0 when there is none: a harmless breakpoint)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = 0.5 * (w + np.log(-gamma / eta))
+    return np.where((gamma * eta < 0) & np.isfinite(t), np.clip(t, 0.0, w), 0.0)
+
+
+def _cell_integral(D, w1, w2, nodes, tol):
+    """∫∫ (h)_+ over [0, w1] × [0, w2] for h = D−− e^{−t1−t2} + D+− e^{−(w1−t1)−t2} + D−+ e^{−t1−(w2−t2)}
+    + D++ e^{−(w1−t1)−(w2−t2)} (D: (N, 4) in that order): exact along the wider axis,
+    Gauss–Legendre along the other on pieces between the edge roots, each at most MAX_PIECE wide."""
+    swap = w2 > w1
+    D = np.where(swap[:, None], D[:, [0, 2, 1, 3]], D)
+    w1, w2 = np.where(swap, w2, w1), np.where(swap, w1, w2)
+    f1, f2 = np.exp(-w1), np.exp(-w2)
+    dmm, dpm, dmp, dpp = D.T
+    # h on the edges t1 = 0 and t1 = w1 as functions of t2: their roots split the t2 axis
+    r1 = _edge_root(dmm + f1 * dpm, dmp + f1 * dpp, f2, w2)
+    r2 = _edge_root(f1 * dmm + dpm, f1 * dmp + dpp, f2, w2)
+    bps = np.sort(np.stack([np.zeros_like(w2), r1, r2, w2], axis=1), axis=1)
+    # the root's position along the exact axis has a log singularity where a coefficient of the
+    # Gauss axis vanishes, which may lie just beyond a piece: halve the pieces until two rules agree
+    out = np.zeros(len(w1))
+    parts = np.maximum(1, np.ceil(w2 / MAX_PIECE)).astype(np.int64)
+    todo = np.arange(len(w1))
+    coarse = None
+    while len(todo):
+        fine = np.empty(len(todo))
+        for m in np.unique(parts[todo]):
+            sel = np.flatnonzero(parts[todo] == m)
+            at = todo[sel]
+            fine[sel] = _gauss_rows(dmm[at], dpm[at], dmp[at], dpp[at], f1[at], w2[at], bps[at], int(m), nodes)
+        out[todo] = fine
+        if coarse is not None:
+            done = (np.abs(fine - coarse) <= tol) | (parts[todo] >= MAX_PARTS)
+            todo, fine = todo[~done], fine[~done]
+        parts[todo] *= 2
+        coarse = fine
+    return out
+
+
+def _gauss_rows(dmm, dpm, dmp, dpp, f1, w2, bps, m, nodes):
+    x, wt = _GL[nodes]
+    # pieces: each of the 3 intervals between breakpoints cut into m equal parts
+    lo, hi = bps[:, :-1], bps[:, 1:]  # (N, 3)
+    frac = np.arange(m + 1) / m
+    edges = lo[:, :, None] + (hi - lo)[:, :, None] * frac  # (N, 3, m + 1)
+    a, b = edges[:, :, :-1], edges[:, :, 1:]
+    half = (b - a) / 2
+    t = (a + half)[..., None] + half[..., None] * x  # (N, 3, m, Q)
+    weight = half[..., None] * wt
+    N = len(w2)
+    t = t.reshape(N, -1)
+    weight = weight.reshape(N, -1)
+    e_lo = np.exp(-t)
+    e_hi = np.exp(t - w2[:, None])
+    alpha = dmm[:, None] * e_lo + dmp[:, None] * e_hi
+    beta = dpm[:, None] * e_lo + dpp[:, None] * e_hi
+    inner = _pos_1d(alpha, beta, f1[:, None])
+    return (inner * weight).sum(1)
+

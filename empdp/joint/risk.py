@@ -1,0 +1,110 @@
+"""Exact per-individual risk of a joint query (docs/method.md#41-per-individual-risk and #102-joint-queries-planned).
+
+One statistic: the closed form of :mod:`empdp._onescale` (the scaled model is one Laplace scale).
+Two statistics: the matrix form on the grid of kink lines, :mod:`._cells`. Three statistics, and the
+two-statistic rows the matrix form cannot certify: the vertex machinery of :mod:`._generic`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _onescale
+from ..errors import InputError
+from . import _cells, _generic
+from ._generic import QUAD_NODES, _check_shifts
+from .model import JointModel
+
+
+def joint_bound(model: JointModel, shifts) -> np.ndarray:
+    """Screening bound M_i = max_j Σ_k |(T Δ_ij)_k| ≥ ε_i, so δ_i(ε) = 0 for ε ≥ M_i (docs/method.md#102-joint-queries-planned)."""
+    s = _check_shifts(model, shifts) @ model.transform.T
+    return np.abs(s).sum(-1).max(-1, initial=0.0)
+
+
+def exact_eps(a: np.ndarray, su: np.ndarray) -> np.ndarray:
+    """Exact ε_i for scaled points ``a`` (n, d) and scaled shifts ``su`` (m, n, d)."""
+    return _risk(a, su, None, QUAD_NODES)[0]
+
+
+def _risk(a, su, eps, nodes):
+    """(ε_i, δ_i or None) for rows with some shift; ``eps`` ascending."""
+    m, n, d = su.shape
+    if m == 0:
+        return np.zeros(0), None if eps is None else np.zeros((0, len(eps)))
+    if d == 1:
+        return _onescale.evaluate(a[:, 0], 1.0, su[:, :, 0], eps)
+    if d == 2:
+        e, dl, ok = _cells.evaluate(a, su, eps, nodes)
+        rest = np.flatnonzero(~ok)
+    else:
+        e = np.zeros(m)
+        dl = None if eps is None else np.zeros((m, len(eps)))
+        rest = np.arange(m)
+    if len(rest):  # the general path, one row at a time for δ
+        e[rest] = _generic._eps_rows(a, su[rest])
+        if eps is not None:
+            for r in rest:
+                dl[r] = _generic._delta_row(a, a - su[r], eps, nodes, False)[1]
+    return e, dl
+
+
+def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES, return_error: bool = False,
+               screen: bool = True):
+    """Exact ε_i and δ_i(ε) of each individual for a joint query (docs/method.md#41-per-individual-risk).
+
+    Parameters
+    ----------
+    model : JointModel
+    shifts : array (m, n, d)
+        Δ_ij (zero where i is absent from database j).
+    eps : array (E,), optional
+        Privacy levels for δ_i(ε), any order.
+    nodes : int
+        Gauss–Legendre nodes per piece inside cells the level cuts (d = 2: pieces are halved until
+        two rules agree to 1e−13; d = 3: fixed).
+    return_error : bool
+        Also return an (m, E) error estimate of δ_i (0 for d ≤ 2, whose pieces are certified by
+        agreement; d = 3: the difference from a rule with 2 nodes fewer).
+    screen : bool
+        Rows with M_i ≤ min(eps) get ε_i only (their δ_i is exactly 0 there and above).
+
+    Returns
+    -------
+    eps_i : ndarray (m,)
+        sup |log p̂ − log p̂_i|, exact (max of L over grid vertices).
+    delta : ndarray (m, E) or None
+        δ_i(ε); exactly 0 for ε ≥ ε_i.
+    error : ndarray (m, E), only with ``return_error``
+    """
+    s = _check_shifts(model, shifts)
+    T = model.transform
+    a = model.points @ T.T
+    su = s @ T.T
+    m = su.shape[0]
+    bound = np.abs(su).sum(-1).max(-1, initial=0.0)
+    eps_i = np.zeros(m)
+    live = np.flatnonzero(bound > 0)
+    if eps is None:
+        eps_i[live] = _risk(a, su[live], None, nodes)[0]
+        eps_i = np.minimum(eps_i, bound * (1 + 1e-12))
+        return (eps_i, None, None) if return_error else (eps_i, None)
+    eps = np.atleast_1d(np.asarray(eps, dtype=np.float64))
+    if eps.ndim != 1 or not np.all(np.isfinite(eps) & (eps >= 0)):
+        raise InputError("eps must be a list of non-negative numbers")
+    order = np.argsort(eps, kind="stable")
+    delta = np.zeros((m, len(eps)))
+    err = np.zeros((m, len(eps)))
+    need = live[bound[live] > (eps.min() if screen else -1.0)]
+    only_eps = np.setdiff1d(live, need)
+    eps_i[only_eps] = _risk(a, su[only_eps], None, nodes)[0]
+    if len(need):
+        e, d = _risk(a, su[need], eps[order], nodes)
+        eps_i[need] = e
+        delta[np.ix_(need, order)] = d
+        if return_error and model.d == 3:
+            for k, r in enumerate(need):
+                err[r] = _generic._delta_row(a, a - su[r], eps, nodes, True)[2]
+    eps_i = np.minimum(eps_i, bound * (1 + 1e-12))
+    delta[eps_i[:, None] <= eps[None, :]] = 0.0
+    return (eps_i, delta, err) if return_error else (eps_i, delta)
