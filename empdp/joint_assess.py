@@ -1,0 +1,154 @@
+"""Assess a joint release of 2–3 statistics from a table (docs/method.md#102-joint-queries-planned, issue 19).
+
+Thin I/O over :mod:`empdp.joint`: one leave-one-out engine per statistic (:func:`empdp.loo.open_engine`),
+the d-dimensional query values q_j and shifts Δ_ij aligned by database and individual, the joint
+model, exact ε_i for everyone and δ_i(ε) over a sweep.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from .errors import InputError
+from .joint import MAX_DIM, JointModel, joint_bound, joint_risk, select_joint_model
+from .loo import open_engine
+
+
+@dataclass
+class JointAssessment:
+    """Result of :func:`assess_joint`: as :class:`empdp.assess.Assessment`, for a vector of statistics.
+
+    ``individuals`` has the id, ``eps_i`` (exact; ∞ for sole contributors), ``delta`` (δ_i at the
+    smallest ε), ``n_databases``, ``max_abs_shift_1..d`` and ``sole_contributor``.
+    """
+
+    source: str
+    queries: list
+    id_column: str
+    by_column: str
+    labels: list
+    q: np.ndarray
+    model: JointModel
+    epsilons: np.ndarray
+    delta: np.ndarray
+    total_risk: np.ndarray
+    n_at_risk: np.ndarray
+    eps_all: float
+    individuals: pl.DataFrame
+    sole_contributors: int
+    warnings: list = field(default_factory=list)
+
+    @property
+    def eps_i(self) -> np.ndarray:
+        return self.individuals["eps_i"].to_numpy()
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source, "query": list(self.queries), "id": self.id_column, "by": self.by_column,
+            "n_databases": len(self.labels), "n_individuals": self.individuals.height,
+            "kernel": "laplace", "bandwidth": self.model.scales.tolist(), "density_model": self.model.describe(),
+            "eps_all": self.eps_all if math.isfinite(self.eps_all) else None,
+            "sweep": [{"epsilon": float(e), "delta": float(d), "total_risk": float(t), "n_at_risk": int(c)}
+                      for e, d, t, c in zip(self.epsilons, self.delta, self.total_risk, self.n_at_risk)],
+            "sole_contributors": int(self.sole_contributors), "warnings": list(self.warnings),
+        }
+
+
+def _statistics(queries, sql) -> list[dict]:
+    if (queries is None) == (sql is None):
+        raise InputError("give the statistics as queries=[...] or sql=[...], not both")
+    items = [queries] if isinstance(queries, str) else [sql] if isinstance(sql, str) else list(queries or sql)
+    if not 1 <= len(items) <= MAX_DIM:
+        raise InputError(f"a joint query has 1 to {MAX_DIM} statistics; got {len(items)}")
+    return [{"query": s} if queries is not None else {"sql": s} for s in items]
+
+
+def _default_epsilons(eps_all: float, count: int = 50) -> np.ndarray:
+    from .evaluation import default_epsilons
+
+    return default_epsilons(eps_all, count)
+
+
+def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = None, sql: list[str] | None = None,
+                 where: str | None = None, epsilon=None, bandwidth="auto", drop_null_ids: bool = False,
+                 memory_limit: str | None = None, threads: int | None = None) -> JointAssessment:
+    """Per-individual empirical risk of releasing 1–3 statistics of each database together.
+
+    Parameters
+    ----------
+    source, id, by, where, drop_null_ids, memory_limit, threads
+        As for :func:`empdp.assess`.
+    queries or sql
+        One query form per statistic (``["sum(x)", "count(*)"]``) or one SQL over ``db`` per statistic.
+    epsilon
+        One ε or a list; default 50 values log-spaced over [ε_all/20, 1.25 ε_all].
+    bandwidth
+        ``"auto"`` (whitened product Laplace kernels, scales by leave-one-out likelihood) or one
+        fixed scale per statistic in its own units (axis-aligned; reference runs).
+
+    Raises
+    ------
+    empdp.joint.SingularCovarianceError
+        A statistic is constant or an exact linear function of the others over the databases.
+    """
+    stats = _statistics(queries, sql)
+    engines = []
+    try:
+        for st in stats:
+            engines.append(open_engine(source, id=id, by=by, where=where, drop_null_ids=drop_null_ids,
+                                       memory_limit=memory_limit, threads=threads, **st))
+        labels = list(engines[0].panel.labels)
+        for e in engines[1:]:
+            if list(e.panel.labels) != labels:
+                raise InputError("the statistics see different databases; check the query filters")
+        q = np.column_stack([e.values() for e in engines])
+        names = [e.query.describe() for e in engines]
+        model = select_joint_model(q, bandwidth=bandwidth, names=names)
+        screens = [e.screen(np.ones(len(labels))) for e in engines]
+        ids = pl.concat([s.ids for s in screens]).unique().sort()
+        m, n, d = len(ids), len(labels), len(engines)
+        pos = {v: k for k, v in enumerate(ids.to_list())}
+        shifts = np.zeros((m, n, d))
+        sole = np.zeros(m, dtype=bool)
+        present = np.zeros(m, dtype=np.int64)
+        for k, (e, s) in enumerate(zip(engines, screens)):
+            rows = np.array([pos[v] for v in s.ids.to_list()], dtype=np.int64)
+            shifts[rows, :, k] = e.shifts(np.arange(len(s)))
+            sole[rows] |= s.undefined
+            present[rows] = np.maximum(present[rows], s.n_present)
+    finally:
+        for e in engines:
+            e.close()
+    ok = np.flatnonzero(~sole)
+    eps_i = np.full(m, np.inf)
+    eps_i[ok] = joint_risk(model, shifts[ok])[0]
+    eps_all = float(eps_i[ok].max(initial=0.0))
+    eps = _default_epsilons(eps_all) if epsilon is None else np.sort(np.atleast_1d(np.asarray(epsilon, float)))
+    if not np.all(np.isfinite(eps) & (eps >= 0)):
+        raise InputError(f"epsilon must be finite and >= 0, got {epsilon!r}")
+    delta = np.ones((m, len(eps)))
+    need = ok[joint_bound(model, shifts[ok]) > eps[0]]
+    delta[ok] = 0.0
+    if len(need):
+        delta[need] = joint_risk(model, shifts[need], eps)[1]
+    with np.errstate(divide="ignore"):
+        total = np.maximum(-np.expm1(np.log1p(-delta).sum(axis=0, dtype=np.longdouble).astype(np.float64)), 0.0)
+    individuals = pl.DataFrame({
+        id: ids, "eps_i": eps_i, "delta": delta[:, 0], "n_databases": present,
+        **{f"max_abs_shift_{k + 1}": np.abs(shifts[:, :, k]).max(axis=1) for k in range(d)},
+        "sole_contributor": sole,
+    })
+    warnings = []
+    if sole.any():
+        warnings.append(f"{int(sole.sum())} individual(s) are the only contributor to some database: "
+                        "delta_i = 1, eps_i = inf; no epsilon protects them")
+    return JointAssessment(
+        source=str(source) if isinstance(source, str) else type(source).__name__, queries=names,
+        id_column=id, by_column=by, labels=labels, q=q, model=model, epsilons=eps, delta=delta.max(axis=0),
+        total_risk=total, n_at_risk=(delta > 0).sum(axis=0), eps_all=eps_all, individuals=individuals,
+        sole_contributors=int(sole.sum()), warnings=warnings)
