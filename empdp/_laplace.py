@@ -139,7 +139,7 @@ class GridPlan:
         # a cell is safe when the series' remainder over the whole cell is below 1e-15 of p̂ there
         h = np.diff(grid, append=grid[-1])
         z = h[None, :] / b[:, None]
-        # cells of hundreds of scales (far in a gap between the points, see risk._fill_gaps)
+        # cells of hundreds of scales (far in a gap between the points, see empdp._grid._fill_gaps)
         # overflow e^z and z^15 (and E = 0 there gives 0·inf = NaN): the bound is then inf or
         # NaN, the cell not safe, and its points are evaluated directly, as they should be
         with np.errstate(over="ignore", invalid="ignore"):

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from empdp import risk
+from empdp import _grid, risk
 from empdp.cli.main import cli
 from empdp.density import DensityModel, select_density
 from empdp.errors import InputError
@@ -44,11 +44,11 @@ def test_grid_without_far_gaps_is_unchanged(monkeypatch):
     shifts = rng.normal(scale=3.0, size=(50, 21))
     pts = np.sort(np.r_[q, (q[None, :] - shifts).ravel()])
     prov = np.sort(rng.uniform(pts[0], pts[-1], 100))
-    np.testing.assert_array_equal(risk._fill_gaps(prov, pts, np.full(len(pts), 1.0), 46.0, risk.FAR_GAP["laplace"]), prov)
+    np.testing.assert_array_equal(_grid._fill_gaps(prov, pts, np.full(len(pts), 1.0), 46.0, _grid.FAR_GAP["laplace"]), prov)
     eps = np.array([0.1, 0.5, 2.0])
     grid = risk.base_grid(model, model.points[None, :] - shifts)
     with_fill = risk.evaluate(model, shifts, eps, grid=grid)
-    monkeypatch.setattr(risk, "_fill_gaps", lambda prov, *args: prov)  # the grid as it was built before
+    monkeypatch.setattr(_grid, "_fill_gaps", lambda prov, *args: prov)  # the grid as it was built before
     plain = risk.base_grid(model, model.points[None, :] - shifts)
     np.testing.assert_array_equal(grid, plain)
     without = risk.evaluate(model, shifts, eps, grid=plain)

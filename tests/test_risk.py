@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from reference import brute_force_risk
 
-from empdp import risk
+from empdp import _cuts, risk
 from empdp.assess import assess
 from empdp.density import DensityModel, select_density
 from empdp.loo import leave_one_out
@@ -197,7 +197,7 @@ def test_sweep_chunks_change_nothing(monkeypatch):
     whole = [(risk.sweep_delta(nd, L, eps), risk.sweep_delta(nd, L, eps[:1])) for nd, L, _ in parts]
     assert sum(int((one > 0).sum()) for _, one in whole) > 20
     monkeypatch.setattr(risk, "SWEEP_CELLS", 1)  # one row per chunk
-    monkeypatch.setattr(risk, "CUT_CHUNK", 7)
+    monkeypatch.setattr(_cuts, "CUT_CHUNK", 7)
     for (nd, L, _), (many, one) in zip(parts, whole):
         np.testing.assert_array_equal(risk.sweep_delta(nd, L, eps), many)
         np.testing.assert_array_equal(risk.sweep_delta(nd, L, eps[:1]), one)
@@ -232,7 +232,6 @@ def test_one_level_equals_the_sweep_of_both_directions(kernel):
 def test_cubic_roots_of_hermite_models(monkeypatch):
     """The cut points: two Newton steps for tame cells, the bracketed iteration for the rest
     (steep or non-monotone Hermite models); every root must solve the cubic inside [0, 1]."""
-    from empdp import risk
 
     rng = np.random.default_rng(13)
     m = 20_000
@@ -245,14 +244,14 @@ def test_cubic_roots_of_hermite_models(monkeypatch):
     level = la + d * rng.uniform(0, 1, m)
     t0 = np.clip((level - la) / d, 0, 1)
     calls = []
-    inner = risk._bracketed_root
+    inner = _cuts._bracketed_root
 
     def counted(*args, **kw):
         calls.append(len(args[0]))
         return inner(*args, **kw)
 
-    monkeypatch.setattr(risk, "_bracketed_root", counted)
-    t = risk._cubic_root(la - level, hma, a2, a3, d, t0)
+    monkeypatch.setattr(_cuts, "_bracketed_root", counted)
+    t = _cuts._cubic_root(la - level, hma, a2, a3, d, t0)
     assert 0 < sum(calls) < m // 2  # both paths are taken
     assert np.all((t >= 0) & (t <= 1))
     H = ((a3 * t + a2) * t + hma) * t + la - level

@@ -1,0 +1,149 @@
+"""The partial integrals of the general path: the mass of (p̂ − e^ε p̂_i) on the part of an
+interval that a level ε cuts, from Hermite models of L and of the densities
+(docs/method.md#52-exact-delta-and-epsilon-for-one-individual).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _laplace
+
+
+def _mass_poly(h, va, vc, da, dc, mass):
+    """Coefficients (of t, …, t⁵) of ∫_0^{th} of the quartic-corrected Hermite model of a density
+    on an interval of length h, as a polynomial in t ∈ [0, 1].
+
+    The model is the cubic Hermite interpolant of the values va, vc and one-sided slopes da, dc
+    at both ends, plus a multiple of the bubble t²(1−t)² that makes its integral over the whole
+    interval the exact ``mass``.
+    """
+    A, B, Cc, D = h * va, h * h * da, h * vc, h * h * dc
+    Q = 30 * (mass - (A + Cc) / 2 - (B - D) / 12)  # the bubble's weight times ∫ t²(1−t)² = 1/30
+    return A, B / 2, Cc - A + (Q - 2 * B - D) / 3, (A - Cc - Q) / 2 + (B + D) / 4, Q / 5
+
+
+def _cubic_root(a0, a1, a2, a3, rise, t, tol=1e-4):
+    """t ∈ [0, 1] where a0 + a1 t + a2 t² + a3 t³ is zero, from the starting points ``t`` (the
+    linear guesses); ``rise`` is the cubic's change from t = 0 to 1 (its sign: rising or falling).
+
+    Two Newton steps, and the second one's size bounds the error: Newton converges
+    quadratically, so when that step is at most ``tol`` (of the cell) the error left is of
+    order tol² (times the cubic's |a''/a'|, O(1) on these cells). A root error e moves the
+    partial masses by O(e²) of the cell's, the integrand vanishing at the root: about 1e-16
+    of the cell's mass at tol = 1e-4. On these cells nearly every root gets there; the others
+    (a larger or non-finite second step, or one that leaves [0, 1]) are found by
+    :func:`_bracketed_root`, to tol².
+    Each root depends on its own coefficients only.
+    """
+    t0 = t
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for k in range(2):
+            H = ((a3 * t + a2) * t + a1) * t + a0
+            dH = (3 * a3 * t + 2 * a2) * t + a1
+            step = H / dH
+            t = np.clip(t - step, 0.0, 1.0) if k == 0 else t - step
+    # (a root the second step leaves outside [0, 1] is one of a model that is not monotone there)
+    bad = np.flatnonzero(~((np.abs(step) <= tol) & (t >= 0.0) & (t <= 1.0)))
+    if len(bad):
+        t[bad] = _bracketed_root(*(v[bad] for v in (a0, a1, a2, a3)), rise[bad] > 0, t0[bad], tol=tol * tol)
+    return t
+
+
+def _bracketed_root(a0, a1, a2, a3, rising, t, tol=1e-8, iters=60):
+    """:func:`_cubic_root` by Newton's method safeguarded by bisection (``rising``: the cubic's
+    direction): a root stops once its step is at most ``tol``. Every root iterates until most
+    have stopped; the last few go on alone.
+    """
+    out = t.copy()
+    active = None  # the roots iterated (None: all)
+    done = np.zeros(len(t), dtype=bool)  # of those, the ones already stopped
+    lo, hi = np.zeros_like(t), np.ones_like(t)
+    for _ in range(iters):
+        H = ((a3 * t + a2) * t + a1) * t + a0
+        dH = (3 * a3 * t + 2 * a2) * t + a1
+        above = (H > 0) == rising  # the root lies left of t
+        hi = np.where(above, t, hi)
+        lo = np.where(above, lo, t)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            newton = t - H / dH
+        # a Newton step that stays in the bracket (or stays put, at an exact root) is taken
+        step = np.where((newton >= lo) & (newton <= hi), newton, 0.5 * (lo + hi))  # NaN: bisect
+        # a stopped root keeps its value: each root's result depends on itself only, not on
+        # the roots it is iterated with
+        if active is None:
+            out = np.where(done, out, step)
+        else:
+            out[active] = np.where(done, out[active], step)
+        done |= np.abs(step - t) <= tol
+        t = step
+        left = len(done) - np.count_nonzero(done)
+        if left == 0:
+            break
+        if left <= len(done) // 4:  # few left: go on with those only
+            keep = np.flatnonzero(~done)
+            active = keep if active is None else active[keep]
+            t, lo, hi, rising, a0, a1, a2, a3 = (v[keep] for v in (t, lo, hi, rising, a0, a1, a2, a3))
+            done = np.zeros(len(active), dtype=bool)
+    return out
+
+
+#: cuts per step of :func:`_cut_sums` (its temporaries stay in cache)
+CUT_CHUNK = 8192
+
+#: the node fields of p̂ and of p̂_i: value, right and left slopes, CDF
+_P = ("p", "pr", "pl", "F")
+_PI = ("pi", "pir", "pil", "Fi")
+
+
+def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=None, count=None):
+    """∫ (num − e^ε den) over the part of each cut interval where sign·L > ε, summed by row and level.
+
+    Interval j (row ``rr[j]``, interval ``kk[j]``) is cut by the levels ``first[j]``, …,
+    ``first[j] + count[j] − 1`` of ``eps`` (one level, ``eps[0]``, when ``count`` is None).
+    On each, the cut point is the root of the cubic Hermite model of sign·L, and the masses
+    left of it come from the quartic-corrected Hermite models of both densities. The models'
+    coefficients are formed once per interval and shared by the levels that cut it.
+    Returns the sums, (rows, len(eps)).
+    """
+    C, N = L.shape
+    E = len(eps)
+    a = rr * N + kk  # flat index of each interval's left node (and a + 1 of its right one)
+    hh = h[rr, kk]
+    la, lc = sign * L.ravel()[a], sign * L.ravel()[a + 1]
+    hma, hmc = hh * (sign * Lr.ravel()[a]), hh * (sign * Ll.ravel()[a + 1])
+    d = lc - la
+
+    rising = d > 0  # the region sign·L > ε lies right of the root, else left of it
+    flip = np.where(rising, -1.0, 1.0)
+
+    def poly(f):
+        """The mass inside the region as c0 + k1 t + … + k5 t⁵ (t the root), and the whole mass."""
+        v, dr, dl, F = (getattr(nd, g).ravel() for g in f)
+        mass = np.clip(F[a + 1] - F[a], 0, None)
+        k = _mass_poly(hh, v[a], v[a + 1], dr[a], dl[a + 1], mass)
+        return (np.where(rising, mass, 0.0), *(flip * c for c in k), mass)
+
+    # per interval: la, d, then the cubic's a1..a3, then both densities' mass polynomials
+    per = np.stack((la, d, hma, 3 * d - 2 * hma - hmc, hma + hmc - 2 * d, *poly(num), *poly(den)))
+    if count is None:
+        e = np.zeros(len(rr), dtype=np.intp)
+        j = None
+    else:
+        j, e = _laplace.expand_ranges(first, count)
+    contrib = np.empty(len(e))
+    for c0 in range(0, len(e), CUT_CHUNK):  # cache-sized chunks: a dozen temporaries per step
+        c1 = min(c0 + CUT_CHUNK, len(e))
+        pc = per[:, c0:c1] if j is None else np.take(per, j[c0:c1], axis=1)
+        la, d, a1, a2, a3 = pc[:5]
+        level = eps[e[c0:c1]]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t0 = np.nan_to_num(np.clip((level - la) / d, 0, 1), nan=0.5)
+        t = _cubic_root(la - level, a1, a2, a3, d, t0)
+
+        def part(k0, k1, k2, k3, k4, k5, mass):
+            return np.clip(k0 + t * (k1 + t * (k2 + t * (k3 + t * (k4 + t * k5)))), 0, mass)
+
+        contrib[c0:c1] = part(*pc[5:12]) - growth[e[c0:c1]] * part(*pc[12:19])
+    at = rr if j is None else rr[j]
+    return np.bincount(at * E + e, weights=contrib, minlength=C * E).reshape(C, E)
