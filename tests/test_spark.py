@@ -241,6 +241,13 @@ def test_adversary_on_spark_is_the_duckdb_assessment(spark, tmp_path, monkeypatc
         cb = calibrate(str(path), epsilon=0.3, engine="spark", **options)
     assert cb.lam == pytest.approx(ca.lam, rel=RTOL) and cb.noise["kind"] == ca.noise["kind"]
     assert cb.verified_eps_max == pytest.approx(ca.verified_eps_max, rel=RTOL)
+    # --adversary-sql: one Spark SQL query per database (no leave-one-out of the statistic)
+    from empdp.adversary import read_statistic
+
+    sql = dict(id="id", by="year", adversary=None, adversary_sql="SELECT sum(w) - count(*) FROM db")
+    ga, _ = read_statistic(str(path), a.labels, **sql)
+    gb, _ = read_statistic(str(path), a.labels, engine="spark", **sql)
+    np.testing.assert_allclose(gb, ga, rtol=RTOL)
 
 
 def _cli(*args):

@@ -335,11 +335,13 @@ class SparkEngine(LooEngine):
     def _sql_values(self) -> np.ndarray:
         from .sql import sql_values
 
-        q, self._sql_rows = sql_values(self)
-        return q
+        return sql_values(self)
 
     def _sql_delta(self):
-        return self.spark.createDataFrame(self._sql_rows.to_pandas())
+        from .sql import sql_delta
+
+        # the leave-one-out values only when shifts are asked for (not for an adversary statistic)
+        return self.spark.createDataFrame(sql_delta(self, self.values()).to_pandas())
 
     # ---------------------------------------------------------------- screening
     def _delta_table(self):

@@ -22,42 +22,54 @@ def _scalar(spark, sql: str, label) -> float:
     return scalar_value(rows, label)
 
 
-def sql_values(engine):
-    """f(X^j) for every database and the (__j, __i, delta, undef) rows of every present pair."""
+def _databases(engine):
+    """Yield (j, label, view) with the temporary view ``view`` holding database j's rows."""
     from pyspark.sql import functions as F
 
-    panel, spark, sql = engine.panel, engine.spark, engine.query.sql
+    panel, spark = engine.panel, engine.spark
     view = f"empdp_db_{uuid.uuid4().hex[:12]}"
-    qi = _q(panel.id)
-    n = len(panel.labels)
-    qv = np.empty(n)
-    frames = []
     lab = panel._label_df
-    src = panel.df.filter(F.col(qi).isNotNull())
+    src = panel.df.filter(F.col(_q(panel.id)).isNotNull())
     src = src.join(F.broadcast(lab), src[_q(panel.by)] == lab["__label"])
-    loo_sql = _replace_db(sql, f"(SELECT * FROM {view} WHERE {qi} IS DISTINCT FROM __ids.__id) AS db")
     try:
-        for j in range(n):
-            part = src.filter(F.col("__j") == j).drop("__j", "__label")
-            part.createOrReplaceTempView(view)
-            qv[j] = _scalar(spark, _replace_db(sql, f"{view} AS db"), panel.labels[j])
-            try:
-                df = pl.from_arrow(_arrow(spark.sql(
-                    f"SELECT __ids.__id AS __i, CAST(({loo_sql}) AS DOUBLE) AS v, "
-                    f"(SELECT count(*) FROM {view} WHERE {qi} IS DISTINCT FROM __ids.__id) AS rest "
-                    f"FROM (SELECT DISTINCT {qi} AS __id FROM {view}) __ids")))
-            except Exception:  # noqa: BLE001 - Spark cannot decorrelate this query: one run per individual
-                df = _loop(spark, sql, view, qi)
-            frames.append(df.with_columns(pl.lit(j, dtype=pl.Int32).alias("__j"))
-                          .select("__j", "__i", pl.col("v").cast(pl.Float64), pl.col("rest").cast(pl.Int64)))
+        for j, label in enumerate(panel.labels):
+            src.filter(F.col("__j") == j).drop("__j", "__label").createOrReplaceTempView(view)
+            yield j, label, view
     finally:
         spark.catalog.dropTempView(view)
+
+
+def sql_values(engine) -> np.ndarray:
+    """f(X^j) for every database (one Spark SQL query each)."""
+    sql, qv = engine.query.sql, np.empty(len(engine.panel.labels))
+    for j, label, view in _databases(engine):
+        qv[j] = _scalar(engine.spark, _replace_db(sql, f"{view} AS db"), label)
+    return qv
+
+
+def sql_delta(engine, qv: np.ndarray) -> pl.DataFrame:
+    """The (__j, __i, delta, undef) rows of every present pair: per database, one correlated Spark SQL
+    query gives every individual's leave-one-out value (per-individual re-runs if Spark cannot
+    decorrelate it)."""
+    spark, sql = engine.spark, engine.query.sql
+    qi = _q(engine.panel.id)
+    frames = []
+    for j, _label, view in _databases(engine):
+        loo_sql = _replace_db(sql, f"(SELECT * FROM {view} WHERE {qi} IS DISTINCT FROM __ids.__id) AS db")
+        try:
+            df = pl.from_arrow(_arrow(spark.sql(
+                f"SELECT __ids.__id AS __i, CAST(({loo_sql}) AS DOUBLE) AS v, "
+                f"(SELECT count(*) FROM {view} WHERE {qi} IS DISTINCT FROM __ids.__id) AS rest "
+                f"FROM (SELECT DISTINCT {qi} AS __id FROM {view}) __ids")))
+        except Exception:  # noqa: BLE001 - Spark cannot decorrelate this query: one run per individual
+            df = _loop(spark, sql, view, qi)
+        frames.append(df.with_columns(pl.lit(j, dtype=pl.Int32).alias("__j"))
+                      .select("__j", "__i", pl.col("v").cast(pl.Float64), pl.col("rest").cast(pl.Int64)))
     df = pl.concat(frames)
     v = df["v"].to_numpy()
     undef = (df["rest"].to_numpy() == 0) | ~np.isfinite(v)
     delta = np.where(undef, 0.0, qv[df["__j"].to_numpy()] - np.nan_to_num(v))
-    rows = df.select("__j", "__i").with_columns(pl.Series("delta", delta), pl.Series("undef", undef))
-    return qv, rows
+    return df.select("__j", "__i").with_columns(pl.Series("delta", delta), pl.Series("undef", undef))
 
 
 def _loop(spark, sql: str, view: str, qi: str) -> pl.DataFrame:
