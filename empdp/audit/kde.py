@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..density import robust_spread
+
 #: ∫K² for the standard Gaussian kernel in one dimension: 1 / (2√π).
 GAUSS_R = 1.0 / (2.0 * np.sqrt(np.pi))
 
@@ -38,13 +40,11 @@ _SCALE_ROWS = 1 << 16
 
 
 def scale_estimate(x: np.ndarray) -> np.ndarray:
-    """Robust per-column spread: min(sd, IQR/1.349), falling back to sd (Silverman 1986)."""
+    """Robust per-column spread (:func:`empdp.density.robust_spread`: min(sd, IQR/1.349), the sd
+    where the IQR is 0), on a strided subsample of large samples; 1 where it is 0."""
     if x.shape[0] > 2 * _SCALE_ROWS:
         x = x[:: x.shape[0] // _SCALE_ROWS]
-    sd = x.std(axis=0, ddof=1) if x.shape[0] > 1 else np.zeros(x.shape[1])
-    q75, q25 = np.percentile(x, [75, 25], axis=0)
-    iqr = (q75 - q25) / 1.349
-    s = np.where(iqr > 0, np.minimum(sd, iqr), sd)
+    s = robust_spread(x, axis=0)
     return np.where(s > 0, s, 1.0)
 
 
