@@ -1,6 +1,6 @@
 """Exact per-individual risk of a joint query (docs/method.md#41-per-individual-risk and #102-joint-queries-planned).
 
-One statistic: the closed form of :mod:`empdp._onescale` (the scaled model is one Laplace scale).
+One statistic: the closed form of :mod:`empdp.risk.onescale` (the scaled model is one Laplace scale).
 Two statistics: the matrix form on the grid of kink lines, :mod:`._cells`. Three statistics, and the
 two-statistic rows the matrix form cannot certify: the vertex machinery of :mod:`._generic`.
 """
@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _onescale
 from ..errors import InputError
 from . import _cells, _generic
 from ._generic import QUAD_NODES, _check_shifts
 from .model import JointModel
+
+
+def _onescale():
+    """The one-statistic closed form (imported late: the module is being moved within empdp)."""
+    try:
+        from ..risk import onescale
+    except ImportError:
+        from .. import _onescale as onescale
+    return onescale
 
 
 def joint_bound(model: JointModel, shifts) -> np.ndarray:
@@ -33,7 +41,7 @@ def _risk(a, su, eps, nodes):
     if m == 0:
         return np.zeros(0), None if eps is None else np.zeros((0, len(eps)))
     if d == 1:
-        return _onescale.evaluate(a[:, 0], 1.0, su[:, :, 0], eps)
+        return _onescale().evaluate(a[:, 0], 1.0, su[:, :, 0], eps)
     if d == 2:
         e, dl, ok = _cells.evaluate(a, su, eps, nodes)
         rest = np.flatnonzero(~ok)
