@@ -15,8 +15,9 @@ from typing import Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import _onescale, risk
+from . import risk
 from .density import DensityModel
+from .risk import onescale as _onescale
 
 #: (bytes one evaluation's grid may take, the databases' names) for risk.base_grid
 GridBudget = tuple[float, list]
@@ -37,7 +38,7 @@ def _evaluate_block(model: DensityModel, shifts: np.ndarray, eps, need_eps_i: bo
                     grid_budget: GridBudget | None = None):
     """Exact ε_i, δ_i and the exact-evaluation flags of one block of shift rows, on its own grid
     (refused, InputError, when it would not fit in ``grid_budget``)."""
-    if _onescale.applies(model):  # no grid: the closed form needs none (see empdp._onescale)
+    if _onescale.applies(model):  # no grid: the closed form needs none (see empdp.risk.onescale)
         return risk.evaluate(model, shifts, eps, need_eps_i=need_eps_i, return_exact=True, only=only, cap=cap)
     budget, labels = grid_budget or (None, None)
     grid = risk.base_grid(model, model.points[None, :] - shifts, budget=budget, labels=labels)

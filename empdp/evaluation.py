@@ -18,10 +18,11 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
-from . import _onescale, checks, risk
+from . import checks, risk
 from ._parallel import Executors
 from .density import DensityModel
 from .loo import LooEngine
+from .risk import onescale as _onescale
 
 Progress = Callable[[str, int, int], None]
 

@@ -13,8 +13,9 @@ from scipy.integrate import quad
 from scipy.optimize import brentq, minimize_scalar
 from scipy.special import logsumexp
 
-from empdp import _gaussian, risk
+from empdp import risk
 from empdp.density import DensityModel, _bandwidths
+from empdp.risk import gaussian as _gaussian
 
 TAU = risk.EPS_TOLERANCE
 

@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from empdp import _grid, risk
+from empdp import risk
 from empdp.cli.main import cli
 from empdp.density import DensityModel, select_density
 from empdp.errors import InputError
+from empdp.risk import grid as _grid
 
 
 def _model(q, b, kernel="laplace"):

@@ -3,8 +3,10 @@
 import numpy as np
 import pytest
 
-from empdp import _laplace, risk
+from empdp import risk
 from empdp.density import select_density
+from empdp.risk import cells as _cells
+from empdp.risk import laplace as _laplace
 
 
 def _case(seed, integer=False):
@@ -127,7 +129,7 @@ def test_cells_left_out_never_change_the_result(seed, monkeypatch):
     eps = np.geomspace(0.01, 1.0, 12)
     e_sel, d_sel = risk.evaluate(model, shifts, eps)
     kept = []
-    real = _laplace.matters
+    real = _cells.matters
 
     def every_cell(lo, hi, *args, **kwargs):
         kept.append(real(lo, hi, *args, **kwargs).mean())
@@ -172,18 +174,18 @@ def test_extrema_in_a_few_rows_give_the_full_insertion_results(need_eps_i, monke
     shifts = (mu + rng.normal(0, 1, (500, 100))) * 4e-5
     eps = np.array([0.004, 0.02])
     parts = []
-    real = risk._insert_extrema
+    real = risk.nodes._insert_extrema
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
         parts.append(len(out))
         return out
 
-    monkeypatch.setattr(risk, "_insert_extrema", spy)
-    monkeypatch.setattr(risk, "EXTREMA_SHARE", 1.0)  # always a second part for the rows with extrema
+    monkeypatch.setattr(risk.nodes, "_insert_extrema", spy)
+    monkeypatch.setattr(risk.nodes, "EXTREMA_SHARE", 1.0)  # always a second part for the rows with extrema
     e_part, d_part = risk.evaluate(model, shifts, eps, need_eps_i=need_eps_i)
     assert 2 in parts  # some rows had extrema that matter
-    monkeypatch.setattr(risk, "EXTREMA_SHARE", 0.0)  # always into every row
+    monkeypatch.setattr(risk.nodes, "EXTREMA_SHARE", 0.0)  # always into every row
     e_all, d_all = risk.evaluate(model, shifts, eps, need_eps_i=need_eps_i)
     np.testing.assert_array_equal(e_part, e_all)
     np.testing.assert_allclose(d_part, d_all, rtol=1e-13, atol=1e-16)  # sums of other lengths: last bits
@@ -245,7 +247,7 @@ def _bounds_case(kind: str, seed: int):
     L = np.log(p) - np.log(pi)
     Lr, Ll = pr / p - pir / pi, pl / p - pil / pi
     cells = np.searchsorted(grid, q - shifts, side="right") - 1
-    K = _laplace.row_curvature(shifts, b, plan.curvature, cells)
+    K = _cells.row_curvature(shifts, b, plan.curvature, cells)
     return q, b, shifts, grid, plan, L, Lr, Ll, cells, K
 
 
@@ -255,14 +257,14 @@ def test_cell_bounds_hold_between_the_grid_nodes(kind):
     reach the cell) hold at dense interior points, kinks of p̂_i inside the cells included; and
     they are tight enough to matter (the refined curvature is what clears rows and leaves kinks out)."""
     q, b, shifts, grid, plan, L, Lr, Ll, cells, K = _bounds_case(kind, 11)
-    lo, hi = _laplace.cell_bounds(L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:], np.diff(grid), K)
+    lo, hi = _cells.cell_bounds(L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:], np.diff(grid), K)
     dense = _dense_log_ratio(q, b, shifts, grid)
     tol = 1e-10 * (1 + np.abs(L).max())
     assert np.all(dense <= hi[:, :, None] + tol)
     assert np.all(dense >= lo[:, :, None] - tol)
     # the refined curvature is far below the coarse one (Var_w(s) ≥ 0, every term reweighted by
     # e^{2 M_i}) on the cells where either matters
-    coarse = _laplace.row_curvature(shifts, b, plan.curvature)
+    coarse = _cells.row_curvature(shifts, b, plan.curvature)
     used = coarse > 1e-6 * coarse.max()
     assert np.median(K[used] / coarse[used]) < 0.3
 
@@ -273,11 +275,11 @@ def test_lower_bounds_from_the_kinks_hold_and_tighten(kind):
     them; min(La, Lc) − K h²/8 on cells without a kink) hold at dense interior points and at the
     kinks themselves, are never looser than :func:`cell_bounds`, and are much tighter on many cells."""
     q, b, shifts, grid, plan, L, Lr, Ll, cells, K = _bounds_case(kind, 12)
-    lo, _ = _laplace.cell_bounds(L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:], np.diff(grid), K)
+    lo, _ = _cells.cell_bounds(L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:], np.diff(grid), K)
     kinks, g = np.sort(q - shifts, axis=1), np.sort(cells, axis=1)
     on_node = (g >= 0) & (grid[np.clip(g, 0, len(grid) - 1)] == kinks)
     r, c = np.divmod(np.arange(lo.size), lo.shape[1])
-    tight = _laplace.cells_lower(r, c, L, Lr, Ll, grid, K, kinks, g, on_node, np.inf).reshape(lo.shape)
+    tight = _cells.cells_lower(r, c, L, Lr, Ll, grid, K, kinks, g, on_node, np.inf).reshape(lo.shape)
     assert np.all(tight >= lo)
     tol = 1e-10 * (1 + np.abs(L).max())
     assert np.all(_dense_log_ratio(q, b, shifts, grid) >= tight[:, :, None] - tol)
@@ -302,13 +304,13 @@ def test_clearing_decides_as_bounding_every_cell(kind):
     on_node = (g >= 0) & (grid[np.clip(g, 0, len(grid) - 1)] == kinks)
     C, G1 = K.shape
     r, c = np.divmod(np.arange(C * G1), G1)
-    _, hi = _laplace.cell_bounds(L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:], np.diff(grid), K)
+    _, hi = _cells.cell_bounds(L[:, :-1], L[:, 1:], Lr[:, :-1], Ll[:, 1:], np.diff(grid), K)
     rows = np.arange(C)
     cleared = []
     for level in np.quantile(np.abs(L).max(axis=1), [0.1, 0.5, 0.9]) * [1.0, 1.5, 3.0]:
-        lo = _laplace.cells_lower(r, c, L, Lr, Ll, grid, K, kinks, g, on_node, -level).reshape(C, G1)
+        lo = _cells.cells_lower(r, c, L, Lr, Ll, grid, K, kinks, g, on_node, -level).reshape(C, G1)
         full = np.maximum(hi, -lo).max(axis=1) <= level
-        fast = _laplace._within(rows, L, Lr, Ll, grid, K, kinks, g, on_node, level)
+        fast = _cells._within(rows, L, Lr, Ll, grid, K, kinks, g, on_node, level)
         np.testing.assert_array_equal(fast, full)
         cleared.append(full.mean())
     assert min(cleared) < 0.5 < max(cleared)  # the levels test both outcomes

@@ -1,4 +1,4 @@
-"""The closed-form risk of one-scale Laplace models (empdp._onescale) against references:
+"""The closed-form risk of one-scale Laplace models (empdp.risk.onescale) against references:
 adaptive quadrature split at every kink and at every root, and the general grid path."""
 
 import numpy as np
@@ -6,8 +6,9 @@ import pytest
 from scipy.integrate import quad
 from scipy.optimize import brentq
 
-from empdp import _onescale, risk
+from empdp import risk
 from empdp.density import DensityModel
+from empdp.risk import onescale as _onescale
 
 
 def one_scale(q, b) -> DensityModel:

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 from reference import brute_force_risk
 
-from empdp import _cuts, risk
+from empdp import risk
 from empdp.assess import assess
 from empdp.density import DensityModel, select_density
 from empdp.loo import leave_one_out
+from empdp.risk import cuts as _cuts
 from empdp.risk import delta_upper_bound, evaluate, term_delta, total_risk
 
 EPS = np.array([0.0, 0.02, 0.1, 0.25, 0.5, 1.0, 2.0])
@@ -196,7 +197,7 @@ def test_sweep_chunks_change_nothing(monkeypatch):
     parts, _ = risk.node_values(model, shifts, grid, risk.grid_plan(model, grid), np.r_[-eps[::-1], eps])
     whole = [(risk.sweep_delta(nd, L, eps), risk.sweep_delta(nd, L, eps[:1])) for nd, L, _ in parts]
     assert sum(int((one > 0).sum()) for _, one in whole) > 20
-    monkeypatch.setattr(risk, "SWEEP_CELLS", 1)  # one row per chunk
+    monkeypatch.setattr(risk.nodes, "SWEEP_CELLS", 1)  # one row per chunk
     monkeypatch.setattr(_cuts, "CUT_CHUNK", 7)
     for (nd, L, _), (many, one) in zip(parts, whole):
         np.testing.assert_array_equal(risk.sweep_delta(nd, L, eps), many)

@@ -27,7 +27,7 @@ import math
 import numpy as np
 from scipy.special import ndtr
 
-from .density import kernel_terms
+from ..density import kernel_terms
 
 #: rows whose largest |Δ_ij|/b_j exceeds this are evaluated directly (the series needs many terms)
 MAX_SHIFT = 1.0

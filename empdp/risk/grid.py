@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _laplace
-from .density import DensityModel
-from .errors import InputError
+from ..density import DensityModel
+from ..errors import InputError
+from . import cells as _cells
 
 _REACH = {"laplace": 46.0, "gaussian": 12.0}
 _STEP = 1.0 / 6.0  # node spacing, in kernel scales, where the kernels carry mass
@@ -132,6 +132,6 @@ def _fill_gaps(prov: np.ndarray, pts: np.ndarray, bws: np.ndarray, reach: float,
     ratio = (reach / 4.0) ** (1.0 / 23.0)  # the template's geometric step
     count = np.zeros(len(use), dtype=np.intp)
     count[use] = np.ceil(np.log(half[use] / d0[use]) / np.log(ratio))
-    side, m = _laplace.expand_ranges(np.zeros(len(count), dtype=np.intp), count)
+    side, m = _cells.expand_ranges(np.zeros(len(count), dtype=np.intp), count)
     extra = np.r_[start[side] + sign[side] * d0[side] * ratio ** m, (0.5 * (a + c))[use[:len(k)] | use[len(k):]]]
     return np.unique(np.r_[prov, extra])

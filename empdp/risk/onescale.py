@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._laplace import L_CAP, _running
+from .laplace import L_CAP, _running
 
 #: (rows × nodes) cells per block: the block's two dozen temporaries stay within a few MB
 BLOCK_CELLS = 50_000
@@ -42,7 +42,7 @@ def evaluate(points: np.ndarray, b: float, shifts: np.ndarray, eps: np.ndarray |
              only: np.ndarray | None = None, cap: np.ndarray | None = None):
     """Exact ε_i and δ_i(ε) for each row of ``shifts`` (C, n) under one Laplace scale ``b``.
 
-    Returns ``(eps_i, delta)``: ``eps_i`` (C,) clipped at :data:`empdp._laplace.L_CAP` like the
+    Returns ``(eps_i, delta)``: ``eps_i`` (C,) clipped at :data:`empdp.risk.laplace.L_CAP` like the
     general path, ``delta`` (C, len(eps)) in [0, 1] (None without ``eps``). ``eps`` in any order.
     ``only`` and ``cap`` as in :func:`empdp.risk.evaluate`: at the ε outside ``only``, δ_i is
     computed for the rows whose δ_i at the smallest ε exceeds ``cap`` there, and is otherwise

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _laplace
+from . import cells as _cells
 
 
 def _mass_poly(h, va, vc, da, dc, mass):
@@ -130,7 +130,7 @@ def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=None,
         e = np.zeros(len(rr), dtype=np.intp)
         j = None
     else:
-        j, e = _laplace.expand_ranges(first, count)
+        j, e = _cells.expand_ranges(first, count)
     contrib = np.empty(len(e))
     for c0 in range(0, len(e), CUT_CHUNK):  # cache-sized chunks: a dozen temporaries per step
         c1 = min(c0 + CUT_CHUNK, len(e))

@@ -1,0 +1,302 @@
+"""The general path's exact node values and sweep (docs/method.md#52-exact-delta-and-epsilon-for-one-individual):
+p̂ and p̂_i with slopes and CDFs on nodes that hold every kink, the interior extrema of L added as
+nodes, ε_i as the largest |L|, and δ_i(ε) at many ε in one pass over the intervals."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..density import DensityModel, kernel_terms
+from . import cells as _cells
+from . import gaussian as _gaussian
+from . import laplace as _laplace
+from .bounds import EPS_TOLERANCE, gaussian_eps_bound
+from .cuts import _P, _PI, _cut_sums
+
+
+class _Nodes:
+    """Densities on each row's nodes: x, and for p̂ and p̂_i value, one-sided slopes, CDF."""
+
+    FIELDS = _laplace.FIELDS
+
+    def __init__(self, **arrays):
+        for f in self.FIELDS:
+            setattr(self, f, arrays[f])
+        # slopes of L once known (set by node_values)
+        self.Lr, self.Ll = arrays.get("Lr"), arrays.get("Ll")
+
+
+def _evaluate(model: DensityModel, x: np.ndarray, kinks: np.ndarray) -> _Nodes:
+    """Exact p̂, p̂_i, slopes and CDFs at x (C, G); ``kinks`` (C, n) = q_j − Δ_ij."""
+    q, b, kern = model.points, model.bandwidths, model.kernel
+    acc = {f: np.zeros(x.shape) for f in _Nodes.FIELDS[1:]}
+    for j in range(len(q)):
+        for names, u in ((("p", "pr", "pl", "F"), x - q[j]), (("pi", "pir", "pil", "Fi"), x - kinks[:, j:j + 1])):
+            for name, term in zip(names, kernel_terms(kern, u, b[j])):
+                acc[name] += term
+    n = len(q)
+    return _Nodes(x=x, **{f: a / n for f, a in acc.items()})
+
+
+def _take_rows(nd: _Nodes, rows) -> _Nodes:
+    """The nodes of some rows (an index array, or a slice: views), with their slopes of L."""
+    out = _Nodes(**{f: getattr(nd, f)[rows] for f in _Nodes.FIELDS})
+    if nd.Lr is not None:
+        out.Lr, out.Ll = nd.Lr[rows], nd.Ll[rows]
+    return out
+
+
+def _log_ratio(nd: _Nodes):
+    return _laplace.log_ratio(nd.p, nd.pi, nd.pr, nd.pir, nd.pl, nd.pil)
+
+
+def _hermite_extremum(La, Lc, ma, mc, h):
+    """t ∈ (0, 1) where the cubic Hermite model of L has zero slope."""
+    A = 6 * La + 3 * h * ma - 6 * Lc + 3 * h * mc
+    B = -6 * La - 4 * h * ma + 6 * Lc - 2 * h * mc
+    C = h * ma
+    with np.errstate(divide="ignore", invalid="ignore"):
+        disc = np.sqrt(np.maximum(B * B - 4 * A * C, 0))
+        r1 = (-B - disc) / (2 * A)
+        r2 = (-B + disc) / (2 * A)
+        lin = -C / B
+    cand = np.where(np.abs(A) < 1e-14 * (np.abs(B) + np.abs(C) + 1e-300), lin, np.nan)
+    for r in (r1, r2):
+        cand = np.where(np.isnan(cand) & (r > 0) & (r < 1), r, cand)
+    return np.where(np.isfinite(cand) & (cand > 0) & (cand < 1), cand, 0.5)
+
+
+def _interval_curvature(rows, xa, xc, grid: np.ndarray, K_grid: np.ndarray, K_far: float) -> np.ndarray:
+    """K of the grid cell holding each interval [xa, xc] of ``rows`` (K_far outside the grid)."""
+    g = np.searchsorted(grid, xa, side="right") - 1
+    inside = (g >= 0) & (g < len(grid) - 1)
+    g = np.clip(g, 0, len(grid) - 2)
+    inside &= xc <= grid[g + 1]
+    return np.where(inside, K_grid[rows, g], K_far)
+
+
+#: above this share of a block's rows with extrema to add, they are inserted into every row
+EXTREMA_SHARE = 0.25
+
+
+def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
+                    levels: np.ndarray | None = None,
+                    need_eps_i: bool = True, certified: np.ndarray | None = None,
+                    sup_levels: np.ndarray | None = None) -> list:
+    """Add the interior extrema of L as nodes (L is then monotone between nodes).
+
+    Returns a list of parts ``(nodes, L, rows)`` (the nodes carry L's slopes
+    as ``Lr``, ``Ll``): the first has every row (``rows`` = None), as given;
+    when some rows have extrema to add, a second part holds just those rows
+    with their extrema inserted, and its results replace the first part's
+    for them. (Few rows have
+    extrema that matter: widening every row would cost a full copy.)
+
+    With ``curvature_at(rows, ks)`` (Laplace kernels: K with L'' ≥ −K on those
+    intervals between kinks) only the extrema of intervals whose certified
+    bounds (:func:`empdp._cells.cell_bounds`) can reach a level of
+    ``levels`` or the row's largest |L| are added: elsewhere the interval
+    lies on one side of every level and below ε_i, and its exact masses suffice.
+    With ``need_eps_i=False`` only the levels count (ε_i is not asked for).
+    At ``sup_levels`` only whether sup |L| exceeds them counts (:func:`empdp._cells.matters`).
+    Intervals starting at a node where ``certified`` is True were shown by the
+    same bounds not to matter (see :func:`empdp.risk.laplace.node_values`).
+    """
+    C = nd.x.shape[0]
+    h = np.diff(nd.x, axis=1)
+    ma, mc = Lr[:, :-1], Ll[:, 1:]
+    turn = (h > 0) & (((ma > 0) & (mc < 0)) | ((ma < 0) & (mc > 0)))
+    if certified is not None:
+        turn &= ~certified[:, :-1]
+    rows, ks = np.nonzero(turn)
+    if curvature_at is not None and len(rows):
+        row_top = np.abs(L).max(axis=1)
+        top = row_top if need_eps_i else np.full(C, np.inf)
+        lo, hi = _cells.cell_bounds(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks],
+                                      curvature_at(rows, ks))
+        matters = _cells.matters(lo, hi, top[rows], levels, sup_levels, row_top[rows])
+        rows, ks = rows[matters], ks[matters]
+    if not len(rows):
+        nd.Lr, nd.Ll = Lr, Ll
+        return [(nd, L, None)]
+    t = _hermite_extremum(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks])
+    xe = nd.x[rows, ks] + t * h[rows, ks]
+    values = dict(zip(_Nodes.FIELDS, (xe, *evaluate_at(rows, xe))))
+    part, rows = np.unique(rows, return_inverse=True)  # the rows with extrema, renumbered
+    if len(part) > EXTREMA_SHARE * C:  # many rows: insert into all of them
+        part, rows = np.arange(C), part[rows]
+    values.update(zip(("L", "Lr", "Ll"), _log_ratio(_Nodes(**values))))
+    base = {f: getattr(nd, f) for f in _Nodes.FIELDS} | {"L": L, "Lr": Lr, "Ll": Ll}
+    if len(part) < C:
+        base = {f: a[part] for f, a in base.items()}
+    merged = _cells.insert_after(base, len(part), rows, ks, values)
+    ext = _Nodes(**merged)
+    ext.Lr, ext.Ll = merged["Lr"], merged["Ll"]
+    if len(part) == C:
+        return [(ext, merged["L"], None)]
+    nd.Lr, nd.Ll = Lr, Ll
+    return [(nd, L, None), (ext, merged["L"], part)]
+
+
+def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
+                plan: _laplace.GridPlan | None = None, levels: np.ndarray | None = None,
+                clear_below: float | None = None,
+                need_eps_i: bool = True, sup_levels: np.ndarray | None = None) -> tuple[list, np.ndarray]:
+    """Nodes with exact densities for each row of ``shifts``, extrema of L inserted.
+
+    With a :class:`empdp.risk.laplace.GridPlan` (Laplace kernels, rows with
+    M_i ≤ MAX_BOUND) the grid part uses the matrix form, and a kink of p̂_i
+    becomes a node only where a certified bracket on L over its cell could
+    cross one of ``levels`` (sorted ±ε; None: ε_i only) or exceed the row's
+    largest |L| (see :func:`empdp.risk.laplace.node_values`); there, rows whose
+    certified sup |L| is at most ``clear_below`` are dropped. With
+    ``need_eps_i=False`` the nodes serve δ_i at ``levels`` only: nodes that
+    could matter only for sup |L| are left out. At ``sup_levels`` (sorted
+    ε > 0) the nodes decide only whether sup |L| exceeds them (their largest
+    |L| does), not every crossing. Returns the parts of
+    :func:`_insert_extrema` (nodes with L's slopes, L = log p̂ − log p̂_i on
+    them, the part's rows among those kept) and the indices of the rows kept.
+    """
+    C = shifts.shape[0]
+    rows = np.arange(C)
+    K_grid = certified = None
+    series = _gaussian.series_nodes(plan, shifts) if isinstance(plan, _gaussian.SeriesPlan) else None
+    if series is not None:
+        nd = _Nodes(**series)
+        kinks = model.points[None, :] - shifts
+
+        def evaluate_at(r, xe):
+            e = _evaluate(model, xe[:, None], kinks[r])
+            return [getattr(e, f)[:, 0] for f in _Nodes.FIELDS[1:]]
+        L, Lr, Ll = _log_ratio(nd)
+    elif plan is not None and not isinstance(plan, _gaussian.SeriesPlan):
+        values, rows, K_grid = _laplace.node_values(plan, shifts, levels, clear_below, need_eps_i, sup_levels)
+        nd = _Nodes(**values)
+        L, Lr, Ll = values["L"], values["Lr"], values["Ll"]
+        certified = values["certified"]
+        shifts = shifts[rows]
+        kinks = model.points[None, :] - shifts
+        b = model.bandwidths
+
+        def evaluate_at(r, xe):
+            a = plan.shared_at(xe[:, None])
+            c = _laplace.direct(xe[:, None], kinks[r], b)
+            return [v[:, 0] for v in (*a, *c)]
+    else:
+        kinks = model.points[None, :] - shifts
+        if model.kernel == "laplace":
+            x = np.sort(np.concatenate([np.broadcast_to(grid, (C, len(grid))), kinks], axis=1), axis=1)
+        else:
+            x = np.broadcast_to(grid, (C, len(grid))).copy()
+        nd = _evaluate(model, x, kinks)
+
+        def evaluate_at(r, xe):
+            e = _evaluate(model, xe[:, None], kinks[r])
+            return [getattr(e, f)[:, 0] for f in _Nodes.FIELDS[1:]]
+        L, Lr, Ll = _log_ratio(nd)
+    curvature_at = None
+    if model.kernel == "laplace":
+        b = model.bandwidths
+        if K_grid is None:
+            K_grid = _cells.row_curvature(shifts, b, _cells.cell_curvature(model.points, b, grid))
+
+        def curvature_at(r, k):
+            return _interval_curvature(r, nd.x[r, k], nd.x[r, k + 1], grid, K_grid, 1.0 / b.min() ** 2)
+    return _insert_extrema(nd, L, Lr, Ll, evaluate_at, curvature_at, levels, need_eps_i, certified,
+                           sup_levels), rows
+
+
+def individual_eps(model: DensityModel, nd: _Nodes, L: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+    """ε_i = sup_x |log p̂ − log p̂_i| (Laplace kernels), or ε_i(τ), the smallest ε with δ_i(ε) ≤ τ
+    (Gaussian kernels; see the module docstring)."""
+    if model.kernel == "laplace":
+        absL = np.abs(L)
+        return np.maximum(absL.max(axis=1), _cells._tail_limits(model.points, model.bandwidths, shifts))
+    b = model.bandwidths
+    upper = gaussian_eps_bound((np.abs(shifts) / b).max(axis=1), np.count_nonzero(shifts, axis=1) / len(b))
+    return _gaussian.tolerance_eps(nd.x, nd.p, nd.pr, nd.pi, nd.pir, upper, EPS_TOLERANCE)
+
+
+def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """δ_i(ε) for every row and every ε in ``eps`` (ascending, ≥ 0):
+
+        max( ∫_{L>ε} (p̂ − e^ε p̂_i),  ∫_{L<−ε} (p̂_i − e^ε p̂) ),
+
+    both directions from one pass over the intervals ({L < −ε} is {−L > ε}). Whole
+    intervals and the tails (L frozen at the end nodes) add exact CDF differences, binned by
+    the first level that no longer covers them; the intervals a level cuts add
+    :func:`_cut_sums`.
+    """
+    Lr, Ll = nd.Lr, nd.Ll
+    if Lr is None:
+        _, Lr, Ll = _log_ratio(nd)
+    C, N = L.shape
+    step = max(1, SWEEP_CELLS // N)
+    if C <= step:
+        return _sweep(nd, L, Lr, Ll, eps)
+    out = np.empty((C, len(eps)))
+    for r in range(0, C, step):  # cache-sized row chunks (contiguous views)
+        rows = slice(r, r + step)
+        out[rows] = _sweep(_take_rows(nd, rows), L[rows], Lr[rows], Ll[rows], eps)
+    return out
+
+
+#: nodes per row chunk of :func:`sweep_delta`: its dozens of (rows × nodes) temporaries stay in cache
+SWEEP_CELLS = 32_768
+
+
+def _sweep(nd: _Nodes, L, Lr, Ll, eps):
+    """:func:`sweep_delta` on one chunk of rows."""
+    C, N = L.shape
+    E = len(eps)
+    h = np.diff(nd.x, axis=1)
+    # masses of the intervals, then of the two tails
+    w_p = np.concatenate([np.clip(np.diff(nd.F, axis=1), 0, None), nd.F[:, :1], 1 - nd.F[:, -1:]], axis=1)
+    w_pi = np.concatenate([np.clip(np.diff(nd.Fi, axis=1), 0, None), nd.Fi[:, :1], 1 - nd.Fi[:, -1:]], axis=1)
+    # L is clipped to ±700, so e^ε beyond e^700 changes nothing (and must not overflow)
+    growth = np.exp(np.minimum(eps, 700.0))
+    if E == 1:
+        # one level: masks instead of the binning below (the same sums)
+        e0 = float(eps[0])
+        La, Lc = L[:, :-1], L[:, 1:]
+        lo_v, hi_v = np.minimum(La, Lc), np.maximum(La, Lc)
+        # each interval lies in {L > ε} if its lower end does, in {L < −ε} if its upper end does;
+        # the tails by their end values (one buffer serves both tests)
+        ends = np.concatenate([lo_v, L[:, :1], L[:, -1:]], axis=1)
+        up = ends > e0
+        ends[:, :-2] = hi_v
+        down = ends < -e0
+        d1 = np.sum(w_p, axis=1, where=up) - growth[0] * np.sum(w_pi, axis=1, where=up)
+        d2 = np.sum(w_pi, axis=1, where=down) - growth[0] * np.sum(w_p, axis=1, where=down)
+        out = [d1[:, None], d2[:, None]]
+        cuts = [np.nonzero((lo_v <= e0) & (hi_v > e0) & (h > 0)),
+                np.nonzero((lo_v < -e0) & (hi_v >= -e0) & (h > 0))]
+        for k, (sign, num, den) in enumerate(((1.0, _P, _PI), (-1.0, _PI, _P))):
+            rr, kk = cuts[k]
+            if len(rr):
+                out[k] = out[k] + _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth)
+        return np.clip(np.maximum(*out), 0.0, 1.0)
+    # the levels ±ε in one ascending list: one search serves both directions, and since
+    # searchsorted is monotone, an interval's range of levels is that of its end nodes
+    at = np.searchsorted(np.r_[-eps[::-1], eps], L, side="left")
+    rows = np.arange(C)[:, None] * (E + 1)
+    out = []
+    for sign, num, den, wn, wd, idx in ((1.0, _P, _PI, w_p, w_pi, np.maximum(at - E, 0)),
+                                        (-1.0, _PI, _P, w_pi, w_p, E - np.minimum(at, E))):
+        # idx: the number of levels below sign·L at each node (ties go either way: an interval
+        # whose end sits on a level adds the same mass whole or cut)
+        start, stop = np.minimum(idx[:, :-1], idx[:, 1:]), np.maximum(idx[:, :-1], idx[:, 1:])
+        # an interval (or tail) lies inside {sign·L > ε} for the levels below ``first``
+        first = np.concatenate([start, idx[:, :1], idx[:, -1:]], axis=1)
+        flat = (rows + first).ravel()
+        bn = np.bincount(flat, weights=wn.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
+        bd = np.bincount(flat, weights=wd.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
+        d = np.cumsum(bn[:, ::-1], axis=1)[:, -2::-1] - growth * np.cumsum(bd[:, ::-1], axis=1)[:, -2::-1]
+        # intervals cut by the levels start ≤ e < stop
+        cnt = np.where(h > 0, stop - start, 0)
+        rr, kk = np.nonzero(cnt)
+        if len(rr):
+            d += _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth,
+                           first=start[rr, kk], count=cnt[rr, kk])
+        out.append(d)
+    return np.clip(np.maximum(*out), 0.0, 1.0)
