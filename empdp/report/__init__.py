@@ -1,0 +1,30 @@
+"""The self-contained HTML risk report (docs/method.md).
+
+One HTML file with inline CSS and matplotlib figures embedded as base64 PNG
+``data:`` URIs: no scripts, no external references, so it can be mailed or
+archived as is. Sections carry stable ``id`` attributes (:data:`SECTIONS`).
+The report sits on top of the library: it only reads an
+:class:`empdp.assess.Assessment` (live, or saved and loaded by
+:mod:`empdp.result`) and optional calibration / audit dicts.
+
+Modules, from the page down::
+
+    page.py         report_html / render_report: the sections in order under a header
+    assessment.py   summary, risk curves, riskiest individuals, densities, representativeness, adversary
+    calibration.py  the noise a calibration chose
+    audit.py        an MPL / Rényi bound, or a release audit (per adversary bucket)
+    plots.py        the matplotlib figures, as embedded PNGs
+    markup.py       stylesheet, escaping, numbers, tables
+"""
+
+from ..io import keyed_hash
+from .assessment import TOP_DENSITIES, TOP_TABLE
+from .assessment import top_rows as _top_rows  # noqa: F401  (the old module's private names, which tests import)
+from .audit import AUDIT_KINDS, audit_kind
+from .audit import audit as _audit  # noqa: F401
+from .calibration import calibration as _calibration  # noqa: F401
+from .markup import num as _fmt  # noqa: F401
+from .page import OPTIONAL_SECTIONS, SECTIONS, render_report, report_html
+
+__all__ = ["AUDIT_KINDS", "OPTIONAL_SECTIONS", "SECTIONS", "TOP_DENSITIES", "TOP_TABLE", "audit_kind", "keyed_hash",
+           "render_report", "report_html"]

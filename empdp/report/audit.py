@@ -1,0 +1,113 @@
+"""The report's audit section: an MPL or Rényi lower bound of one mechanism, or the audit of a
+calibrated release (docs/method.md#94-release-audit)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from ..errors import InputError
+from . import plots
+from .markup import esc, explain, extra_rows, kv, num, section, table, verdict
+
+AUDIT_KINDS = ("mpl", "renyi", "release")
+
+_EXPLAIN = (
+    "A black-box audit runs the mechanism many times on a pair of neighbouring inputs and estimates how far "
+    "apart its output distributions are. The lower bound is a statistical guarantee that the true value is at "
+    "least this large, with confidence 1 − α; a bound above the claimed ε shows the claim is false. The bounds "
+    "are asymptotic: see the sample sizes.")
+
+
+def audit_kind(d) -> str:
+    """The kind of an audit summary (``mpl``, ``renyi`` or ``release``), checking it is one.
+
+    Accepts what ``empdp audit mpl|renyi|release --json`` prints (the ``method``
+    key) and, as ``mpl``, a plain dict with a ``lower_bound``.
+
+    Raises
+    ------
+    InputError
+        ``d`` is not an audit summary.
+    """
+    kind = d.get("method", "mpl") if isinstance(d, dict) else None
+    key = "mpl_lower_bound" if kind == "release" else "lower_bound"
+    if kind not in AUDIT_KINDS or key not in d:
+        raise InputError("not an empdp audit result: expected the JSON printed by "
+                         "'empdp audit mpl|renyi|release --json'")
+    for name in (key, "true_value", "estimate", "exact_epsilon_max", "target_epsilon"):
+        v = d.get(name)
+        if not (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))):
+            raise InputError(f"audit result: field {name!r} must be a number or null, got "
+                             f"{str(v)[:40]!r}; re-create it with 'empdp audit ... --json'")
+    return kind
+
+
+def audit(d: dict, show: Callable = str) -> str:
+    """The ``audit`` section of an audit summary (see :func:`audit_kind`); ``show`` formats ids."""
+    kind = audit_kind(d)
+    return _release(d, show) if kind == "release" else _bound(d, kind)
+
+
+def _true_value(d: dict):
+    return math.inf if d.get("true_value_infinite") else d.get("true_value")
+
+
+def _vs_truth(lb, truth) -> str:
+    ok = lb is not None and float(lb) <= float(truth)
+    return f"{num(truth)} " + verdict(ok, "(bound holds)", "(bound exceeds the truth)")
+
+
+def _bound(d: dict, kind: str) -> str:
+    """MPL (pure-DP ε, with its loss curve) or Rényi (D_α) lower bound of one mechanism."""
+    lb, truth = d.get("lower_bound"), _true_value(d)
+    renyi = kind == "renyi"
+    rows = [(f"lower bound on {'D_α' if renyi else 'ε'} (confidence 1 − α)", num(lb)),
+            ("point estimate" if renyi else "largest stage-1 loss (biased up: the maximum of noisy estimates)",
+             num(d.get("estimate"))), ("worst pair", esc(d.get("pair", "–")))]
+    rows += [("order α", num(d.get("order"))), ("direction", esc(d.get("direction", "–")))] if renyi else \
+        [("output t̂ where the loss peaks", num(d.get("t_hat")))]
+    rows += [("samples n (search) / N (final)", f"{num(d.get('n'))} / {num(d.get('N'))}"),
+             ("α", num(d.get("alpha")))]
+    if truth is not None:
+        rows.append((f"true {'D_α' if renyi else 'ε'}", _vs_truth(lb, truth)))
+    rows += extra_rows(d, {"method", "lower_bound", "estimate", "pair", "t_hat", "n", "N", "alpha", "true_value",
+                           "true_value_infinite", "loss", "order", "direction"})
+    parts = [kv(rows)]
+    curve = None if renyi else plots.loss_curve(d, lb, truth)
+    if curve:
+        parts.append(curve)
+    parts.append(explain(_EXPLAIN))
+    title = f"Audit: Rényi lower bound on D_α (order {num(d.get('order'))})" if renyi else \
+        "Audit: MPL lower bound on ε"
+    return section("audit", title, *parts)
+
+
+def _release(d: dict, show: Callable) -> str:
+    """The audit of a calibrated release (docs/method.md#94-release-audit): bounds beside the exact values, per individual."""
+    ok, order = d.get("ok"), num(d.get("order"))
+    noise, ck = d.get("noise") or {}, d.get("curator_kernel") or {}
+    rows = [("result", verdict(ok, "the release meets its target ε", "CHECK FAILED")),
+            ("target ε", num(d.get("target_epsilon"))),
+            ("MPL lower bound ≤ exact max εᵢ", f"{num(d.get('mpl_lower_bound'))} ≤ {num(d.get('exact_epsilon_max'))}"),
+            ("MPL largest stage-1 loss (biased up)", num(d.get("mpl_estimate"))),
+            (f"Rényi lower bound vs exact max D_{order}",
+             f"{num(d.get('renyi_lower_bound'))} vs {num(d.get('exact_renyi_max'))}"),
+            ("noise", esc(f"{noise.get('kind', '–')}, weight at 0 {num(noise.get('weight_zero'))}, "
+                          f"scale {num(noise.get('scale'))}")),
+            ("curator kernel", esc(f"{ck.get('kind', '–')}, scale {num(ck.get('scale'))}")),
+            ("samples n / N (MPL), Rényi", f"{num(d.get('n'))} / {num(d.get('N'))}, {num(d.get('n_renyi'))}"),
+            ("α", num(d.get("alpha")))]
+    head = ("<tr><th>id</th><th class='n'>exact εᵢ</th><th class='n'>MPL stage-1 max</th>"
+            f"<th class='n'>exact D<sub>{order}</sub></th></tr>")
+    body = "".join(f"<tr><td><code>{esc(show(r.get('id')))}</code></td><td class='n'>{num(r.get('exact_epsilon'))}</td>"
+                   f"<td class='n'>{num(r.get('mpl_estimate'))}</td><td class='n'>{num(r.get('exact_renyi'))}</td></tr>"
+                   for r in d.get("individuals") or [] if isinstance(r, dict))
+    parts = [kv(rows), table(head, body)]
+    parts.append("".join(f'<div class="warn">{esc(w)}</div>' for w in d.get("warnings") or []))
+    parts.append(explain(
+        "The release's output distribution is sampled for the riskiest individuals, with and "
+        "without each of them; the black-box lower bounds must lie below the exact values "
+        "computed from the calibration, which must lie below the target. " + _EXPLAIN))
+    return section("audit", "Audit of the calibrated release", *parts)
+

@@ -1,0 +1,96 @@
+"""The report page: its sections in order under a header, as one string or an owner-only file."""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+import numpy as np
+
+from ..errors import InputError
+from ..io import atomic_path
+from . import assessment as _a
+from .audit import audit as audit_section
+from .audit import audit_kind
+from .calibration import calibration as calibration_section
+from .markup import CSS, esc, id_formatter
+
+#: ids of the sections always present, in page order
+SECTIONS = ("summary", "risk-curves", "at-risk", "riskiest", "densities", "representativeness")
+#: ids of the optional sections
+OPTIONAL_SECTIONS = ("adversary", "calibration", "audit")
+
+
+def report_html(assessment, *, epsilon: float | None = None, calibration: dict | None = None,
+                audit: dict | None = None, hash_ids=False, audit_hash_ids=None) -> str:
+    """The risk report of an assessment as one self-contained HTML string.
+
+    Parameters
+    ----------
+    assessment : empdp.assess.Assessment
+        The result of :func:`empdp.assess.assess`.
+    epsilon : float, optional
+        The ε to mark and to evaluate the table at; default the smallest assessed ε.
+    calibration : dict, optional
+        A calibration summary (the JSON of ``empdp calibrate``): adds the ``calibration`` section.
+    audit : dict, optional
+        What ``empdp audit mpl|renyi|release --json`` prints, or an MPL summary (``lower_bound``,
+        ``estimate``, ``pair``, ``t_hat``, ``n``, ``N``, ``alpha``, ``true_value``, optionally
+        ``loss = {"t": [...], "loss": [...]}``): adds the ``audit`` section (see :func:`audit_kind`).
+        A release audit against an adversary (``buckets``) gets a table of its buckets.
+    hash_ids : bool, bytes, str or callable
+        Replace ids by pseudonyms: a key (HMAC-SHA256, :func:`keyed_hash`), a callable, or ``True`` for a
+        random per-report key.
+    audit_hash_ids : as ``hash_ids``, optional
+        For the audit section's ids (default: ``hash_ids``); differs when the result's ids were
+        hashed when it was saved but the audit's were not.
+
+    Returns
+    -------
+    str
+        The HTML document: inline CSS, figures as base64 PNG ``data:`` URIs, no scripts or URLs.
+    """
+    a = assessment
+    eps = float(a.epsilons[0] if epsilon is None else epsilon)
+    if not (np.isfinite(eps) and 0 <= eps <= 700):
+        raise InputError(f"--epsilon must be in [0, 700] (e^epsilon overflows beyond), got {epsilon!r}")
+    if audit is not None:
+        audit_kind(audit)
+    show = id_formatter(hash_ids)
+    idx, exact = _a.sweep_index(a, eps)
+    rows, shifts, note = _a.top_rows(a, eps, show, _a.TOP_TABLE)
+    body = [_a.summary(a, eps, idx, exact), _a.risk_curves(a, eps), _a.at_risk(a, eps),
+            _a.riskiest(a, eps, rows, note), _a.densities(a, eps, rows, shifts),
+            _a.representativeness(a)]
+    if getattr(a, "adversary", None):
+        body.append(_a.adversary(a))
+    if calibration is not None:
+        body.append(calibration_section(calibration))
+    if audit is not None:
+        body.append(audit_section(audit, show if audit_hash_ids is None else id_formatter(audit_hash_ids)))
+    try:
+        from importlib.metadata import version
+        ver = version("empdp")
+    except Exception:  # not installed: the report still renders
+        ver = "?"
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>empdp risk report: {esc(a.query)}</title><style>{CSS}</style></head><body><main>"
+            f"<header><h1>Empirical privacy risk report</h1><div class=\"sub\"><code>{esc(a.query)}</code> over "
+            f"{a.n_databases} databases of {esc(a.source)} · generated {when} by empdp {esc(ver)}</div></header>\n"
+            + "\n".join(body)
+            + "<footer>Method: Burchard et al., empirical differential privacy for repeated databases. "
+              "This file is sensitive (it names the riskiest individuals): keep it private.</footer>"
+              "</main></body></html>\n")
+
+
+def render_report(assessment, path, *, epsilon: float | None = None, calibration: dict | None = None,
+                  audit: dict | None = None, hash_ids=False, audit_hash_ids=None) -> None:
+    """Write :func:`report_html` to ``path`` atomically, owner-only (mode 0600; docs/method.md).
+
+    Parameters are those of :func:`report_html`; nothing is written if rendering fails.
+    """
+    text = report_html(assessment, epsilon=epsilon, calibration=calibration, audit=audit, hash_ids=hash_ids,
+                       audit_hash_ids=audit_hash_ids)
+    with atomic_path(path, private=True) as tmp:
+        tmp.write_text(text, encoding="utf-8")

@@ -1,0 +1,164 @@
+"""The report's matplotlib figures, each returned as an ``<img>`` with a base64 PNG ``data:`` URI."""
+
+from __future__ import annotations
+
+import base64
+import io
+import warnings
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .markup import esc, num
+
+BLUE, ORANGE, RED, PURPLE, GREY = "#1f4e79", "#d9822b", "#b22222", "#6a3d9a", "#8a8f98"
+
+
+def _figure(w: float = 9.0, h: float = 3.6, **kw) -> Figure:
+    # an Agg canvas of our own, not pyplot: no global backend switch, no figure registry to leak into
+    fig = Figure(figsize=(w, h), dpi=100, **kw)
+    FigureCanvasAgg(fig)
+    fig.set_layout_engine("constrained")
+    return fig
+
+
+def _style(ax) -> None:
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.grid(True, color="#e6e8ec", lw=0.8)
+    ax.set_axisbelow(True)
+
+
+def _img(fig: Figure, alt: str) -> str:
+    """Embed a figure as a base64 PNG ``data:`` URI (no metadata: it would carry a URL)."""
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        # ids in a script the plot font lacks (CJK, ...) are drawn as boxes in the figure titles; the
+        # table beside the figure shows them in the browser's fonts, so the warning only adds noise
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from", category=UserWarning)
+        fig.savefig(buf, format="png", dpi=110, metadata={"Software": None}, facecolor="white")
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return f'<img alt="{esc(alt)}" src="data:image/png;base64,{data}">'
+
+
+def risk_curves(a, eps: float) -> tuple[str, bool]:
+    """δ(ε) and δ*(ε) against ε, and whether the δ axis is logarithmic (zeros not drawn)."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    e = a.epsilons
+    pos = np.concatenate([a.delta[a.delta > 0], a.total_risk[a.total_risk > 0]])
+    log = len(pos) > 0 and pos.max() / pos.min() > 20
+    for y, c, lab in ((a.delta, RED, "δ(ε): worst single individual"),
+                      (a.total_risk, PURPLE, "δ*(ε): at least one individual")):
+        keep = y > 0 if log else np.ones(len(y), bool)
+        ax.plot(e[keep], y[keep], color=c, lw=2, marker="o" if len(e) < 15 else None, ms=4, label=lab)
+    if log:
+        ax.set_yscale("log")
+    ax.axvline(eps, color=BLUE, ls="--", lw=1.3, label=f"chosen ε = {num(eps, 3)}")
+    if np.isfinite(a.eps_all) and a.eps_all > 0:
+        ax.axvline(a.eps_all, color=GREY, ls=":", lw=1.3, label=f"ε_all = {num(a.eps_all, 3)}")
+    ax.set_xlabel("privacy level ε")
+    ax.set_ylabel("δ" + (" (log scale)" if log else ""))
+    ax.legend(frameon=False, fontsize=9)
+    _style(ax)
+    return _img(fig, "delta and total risk against epsilon"), log
+
+
+def at_risk(a, eps: float) -> str:
+    """The number of individuals with δ_i(ε) > 0 against ε."""
+    fig = _figure(9, 3.2)
+    ax = fig.add_subplot()
+    ax.plot(a.epsilons, a.n_at_risk, color=BLUE, lw=2, drawstyle="steps-post",
+            marker="o" if len(a.epsilons) < 15 else None, ms=4)
+    ax.axvline(eps, color=BLUE, ls="--", lw=1.3, label=f"chosen ε = {num(eps, 3)}")
+    ax.set_xlabel("privacy level ε")
+    ax.set_ylabel("individuals with δᵢ(ε) > 0")
+    ax.set_ylim(bottom=0)
+    ax.legend(frameon=False, fontsize=9)
+    _style(ax)
+    return _img(fig, "individuals at risk against epsilon")
+
+
+def densities(a, eps: float, rows, shifts, pick) -> str:
+    """For the rows ``pick``: p̂ and p̂_i over the query values, and their log ratio against ±ε."""
+    m, q = a.model, a.q
+    fig = _figure(3.4 * len(pick) + 0.8, 5.2)
+    axes = fig.subplots(2, len(pick), squeeze=False, sharex="col", gridspec_kw={"height_ratios": [2.2, 1]})
+    for c, k in enumerate(pick):
+        s = shifts[k]
+        pts = np.concatenate([q, q - s])
+        pad = 4 * float(np.median(m.bandwidths))  # not max: one outlier's wide kernel would flatten the view
+        x = np.union1d(np.linspace(pts.min() - pad, pts.max() + pad, 700), pts)
+        top, bot = axes[0, c], axes[1, c]
+        top.plot(x, m.pdf(x), color=BLUE, lw=1.8, label="p̂: all individuals")
+        top.plot(x, m.pdf(x, shifts=s), color=ORANGE, lw=1.6, ls="--", label="p̂ᵢ: without this one")
+        tr = top.get_xaxis_transform()
+        top.plot(q, np.zeros_like(q), "|", color=BLUE, ms=12, mew=1.2, transform=tr, clip_on=False)
+        top.plot(q - s, np.full_like(q, 0.06), "|", color=ORANGE, ms=8, mew=1, transform=tr, clip_on=False)
+        r = rows[k]
+        top.set_title(f"id {r['shown_id']}\nεᵢ = {num(r['eps_i'], 3)}, δᵢ(ε) = {num(r['delta'], 3)}",
+                      fontsize=10)
+        lr = m.logpdf(x) - m.logpdf(x, shifts=s)
+        bot.plot(x, lr, color=PURPLE, lw=1.4)
+        bot.axhspan(-eps, eps, color=BLUE, alpha=0.08, lw=0)
+        for y in (-eps, eps):
+            bot.axhline(y, color=BLUE, ls="--", lw=1)
+        bot.set_xlabel("query value")
+        _style(top), _style(bot)
+        if c == 0:
+            top.set_ylabel("density")
+            bot.set_ylabel("log p̂ − log p̂ᵢ")
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside upper center", ncols=2, frameon=False)
+    return _img(fig, "density with and without the riskiest individuals")
+
+
+def databases_per_individual(a, hist: dict) -> str:
+    """The histogram of the number of databases an individual appears in."""
+    fig = _figure(9, 3.0)
+    ax = fig.add_subplot()
+    ax.bar(list(hist), list(hist.values()), color=BLUE, width=0.8)
+    ax.set_xlabel("number of databases an individual appears in")
+    ax.set_ylabel("individuals")
+    ax.set_xlim(0.3, a.n_databases + 0.7)
+    _style(ax)
+    return _img(fig, "databases per individual")
+
+
+def adversary_risk(a) -> str:
+    """δ*(ε) given the adversary's statistic beside the unconditional δ*(ε)."""
+    adv = a.adversary
+    unc = adv["unconditional"]
+    fig = _figure(9, 3.2)
+    ax = fig.add_subplot()
+    ue = np.array([r["epsilon"] for r in unc["sweep"]])
+    ut = np.array([r["total_risk"] for r in unc["sweep"]])
+    ax.plot(a.epsilons, a.total_risk, color=RED, lw=2, label=f"δ*(ε) knowing {adv['statistic']}")
+    ax.plot(ue, ut, color=GREY, lw=2, ls="--", label="δ*(ε) without that knowledge")
+    ax.set_xlabel("privacy level ε")
+    ax.set_ylabel("total risk δ*")
+    ax.legend(frameon=False, fontsize=9)
+    _style(ax)
+    return _img(fig, "total risk with and without the adversary's knowledge")
+
+
+def loss_curve(d: dict, lb, truth) -> str | None:
+    """An MPL audit's empirical loss curve with its bound and the true ε; None without a 1-d curve."""
+    curve = d.get("loss") if isinstance(d.get("loss"), dict) else d.get("loss_curve")
+    if not (isinstance(curve, dict) and len(curve.get("t") or ())):
+        return None
+    t = np.asarray(curve["t"], dtype=float)
+    if t.ndim != 1:  # a multivariate output has no single axis to draw along
+        return None
+    fig = _figure(9, 3.2)
+    ax = fig.add_subplot()
+    ax.plot(t, np.asarray(curve["loss"], dtype=float), color=PURPLE, lw=1.6, label="empirical loss ℓ̂(t)")
+    if isinstance(d.get("t_hat"), (int, float)):
+        ax.axvline(float(d["t_hat"]), color=GREY, ls=":", lw=1.2, label="t̂")
+    for v, c, lab in ((lb, BLUE, "lower bound"), (truth, RED, "true ε")):
+        if v is not None and np.isfinite(float(v)):
+            ax.axhline(float(v), color=c, ls="--", lw=1.2, label=lab)
+    ax.set_xlabel("mechanism output t")
+    ax.set_ylabel("|log f̂ₓ(t) − log f̂ₓ′(t)|")
+    ax.legend(frameon=False, fontsize=9)
+    _style(ax)
+    return _img(fig, "MPL loss curve")
