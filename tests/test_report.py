@@ -13,7 +13,7 @@ import pytest
 from numpy.testing import assert_allclose
 
 from empdp import risk
-from empdp.report import SECTIONS, _top_rows, keyed_hash, render_report, report_html
+from empdp.report import SECTIONS, _fmt, _top_rows, keyed_hash, render_report, report_html
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet"
 
@@ -170,6 +170,58 @@ def test_audit_json_of_every_cli_kind(result):
     assert text.count("data:image/png") == 1 and "∞" in text and "bound holds" in text
 
 
+def _bucketed_release() -> dict:
+    """What 'empdp audit release --json' prints for a calibration against an adversary: two buckets,
+    the second under-noised (built with the audit's own dataclasses, so the keys are the real ones)."""
+    from empdp.audit.release import BucketAudit, ReleaseAudit
+
+    def rows(k, eps):
+        return [{"id": i, "exact_epsilon": e, "exact_renyi": e / 50, "mpl_estimate": e + 0.1}
+                for i, e in zip((2185 + k, 32027 + k), (eps, eps / 2))]
+
+    per = [BucketAudit(target_epsilon=0.2, individuals=rows(0, 0.19), mpl_lower_bound=0.0455, mpl_estimate=0.29,
+                       renyi_lower_bound=0.0066, exact_epsilon_max=0.19, exact_renyi_max=0.0038, lo=1.5e8, hi=1.9e8,
+                       n_databases=9, curator_kernel={"kind": "laplace", "scale": 0.0192}, alpha=0.025),
+           BucketAudit(target_epsilon=0.2, individuals=rows(1, 0.37), mpl_lower_bound=0.0651, mpl_estimate=0.47,
+                       renyi_lower_bound=0.0047, exact_epsilon_max=0.37, exact_renyi_max=0.0074, lo=1.97e8, hi=2.1e8,
+                       n_databases=8, curator_kernel={"kind": "laplace", "scale": 0.0154}, alpha=0.025)]
+    everyone = sorted(({**r, "bucket": k} for k, b in enumerate(per) for r in b.individuals),
+                      key=lambda r: -r["exact_epsilon"])
+    return ReleaseAudit(target_epsilon=0.2, individuals=everyone, mpl_lower_bound=0.0651, mpl_estimate=0.47,
+                        renyi_lower_bound=0.0066, exact_epsilon_max=0.37, exact_renyi_max=0.0074, n=20000, N=50000,
+                        n_renyi=100000, alpha=0.05, noise=CALIBRATION["noise"], curator_kernel=CALIBRATION[
+                            "curator_kernel"], buckets=per, adversary_statistic="sum(popul)").to_dict()
+
+
+def test_release_audit_against_an_adversary_has_a_row_per_bucket(result):
+    from empdp.audit.release import describe_buckets
+    from empdp.report import _audit
+
+    d = _bucketed_release()
+    assert d["worst_bucket"] == 1 and not d["ok"]
+    text = _audit_section(report_html(result, epsilon=0.2, audit=d))
+    tables = re.findall(r"<table>.*?</table>", text, re.S)
+    assert len(tables) == 2  # the individuals, then the buckets
+    rows = re.findall(r"<tr>(.*?)</tr>", tables[1], re.S)[1:]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", r, re.S) for r in rows]
+    assert [c[0] for c in cells] == ["0", "1 (worst)"]
+    for c, b in zip(cells, d["buckets"]):  # range, size, kernel scale, alpha and the figures, as the JSON has them
+        assert c[1:10] == [_fmt(b["lo"]), _fmt(b["hi"]), str(b["n_databases"]), _fmt(b["curator_kernel"]["scale"]),
+                           _fmt(b["alpha"]), _fmt(b["mpl_lower_bound"]), _fmt(b["exact_epsilon_max"]),
+                           _fmt(b["renyi_lower_bound"]), _fmt(b["exact_renyi_max"])]
+    assert "meets the target" in cells[0][10] and "needs more noise" in cells[1][10] and "class='bad'" in cells[1][10]
+    # the terminal says the same of each bucket
+    lines = describe_buckets(d)
+    assert "FAILS" in lines[3] and lines[2].rstrip().endswith("ok") and "worst bucket: 1" in lines[-1]
+    assert "<code>sum(popul)</code>" in text and "Group 1 sets the verdict" in text and "CHECK FAILED" in text
+    # every individual row names its bucket
+    ind = [re.findall(r"<td[^>]*>(.*?)</td>", r, re.S) for r in re.findall(r"<tr>(.*?)</tr>", tables[0], re.S)[1:]]
+    assert [(r[0], r[1]) for r in ind] == [(f"<code>{r['id']}</code>", str(r["bucket"])) for r in d["individuals"]]
+    # a plain release audit has neither
+    plain = _audit_section(_audit(RELEASE))
+    assert plain.count("<table>") == 1 and ">bucket<" not in plain and "sets the verdict" not in plain
+
+
 @pytest.mark.parametrize("bad", [{"method": "guess", "lower_bound": 1}, {"estimate": 1.0}, [1, 2], CALIBRATION])
 def test_audit_of_the_wrong_kind_is_refused(result, bad):
     from empdp.errors import InputError
@@ -182,7 +234,7 @@ def test_audit_of_the_wrong_kind_is_refused(result, bad):
 def test_calibration_json_of_the_cli_shows_no_bookkeeping():
     from empdp.noise import calibrate_values
     from empdp.noise.calibration import _classical_note
-    from empdp.report import _calibration, _fmt
+    from empdp.report import _calibration
 
     rng = np.random.default_rng(0)
     cal = calibrate_values(rng.normal(size=12), rng.normal(size=(5, 12)) * 0.1, epsilon=1.0, kernel="laplace",

@@ -1,5 +1,5 @@
 """The report's audit section: an MPL or Rényi lower bound of one mechanism, or the audit of a
-calibrated release (docs/method.md#94-release-audit)."""
+calibrated release (docs/method.md#94-release-audit), per adversary bucket when it has them."""
 
 from __future__ import annotations
 
@@ -98,12 +98,20 @@ def _release(d: dict, show: Callable) -> str:
             ("curator kernel", esc(f"{ck.get('kind', '–')}, scale {num(ck.get('scale'))}")),
             ("samples n / N (MPL), Rényi", f"{num(d.get('n'))} / {num(d.get('N'))}, {num(d.get('n_renyi'))}"),
             ("α", num(d.get("alpha")))]
-    head = ("<tr><th>id</th><th class='n'>exact εᵢ</th><th class='n'>MPL stage-1 max</th>"
+    buckets = [b for b in d.get("buckets") or [] if isinstance(b, dict)]
+    # an adversary audit gathers every bucket's individuals: each row says which bucket it is from
+    by_bucket = bool(buckets)
+    head = ("<tr><th>id</th>" + ("<th class='n'>bucket</th>" if by_bucket else "")
+            + "<th class='n'>exact εᵢ</th><th class='n'>MPL stage-1 max</th>"
             f"<th class='n'>exact D<sub>{order}</sub></th></tr>")
-    body = "".join(f"<tr><td><code>{esc(show(r.get('id')))}</code></td><td class='n'>{num(r.get('exact_epsilon'))}</td>"
+    body = "".join(f"<tr><td><code>{esc(show(r.get('id')))}</code></td>"
+                   + (f"<td class='n'>{num(r.get('bucket'))}</td>" if by_bucket else "")
+                   + f"<td class='n'>{num(r.get('exact_epsilon'))}</td>"
                    f"<td class='n'>{num(r.get('mpl_estimate'))}</td><td class='n'>{num(r.get('exact_renyi'))}</td></tr>"
                    for r in d.get("individuals") or [] if isinstance(r, dict))
     parts = [kv(rows), table(head, body)]
+    if buckets:
+        parts += _buckets(d, buckets, order)
     parts.append("".join(f'<div class="warn">{esc(w)}</div>' for w in d.get("warnings") or []))
     parts.append(explain(
         "The release's output distribution is sampled for the riskiest individuals, with and "
@@ -111,3 +119,30 @@ def _release(d: dict, show: Callable) -> str:
         "computed from the calibration, which must lie below the target. " + _EXPLAIN))
     return section("audit", "Audit of the calibrated release", *parts)
 
+
+def _buckets(d: dict, buckets: list, order: str) -> list[str]:
+    """The per-bucket table of an adversary release audit and what it means
+    (the terminal shows the same as :func:`empdp.audit.release.describe_buckets`)."""
+    stat = d.get("adversary_statistic") or "the adversary statistic"
+    worst = d.get("worst_bucket")
+    head = ("<tr><th class='n'>bucket</th><th class='n'>statistic from</th><th class='n'>to</th>"
+            "<th class='n'>databases</th><th class='n'>curator kernel scale</th><th class='n'>α</th>"
+            "<th class='n'>MPL lower bound</th><th class='n'>exact max εᵢ</th>"
+            f"<th class='n'>Rényi lower bound</th><th class='n'>exact max D<sub>{order}</sub></th>"
+            "<th>verdict</th></tr>")
+    body = "".join(
+        f"<tr><td class='n'>{k}{' (worst)' if k == worst else ''}</td><td class='n'>{num(b.get('lo'))}</td>"
+        f"<td class='n'>{num(b.get('hi'))}</td><td class='n'>{num(b.get('n_databases'))}</td>"
+        f"<td class='n'>{num((b.get('curator_kernel') or {}).get('scale'))}</td><td class='n'>{num(b.get('alpha'))}</td>"
+        f"<td class='n'>{num(b.get('mpl_lower_bound'))}</td><td class='n'>{num(b.get('exact_epsilon_max'))}</td>"
+        f"<td class='n'>{num(b.get('renyi_lower_bound'))}</td><td class='n'>{num(b.get('exact_renyi_max'))}</td>"
+        f"<td>{verdict(b.get('ok'), 'meets the target', 'needs more noise')}</td></tr>"
+        for k, b in enumerate(buckets))
+    text = (f"The adversary knows <code>{esc(stat)}</code> of every database, so the release is audited group by "
+            f"group: the {len(buckets)} groups of databases the calibration cut by it, each with its own curator "
+            "kernel scale and the common noise. Each group is audited at α divided by the number of groups, so that "
+            "all the bounds hold together; the figures above are the largest over the groups, and the release "
+            "meets its target only if every group does.")
+    if isinstance(worst, int) and not isinstance(worst, bool) and 0 <= worst < len(buckets):
+        text += f" Group {worst} sets the verdict."
+    return [table(head, body), explain(text)]
