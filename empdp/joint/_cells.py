@@ -49,6 +49,8 @@ FAST_NODES = 6
 SAFE_DISTANCE = 1.5
 #: (rows × vertices) per block: the block's dozen (C, 2J, 2J) temporaries stay within a few tens of MB
 BLOCK_VERTICES = 400_000
+#: ε_i alone uses products of e^{±(x − c)}: every coordinate within this of the row's centre
+FAST_SPAN = 150.0
 #: |L| cap, as for one statistic (e^ε overflows beyond it)
 L_CAP = 700.0
 #: vertex densities below this fraction of the largest are unreliable (underflowed factors): fallback
@@ -79,6 +81,48 @@ def evaluate(a: np.ndarray, s: np.ndarray, eps: np.ndarray | None, nodes: int = 
         if delta is not None:
             delta[sl] = d
     return eps_i, delta, ok
+
+
+def eps_rows(a: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Exact ε_i for scaled points ``a`` (n, 2) and scaled shifts ``s`` (C, n, 2), and ``ok`` (C,).
+
+    sup L is attained at a vertex whose coordinates are kinks of p̂ (or the outermost kinks, beyond
+    which L is flat) and inf L at kinks of p̂_i (docs/method.md#102-joint-queries-planned), so two
+    (n + 2)² vertex sets suffice. Each factor e^{−|x − p|} is min(e^{x−c} e^{c−p}, e^{c−x} e^{p−c})
+    about the row's centre c: products instead of exponentials, exact while every coordinate is
+    within :data:`FAST_SPAN` of c (``ok`` False otherwise: the caller uses the log-space path).
+    """
+    C, n, _ = s.shape
+    out = np.full(C, np.nan)
+    b = a[None] - s
+    lo = np.minimum(a.min(0), b.min(1))  # (C, 2): outermost kinks
+    hi = np.maximum(a.max(0), b.max(1))
+    ok = ((hi - lo) <= 2 * FAST_SPAN).all(1)
+    c = 0.5 * (lo + hi)
+    step = max(1, BLOCK_VERTICES // (2 * (n + 2) * n))
+    for k0 in np.arange(0, C, step):
+        r = np.flatnonzero(ok[k0:k0 + step]) + k0
+        if not len(r):
+            continue
+        ea = np.exp(a[None, :, :] - c[r, None, :])  # (R, n, 2)
+        eb = np.exp(b[r] - c[r, None, :])
+        ends = np.exp(np.stack([lo[r], hi[r]], axis=1) - c[r, None, :])  # (R, 2, 2)
+        top = _ratio(np.concatenate([ea, ends], axis=1), ea, eb).max(axis=(1, 2))
+        bottom = _ratio(np.concatenate([eb, ends], axis=1), ea, eb).min(axis=(1, 2))
+        with np.errstate(divide="ignore"):
+            out[r] = np.maximum(np.maximum(np.log(top), -np.log(bottom)), 0.0)
+    return out, ok
+
+
+def _ratio(ex, ea, eb):
+    """p̂/p̂_i on the product grid of the vertex coordinates with factors e^{x−c} ``ex`` (R, G, 2)."""
+    ix = 1.0 / ex
+    vals = []
+    for ep in (ea, eb):
+        ip = 1.0 / ep
+        F = [np.minimum(ex[:, :, k, None] * ip[:, None, :, k], ix[:, :, k, None] * ep[:, None, :, k]) for k in (0, 1)]
+        vals.append(F[0] @ F[1].transpose(0, 2, 1))
+    return vals[0] / vals[1]
 
 
 def _axis(a_k: np.ndarray, b_k: np.ndarray):

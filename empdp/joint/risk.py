@@ -42,9 +42,14 @@ def _risk(a, su, eps, nodes):
         return np.zeros(0), None if eps is None else np.zeros((0, len(eps)))
     if d == 1:
         return _onescale().evaluate(a[:, 0], 1.0, su[:, :, 0], eps)
-    if d == 2:
+    if d == 2 and eps is None:
+        e, ok = _cells.eps_rows(a, su)
+        dl, rest = None, np.flatnonzero(~ok)
+    elif d == 2:
         e, dl, ok = _cells.evaluate(a, su, eps, nodes)
         rest = np.flatnonzero(~ok)
+        fast, same = _cells.eps_rows(a, su)  # the ε_i an ε-only call reports, to the last bit
+        e = np.where(ok & same, fast, e)
     else:
         e = np.zeros(m)
         dl = None if eps is None else np.zeros((m, len(eps)))
