@@ -166,8 +166,11 @@ def test_too_many_databases_are_refused_before_the_scan(monkeypatch):
     import pandas as pd
 
     import empdp.data
+    import empdp.data.connection
 
-    monkeypatch.setattr(empdp.data, "physical_memory", lambda: 2**30)  # 1 GiB: ~3,900 databases
+    # the check reads empdp.data.physical_memory; the connection's default memory limit its own module's
+    for module in (empdp.data, empdp.data.connection):
+        monkeypatch.setattr(module, "physical_memory", lambda: 2**30)  # 1 GiB: ~3,900 databases
     n = 5000
     df = pd.DataFrame({"id": np.arange(n) % 7, "year": np.arange(n), "x": np.ones(n)})
     with pytest.raises(InputError, match=r"makes 5,000 databases; .* holds about 3,9\d\d databases: .*coarser --by"):

@@ -1,7 +1,7 @@
-"""Data layer (docs/method.md#1-data-model): any DuckDB-readable source as one validated relation.
+"""A repeated-database source read into DuckDB and checked once: the :class:`Panel`
+(docs/method.md#1-data-model).
 
-Only this module (and the SQL it hands out) talks to DuckDB. A :class:`Panel`
-is a DuckDB connection holding a view ``__src`` over the user's source, the
+A :class:`Panel` is a DuckDB connection holding a view ``__src`` over the user's source, the
 names of the id and database-label columns, and the database labels in order.
 """
 
@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import glob
 import os
-import queue
 import re
-import shutil
-import tempfile
-import threading
-import weakref
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 
-from .errors import InputError
+from ..errors import InputError
+from .connection import close_connection, connect, memory_limit_bytes
+from .sql import arrow_batches, clip, fetch_arrow, first_line, quote_ident, quote_literal, shorten, sql_errors
 
 SOURCE_VIEW = "__src"
 
@@ -33,31 +28,6 @@ _NUMERIC_PREFIXES = (
     "UINTEGER", "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE", "REAL", "DECIMAL", "BOOLEAN",
 )
 _FLOAT_PREFIXES = ("FLOAT", "DOUBLE", "REAL")
-
-
-def quote_ident(name: str) -> str:
-    """Quote a column or table name for DuckDB SQL (handles quotes and spaces)."""
-    return '"' + str(name).replace('"', '""') + '"'
-
-
-def quote_literal(value: str) -> str:
-    return "'" + str(value).replace("'", "''") + "'"
-
-
-def shorten(value, width: int = 80) -> str:
-    """``repr(value)`` on one line, cut to ``width`` characters (:func:`clip`): user values echoed
-    in error messages (a 10,000-character --where must not fill the terminal)."""
-    return clip(repr(value), width)
-
-
-def clip(text: str, width: int = 80) -> str:
-    """``text`` on one line, cut to ``width`` characters by a '…' in the middle (the end of a
-    path, its file name, stays visible)."""
-    text = " ".join(str(text).split())
-    if len(text) <= width:
-        return text
-    head = (width - 1) // 2
-    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
 
 
 @dataclass
@@ -195,7 +165,7 @@ def _read_expr(path: str) -> str:
         files = [p for p in Path(path).rglob("*") if p.is_file() and not p.name.startswith(".")]
         if not files:
             raise InputError(f"folder {shorten(path)} contains no files")
-        ext = _kind(str(files[0]))
+        ext = file_format(str(files[0]))
         pattern = quote_literal(os.path.join(path, "**", "*" + Path(files[0]).suffix))
         if ext == "parquet":
             return f"read_parquet({pattern}, hive_partitioning = true)"
@@ -209,7 +179,7 @@ def _read_expr(path: str) -> str:
     elif not os.path.exists(path):
         raise InputError(f"source {shorten(path)} not found; give a Parquet/CSV/JSON file, a glob, "
                          f"a folder, or FILE.duckdb::TABLE")
-    kind = _kind(lower)
+    kind = file_format(lower)
     if kind == "parquet":
         return f"read_parquet({lit})"
     if kind == "csv":
@@ -220,7 +190,8 @@ def _read_expr(path: str) -> str:
                      f"file, or FILE.duckdb::TABLE")
 
 
-def _kind(lower: str) -> str | None:
+def file_format(lower: str) -> str | None:
+    """'parquet', 'csv' or 'json' from a path's suffix (also when compressed), or None."""
     lower = lower.lower()
     for suffix in (".gz", ".zst", ".bz2"):
         if lower.endswith(suffix):
@@ -232,122 +203,6 @@ def _kind(lower: str) -> str | None:
     if lower.endswith((".json", ".jsonl", ".ndjson")):
         return "json"
     return None
-
-
-def default_memory_limit() -> str:
-    """DuckDB's share when the user sets none: 2 GB or 25% of physical memory, whichever is smaller.
-
-    DuckDB's own default (80% of memory) lets a 10^8-row GROUP BY hold ~7 GB;
-    with a limit it spills instead, at about the same speed, and leaves room
-    for the density evaluation. At 10^8 rows a 4 GB share peaked at 4.9 GB for
-    the whole process and a 2 GB one at 2.2 GB, in the same time (16.8 s).
-    """
-    total = physical_memory()
-    if total is None:
-        return "2GB"
-    return f"{max(256, min(2048, int(0.25 * total / 2**20)))}MB"
-
-
-def spill_directory(con: duckdb.DuckDBPyConnection) -> str:
-    """A fresh owner-only (0700) folder for ``con``'s spill files, removed with the connection.
-
-    Spill files hold the user's rows, so they go neither to a '.tmp' in the working directory
-    nor to a predictable path in the shared temporary folder (where another user could plant
-    a symlink or read them). The folder is removed when ``con`` is garbage-collected, when
-    :meth:`Panel.close` runs, or at interpreter exit, whichever comes first.
-    """
-    path = tempfile.mkdtemp(prefix="empdp-duckdb-")  # mode 0700, a new random name
-    _SPILL[con] = weakref.finalize(con, shutil.rmtree, path, ignore_errors=True)
-    return path
-
-
-#: the finalizer removing each live connection's spill folder
-_SPILL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def close_connection(con: duckdb.DuckDBPyConnection) -> None:
-    """Close ``con`` and remove its spill folder now (not at garbage collection)."""
-    con.close()
-    fin = _SPILL.pop(con, None)
-    if fin is not None:
-        fin()
-
-
-#: smallest --memory-limit accepted: below it DuckDB cannot hold one vector per thread
-MIN_MEMORY_LIMIT = 16 * 10**6
-_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z%]*)\s*")
-_SIZE_UNITS = {"B": 1, "BYTES": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def physical_memory() -> int | None:
-    """This machine's physical memory in bytes (None if the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def check_memory_limit(text: str) -> str:
-    """Refuse a --memory-limit that is not a positive size like '3GB', '512MiB' or '50%'.
-
-    DuckDB itself reads '-1GB' as no limit at all and fails late (out of memory, exit 1)
-    under a limit of a few kilobytes: both are refused here, before any work.
-    """
-    match = _SIZE.fullmatch(str(text))
-    unit = match.group(2).upper() if match else ""
-    if not match or (unit not in _SIZE_UNITS and unit != "%"):
-        raise InputError(f"--memory-limit {shorten(text)} is not a size: give a positive number with a unit, "
-                         f"like 3GB, 512MB or 2GiB (or a share of memory like 50%)")
-    value = float(match.group(1))
-    if unit == "%":
-        if not 0 < value <= 100:
-            raise InputError(f"--memory-limit {shorten(text)}: a share of memory must be in (0%, 100%]")
-        return text
-    size = value * _SIZE_UNITS[unit]
-    if size < MIN_MEMORY_LIMIT:
-        raise InputError(f"--memory-limit {shorten(text)} is below the {MIN_MEMORY_LIMIT // 10**6} MB DuckDB "
-                         f"needs to run; give at least 16MB (e.g. 1GB)")
-    if size > 2**62:
-        raise InputError(f"--memory-limit {shorten(text)} is too large to be a size; leave it out for the default")
-    return text
-
-
-def max_threads() -> int:
-    """The most threads accepted: 4 per core, at least 256 (DuckDB starts every one at once)."""
-    return max(256, 4 * (os.cpu_count() or 1))
-
-
-def check_threads(threads) -> int | None:
-    """Refuse a thread count below 1 or far above the cores (10^5 threads hang DuckDB)."""
-    if threads is None:
-        return None
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= max_threads():
-        raise InputError(f"--threads {shorten(threads)} must be an integer from 1 to {max_threads()} "
-                         f"(this machine has {os.cpu_count() or 1} cores)")
-    return int(threads)
-
-
-def connect(memory_limit: str | None = None, threads: int | None = None) -> duckdb.DuckDBPyConnection:
-    """A fresh in-memory DuckDB connection with a memory limit (e.g. ``'3GB'``; default
-    :func:`default_memory_limit`) and, if given, a number of threads (default: DuckDB's, every core)."""
-    if memory_limit is not None:
-        check_memory_limit(memory_limit)
-    threads = check_threads(threads)
-    con = duckdb.connect(":memory:")
-    # DuckDB's own progress bar writes to stdout and would corrupt --json output
-    con.execute("SET enable_progress_bar = false")
-    try:
-        con.execute(f"SET memory_limit = {quote_literal(memory_limit or default_memory_limit())}")
-    except duckdb.Error as exc:
-        raise InputError(f"--memory-limit {shorten(memory_limit)} is not a size like '3GB': "
-                         f"{_first_line(exc)}") from None
-    if memory_limit:
-        con.execute("SET preserve_insertion_order = false")
-    con.execute(f"SET temp_directory = {quote_literal(spill_directory(con))}")
-    if threads:
-        con.execute(f"SET threads = {threads}")
-    return con
 
 
 def _register_source(con: duckdb.DuckDBPyConnection, source: Any) -> str:
@@ -362,13 +217,13 @@ def _register_source(con: duckdb.DuckDBPyConnection, source: Any) -> str:
                 con.execute(f"ATTACH {quote_literal(db_path)} AS __user (READ_ONLY)")
                 con.execute(f"CREATE VIEW {SOURCE_VIEW} AS SELECT * FROM __user.{quote_ident(table)}")
             except duckdb.Error as exc:
-                raise InputError(f"cannot read table {shorten(table)} of {shorten(db_path)}: {_first_line(exc)}") from None
+                raise InputError(f"cannot read table {shorten(table)} of {shorten(db_path)}: {first_line(exc)}") from None
             return path
         expr = _read_expr(path)
         try:
             con.execute(f"CREATE VIEW {SOURCE_VIEW} AS SELECT * FROM {expr}")
         except duckdb.Error as exc:
-            raise InputError(f"cannot read {shorten(path)}: {_first_line(exc)}") from None
+            raise InputError(f"cannot read {shorten(path)}: {first_line(exc)}") from None
         return path
     if isinstance(source, duckdb.DuckDBPyRelation):
         source = source.arrow()
@@ -383,35 +238,6 @@ def _register_source(con: duckdb.DuckDBPyConnection, source: Any) -> str:
         f"unsupported source of type {type(source).__name__}; give a path, a glob, "
         f"FILE.duckdb::TABLE, or a pandas/polars/Arrow frame or DuckDB relation"
     )
-
-
-def _first_line(exc: BaseException, width: int = 200) -> str:
-    """The first line of an engine error, cut to ``width`` (DuckDB echoes long paths and SQL)."""
-    return clip(str(exc).strip().splitlines()[0], width) if str(exc).strip() else type(exc).__name__
-
-
-#: DuckDB's errors that mean bad input: SQL that does not parse or bind, a value that does not convert
-BAD_INPUT_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
-                    duckdb.ConversionException, duckdb.InvalidInputException)
-
-
-@contextmanager
-def sql_errors(where: str | None = None, context: str | None = None):
-    """DuckDB's bad-input errors (:data:`BAD_INPUT_ERRORS`) as a one-line :class:`InputError`.
-
-    A parser or binder error with a ``--where`` filter names the filter; with ``context``, every
-    DuckDB error is reported after it (e.g. "--sql failed on database 2001").
-    """
-    try:
-        yield
-    except duckdb.Error as exc:
-        if context:
-            raise InputError(f"{context}: {_first_line(exc)}") from None
-        if not isinstance(exc, BAD_INPUT_ERRORS):
-            raise
-        if where and isinstance(exc, (duckdb.ParserException, duckdb.BinderException)):
-            raise InputError(f"the filter --where {shorten(where)} is not valid here: {_first_line(exc)}") from None
-        raise InputError(f"the query or filter is not valid SQL for this source: {_first_line(exc)}") from None
 
 
 def open_panel(
@@ -435,7 +261,7 @@ def open_panel(
     try:
         cols = con.execute(f"DESCRIBE SELECT * FROM {SOURCE_VIEW}").fetchall()
     except duckdb.Error as exc:
-        raise InputError(f"cannot read {shorten(description)}: {_first_line(exc)}") from None
+        raise InputError(f"cannot read {shorten(description)}: {first_line(exc)}") from None
     columns = {c[0]: c[1] for c in cols}
     panel = Panel(con=con, id=id, by=by, labels=[], description=description, columns=columns)
     panel.require_column(id)
@@ -532,83 +358,3 @@ def _label_index(qb: str, dtype: str, labels: list) -> str | None:
     for j, label in enumerate(labels):
         table[int(label) - lo] = j
     return f"[{','.join(map(str, table))}][{offset} + 1]::INTEGER"
-
-
-def as_float_array(values: Any) -> np.ndarray:
-    return np.asarray(values, dtype=np.float64)
-
-
-_UNITS = {"": 1, "B": 1, "BYTES": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50,
-          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15}
-
-
-def memory_limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
-    """DuckDB's memory limit in bytes (its setting reads like '1.8 GiB'; 0 for an unknown format)."""
-    text = str(con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2).upper() not in _UNITS:
-        return 0
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
-
-
-def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
-    """Run ``sql`` and fetch the result as an Arrow table (DuckDB 1.x and 2.x spellings)."""
-    rel = con.sql(sql)
-    fetch = getattr(rel, "to_arrow_table", None) or getattr(rel, "arrow")
-    tab = fetch()
-    return tab.read_all() if hasattr(tab, "read_all") else tab
-
-
-#: record batches DuckDB may produce ahead of the consumer in :func:`arrow_batches`
-PREFETCH_BATCHES = 3
-
-
-def arrow_batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 1 << 20,
-                  prefetch: int = PREFETCH_BATCHES) -> Iterator[pa.RecordBatch]:
-    """Run ``sql`` and stream the result as Arrow record batches (DuckDB 1.x and 2.x spellings).
-
-    A reader pulled on demand leaves DuckDB idle while the caller works on a batch; with
-    ``prefetch`` > 0 a background thread pulls up to that many batches ahead. The connection
-    is used by one thread at a time: the caller must not use it until the generator is
-    exhausted or closed.
-    """
-    rel = con.sql(sql)
-    reader = (getattr(rel, "to_arrow_reader", None) or getattr(rel, "fetch_arrow_reader"))(rows)
-    if prefetch <= 0:
-        yield from reader
-        return
-    ready: queue.Queue = queue.Queue(maxsize=prefetch)
-    stop = threading.Event()
-    end = object()
-
-    def offer(item) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def pull() -> None:
-        try:
-            for batch in reader:
-                if not offer(batch):
-                    return
-            offer(end)
-        except BaseException as exc:  # handed to the consumer, raised there
-            offer(exc)
-
-    worker = threading.Thread(target=pull, name="empdp-fetch", daemon=True)
-    worker.start()
-    try:
-        while True:
-            item = ready.get()
-            if item is end:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()  # the consumer stopped early (or failed): the thread ends after its current batch
-        worker.join()

@@ -1,0 +1,130 @@
+"""SQL text and DuckDB's results: quoting, one-line error messages, Arrow tables and batch streams."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+import duckdb
+import pyarrow as pa
+
+from ..errors import InputError
+
+
+def quote_ident(name: str) -> str:
+    """Quote a column or table name for DuckDB SQL (handles quotes and spaces)."""
+    return '"' + str(name).replace('"', '""') + '"'
+
+
+def quote_literal(value: str) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def shorten(value, width: int = 80) -> str:
+    """``repr(value)`` on one line, cut to ``width`` characters (:func:`clip`): user values echoed
+    in error messages (a 10,000-character --where must not fill the terminal)."""
+    return clip(repr(value), width)
+
+
+def clip(text: str, width: int = 80) -> str:
+    """``text`` on one line, cut to ``width`` characters by a '…' in the middle (the end of a
+    path, its file name, stays visible)."""
+    text = " ".join(str(text).split())
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def first_line(exc: BaseException, width: int = 200) -> str:
+    """The first line of an engine error, cut to ``width`` (DuckDB echoes long paths and SQL)."""
+    return clip(str(exc).strip().splitlines()[0], width) if str(exc).strip() else type(exc).__name__
+
+
+#: DuckDB's errors that mean bad input: SQL that does not parse or bind, a value that does not convert
+BAD_INPUT_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
+                    duckdb.ConversionException, duckdb.InvalidInputException)
+
+
+@contextmanager
+def sql_errors(where: str | None = None, context: str | None = None):
+    """DuckDB's bad-input errors (:data:`BAD_INPUT_ERRORS`) as a one-line :class:`InputError`.
+
+    A parser or binder error with a ``--where`` filter names the filter; with ``context``, every
+    DuckDB error is reported after it (e.g. "--sql failed on database 2001").
+    """
+    try:
+        yield
+    except duckdb.Error as exc:
+        if context:
+            raise InputError(f"{context}: {first_line(exc)}") from None
+        if not isinstance(exc, BAD_INPUT_ERRORS):
+            raise
+        if where and isinstance(exc, (duckdb.ParserException, duckdb.BinderException)):
+            raise InputError(f"the filter --where {shorten(where)} is not valid here: {first_line(exc)}") from None
+        raise InputError(f"the query or filter is not valid SQL for this source: {first_line(exc)}") from None
+
+
+def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """Run ``sql`` and fetch the result as an Arrow table (DuckDB 1.x and 2.x spellings)."""
+    rel = con.sql(sql)
+    fetch = getattr(rel, "to_arrow_table", None) or getattr(rel, "arrow")
+    tab = fetch()
+    return tab.read_all() if hasattr(tab, "read_all") else tab
+
+
+#: record batches DuckDB may produce ahead of the consumer in :func:`arrow_batches`
+PREFETCH_BATCHES = 3
+
+
+def arrow_batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 1 << 20,
+                  prefetch: int = PREFETCH_BATCHES) -> Iterator[pa.RecordBatch]:
+    """Run ``sql`` and stream the result as Arrow record batches (DuckDB 1.x and 2.x spellings).
+
+    A reader pulled on demand leaves DuckDB idle while the caller works on a batch; with
+    ``prefetch`` > 0 a background thread pulls up to that many batches ahead. The connection
+    is used by one thread at a time: the caller must not use it until the generator is
+    exhausted or closed.
+    """
+    rel = con.sql(sql)
+    reader = (getattr(rel, "to_arrow_reader", None) or getattr(rel, "fetch_arrow_reader"))(rows)
+    if prefetch <= 0:
+        yield from reader
+        return
+    ready: queue.Queue = queue.Queue(maxsize=prefetch)
+    stop = threading.Event()
+    end = object()
+
+    def offer(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def pull() -> None:
+        try:
+            for batch in reader:
+                if not offer(batch):
+                    return
+            offer(end)
+        except BaseException as exc:  # handed to the consumer, raised there
+            offer(exc)
+
+    worker = threading.Thread(target=pull, name="empdp-fetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()  # the consumer stopped early (or failed): the thread ends after its current batch
+        worker.join()
