@@ -74,6 +74,38 @@ def _default_epsilons(eps_all: float, count: int = 50) -> np.ndarray:
     return default_epsilons(eps_all, count)
 
 
+#: individuals per call of the risk core in the sweep: the saturation test runs between calls
+SWEEP_ROWS = 64
+#: Σ log(1 − δ_i(ε)) at or below which δ*(ε) = −expm1(·) is 1.0 in float64 (from about −38)
+SATURATED = -60.0
+
+
+def _sweep(model: JointModel, shifts: np.ndarray, eps: np.ndarray, rows: np.ndarray, eps_i: np.ndarray):
+    """δ_i(ε) of ``rows`` (riskiest first, in blocks), NaN where positive but not needed.
+
+    Once Σ log(1 − δ_i(ε)) ≤ :data:`SATURATED` over the blocks so far, δ*(ε) is 1.0 whatever the
+    others are, so the next blocks need δ_i(ε) only where it can exceed the largest so far (the
+    ``only``/``cap`` of :func:`empdp.joint.joint_risk`); δ_i at the smallest ε is always computed
+    (it is reported per individual), and whether δ_i > 0 is known from ε_i.
+    """
+    out = np.zeros((len(rows), len(eps)))
+    order = np.argsort(-eps_i[rows], kind="stable")
+    largest = np.zeros(len(eps))
+    log_survive = np.zeros(len(eps), dtype=np.longdouble)
+    for k in range(0, len(order), SWEEP_ROWS):
+        at = order[k:k + SWEEP_ROWS]
+        saturated = log_survive <= SATURATED
+        saturated[0] = False
+        only, cap = (~saturated, largest.copy()) if saturated.any() else (None, None)
+        d = joint_risk(model, shifts[rows[at]], eps, only=only, cap=cap)[1]
+        out[at] = d
+        known = np.nan_to_num(d, nan=0.0)
+        largest = np.maximum(largest, known.max(axis=0))
+        with np.errstate(divide="ignore"):
+            log_survive += np.log1p(-known).sum(axis=0, dtype=np.longdouble)
+    return out
+
+
 def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = None, sql: list[str] | None = None,
                  where: str | None = None, epsilon=None, bandwidth="auto", drop_null_ids: bool = False,
                  memory_limit: str | None = None, threads: int | None = None) -> JointAssessment:
@@ -134,10 +166,10 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
     delta = np.ones((m, len(eps)))
     need = ok[joint_bound(model, shifts[ok]) > eps[0]]
     delta[ok] = 0.0
-    if len(need):
-        delta[need] = joint_risk(model, shifts[need], eps)[1]
+    delta[need] = _sweep(model, shifts, eps, need, eps_i)
+    known = np.nan_to_num(delta, nan=0.0)  # NaN: positive, below the largest δ_i where δ* is 1.0
     with np.errstate(divide="ignore"):
-        total = np.maximum(-np.expm1(np.log1p(-delta).sum(axis=0, dtype=np.longdouble).astype(np.float64)), 0.0)
+        total = np.maximum(-np.expm1(np.log1p(-known).sum(axis=0, dtype=np.longdouble).astype(np.float64)), 0.0)
     individuals = pl.DataFrame({
         id: ids, "eps_i": eps_i, "delta": delta[:, 0], "n_databases": present,
         **{f"max_abs_shift_{k + 1}": np.abs(shifts[:, :, k]).max(axis=1) for k in range(d)},
@@ -149,6 +181,7 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
                         "delta_i = 1, eps_i = inf; no epsilon protects them")
     return JointAssessment(
         source=str(source) if isinstance(source, str) else type(source).__name__, queries=names,
-        id_column=id, by_column=by, labels=labels, q=q, model=model, epsilons=eps, delta=delta.max(axis=0),
-        total_risk=total, n_at_risk=(delta > 0).sum(axis=0), eps_all=eps_all, individuals=individuals,
+        id_column=id, by_column=by, labels=labels, q=q, model=model, epsilons=eps, delta=known.max(axis=0),
+        total_risk=total, n_at_risk=((delta > 0) | np.isnan(delta)).sum(axis=0), eps_all=eps_all,
+        individuals=individuals,
         sole_contributors=int(sole.sum()), warnings=warnings)

@@ -164,6 +164,41 @@ def test_d2_eps_exact_on_many_panels_and_below_the_screening_bound():
         assert e[i] == pytest.approx(ref_eps(A, B, rng, 5000), rel=1e-6, abs=1e-12)
 
 
+def test_d2_only_and_cap_skip_exactly_what_cannot_exceed_the_cap():
+    """δ_i at the levels outside ``only`` only where the chord bound (convexity in e^ε) exceeds the cap."""
+    from empdp.joint._cells import chord_bound
+
+    q, S = random_panel(3, 10, 2, 12, size=0.6)
+    model = select_joint_model(q)
+    eps = np.geomspace(0.02, 0.8, 12)
+    e, full = joint_risk(model, S, eps)
+    only = np.zeros(len(eps), dtype=bool)
+    only[[0, 5]] = True
+    cap = np.full(len(eps), np.quantile(full[full > 0], 0.5))
+    e2, part = joint_risk(model, S, eps[::-1], only=only[::-1], cap=cap[::-1])  # any order
+    part = part[:, ::-1]
+    np.testing.assert_array_equal(e2, e)
+    done = ~np.isnan(part)
+    np.testing.assert_array_equal(part[done], full[done])
+    assert done[:, only].all() and not done.all()
+    assert np.all(full[~done] > 0) and np.all(full[~done] <= cap[None, :].repeat(len(S), 0)[~done])
+    bound = chord_bound(full[:, 0], eps[0], e, eps)
+    assert np.all(full <= bound + 1e-15)
+    with pytest.raises(ValueError, match="smallest"):
+        joint_risk(model, S, eps, only=~only, cap=cap)
+
+
+def test_d2_eps_alone_far_apart_rows_take_the_log_space_path():
+    """A row with a shift of hundreds of scales: the product form would underflow; the result stays exact."""
+    q, S = random_panel(4, 7, 2, 3)
+    model = select_joint_model(q, bandwidth=[0.01, 0.01])
+    S[1, 2] = [5.0, -3.0]  # 500 and 300 scales
+    e, _ = joint_risk(model, S)
+    for i in range(len(S)):
+        A, B = scaled(model, S[i])
+        assert e[i] == pytest.approx(ref_eps(A, B), rel=1e-9)
+
+
 def test_delta_vanishes_at_and_above_eps_i_and_is_positive_below():
     q, S = random_panel(8, 8, 2, 10)
     model = select_joint_model(q)

@@ -49,3 +49,27 @@ def test_a_statistic_that_is_an_exact_function_of_the_other_is_a_finding():
     with pytest.raises(SingularCovarianceError, match="exactly dependent") as info:
         assess_joint(table, id="id", by="db", queries=["sum(x)", "sum(x_not_k)"])
     assert info.value.involved == (0, 1)
+
+
+def test_the_sweep_skips_only_what_cannot_change_the_summary(monkeypatch):
+    """Forced saturation after the first block: the largest δ_i and δ_i at the smallest ε are unchanged,
+    and every δ_i left out (NaN) is positive and at most the largest."""
+    import empdp.joint_assess as ja
+    from empdp.joint import joint_risk, select_joint_model
+
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=(12, 2))
+    S = rng.normal(size=(40, 12, 2)) * 0.5
+    model = select_joint_model(q)
+    e = joint_risk(model, S)[0]
+    eps = np.geomspace(e.max() / 20, e.max() * 1.25, 10)
+    full = joint_risk(model, S, eps)[1]
+    monkeypatch.setattr(ja, "SWEEP_ROWS", 8)
+    monkeypatch.setattr(ja, "SATURATED", -0.05)
+    part = ja._sweep(model, S, eps, np.arange(40), e)
+    skipped = np.isnan(part)
+    assert skipped.any()
+    np.testing.assert_array_equal(part[~skipped], full[~skipped])
+    np.testing.assert_array_equal(np.nan_to_num(part, nan=0.0).max(axis=0), full.max(axis=0))
+    assert not skipped[:, 0].any()
+    assert np.all(full[skipped] > 0) and np.all(full[skipped] <= full.max(axis=0)[np.nonzero(skipped)[1]])

@@ -63,11 +63,14 @@ def rows_per_block(n: int) -> int:
     return max(1, BLOCK_VERTICES // (4 * n * n))
 
 
-def evaluate(a: np.ndarray, s: np.ndarray, eps: np.ndarray | None, nodes: int = NODES):
+def evaluate(a: np.ndarray, s: np.ndarray, eps: np.ndarray | None, nodes: int = NODES,
+             only: np.ndarray | None = None, cap: np.ndarray | None = None):
     """Exact ε_i and δ_i(ε) for scaled points ``a`` (n, 2) and scaled shifts ``s`` (C, n, 2).
 
     Returns ``(eps_i, delta, ok)``: ``eps_i`` (C,), ``delta`` (C, E) or None, and ``ok`` (C,) False
-    for rows this method cannot certify (their results are NaN). ``eps`` ascending.
+    for rows this method cannot certify (their results are NaN). ``eps`` ascending. With ``only``
+    (E,) (True at eps[0]) and ``cap`` (E,): at the levels outside ``only``, δ_i is computed only
+    where its bound :func:`chord_bound` exceeds ``cap``, and is NaN elsewhere where it is positive.
     """
     C, n, _ = s.shape
     eps_i = np.full(C, np.nan)
@@ -76,11 +79,24 @@ def evaluate(a: np.ndarray, s: np.ndarray, eps: np.ndarray | None, nodes: int = 
     step = rows_per_block(n)
     for k in range(0, C, step):
         sl = slice(k, k + step)
-        e, d, good = _block(a, s[sl], eps, nodes)
+        e, d, good = _block(a, s[sl], eps, nodes, only, cap)
         eps_i[sl], ok[sl] = e, good
         if delta is not None:
             delta[sl] = d
     return eps_i, delta, ok
+
+
+def chord_bound(delta0: np.ndarray, eps0: float, eps_i: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """Upper bound on δ_i(ε) (C, E) from δ_i(ε₀) (C,) and ε_i (C,).
+
+    Each side ∫ (p − t p_i)_+ is convex in t = e^ε (a positive part of functions affine in t), so
+    δ_i is, and it vanishes at t_i = e^{ε_i}: on [t₀, t_i] it lies below the chord from (t₀, δ_i(ε₀))
+    to (t_i, 0).
+    """
+    t0, ti, t = np.exp(eps0), np.exp(eps_i)[:, None], np.exp(eps)[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.clip((ti - t) / (ti - t0), 0.0, 1.0)
+    return np.where(ti > t0, delta0[:, None] * frac, 0.0)
 
 
 def eps_rows(a: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -162,7 +178,7 @@ def _quadrants(xs, ranks, pts):
     return np.stack([M[:, :J, :J], M[:, J:, :J], M[:, :J, J:], M[:, J:, J:]], axis=1)
 
 
-def _block(a, s, eps, nodes):
+def _block(a, s, eps, nodes, only=None, cap=None):
     C, n, _ = s.shape
     b = a[None] - s
     xs, ranks, ws, fs = [], [], [], []
@@ -188,12 +204,26 @@ def _block(a, s, eps, nodes):
     if eps is None:
         return eps_i, None, ok
     pieces = _pieces(L, QA, QB, VA, VB, fs)
-    plus = _side(pieces, eps, 0, ws, nodes)
-    minus = _side(pieces, eps, 1, ws, nodes)
-    delta = np.clip(np.maximum(plus, minus) / (4.0 * n), 0.0, 1.0)
+    need = None
+    if only is not None:
+        need = np.broadcast_to(np.asarray(only, dtype=bool), (C, len(eps))).copy()
+    delta = _delta(pieces, eps, ws, nodes, n, need)
+    if need is not None and (~need).any():  # the other levels, where the chord bound exceeds the cap
+        more = chord_bound(delta[:, 0], eps[0], eps_i, eps) > np.asarray(cap)[None, :]
+        more &= ~need
+        if more.any():
+            delta = np.where(more, _delta(pieces, eps, ws, nodes, n, more), delta)
+            need |= more
+        delta[~need] = np.nan
     delta[eps_i[:, None] <= eps[None, :]] = 0.0
     delta[~ok] = np.nan
     return eps_i, delta, ok
+
+
+def _delta(pieces, eps, ws, nodes, n, need):
+    plus = _side(pieces, eps, 0, ws, nodes, need)
+    minus = _side(pieces, eps, 1, ws, nodes, need)
+    return np.clip(np.maximum(plus, minus) / (4.0 * n), 0.0, 1.0)
 
 
 def _pieces(L, QA, QB, VA, VB, fs):
@@ -238,8 +268,9 @@ def _pieces(L, QA, QB, VA, VB, fs):
             "ncell": (J - 1) ** 2, "nseg": 4 * (J - 1), "J": J}
 
 
-def _side(P, eps, side, ws, nodes):
-    """∫ (p − e^ε p_i)_+ (side 0) or ∫ (p_i − e^ε p)_+ (side 1), up to 4n, for each row and ε."""
+def _side(P, eps, side, ws, nodes, need=None):
+    """∫ (p − e^ε p_i)_+ (side 0) or ∫ (p_i − e^ε p)_+ (side 1), up to 4n, for each row and ε
+    (the cut pieces only at the (row, level) pairs ``need`` (C, E) allows; None: all)."""
     lo, hi, mp, mq = P["lo"], P["hi"], P["mA"], P["mB"]
     if side:
         lo, hi, mp, mq = -P["hi"], -P["lo"], P["mB"], P["mA"]
@@ -262,8 +293,11 @@ def _side(P, eps, side, ws, nodes):
     at = np.repeat(cut, c)
     level = np.repeat(k_lo.ravel()[cut] - (np.cumsum(c) - c), c) + np.arange(len(at))
     row, piece = np.divmod(at, K)
+    if need is not None:
+        keep = need[row, level]
+        row, piece, level = row[keep], piece[keep], level[keep]
     g = growth[level]
-    value = np.zeros(len(at))
+    value = np.zeros(len(row))
     ncell, nseg, J = P["ncell"], P["nseg"], P["J"]
     is_cell = piece < ncell
     if is_cell.any():

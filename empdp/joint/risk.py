@@ -35,18 +35,18 @@ def exact_eps(a: np.ndarray, su: np.ndarray) -> np.ndarray:
     return _risk(a, su, None, QUAD_NODES)[0]
 
 
-def _risk(a, su, eps, nodes):
-    """(ε_i, δ_i or None) for rows with some shift; ``eps`` ascending."""
+def _risk(a, su, eps, nodes, only=None, cap=None):
+    """(ε_i, δ_i or None) for rows with some shift; ``eps`` ascending (``only``, ``cap`` in its order)."""
     m, n, d = su.shape
     if m == 0:
         return np.zeros(0), None if eps is None else np.zeros((0, len(eps)))
     if d == 1:
-        return _onescale().evaluate(a[:, 0], 1.0, su[:, :, 0], eps)
+        return _onescale().evaluate(a[:, 0], 1.0, su[:, :, 0], eps, only, cap)
     if d == 2 and eps is None:
         e, ok = _cells.eps_rows(a, su)
         dl, rest = None, np.flatnonzero(~ok)
     elif d == 2:
-        e, dl, ok = _cells.evaluate(a, su, eps, nodes)
+        e, dl, ok = _cells.evaluate(a, su, eps, nodes, only, cap)
         rest = np.flatnonzero(~ok)
         fast, same = _cells.eps_rows(a, su)  # the ε_i an ε-only call reports, to the last bit
         e = np.where(ok & same, fast, e)
@@ -63,7 +63,7 @@ def _risk(a, su, eps, nodes):
 
 
 def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES, return_error: bool = False,
-               screen: bool = True):
+               screen: bool = True, only=None, cap=None):
     """Exact ε_i and δ_i(ε) of each individual for a joint query (docs/method.md#41-per-individual-risk).
 
     Parameters
@@ -81,6 +81,11 @@ def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES, 
         agreement; d = 3: the difference from a rule with 2 nodes fewer).
     screen : bool
         Rows with M_i ≤ min(eps) get ε_i only (their δ_i is exactly 0 there and above).
+    only, cap : arrays (E,), optional
+        As in :func:`empdp.risk.evaluate`: δ_i at every level in ``only`` (which must hold the
+        smallest ε); at the others only where a bound on δ_i exceeds ``cap`` there (d = 1: δ_i at
+        the smallest ε; d = 2: the chord bound of convexity in e^ε, :func:`._cells.chord_bound`;
+        d = 3 computes every level). Elsewhere δ_i is NaN where it is positive (ε < ε_i).
 
     Returns
     -------
@@ -106,13 +111,18 @@ def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES, 
     if eps.ndim != 1 or not np.all(np.isfinite(eps) & (eps >= 0)):
         raise InputError("eps must be a list of non-negative numbers")
     order = np.argsort(eps, kind="stable")
+    if only is not None:
+        only = np.asarray(only, dtype=bool)[order]
+        if cap is None or not only[0]:
+            raise ValueError("only must keep the smallest epsilon, and comes with cap")
+        cap = np.asarray(cap, dtype=np.float64)[order]
     delta = np.zeros((m, len(eps)))
     err = np.zeros((m, len(eps)))
     need = live[bound[live] > (eps.min() if screen else -1.0)]
     only_eps = np.setdiff1d(live, need)
     eps_i[only_eps] = _risk(a, su[only_eps], None, nodes)[0]
     if len(need):
-        e, d = _risk(a, su[need], eps[order], nodes)
+        e, d = _risk(a, su[need], eps[order], nodes, only, cap)
         eps_i[need] = e
         delta[np.ix_(need, order)] = d
         if return_error and model.d == 3:
