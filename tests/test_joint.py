@@ -164,6 +164,24 @@ def test_d2_eps_exact_on_many_panels_and_below_the_screening_bound():
         assert e[i] == pytest.approx(ref_eps(A, B, rng, 5000), rel=1e-6, abs=1e-12)
 
 
+def test_d2_exposed_individual_at_levels_near_its_eps_is_not_lost_to_cancellation():
+    """The paper's pair at ε of hundreds: e^ε ≈ 1e130 multiplies p̂_i, so the cut pieces' coefficients
+    span 1e130 (a form with cancellation lost 2e−2, then 4e−4 here). Reference: the tensor grid
+    (h = 0.2 over 125 × 224 scales; accurate to ~1e−5 at these levels)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(5.0, 2.0, size=(30, 40))
+    x[7] = 5.0 + rng.normal(0, 0.05, size=40)
+    q = np.column_stack([x.sum(0), x.sum(0) - x[7]])
+    S = np.zeros((1, 40, 2))
+    S[0, :, 0] = x[7]
+    model = select_joint_model(q)
+    e, _ = joint_risk(model, S)
+    eps = e[0] * np.array([0.6, 0.74, 0.9])
+    d = joint_risk(model, S, eps)[1][0]
+    A, B = scaled(model, S[0])
+    np.testing.assert_allclose(d, ref_delta_2d(A, B, eps, h=0.2, h_tail=0.4), atol=3e-5)
+
+
 def test_d2_only_and_cap_skip_exactly_what_cannot_exceed_the_cap():
     """δ_i at the levels outside ``only`` only where the chord bound (convexity in e^ε) exceeds the cap."""
     from empdp.joint._cells import chord_bound

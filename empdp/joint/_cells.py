@@ -43,10 +43,12 @@ MAX_PIECE = 0.5
 TOL = 1e-13
 #: most pieces per interval between edge roots
 MAX_PARTS = 256
+#: cut cells per vectorised pass
+CHUNK = 4096
 #: Gauss–Legendre nodes per piece when the nearest singularity of the piece's integrand is far
 FAST_NODES = 6
-#: "far": at least this many piece lengths beyond the piece (Bernstein ρ ≥ 4 + √15 ≈ 7.9)
-SAFE_DISTANCE = 1.5
+#: "far": at least this many piece lengths beyond the piece (Bernstein ρ ≥ 7 + √48 ≈ 13.9: ρ^{−12} ≈ 2e−14)
+SAFE_DISTANCE = 3.0
 #: (rows × vertices) per block: the block's dozen (C, 2J, 2J) temporaries stay within a few tens of MB
 BLOCK_VERTICES = 400_000
 #: ε_i alone uses products of e^{±(x − c)}: every coordinate within this of the row's centre
@@ -319,16 +321,17 @@ def _side(P, eps, side, ws, nodes, need=None):
 def _pos_1d(alpha, beta, f):
     """∫_0^w (α e^{−t} + β e^{−(w−t)})_+ dt with f = e^{−w}: exact (one root at most).
 
-    With e1 = e^{−t*} at the root (α e^{−2t*} = −β f), ∫_0^{t*} = α (1 − e1) + β (f/e1 − f); the
-    integrand is positive before the root when α > 0 and after it when α < 0.
+    The root t* (α e^{−2t*} = −β f) lies inside when α β < 0 and f² < −β f/α < 1; then the part
+    on the positive side is (√P − √(−f N))², P the positive and N the negative coefficient (no
+    cancellation). Otherwise the integrand keeps the sign of α + β (its value at w/2 up to e^{−w/2}).
     """
     total = (alpha + beta) * (1.0 - f)
-    mixed = alpha * beta < 0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        e1 = np.sqrt(np.clip(-beta * f / alpha, f * f, 1.0))
-        head = alpha * (1.0 - e1) + beta * (f / np.maximum(e1, 1e-300) - f)
-    value = np.where(mixed, np.where(alpha > 0, head, total - head), np.where((alpha >= 0) & (beta >= 0), total, 0.0))
-    return np.maximum(value, 0.0)
+        ratio = -beta * f / alpha
+    inside = (alpha * beta < 0) & (ratio > f * f) & (ratio < 1.0)
+    pos, neg = np.maximum(alpha, beta), np.minimum(alpha, beta)
+    cut = np.square(np.sqrt(np.maximum(pos, 0.0)) - np.sqrt(np.maximum(-f * neg, 0.0)))
+    return np.where(inside, cut, np.where(alpha + beta > 0, np.maximum(total, 0.0), 0.0))
 
 
 def _edge_root(gamma, eta, f, w):
@@ -339,6 +342,14 @@ def _edge_root(gamma, eta, f, w):
 
 
 def _cell_integral(D, w1, w2, nodes, tol):
+    """:func:`_cell_chunk` on chunks of :data:`CHUNK` cells (their temporaries stay in cache)."""
+    if len(w1) <= CHUNK:
+        return _cell_chunk(D, w1, w2, nodes, tol)
+    return np.concatenate([_cell_chunk(D[k:k + CHUNK], w1[k:k + CHUNK], w2[k:k + CHUNK], nodes, tol)
+                           for k in range(0, len(w1), CHUNK)])
+
+
+def _cell_chunk(D, w1, w2, nodes, tol):
     """∫∫ (h)_+ over [0, w1] × [0, w2] for h = D−− e^{−t1−t2} + D+− e^{−(w1−t1)−t2} + D−+ e^{−t1−(w2−t2)}
     + D++ e^{−(w1−t1)−(w2−t2)} (D: (N, 4) in that order): exact along the wider axis (t1),
     Gauss–Legendre along the other on pieces between the edge roots.
@@ -359,7 +370,7 @@ def _cell_integral(D, w1, w2, nodes, tol):
     # h on the edges t1 = 0 and t1 = w1 as functions of t2: their roots split the t2 axis
     r1 = _edge_root(dmm + f1 * dpm, dmp + f1 * dpp, f2, w2)
     r2 = _edge_root(f1 * dmm + dpm, f1 * dmp + dpp, f2, w2)
-    bps = np.sort(np.stack([np.zeros_like(w2), r1, r2, w2], axis=1), axis=1)
+    bps = np.stack([np.zeros_like(w2), np.minimum(r1, r2), np.maximum(r1, r2), w2], axis=1)  # r ∈ [0, w2]
     lo, hi = bps[:, :-1], bps[:, 1:]  # (N, 3) intervals, some empty
     parts = np.maximum(1, np.ceil((hi - lo) / MAX_PIECE)).astype(np.int64)
     h = (hi - lo) / parts
@@ -382,20 +393,39 @@ def _cell_integral(D, w1, w2, nodes, tol):
     fast = safe.all(axis=1)
     out = np.zeros(len(w1))
     if fast.any():
-        out[fast] = _fixed_rule(dmm[fast], dpm[fast], dmp[fast], dpp[fast], f1[fast], w2[fast], lo[fast],
-                                h[fast], parts[fast])
+        positive = al + be > 0  # where the root stays out of [0, w1], the sign of h at t1 = w1/2
+        out[fast] = _fixed_rule(D[fast], f1[fast], w2[fast], lo[fast], hi[fast], parts[fast], inside[fast],
+                                positive[fast])
     slow = np.flatnonzero(~fast)
     if len(slow):
         out[slow] = _adaptive(dmm[slow], dpm[slow], dmp[slow], dpp[slow], f1[slow], w2[slow], bps[slow], nodes, tol)
     return out
 
 
-def _fixed_rule(dmm, dpm, dmp, dpp, f1, w2, lo, h, parts):
-    """One FAST_NODES-point Gauss–Legendre rule on each of the ``parts`` equal parts of the intervals
-    [lo, lo + parts·h] (N, 3), empty ones skipped; the exact integral along t1 at each node."""
+def _fixed_rule(D, f1, w2, lo, hi, parts, inside, positive):
+    """∫ F over the intervals [lo, hi] (N, 3) of the Gauss axis, F(t2) the exact integral along t1.
+
+    With α(t2) = D−− e^{−t2} + D−+ e^{t2−w2} and β(t2) = D+− e^{−t2} + D++ e^{t2−w2}: where the
+    root stays outside [0, w1], F = (α + β)(1 − f1) or 0, a sum of exponentials integrated in
+    closed form; where it lies inside, F = (√P − √(f1 N))², P the positive and −N the negative
+    coefficient (no cancellation), by a FAST_NODES-point Gauss–Legendre rule on each of ``parts``
+    equal parts.
+    """
+    dmm, dpm, dmp, dpp = D.T
+    L = hi - lo
+    with np.errstate(over="ignore", invalid="ignore"):
+        down = np.exp(-lo) * -np.expm1(-L)                # ∫ e^{−t}
+        up = np.exp(hi - w2[:, None]) * -np.expm1(-L)     # ∫ e^{t − w2}
+    whole = ~inside & positive & (L > 0)
+    ia = dmm[:, None] * down + dmp[:, None] * up          # ∫ α
+    ib = dpm[:, None] * down + dpp[:, None] * up          # ∫ β
+    out = np.where(whole, (ia + ib) * (1.0 - f1[:, None]), 0.0).sum(axis=1)
     x, wt = _GL[FAST_NODES]
-    cnt = np.where(h > 0, parts, 0).ravel()
-    at = np.repeat(np.arange(cnt.size), cnt)  # one entry per (cell, interval, part)
+    h = L / parts
+    cnt = np.where(inside & (L > 0), parts, 0).ravel()
+    at = np.repeat(np.arange(cnt.size), cnt)  # one entry per (cell, interval, part) the root crosses
+    if not len(at):
+        return out
     k = np.arange(len(at)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
     cell = at // 3
     hh = h.ravel()[at]
@@ -404,8 +434,9 @@ def _fixed_rule(dmm, dpm, dmp, dpp, f1, w2, lo, h, parts):
     e_hi = np.exp(t - w2[cell][:, None])
     alpha = dmm[cell][:, None] * e_lo + dmp[cell][:, None] * e_hi
     beta = dpm[cell][:, None] * e_lo + dpp[cell][:, None] * e_hi
-    part = (_pos_1d(alpha, beta, f1[cell][:, None]) @ wt) * (0.5 * hh)
-    return np.bincount(cell, weights=part, minlength=len(f1))
+    pos, neg = np.maximum(alpha, beta), np.minimum(alpha, beta)
+    F = np.square(np.sqrt(np.maximum(pos, 0.0)) - np.sqrt(np.maximum(-f1[cell][:, None] * neg, 0.0)))
+    return out + np.bincount(cell, weights=(F @ wt) * (0.5 * hh), minlength=len(out))
 
 
 def _adaptive(dmm, dpm, dmp, dpp, f1, w2, bps, nodes, tol):
