@@ -14,6 +14,7 @@ import numpy as np
 from scipy.special import log_ndtr, logsumexp, ndtr
 
 from .errors import InputError
+from .robust import SILVERMAN_IQR_PER_SD, robust_spread
 
 KERNELS = ("laplace", "gaussian")
 #: the kernel of every command unless the user opts into another (see :func:`select_density`)
@@ -135,23 +136,6 @@ def loo_loglik(kernel: str, q: np.ndarray, bandwidths: np.ndarray) -> float:
     lk = kernel_logpdf(kernel, q[:, None] - q[None, :], bandwidths[None, :])
     np.fill_diagonal(lk, -np.inf)
     return float(np.sum(logsumexp(lk, axis=1) - np.log(n - 1)))
-
-
-#: the interquartile range of N(0, 1) in standard deviations: IQR / 1.349 estimates σ
-IQR_PER_SD = 1.349
-#: the constant of Silverman's rule of thumb as published (1986, eq. 3.31), rounded to 1.34: kept,
-#: since the default model's candidate bandwidths (and so every assessment's numbers) start from it
-SILVERMAN_IQR_PER_SD = 1.34
-
-
-def robust_spread(x: np.ndarray, axis: int = 0, iqr_per_sd: float = IQR_PER_SD) -> np.ndarray:
-    """min(sd, IQR / ``iqr_per_sd``) along ``axis``, the sd where the IQR is 0: the one robust
-    spread of the package (bandwidth rules of the density model and of the audits)."""
-    x = np.asarray(x, dtype=np.float64)
-    sd = x.std(axis=axis, ddof=1) if x.shape[axis] > 1 else np.zeros(np.delete(x.shape, axis))
-    q75, q25 = np.percentile(x, [75, 25], axis=axis)
-    iqr = q75 - q25
-    return np.where(iqr > 0, np.minimum(sd, iqr / iqr_per_sd), sd)
 
 
 def reference_scale(q: np.ndarray) -> float:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..density import robust_spread
+from ..robust import robust_spread
 
 #: ∫K² for the standard Gaussian kernel in one dimension: 1 / (2√π).
 GAUSS_R = 1.0 / (2.0 * np.sqrt(np.pi))
@@ -40,7 +40,7 @@ _SCALE_ROWS = 1 << 16
 
 
 def scale_estimate(x: np.ndarray) -> np.ndarray:
-    """Robust per-column spread (:func:`empdp.density.robust_spread`: min(sd, IQR/1.349), the sd
+    """Robust per-column spread (:func:`empdp.robust.robust_spread`: min(sd, IQR/1.349), the sd
     where the IQR is 0), on a strided subsample of large samples; 1 where it is 0."""
     if x.shape[0] > 2 * _SCALE_ROWS:
         x = x[:: x.shape[0] // _SCALE_ROWS]
