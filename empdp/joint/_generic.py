@@ -202,6 +202,13 @@ def _pos_1d(alpha, beta, w):
     span = hi - lo
     with np.errstate(over="ignore", invalid="ignore"):
         val = alpha * np.exp(lo) * np.expm1(span) - beta * np.exp(-lo) * np.expm1(-span)
+        # a root strictly inside: the part on the positive side is a square (α e^r = −β e^{−r} there),
+        # (√α e^{w/2} − √(−β) e^{−w/2})² rising and (√β − √(−α))² falling: no cancellation
+        half = np.exp(np.minimum(0.5 * w, 350.0))
+        cut = np.where(rising, np.square(np.sqrt(np.abs(alpha)) * half - np.sqrt(np.abs(beta)) / half),
+                       np.square(np.sqrt(np.abs(beta)) - np.sqrt(np.abs(alpha))))
+    inside = mixed & (r > 0) & (r < w)
+    val = np.where(inside, cut, val)
     return np.where(span > 0, np.nan_to_num(val, nan=0.0, posinf=0.0, neginf=0.0), 0.0).clip(min=0.0)
 
 
