@@ -182,13 +182,14 @@ def test_d2_exposed_individual_at_levels_near_its_eps_is_not_lost_to_cancellatio
     np.testing.assert_allclose(d, ref_delta_2d(A, B, eps, h=0.2, h_tail=0.4), atol=3e-5)
 
 
-def test_d2_only_and_cap_skip_exactly_what_cannot_exceed_the_cap():
+@pytest.mark.parametrize("d", [2, 3])
+def test_only_and_cap_skip_exactly_what_cannot_exceed_the_cap(d):
     """δ_i at the levels outside ``only`` only where the chord bound (convexity in e^ε) exceeds the cap."""
     from empdp.joint._cells import chord_bound
 
-    q, S = random_panel(3, 10, 2, 12, size=0.6)
+    q, S = random_panel(3, 10 if d == 2 else 7, d, 12 if d == 2 else 3, size=0.6)
     model = select_joint_model(q)
-    eps = np.geomspace(0.02, 0.8, 12)
+    eps = np.geomspace(0.02, 0.8, 12 if d == 2 else 7)
     e, full = joint_risk(model, S, eps)
     only = np.zeros(len(eps), dtype=bool)
     only[[0, 5]] = True

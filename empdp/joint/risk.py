@@ -58,8 +58,26 @@ def _risk(a, su, eps, nodes, only=None, cap=None):
         e[rest] = _generic._eps_rows(a, su[rest])
         if eps is not None:
             for r in rest:
-                dl[r] = _generic._delta_row(a, a - su[r], eps, nodes, False)[1]
+                dl[r] = _general_levels(a, a - su[r], eps, nodes, e[r], only, cap)
     return e, dl
+
+
+def _general_levels(a, b, eps, nodes, eps_i, only, cap):
+    """δ_i(ε) of one row by the general path: every level, or with ``only``/``cap`` the levels in
+    ``only`` and those where the chord bound exceeds the cap (NaN at the others below ε_i)."""
+    if only is None:
+        return _generic._delta_row(a, b, eps, nodes, False)[1]
+    out = np.zeros(len(eps))
+    live = eps < eps_i
+    first = only & live
+    if first.any():
+        out[first] = _generic._delta_row(a, b, eps[first], nodes, False)[1]
+    bound = _cells.chord_bound(out[:1], eps[0], np.array([eps_i]), eps)[0]
+    more = ~only & live & (bound > cap)
+    if more.any():
+        out[more] = _generic._delta_row(a, b, eps[more], nodes, False)[1]
+    out[~only & live & ~more] = np.nan
+    return out
 
 
 def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES, return_error: bool = False,
@@ -84,8 +102,8 @@ def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES, 
     only, cap : arrays (E,), optional
         As in :func:`empdp.risk.evaluate`: δ_i at every level in ``only`` (which must hold the
         smallest ε); at the others only where a bound on δ_i exceeds ``cap`` there (d = 1: δ_i at
-        the smallest ε; d = 2: the chord bound of convexity in e^ε, :func:`._cells.chord_bound`;
-        d = 3 computes every level). Elsewhere δ_i is NaN where it is positive (ε < ε_i).
+        the smallest ε; d = 2, 3: the chord bound of convexity in e^ε, :func:`._cells.chord_bound`).
+        Elsewhere δ_i is NaN where it is positive (ε < ε_i).
 
     Returns
     -------
