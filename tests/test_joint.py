@@ -207,6 +207,20 @@ def test_only_and_cap_skip_exactly_what_cannot_exceed_the_cap(d):
         joint_risk(model, S, eps, only=~only, cap=cap)
 
 
+def test_d2_quadrant_sums_by_prefix_sums_equal_the_matrix_product(monkeypatch):
+    """Rows spanning more than 2 FAST_SPAN scales take the matrix product; both forms give one δ_i."""
+    from empdp.joint import _cells
+
+    q, S = random_panel(6, 9, 2, 4, p_present=0.8)
+    model = select_joint_model(q)
+    eps = np.geomspace(0.02, 0.6, 6)
+    e, d = joint_risk(model, S, eps)
+    monkeypatch.setattr(_cells, "FAST_SPAN", 0.0)
+    e2, d2 = joint_risk(model, S, eps)
+    np.testing.assert_allclose(e2, e, rtol=1e-12)
+    np.testing.assert_allclose(d2, d, atol=1e-13)
+
+
 def test_d2_eps_alone_far_apart_rows_take_the_log_space_path():
     """A row with a shift of hundreds of scales: the product form would underflow; the result stays exact."""
     q, S = random_panel(4, 7, 2, 3)

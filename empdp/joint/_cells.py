@@ -172,7 +172,61 @@ def _factors(x: np.ndarray, pts: np.ndarray, rank: np.ndarray) -> np.ndarray:
 
 
 def _quadrants(xs, ranks, pts):
-    """The quadrant sums (C, 4, J, J) in the order −−, +−, −+, ++ (axis 1 sign first)."""
+    """The quadrant sums (C, 4, J, J) in the order −−, +−, −+, ++ (axis 1 sign first).
+
+    Each point sits on one kink line per axis, so a quadrant sum is a two-dimensional prefix or
+    suffix sum of the points' weights e^{±(p_1 − c_1)} e^{±(p_2 − c_2)} (c the rows' centre), times
+    the vertex's factors e^{∓(x − c)}: cumulative sums instead of a matrix product. Rows spanning
+    more than 2 :data:`FAST_SPAN` scales (where e^{±(x − c)} would overflow) take the product form.
+    """
+    x1, x2 = xs
+    span = np.maximum(x1[:, -1] - x1[:, 0], x2[:, -1] - x2[:, 0])
+    if np.all(span <= 2 * FAST_SPAN):
+        return _quadrants_cumsum(xs, ranks, pts)
+    return _quadrants_product(xs, ranks, pts)
+
+
+def _quadrants_cumsum(xs, ranks, pts):
+    C, J = xs[0].shape
+    n = pts.shape[1]
+    rows = np.repeat(np.arange(C), n)
+    r1, r2 = ranks[0].ravel(), ranks[1].ravel()
+    up, down, e_pts = [], [], []
+    for k in (0, 1):
+        c = 0.5 * (xs[k][:, :1] + xs[k][:, -1:])
+        u = np.exp(xs[k] - c)  # e^{x − c}
+        nxt = np.zeros_like(u)
+        nxt[:, :-1] = u[:, 1:]  # e^{x_{i+1} − c}: right and upper quadrants refer to the next line
+        up.append(nxt)
+        down.append(1.0 / u)
+        ep = np.exp(pts[..., k] - c).ravel()
+        e_pts.append((ep, 1.0 / ep))
+    out = np.empty((C, 4, J, J))
+    W = np.zeros((C, J, J))
+    for q, (s1, s2) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):  # 0: left/below, 1: right/above
+        W[:] = 0.0
+        W[rows, r1, r2] = e_pts[0][s1] * e_pts[1][s2]
+        S = _scan(_scan(W, 1, s1), 2, s2)
+        f1 = (up[0] if s1 else down[0])[:, :, None]
+        f2 = (up[1] if s2 else down[1])[:, None, :]
+        np.multiply(S * f1, f2, out=out[:, q])
+    return out
+
+
+def _scan(W, axis, suffix):
+    """Prefix sums along ``axis`` (index ≤ i), or suffix sums from the next index (≥ i + 1; 0 at the end)."""
+    if not suffix:
+        return np.cumsum(W, axis=axis)
+    rev = np.flip(np.cumsum(np.flip(W, axis), axis=axis), axis)
+    out = np.zeros_like(W)
+    if axis == 1:
+        out[:, :-1] = rev[:, 1:]
+    else:
+        out[:, :, :-1] = rev[:, :, 1:]
+    return out
+
+
+def _quadrants_product(xs, ranks, pts):
     F1 = _factors(xs[0], pts[..., 0], ranks[0])
     F2 = _factors(xs[1], pts[..., 1], ranks[1])
     M = F1 @ F2.transpose(0, 2, 1)  # (C, 2J, 2J)
@@ -288,6 +342,11 @@ def _side(P, eps, side, ws, nodes, need=None):
     full_q = np.cumsum(bq[:, ::-1], axis=1)[:, -2::-1]
     out = full_p - growth * full_q
     count = (k_hi - k_lo).ravel()
+    if need is not None:  # drop the pieces cut at no needed level before expanding (piece, level)
+        cn = np.zeros((C, E + 1), dtype=np.int64)
+        np.cumsum(need, axis=1, out=cn[:, 1:])
+        rows = np.arange(C)[:, None]
+        count = np.where((cn[rows, k_hi] - cn[rows, k_lo]).ravel() > 0, count, 0)
     cut = np.flatnonzero(count > 0)
     if not len(cut):
         return out
