@@ -86,8 +86,9 @@ def query_options(f):
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Threads for reading and for the exact evaluation (default: every core).")
 @click.option("--workers", type=click.Choice(["auto", "threads", "processes"]), default="auto", show_default=True,
-              help="Evaluate individuals in threads or in worker processes (auto: processes when there are "
-                   "many; about 15% faster on two cores). Same results either way.")
+              help="Evaluate individuals in threads or in worker processes (auto: threads for the default "
+                   "model, processes when there are many individuals for the others, about 15% faster there on "
+                   "two cores). Same results either way.")
 @click.option("--drop-null-ids", is_flag=True, help="Drop rows whose id is NULL instead of failing.")
 @click.option("--no-screening", is_flag=True, help="Evaluate every individual exactly (slower; same results).")
 @output_options

@@ -246,6 +246,7 @@ def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key
       empdp audit release calibration.json --table lake.claims --engine spark
     """
     from empdp.audit import audit_release
+    from empdp.audit.release import describe_buckets
     from empdp.io import load_hash_key
 
     setup_logging(verbose, quiet, debug)
@@ -267,10 +268,13 @@ def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key
         return
     click.echo(f"Release audit: target epsilon {fmt(d['target_epsilon'])}, noise {d['noise']['kind']}, "
                f"curator kernel {d['curator_kernel']['kind']}")
-    click.echo(f"  {'id':>12s} {'exact eps_i':>12s} {'stage-1 max':>11s} {'exact D_' + format(order, 'g'):>10s}")
+    buckets = "buckets" in d  # an adversary calibration: audited bucket by bucket
+    click.echo(f"  {'id':>12s} {'exact eps_i':>12s} {'stage-1 max':>11s} {'exact D_' + format(order, 'g'):>10s}"
+               + ("  bucket" if buckets else ""))
     for row in d["individuals"]:
         click.echo(f"  {str(row['id']):>12s} {fmt(row['exact_epsilon']):>12s} "
-                   f"{fmt(row.get('mpl_estimate')):>11s} {fmt(row['exact_renyi']):>10s}")
+                   f"{fmt(row.get('mpl_estimate')):>11s} {fmt(row['exact_renyi']):>10s}"
+                   + (f"  {row.get('bucket', '')}" if buckets else ""))
     click.echo("  (stage-1 max: MPL's largest noisy loss estimate for the individual, biased up; a screening "
                "statistic, not a bound)")
     click.echo(f"  MPL lower bound   {fmt(d['mpl_lower_bound'])}  <=  exact max eps {fmt(d['exact_epsilon_max'])}"
@@ -281,5 +285,7 @@ def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key
                    f"by chance with probability at most alpha (rerun with another --seed); repeated, it means the "
                    f"release is not the calibrated one")
     click.echo("  OK: the release meets its target" if d["ok"] else "  CHECK FAILED: see the figures above")
+    for line in describe_buckets(d):
+        click.echo(line)
     for w in d.get("warnings", []):
         click.echo(f"  warning: {w}", err=True)

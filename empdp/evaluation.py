@@ -73,7 +73,12 @@ class _ShiftCache:
         """Fetch the rows of ``codes`` not yet held, in one scan of the table."""
         if self.engine.holds_all_shifts:  # the engine keeps every row: nothing to fetch
             return
-        new = np.setdiff1d(np.asarray(codes, dtype=np.int64), self.codes)
+        codes = np.asarray(codes, dtype=np.int64)
+        # which are held: a binary search in the sorted held codes (a hashed set difference over the
+        # 10^6 held codes cost 0.3 s a block, 48 s of a 10^8-row assessment, under the GIL)
+        pos = np.minimum(np.searchsorted(self.codes, codes), max(len(self.codes) - 1, 0))
+        held = self.codes[pos] == codes if len(self.codes) else np.zeros(len(codes), dtype=bool)
+        new = np.unique(codes[~held])
         if len(new):
             codes = np.concatenate([self.codes, new])
             order = np.argsort(codes, kind="stable")

@@ -150,22 +150,3 @@ def stored_buckets(deconvolution, labels, where: str = "the calibration") -> tup
                          f"({len(column) - len(seen)} database(s) are not): audit on the source the calibration "
                          "was made from")
     return str(info.get("statistic", "")), out
-
-
-def statistic_values(source, *, id: str, by: str, adversary, adversary_sql, labels, memory_limit=None,
-                     drop_null_ids: bool = False) -> tuple[np.ndarray, str]:
-    """g on every database of the assessment (``labels``), and its description."""
-    from ..loo import make_engine
-
-    knows = make_engine(source, id=id, by=by, query=adversary, sql=adversary_sql, memory_limit=memory_limit,
-                        drop_null_ids=drop_null_ids)
-    statistic = knows.query.describe()
-    try:
-        values = knows.values()
-    except InputError as exc:
-        raise InputError(f"the adversary statistic {statistic}: {exc}") from None
-    finally:
-        knows.close()
-    return adv.align_statistic(knows.panel.labels, values, labels, statistic), statistic
-
-
