@@ -9,7 +9,7 @@ import click
 import polars as pl
 
 from empdp import query as query_forms
-from empdp.assess import assess
+from empdp.assessment.assess import assess
 from empdp.errors import InputError
 from empdp.io import keyed_hash, load_hash_key, output_batch, refuse_overwrite
 
@@ -155,7 +155,7 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
             _write(progress, report, render_report, result, report, epsilon=min(epsilon) if epsilon else None,
                    calibration=cal, audit=aud, hash_ids=key or False)
         if save_result:
-            from empdp.result import save_result as save
+            from empdp.assessment.result import save_result as save
 
             _write(progress, save_result, save, result, save_result, hash_ids=key, shifts=not without_shifts)
     if as_json:

@@ -72,8 +72,8 @@ def report(result, output, calibration, audit, epsilon, hash_ids, hash_key_file,
           --query "mean(murdrate)" -e 1 -o cal.json
       empdp report murders.json --calibration cal.json -e 1 -o report.html
     """
+    from empdp.assessment.result import load_result
     from empdp.report import SECTIONS, render_report
-    from empdp.result import load_result
 
     setup_logging(verbose, quiet, debug)
     check_output(output, "-o", (".html", ".htm"), ".html")

@@ -35,7 +35,7 @@ def sample_path():
 @pytest.fixture(scope="session")
 def sample_assessment(sample_path):
     """The sample data assessed with a fixed model (no bandwidth search keeps it fast)."""
-    from empdp import assess
+    from empdp.assessment import assess
 
     return assess(sample_path, id="countyid", by="year", query="mean(murdrate)", kernel="laplace", bandwidth=0.05)
 

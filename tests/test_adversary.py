@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from numpy.testing import assert_allclose
 from reference import brute_force_risk
 
-from empdp import assess
+from empdp.assessment import assess
 from empdp.cli.main import cli
 from empdp.density import select_density
 
@@ -164,8 +164,8 @@ def test_cli_json_and_small_bucket_warning(panel_file):
 
 
 def test_saved_result_and_report_keep_the_buckets(tmp_path):
+    from empdp.assessment.result import load_result, save_result
     from empdp.report import report_html
-    from empdp.result import load_result, save_result
 
     a = assess(season_panel(3, spike=4.0), id="id", by="db", query="mean(x)", adversary="max(season)", buckets=2)
     save_result(a, tmp_path / "r.json")

@@ -57,7 +57,7 @@ def test_fixed_model_is_exactly_reproducible(sample_path):
 def test_results_do_not_depend_on_the_thread_count(sample_path, monkeypatch):
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("empdp.evaluation"), "EVAL_ROWS", 256)  # several blocks, so that threads really run side by side
+    monkeypatch.setattr(importlib.import_module("empdp.assessment.evaluation"), "EVAL_ROWS", 256)  # several blocks, so that threads really run side by side
     args = ["assess", sample_path, *BASE, "--kernel", "laplace", "--json", "-e", "0.05", "-e", "0.3"]
     one, two = run(args + ["--threads", "1"]), run(args + ["--threads", "2"])
     assert one.exit_code == 0, one.output
@@ -139,7 +139,7 @@ def test_every_source_kind_gives_the_same_answer(frames):
 
 
 def _summary_from_frame(df):
-    from empdp.assess import assess
+    from empdp.assessment.assess import assess
 
     results = []
     for frame in (df, pl.from_pandas(df), pl.from_pandas(df).to_arrow()):

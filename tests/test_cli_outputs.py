@@ -20,10 +20,10 @@ import pytest
 from click.testing import CliRunner
 from conftest import random_panel
 
+import empdp.assessment.result
 import empdp.cli.assess as assess_cli
 import empdp.cli.calibrate as calibrate_cli
 import empdp.io as io
-import empdp.result
 from empdp.cli.main import cli
 from empdp.errors import InputError
 
@@ -170,13 +170,13 @@ def test_failure_writing_the_last_output_leaves_none_of_them(tmp_path, panel, mo
     if existing:  # earlier outputs of the same names are kept unchanged
         for name in ("t.parquet", "r.html", "r.json"):
             (tmp_path / name).write_text("old " + name)
-    real = empdp.result.save_result
+    real = empdp.assessment.result.save_result
 
     def fail_after_writing(a, path, **kwargs):
         real(a, path, **kwargs)  # the temporary file is complete ...
         raise OSError(errno.ENOSPC, "No space left on device")  # ... but something fails after it
 
-    monkeypatch.setattr(empdp.result, "save_result", fail_after_writing)
+    monkeypatch.setattr(empdp.assessment.result, "save_result", fail_after_writing)
     res = run(["assess", panel, *QUERY, *three_outputs(tmp_path), "-q"])
     assert res.exit_code == 1 and "No space left on device" in res.output
     if existing:

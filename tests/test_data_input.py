@@ -6,7 +6,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from empdp import assess
+from empdp.assessment import assess
 from empdp.cli.main import cli
 from empdp.errors import InputError
 

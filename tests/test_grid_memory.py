@@ -97,7 +97,7 @@ def _assess(path, *extra):
 
 def test_tiny_bandwidth_assess_runs_in_little_memory_without_warnings(small, monkeypatch):
     """Before: 1e-9 took all 23 GB and was killed; 1e-3 printed an overflow RuntimeWarning."""
-    monkeypatch.setattr(importlib.import_module("empdp.evaluation"), "_memory_limit", lambda engine: 10**9)
+    monkeypatch.setattr(importlib.import_module("empdp.assessment.evaluation"), "_memory_limit", lambda engine: 10**9)
     for bw in ("1e-9", "1e-3"):
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
@@ -109,7 +109,7 @@ def test_tiny_bandwidth_assess_runs_in_little_memory_without_warnings(small, mon
 def test_grid_over_memory_limit_is_refused_with_exit_2(small, monkeypatch):
     """Models evaluated on a grid (here Gaussian kernels) refuse a grid that cannot fit; the
     default one-scale Laplace model needs no grid and runs."""
-    A = importlib.import_module("empdp.evaluation")
+    A = importlib.import_module("empdp.assessment.evaluation")
 
     monkeypatch.setattr(A, "_memory_limit", lambda engine: 10_000)
     res = CliRunner().invoke(cli, ["assess", small, "--id", "id", "--by", "year", "--query", "mean(x)",

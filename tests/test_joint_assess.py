@@ -5,7 +5,7 @@ import polars as pl
 import pytest
 
 from empdp.joint import SingularCovarianceError
-from empdp.joint_assess import assess_joint
+from empdp.joint.assess import assess_joint
 
 
 def paper_table(K=7, n_db=40, n_ind=30, seed=0, steady=0.05):
@@ -33,7 +33,7 @@ def test_the_papers_warning_each_statistic_private_together_they_expose_k():
 
 
 def test_d1_matches_the_one_statistic_assessment():
-    from empdp import assess
+    from empdp.assessment import assess
 
     table, _ = paper_table()
     eps = [0.05, 0.2, 0.5]
@@ -54,7 +54,7 @@ def test_a_statistic_that_is_an_exact_function_of_the_other_is_a_finding():
 def test_the_sweep_skips_only_what_cannot_change_the_summary(monkeypatch):
     """Forced saturation after the first block: the largest δ_i and δ_i at the smallest ε are unchanged,
     and every δ_i left out (NaN) is positive and at most the largest."""
-    import empdp.joint_assess as ja
+    import empdp.joint.assess as ja
     from empdp.joint import joint_risk, select_joint_model
 
     rng = np.random.default_rng(3)

@@ -222,7 +222,7 @@ def test_low_memory_limit_does_not_hold_the_matrix(monkeypatch):
 def test_assessment_does_not_keep_the_held_matrix():
     """assess() evaluates from the held matrix, then drops it: the result (which keeps the engine
     for shifts_of) does not hold 8 bytes per cell, and shifts_of fetches the same rows."""
-    from empdp import assess
+    from empdp.assessment import assess
 
     df = random_panel(3, ties=False)
     full = leave_one_out(df, id="id", by="year", query="mean(x)")

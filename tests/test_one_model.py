@@ -21,7 +21,8 @@ from click.testing import CliRunner
 from numpy.testing import assert_allclose
 from rich.console import Console
 
-from empdp import assess, calibrate, risk
+from empdp import calibrate, risk
+from empdp.assessment import assess
 from empdp.cli.main import cli
 from empdp.cli.render import print_assessment
 

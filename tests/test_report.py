@@ -254,7 +254,7 @@ def test_ids_in_scripts_the_plot_font_lacks_render_without_warnings():
 
     import pandas as pd
 
-    from empdp import assess
+    from empdp.assessment import assess
 
     rng = np.random.default_rng(0)
     names = ["北京", "上海", "東京", "서울", "Zürich", "Αθήνα"] + [f"c{i}" for i in range(20)]

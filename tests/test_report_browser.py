@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from empdp.assess import assess
+from empdp.assessment.assess import assess
 from empdp.report import render_report
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Saved assessment results (empdp.result): a loaded result renders and reads as the live one."""
+"""Saved assessment results (empdp.assessment.result): a loaded result renders and reads as the live one."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from conftest import random_panel
 from numpy.testing import assert_allclose, assert_array_equal
 
 from empdp import risk
-from empdp.assess import assess
+from empdp.assessment.assess import assess
+from empdp.assessment.result import FORMAT, SHIFT_ROWS, TABLE_ROWS, load_result, save_result
 from empdp.errors import InputError
 from empdp.io import keyed_hash
 from empdp.report import TOP_TABLE, report_html
-from empdp.result import FORMAT, SHIFT_ROWS, TABLE_ROWS, load_result, save_result
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet"
 

@@ -5,7 +5,7 @@ import pytest
 from reference import brute_force_risk
 
 from empdp import risk
-from empdp.assess import assess
+from empdp.assessment.assess import assess
 from empdp.density import DensityModel, select_density
 from empdp.loo import leave_one_out
 from empdp.risk import cuts as _cuts
@@ -291,7 +291,7 @@ def test_saturated_levels_change_no_summary(sample_path, monkeypatch):
     threshold is raised here so that the small sample saturates; at the real one δ* is 1.0.)"""
     import importlib
 
-    A = importlib.import_module("empdp.evaluation")
+    A = importlib.import_module("empdp.assessment.evaluation")
     kw = dict(id="countyid", by="year", query="mean(murdrate)", kernel="laplace",
               epsilon=list(np.geomspace(0.02, 0.5, 12)), threads=1)
     monkeypatch.setattr(A, "EVAL_ROWS", 128)

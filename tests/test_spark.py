@@ -172,7 +172,7 @@ def test_bad_input_is_one_line(spark, sample_path, kwargs, message):
 def test_assess_on_spark_is_the_duckdb_assessment(spark, tmp_path, query):
     """The whole assessment through --engine spark (screening on Spark, candidates on the executors):
     the same eps_all, sweep, per-individual table and riskiest rows as the embedded engine."""
-    from empdp import assess
+    from empdp.assessment import assess
 
     path = tmp_path / "p.parquet"
     random_panel(3, n_db=8, n_ind=40, ties=False).to_parquet(path)
@@ -214,7 +214,8 @@ def test_adversary_on_spark_is_the_duckdb_assessment(spark, tmp_path, monkeypatc
     import warnings
 
     import empdp.spark
-    from empdp import assess, calibrate
+    from empdp import calibrate
+    from empdp.assessment import assess
 
     calls = []
     on_executors = empdp.spark.evaluate_buckets_on_executors
@@ -242,7 +243,7 @@ def test_adversary_on_spark_is_the_duckdb_assessment(spark, tmp_path, monkeypatc
     assert cb.lam == pytest.approx(ca.lam, rel=RTOL) and cb.noise["kind"] == ca.noise["kind"]
     assert cb.verified_eps_max == pytest.approx(ca.verified_eps_max, rel=RTOL)
     # --adversary-sql: one Spark SQL query per database (no leave-one-out of the statistic)
-    from empdp.adversary import read_statistic
+    from empdp.assessment.adversary import read_statistic
 
     sql = dict(id="id", by="year", adversary=None, adversary_sql="SELECT sum(w) - count(*) FROM db")
     ga, _ = read_statistic(str(path), a.labels, **sql)

@@ -88,7 +88,7 @@ def leave_one_out(source: Any, *, id: str, by: str, query: str | None = None, wh
                   drop_null_ids: bool = False) -> LooResult:
     """Every individual's leave-one-out shifts as a dense matrix (docs/method.md#2-leave-one-out-shifts-and-query-forms).
 
-    Meant for up to ~10^7 (individual, database) cells; :func:`empdp.assess`
+    Meant for up to ~10^7 (individual, database) cells; :func:`empdp.assessment.assess`
     screens first and fetches only the individuals it needs.
     """
     return loo_result(make_engine(source, id=id, by=by, query=query, where=where, sql=sql,

@@ -1,6 +1,6 @@
 """Calibration against an adversary who knows a statistic of each database (docs/method.md#101-adversarial-knowledge).
 
-The databases are cut into the buckets of :mod:`empdp.adversary`; bucket B has its own curator
+The databases are cut into the buckets of :mod:`empdp.assessment.adversary`; bucket B has its own curator
 scale b_B (held-out likelihood within the bucket, or the one ``bandwidth``). One noise law serves
 every bucket: h = w·δ_0 + (1 − w)·Laplace(λ) with w = (b_min/λ)² and λ the largest λ*_B over
 the buckets that need noise (those whose own model P̂_B ⋆ ℓ_{b_B} is not ε-private). For the
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import adversary as adv
+from ..assessment import adversary as adv
 from ..errors import InputError
 from .calibration import Calibration
 from .deconv import laplace_closed_form

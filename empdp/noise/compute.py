@@ -249,7 +249,7 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | Non
     log.info("read %s: %d databases, %d individuals (%d sole contributors), query %s, in %.2f s", loo.source,
              loo.q.size, len(loo.shifts), int(np.sum(loo.undefined)), loo.query, time.perf_counter() - t0)
     if adversary or adversary_sql:
-        from ..adversary import read_statistic
+        from ..assessment.adversary import read_statistic
         from .adversary import calibrate_buckets
 
         # the statistic is read by the engine that read the query (Spark: one number per database)

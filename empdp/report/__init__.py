@@ -4,8 +4,8 @@ One HTML file with inline CSS and matplotlib figures embedded as base64 PNG
 ``data:`` URIs: no scripts, no external references, so it can be mailed or
 archived as is. Sections carry stable ``id`` attributes (:data:`SECTIONS`).
 The report sits on top of the library: it only reads an
-:class:`empdp.assess.Assessment` (live, or saved and loaded by
-:mod:`empdp.result`) and optional calibration / audit dicts.
+:class:`empdp.assessment.assess.Assessment` (live, or saved and loaded by
+:mod:`empdp.assessment.result`) and optional calibration / audit dicts.
 
 Modules, from the page down::
 

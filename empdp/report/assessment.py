@@ -101,7 +101,7 @@ def at_risk(a, eps: float) -> str:
 
 
 def _has_shifts(a) -> bool:
-    """A live result keeps its leave-one-out engine, a saved one (:mod:`empdp.result`) a few shift rows."""
+    """A live result keeps its leave-one-out engine, a saved one (:mod:`empdp.assessment.result`) a few shift rows."""
     saved = getattr(a, "has_shifts", None)
     return bool(saved) if saved is not None else a.engine is not None
 

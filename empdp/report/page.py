@@ -26,8 +26,8 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
 
     Parameters
     ----------
-    assessment : empdp.assess.Assessment
-        The result of :func:`empdp.assess.assess`.
+    assessment : empdp.assessment.assess.Assessment
+        The result of :func:`empdp.assessment.assess.assess`.
     epsilon : float, optional
         The ε to mark and to evaluate the table at; default the smallest assessed ε.
     calibration : dict, optional

@@ -4,7 +4,7 @@
 
 Times ε_i alone (the ε_all search) and ε_i with δ_i over the default 50-level sweep, on ``--rows``
 individuals of a panel of sum(x) and sum(x·z) (d = 2) and count-weighted third statistic (d = 3);
-and the default command's sweep as :func:`empdp.joint_assess.assess_joint` runs it (riskiest
+and the default command's sweep as :func:`empdp.joint.assess.assess_joint` runs it (riskiest
 first; levels where δ* is already 1.0 only for rows that can exceed the largest δ_i) over
 ``--sweep`` individuals (d = 2). Single-threaded BLAS; the median of 3 runs.
 """
@@ -64,7 +64,7 @@ def main() -> None:
 
 def sweep(model, S) -> None:
     """The default command's core on ``len(S)`` individuals: ε_i for all, then the saturating sweep."""
-    from empdp.joint_assess import _default_epsilons, _sweep
+    from empdp.joint.assess import _default_epsilons, _sweep
 
     t = time.perf_counter()
     e = joint_risk(model, S)[0]

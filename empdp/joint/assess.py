@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from .errors import InputError
-from .joint import MAX_DIM, JointModel, joint_bound, joint_risk, select_joint_model
-from .loo import open_engine
+from ..errors import InputError
+from ..loo import open_engine
+from . import MAX_DIM, JointModel, joint_bound, joint_risk, select_joint_model
 
 
 @dataclass
 class JointAssessment:
-    """Result of :func:`assess_joint`: as :class:`empdp.assess.Assessment`, for a vector of statistics.
+    """Result of :func:`assess_joint`: as :class:`empdp.assessment.assess.Assessment`, for a vector of statistics.
 
     ``individuals`` has the id, ``eps_i`` (exact; ∞ for sole contributors), ``delta`` (δ_i at the
     smallest ε), ``n_databases``, ``max_abs_shift_1..d`` and ``sole_contributor``.
@@ -69,7 +69,7 @@ def _statistics(queries, sql) -> list[dict]:
 
 
 def _default_epsilons(eps_all: float, count: int = 50) -> np.ndarray:
-    from .evaluation import default_epsilons
+    from ..assessment.evaluation import default_epsilons
 
     return default_epsilons(eps_all, count)
 
@@ -114,7 +114,7 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
     Parameters
     ----------
     source, id, by, where, drop_null_ids, memory_limit, threads
-        As for :func:`empdp.assess`.
+        As for :func:`empdp.assessment.assess`.
     queries or sql
         One query form per statistic (``["sum(x)", "count(*)"]``) or one SQL over ``db`` per statistic.
     epsilon

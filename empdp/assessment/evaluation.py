@@ -1,10 +1,10 @@
 """The exact evaluation of one assessment: which individuals are evaluated, in which blocks, and
 the running summary of their δ_i (docs/method.md#6-sweeps-and-the-epsilon_all-search).
 
-:func:`empdp.assess.assess` runs the stages of :class:`Evaluation` in order: the ε_all search
+:func:`empdp.assessment.assess.assess` runs the stages of :class:`Evaluation` in order: the ε_all search
 (exact ε_i in decreasing order of the screening bound), then δ_i for every individual whose δ_i can
 be positive in the requested range, then the summary. Blocks of individuals go to
-:mod:`empdp._parallel`; their exact risk comes from :func:`empdp.risk.evaluate`.
+:mod:`empdp.assessment.parallel`; their exact risk comes from :func:`empdp.risk.evaluate`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
-from . import checks, risk
-from ._parallel import Executors
-from .density import DensityModel
-from .loo import LooEngine
-from .risk import onescale as _onescale
+from .. import risk
+from ..density import DensityModel
+from ..loo import LooEngine
+from ..risk import onescale as _onescale
+from . import checks
+from .parallel import Executors
 
 Progress = Callable[[str, int, int], None]
 
@@ -246,7 +247,7 @@ class Evaluation:
         total = max(total, offset + len(codes))
         self.progress(stage, offset, total)
         if on_spark(self.engine):  # the candidates are evaluated where their rows are: on the executors
-            from .spark import evaluate_on_executors
+            from ..spark import evaluate_on_executors
 
             for a in range(0, len(codes), cache.capacity):
                 chunk = codes[a:a + cache.capacity]
@@ -292,7 +293,7 @@ class Evaluation:
 
     # ---------------------------------------------------------------- summary
     def result(self, q: np.ndarray) -> dict:
-        """The fields of :class:`empdp.assess.Assessment`: sweep summary, checks, warnings and the
+        """The fields of :class:`empdp.assessment.assess.Assessment`: sweep summary, checks, warnings and the
         per-individual table."""
         engine, screen, undefined, acc = self.engine, self.screen, self.undefined, self.acc
         max_delta, log_survive, at_risk = acc.max_delta.copy(), acc.log_survive.copy(), acc.at_risk.copy()

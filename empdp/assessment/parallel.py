@@ -1,6 +1,6 @@
 """Where blocks of individuals are evaluated: the calling thread, a thread pool, or worker processes.
 
-The assessment (:mod:`empdp.assess`) cuts the individuals into blocks whose composition never
+The assessment (:mod:`empdp.assessment.assess`) cuts the individuals into blocks whose composition never
 depends on the thread count, so the results do not either; this module only runs them.
 """
 
@@ -15,9 +15,9 @@ from typing import Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import risk
-from .density import DensityModel
-from .risk import onescale as _onescale
+from .. import risk
+from ..density import DensityModel
+from ..risk import onescale as _onescale
 
 #: (bytes one evaluation's grid may take, the databases' names) for risk.base_grid
 GridBudget = tuple[float, list]

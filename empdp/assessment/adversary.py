@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from . import risk
-from .density import DensityModel, select_density
-from .errors import InputError
+from .. import risk
+from ..density import DensityModel, select_density
+from ..errors import InputError
 
 #: databases a bucket should hold at least (fewer: the bucket's density estimate is unreliable)
 MIN_BUCKET = 10
@@ -98,7 +98,7 @@ def read_statistic(source, labels, *, id: str, by: str, adversary: str | None, a
     """g on every database of the assessment (``labels``) and its description, computed by the engine
     the assessment reads with (``engine``: the keywords of :func:`empdp.loo.open_engine`, e.g.
     ``engine="spark"``, ``table=``): only one number per database leaves it."""
-    from .loo import open_engine
+    from ..loo import open_engine
 
     knows = open_engine(source, id=id, by=by, query=adversary, sql=adversary_sql, **engine)
     statistic = knows.query.describe()
@@ -194,7 +194,7 @@ def assess_buckets(engine, q: np.ndarray, buckets: list[Bucket], eps: np.ndarray
 
     def run_on_executors(codes, with_eps, stage):
         """Spark: every bucket's model goes to the executors, the candidates' Δ rows stay there."""
-        from .spark import evaluate_buckets_on_executors
+        from ..spark import evaluate_buckets_on_executors
 
         e, out, w, per = evaluate_buckets_on_executors(engine, buckets, codes, eps if with_eps else None)
         eps_i[codes], which[codes] = e, w

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from . import risk
+from .. import risk
 
 
 def eps_all_code(a) -> int:

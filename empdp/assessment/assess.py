@@ -16,12 +16,13 @@ import numpy as np
 import polars as pl
 from threadpoolctl import threadpool_limits
 
-from . import checks, risk
-from ._parallel import WORKERS, available_cores
-from .density import DEFAULT_KERNEL, DensityModel, select_density
-from .errors import InputError
+from .. import risk
+from ..density import DEFAULT_KERNEL, DensityModel, select_density
+from ..errors import InputError
+from ..loo import LooEngine, open_engine
+from . import checks
 from .evaluation import FETCH_CELLS, Evaluation, default_epsilons, on_spark
-from .loo import LooEngine, open_engine
+from .parallel import WORKERS, available_cores
 from .ranking import Ranking, eps_all_code
 
 Progress = Callable[[str, int, int], None]
@@ -94,7 +95,7 @@ class Assessment:
     n_evaluated: int
     screening: bool
     engine: LooEngine | None = field(default=None, repr=False)
-    #: with an adversary: the JSON ``adversary`` object, and the buckets (:mod:`empdp.adversary`)
+    #: with an adversary: the JSON ``adversary`` object, and the buckets (:mod:`empdp.assessment.adversary`)
     adversary: dict | None = None
     buckets: list | None = field(default=None, repr=False)
 
@@ -262,7 +263,7 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
         (``where`` does not apply). The databases are cut into ``buckets``
         groups by it (default: as many as keep 10 databases each, at most 5)
         and the risk is the largest conditional risk over the buckets (see
-        :mod:`empdp.adversary`); the plain assessment is kept beside it.
+        :mod:`empdp.assessment.adversary`); the plain assessment is kept beside it.
     engine, spark_master, spark_remote, table
         ``"duckdb"`` (embedded, the default) or ``"spark"``: read, aggregate and
         screen on Spark (``spark_master``, default ``local[*]``, or Spark Connect

@@ -4,7 +4,7 @@ A result file is one strict-JSON object (``"format": "empdp-result/1"``) with
 everything the HTML report draws, so a report can be rendered again later,
 with a calibration or an audit beside it, without the data:
 
-- ``summary``: :meth:`empdp.assess.Assessment.to_dict` (the ``--json`` output,
+- ``summary``: :meth:`empdp.assessment.assess.Assessment.to_dict` (the ``--json`` output,
   for other tools; loading rebuilds it from the fields below);
 - the database labels, the query values q_j and the density model (kernel,
   scale, sensitivity, per-point bandwidths b_j, candidates);
@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from . import risk
+from .. import risk
+from ..density import DensityModel
+from ..errors import InputError
+from ..io import atomic_path, keyed_hash, read_json
 from .assess import Assessment
-from .density import DensityModel
-from .errors import InputError
-from .io import atomic_path, keyed_hash, read_json
 
 FORMAT = "empdp-result/1"
 #: riskiest rows of the per-individual table kept in the file
@@ -47,7 +47,7 @@ _FLOAT_COLUMNS = ("eps_i", "delta", "max_abs_shift")
 
 @dataclass
 class SavedAssessment(Assessment):
-    """An :class:`~empdp.assess.Assessment` read back by :func:`load_result`.
+    """An :class:`~empdp.assessment.assess.Assessment` read back by :func:`load_result`.
 
     Everything the report and the terminal summary use behaves as on the live
     result, except: ``individuals`` holds only the saved riskiest rows
@@ -194,7 +194,7 @@ def result_dict(a: Assessment, *, hash_ids: bytes | None = None, shifts: bool = 
     show = (lambda v: keyed_hash(v, hash_ids)) if hash_ids else _scalar
     m = a.model
     summary = a.to_dict()
-    from . import __version__
+    from .. import __version__
 
     return {
         "format": FORMAT,
@@ -241,7 +241,7 @@ def save_result(a: Assessment, path, *, hash_ids: bytes | None = None, shifts: b
     Parameters
     ----------
     a : Assessment
-        A live result of :func:`empdp.assess` (it needs its data for the shift rows).
+        A live result of :func:`empdp.assessment.assess` (it needs its data for the shift rows).
     hash_ids : bytes, optional
         Key of :func:`empdp.io.keyed_hash`: ids are saved as pseudonyms.
     shifts : bool
