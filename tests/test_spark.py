@@ -303,6 +303,12 @@ def test_cli_table_release_and_audit_on_spark(cli_panel, tmp_path):
     assert [d["id"] for d in jb["individuals"]] == [d["id"] for d in ja["individuals"]]
     assert jb["exact_epsilon_max"] == pytest.approx(ja["exact_epsilon_max"], rel=RTOL)
     assert jb["mpl_lower_bound"] == pytest.approx(ja["mpl_lower_bound"], rel=RTOL)
+    # the Python API takes the same engine options as the command
+    from empdp.audit import audit_release
+
+    api = audit_release(str(cal), table=table, engine="spark", top=2, rng=3).to_dict()
+    assert api["exact_epsilon_max"] == pytest.approx(ja["exact_epsilon_max"], rel=RTOL)
+    assert [d["id"] for d in api["individuals"]] == [d["id"] for d in ja["individuals"]]
 
 
 @pytest.mark.parametrize("case", ["no table", "table without spark", "unreachable master", "unreadable path",

@@ -294,14 +294,20 @@ def _figures_of(bounds: _Bounds) -> dict:
     return {f.name: getattr(bounds, f.name) for f in fields(_Bounds)}
 
 
-def _read_shifts(cal, source, loo):
-    """The leave-one-out of the calibration's query: ``loo`` as given, or read from ``source``."""
+def _read_shifts(cal, source, loo, engine: dict):
+    """The leave-one-out of the calibration's query: ``loo`` as given, or read from ``source`` (or
+    ``engine["table"]``) by the engine ``engine`` names (DuckDB, or Spark: docs/spark.md)."""
     if loo is not None:
         return loo
-    if source is None:
+    if source is None and engine.get("table") is None:
         raise InputError("give the source the calibration was made from")
     if cal.id is None or cal.by is None:
         raise InputError("this calibration stores no query (it was made from arrays); pass loo=")
+    if engine.get("engine", "duckdb") != "duckdb" or any(engine.get(k) for k in ("spark_master", "spark_remote",
+                                                                                  "table")):
+        from ..noise.compute import SourceShifts
+
+        return SourceShifts(cal, source, **engine)
     from ..loo import leave_one_out
 
     return leave_one_out(source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql)
@@ -310,7 +316,8 @@ def _read_shifts(cal, source, loo):
 def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: float = 2.0,
                   n: int = 20000, N: int = 50000, n_renyi: int = 100000, alpha: float = 0.05,
                   rng=None, progress: Callable[[str, int, int], None] | None = None,
-                  hash_key: bytes | None = None) -> ReleaseAudit:
+                  hash_key: bytes | None = None, engine: str = "duckdb", spark_master: str | None = None,
+                  spark_remote: str | None = None, table: str | None = None) -> ReleaseAudit:
     """Audit the release described by ``calibration`` on the databases of ``source`` (docs/method.md#94-release-audit).
 
     A calibration against an adversary (``calibrate --adversary``) is audited per adversary bucket
@@ -330,6 +337,9 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     progress : optional callback ``progress(stage, done, total)``.
     hash_key : with a key (:func:`empdp.io.load_hash_key`), the ids are reported as keyed
         pseudonyms (:func:`empdp.io.keyed_hash`, as ``assess --hash-ids`` writes them).
+    engine, spark_master, spark_remote, table : where ``source`` is read, as for
+        :func:`empdp.calibrate` (``engine="spark"``: docs/spark.md; ``table``: a Spark catalog
+        table instead of ``source``).
     """
     from ..noise import Calibration
 
@@ -342,7 +352,8 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     n, N, n_renyi = check_size("n", n), check_size("N", N), check_size("n_renyi", n_renyi, 50)
     rng = as_rng(rng)
     cal = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
-    loo = _read_shifts(cal, source, loo)
+    loo = _read_shifts(cal, source, loo, dict(engine=engine, spark_master=spark_master,
+                                              spark_remote=spark_remote, table=table))
     q, shifts, ids, undefined = _arrays(loo)
     statistic, groups = _stored_buckets(cal, loo)
     usable = ~undefined & (shifts != 0).any(axis=1)
