@@ -12,6 +12,7 @@ from empdp import query as query_forms
 from empdp.assessment.assess import assess
 from empdp.errors import InputError
 from empdp.io import keyed_hash, load_hash_key, output_batch, refuse_overwrite
+from empdp.joint.model import MAX_DIM
 
 from ._common import (
     check_output,
@@ -36,13 +37,18 @@ def parse_bandwidth(value: str):
         raise InputError(f"--bandwidth must be auto, variable or a positive number; got {value!r}") from None
 
 
-def query_options(f):
+def query_options(f=None, *, joint: bool = False):
     """``SOURCE --id --by (--query [--where] | --sql)`` shared by assess and calibrate (SOURCE may be
-    left out for ``--table``; :func:`engine_settings` checks that one of them is given)."""
-    f = click.option("--sql", help="Generic query over the table 'db' (one database), e.g. "
-                                   "\"SELECT avg(x) FROM db WHERE y > 0\".")(f)
+    left out for ``--table``; :func:`engine_settings` checks that one of them is given). ``joint``:
+    ``--query`` and ``--sql`` may be repeated, one statistic each (they are then tuples)."""
+    if f is None:
+        return lambda g: query_options(g, joint=joint)
+    many = {"multiple": True} if joint else {}
+    again = f" Repeat (up to {MAX_DIM} times) for statistics released together." if joint else ""
+    f = click.option("--sql", **many, help="Generic query over the table 'db' (one database), e.g. "
+                                           "\"SELECT avg(x) FROM db WHERE y > 0\"." + again)(f)
     f = click.option("--where", help="SQL filter applied before the aggregate, e.g. \"age >= 18\".")(f)
-    f = click.option("--query", "query", metavar="QUERY", help=f"One of {query_forms.HELP}.")(f)
+    f = click.option("--query", "query", metavar="QUERY", **many, help=f"One of {query_forms.HELP}." + again)(f)
     f = click.option("--by", required=True, help="Column naming the database (year, month, file...).")(f)
     f = click.option("--id", "id_col", required=True, help="Column naming the individual.")(f)
     f = click.argument("source", required=False)(f)
@@ -50,7 +56,7 @@ def query_options(f):
 
 
 @click.command("assess")
-@query_options
+@query_options(joint=True)
 @click.option("--epsilon", "-e", "epsilon", multiple=True, type=float,
               help="Privacy level(s) to assess; repeat for several. Default: 50 values "
                    "log-spaced over [eps_all/20, 1.25 eps_all].")
@@ -59,7 +65,8 @@ def query_options(f):
                    "gaussian (eps_i up to a stated tolerance) or auto (by held-out likelihood).")
 @click.option("--bandwidth", default="auto", show_default=True,
               help="auto (one global scale by held-out likelihood, as calibrate), variable (Abramson variable "
-                   "bandwidths; assess only) or a fixed global kernel scale.")
+                   "bandwidths; assess only) or a fixed global kernel scale; for 2-3 statistics auto or one "
+                   "scale per statistic in its own units, B1,B2[,B3].")
 @click.option("--adversary", metavar="QUERY",
               help="What the adversary knows about each database, a named query over the whole table (e.g. "
                    "\"count(*)\", \"sum(popul)\"): the risk is then conditional on it.")
@@ -101,7 +108,8 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
     Drops each individual from every database, re-computes the query, and
     compares the query's estimated density with and without them: δ_i(ε) per
     individual, worst case δ(ε), total risk δ*(ε), and ε_all, the ε from
-    which everyone is protected.
+    which everyone is protected. With 2 or 3 --query (or --sql), of the
+    statistics released together (--bandwidth auto or B1,B2[,B3]).
 
     \b
     Examples:
@@ -110,8 +118,12 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
       empdp assess panel.duckdb::sales --id shop --by day --sql "SELECT median(amount) FROM db" --json
       empdp assess data.parquet --id id --by year --query "mean(x)" --save-result r.json   # then: empdp report
       empdp assess --table lake.claims --engine spark --id patient --by month --query "mean(cost)"
+      empdp assess data.parquet --id id --by year --query "sum(x)" --query "count(*)"   # released together
     """
     setup_logging(verbose, quiet, debug)
+    if len(query) > 1 or len(sql) > 1:  # statistics released together (one of each: the library's message)
+        return _assess_joint(click.get_current_context().params)
+    query, sql = query[0] if query else None, sql[0] if sql else None
     # every input is checked before the long computation, so bad input writes nothing
     engine_kw = engine_settings(source, engine, spark_master, spark_remote, table)
     check_output(out, "--out", (".parquet", ".pq", ".csv"), ".parquet or .csv")
@@ -129,7 +141,7 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
     key = load_hash_key(hash_key_file) if hash_ids or hash_key_file else None
     cal, aud = load_extras(calibration, audit)
     started = time.perf_counter()
-    show = (lambda v: keyed_hash(v, key)) if key else str
+    show = _show_id(key)
     with progress_bars(not (as_json or quiet), log) as progress:
         result = assess(source, id=id_col, by=by, query=query, where=where, sql=sql,
                         epsilon=list(epsilon) or None, kernel=kernel, bandwidth=parse_bandwidth(bandwidth),
@@ -142,13 +154,9 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
         if out:
             cols = [result.id_column, "eps_i", "delta", "n_databases", "max_abs_shift", "epsilon", "eps_bound",
                     "sole_contributor"]
-            # the ε its delta column is at travels with the table
             if result.adversary:
                 cols.append("bucket")  # the adversary bucket that sets the individual's eps_i
-            rows = result.individuals.with_columns(pl.lit(float(result.epsilons[0])).alias("epsilon")).select(cols)
-            if key:
-                rows = rows.with_columns(pl.col(result.id_column).map_elements(show, return_dtype=pl.Utf8))
-            _write(progress, out, write_table, rows, out)
+            _write(progress, out, write_table, _out_rows(result, cols, key), out)
         if report:
             from empdp.report import render_report
 
@@ -194,5 +202,133 @@ def log_summary(r, seconds: float) -> None:
               m.bandwidths.max(), r.q.min(), r.q.max())
     log.debug("independence: %s; representativeness: %s", r.independence,
               {k: v for k, v in r.representativeness.items() if k != "histogram"})
+    _log_sweep(r)
+
+
+def _log_sweep(r) -> None:
     for e, d, t, c in zip(r.epsilons, r.delta, r.total_risk, r.n_at_risk):
         log.debug("epsilon %.4g: delta %.4g, total risk %.4g, %d at risk", e, d, t, c)
+
+
+def _show_id(key: bytes | None):
+    """How every output shows an id: as it is, or (``--hash-ids``) its keyed hash."""
+    return (lambda v: keyed_hash(v, key)) if key else str
+
+
+def _out_rows(result, cols: list, key: bytes | None) -> pl.DataFrame:
+    """The ``--out`` table: ``cols`` of the individuals, with the ε its delta column is at (the smallest
+    assessed) travelling with it, and the ids hashed under ``key``."""
+    rows = result.individuals.with_columns(pl.lit(float(result.epsilons[0])).alias("epsilon")).select(cols)
+    if key:
+        rows = rows.with_columns(pl.col(result.id_column).map_elements(_show_id(key), return_dtype=pl.Utf8))
+    return rows
+
+
+# ------------------------------------------------------------------- 2–3 statistics released together
+def joint_statistics(query: tuple, sql: tuple) -> dict:
+    """``{"queries": [...]}`` or ``{"sql": [...]}`` for :func:`empdp.joint.assess.assess_joint`: 2 to
+    :data:`MAX_DIM` statistics, all named query forms or all SQL."""
+    if query and sql:
+        raise InputError(f"give the statistics of a joint query all as --query or all as --sql, not both "
+                         f"(got {len(query)} --query and {len(sql)} --sql)")
+    option, items = ("--query", query) if query else ("--sql", sql)
+    if len(items) > MAX_DIM:
+        raise InputError(f"{option} given {len(items)} times: a joint query has at most {MAX_DIM} statistics")
+    return {"queries": list(query)} if query else {"sql": list(sql)}
+
+
+def parse_joint_bandwidth(value: str, d: int):
+    """``auto`` or one positive Laplace scale per statistic, ``B1,B2[,B3]`` in each statistic's own units."""
+    if value == "auto":
+        return value
+    form = ",".join(f"B{k + 1}" for k in range(d))
+    if value == "variable":
+        raise InputError(f"--bandwidth variable (Abramson variable bandwidths) is for one statistic; for {d} "
+                         f"statistics give auto or one scale per statistic, {form}")
+    try:
+        scales = [float(b) for b in value.split(",")]
+    except ValueError:
+        raise InputError(f"--bandwidth must be auto or {d} positive numbers {form}; got {value!r}") from None
+    if len(scales) != d:
+        raise InputError(f"--bandwidth gives {len(scales)} scale(s) for {d} statistics: give one per statistic "
+                         f"in its own units, {form}, or auto")
+    if not all(0 < b < float("inf") for b in scales):
+        raise InputError(f"--bandwidth scales must be positive numbers; got {value!r}")
+    return scales
+
+
+def _refuse_joint_options(p: dict, d: int) -> None:
+    """Refuse, before anything is read, an option of the one-statistic assessment that a joint query does
+    not take: one line naming it and why."""
+    one_only = "assess the statistics one at a time for it"
+    refused = (  # in the command's order, so the first one given is named
+        (p["kernel"] != "laplace", f"--kernel {p['kernel']}",
+         "the joint model is product Laplace kernels, whose eps_i are exact; drop --kernel"),
+        (p["adversary"] is not None, "--adversary", f"the adversary model conditions one statistic; {one_only}"),
+        (p["adversary_sql"] is not None, "--adversary-sql",
+         f"the adversary model conditions one statistic; {one_only}"),
+        (p["buckets"] is not None, "--buckets", f"adversary buckets condition one statistic; {one_only}"),
+        (p["engine"] != "duckdb", f"--engine {p['engine']}", "joint queries read through DuckDB only so far"),
+        (p["table"] is not None, "--table", "a catalog table is read by Spark, and joint queries read through "
+                                            "DuckDB only so far; give a file, glob or folder as SOURCE"),
+        (p["report"] is not None, "--report", "the HTML report shows one statistic so far; use --json or --out"),
+        (p["calibration"] is not None, "--calibration", "the HTML report shows one statistic so far"),
+        (p["audit"] is not None, "--audit", "the HTML report shows one statistic so far"),
+        (p["save_result"] is not None, "--save-result",
+         "'empdp report' reads one-statistic results only so far; use --json or --out"),
+        (p["without_shifts"], "--without-shifts", "it goes with --save-result, which is for one statistic"),
+        (p["workers"] != "auto", f"--workers {p['workers']}", "the joint evaluation runs in this process"),
+        (p["no_screening"], "--no-screening", "every individual's eps_i is exact already, and screening only "
+                                              "skips delta_i(epsilon) certified to be 0; drop it"),
+    )
+    for given, option, why in refused:
+        if given:
+            raise InputError(f"{option} does not apply to a joint query of {d} statistics: {why}")
+
+
+def _assess_joint(p: dict) -> None:
+    """``empdp assess`` with 2–3 ``--query`` or ``--sql``: :func:`empdp.joint.assess.assess_joint` (issue 19).
+
+    ``p`` are the command's parameters. Every input is checked first, so bad input writes nothing.
+    """
+    from empdp.joint.assess import assess_joint
+
+    stats = joint_statistics(p["query"], p["sql"])
+    d = len(next(iter(stats.values())))
+    _refuse_joint_options(p, d)
+    bandwidth = parse_joint_bandwidth(p["bandwidth"], d)
+    engine_settings(p["source"], p["engine"], p["spark_master"], p["spark_remote"], p["table"])
+    out = p["out"]
+    check_output(out, "--out", (".parquet", ".pq", ".csv"), ".parquet or .csv")
+    refuse_overwrite(out, p["source"], option="--out")
+    key = load_hash_key(p["hash_key_file"]) if p["hash_ids"] or p["hash_key_file"] else None
+    started = time.perf_counter()
+    result = assess_joint(p["source"], id=p["id_col"], by=p["by"], **stats, where=p["where"],
+                          epsilon=list(p["epsilon"]) or None, bandwidth=bandwidth,
+                          drop_null_ids=p["drop_null_ids"], memory_limit=p["memory_limit"], threads=p["threads"])
+    log_joint_summary(result, time.perf_counter() - started)
+    if out:
+        cols = [result.id_column, "eps_i", "delta", "n_databases",
+                *[f"max_abs_shift_{k + 1}" for k in range(d)], "epsilon", "sole_contributor"]
+        with progress_bars(not (p["as_json"] or p["quiet"]), log) as progress, output_batch():
+            _write(progress, out, write_table, _out_rows(result, cols, key), out)
+    if p["as_json"]:
+        emit_json(result.to_dict())
+    elif not p["quiet"]:
+        from .render import print_joint_assessment
+
+        print_joint_assessment(result, out=out, show_id=_show_id(key))
+
+
+def log_joint_summary(r, seconds: float) -> None:
+    """The facts of a joint assessment at INFO (sizes, model, eps_all), the sweep at DEBUG; stderr only."""
+    m = r.model
+    log.info("%s of %s: %d databases (by %s), %d individuals (id %s), %d sole contributor(s)",
+             " & ".join(r.queries), r.source, len(r.labels), r.by_column, r.individuals.height, r.id_column,
+             r.sole_contributors)
+    log.info("joint model: product Laplace kernels on %s axes, scales %s, %s, LOO log-likelihood %.6g",
+             "whitened" if m.whitened else "the statistics' own", ", ".join(f"{b:.6g}" for b in m.scales),
+             m.selected_by, m.loglik)
+    log.info("eps_all %.6g; %d epsilon(s) in [%.4g, %.4g]; assessed in %.2f s", r.eps_all, len(r.epsilons),
+             r.epsilons[0], r.epsilons[-1], seconds)
+    _log_sweep(r)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 from rich.console import Console
 from rich.table import Table
 
@@ -22,13 +23,7 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     bw = f"{m.kernel}, scale {_fmt(m.scale)}" + (f", variable (a = {m.sensitivity:g})" if m.variable else ", fixed")
     summary.add_row("density model", bw + ("  (unconditional; each adversary bucket has its own, below)"
                                            if result.adversary else ""))
-    sole = result.sole_contributors
-    except_sole = f", except the {sole} sole contributor(s), who never are" if sole else ""
-    if result.eps_tolerance:  # Gaussian kernels: protected only up to the tolerance
-        meaning = f"from here every individual's delta_i <= {result.eps_tolerance:g}{except_sole}"
-    else:
-        meaning = f"every individual protected (delta_i = 0) from here{except_sole}"
-    summary.add_row("eps_all", f"{_fmt(result.eps_all)}  ({meaning})")
+    summary.add_row("eps_all", _eps_all(result.eps_all, result.sole_contributors, result.eps_tolerance))
     summary.add_row("sole contributors", str(result.sole_contributors))
     ind = result.independence
     summary.add_row("independence", f"Ljung-Box p = {_fmt(ind['ljung_box_p'], 3)}, trend p = {_fmt(ind['trend_p'], 3)}")
@@ -39,16 +34,8 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     if result.adversary:
         _print_adversary(con, result)
 
-    sweep = Table(title="risk by epsilon" + (" (conditional on the adversary statistic)" if result.adversary
-                                             else ""), title_justify="left")
-    for col in ("epsilon", "delta (worst)", "total risk", "at risk"):
-        sweep.add_column(col, justify="right")
-    E = len(result.epsilons)
-    rows = range(E) if E <= 12 else np.unique(np.linspace(0, E - 1, 10).round().astype(int))
-    for k in rows:
-        sweep.add_row(_fmt(result.epsilons[k]), _fmt(result.delta[k]), _fmt(result.total_risk[k]),
-                      str(int(result.n_at_risk[k])))
-    con.print(sweep)
+    con.print(_sweep(result, "risk by epsilon" + (" (conditional on the adversary statistic)" if result.adversary
+                                                  else "")))
 
     top_df = result.riskiest(top)
     tol = f" (eps_i: smallest epsilon with delta_i <= {result.eps_tolerance:g})" if result.eps_tolerance else ""
@@ -61,12 +48,88 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
         t.add_row(show_id(row[result.id_column]), _fmt(row["delta"]), eps_i, str(row["n_databases"]),
                   _fmt(row["max_abs_shift"]), "sets eps_all" if row["sets_eps_all"] else "")
     con.print(t)
+    _written(con, out, report, saved)
+
+
+def _eps_all(eps_all: float, sole: int, tolerance: float | None = None) -> str:
+    """ε_all and what it means, sole contributors (whom no ε protects) set apart."""
+    except_sole = f", except the {sole} sole contributor(s), who never are" if sole else ""
+    if tolerance:  # Gaussian kernels: protected only up to the tolerance
+        meaning = f"from here every individual's delta_i <= {tolerance:g}{except_sole}"
+    else:
+        meaning = f"every individual protected (delta_i = 0) from here{except_sole}"
+    return f"{_fmt(eps_all)}  ({meaning})"
+
+
+def _sweep(result, title: str) -> Table:
+    """δ(ε), δ*(ε) and the number at risk at every ε, or at 10 of them spread over the sweep."""
+    sweep = Table(title=title, title_justify="left")
+    for col in ("epsilon", "delta (worst)", "total risk", "at risk"):
+        sweep.add_column(col, justify="right")
+    E = len(result.epsilons)
+    rows = range(E) if E <= 12 else np.unique(np.linspace(0, E - 1, 10).round().astype(int))
+    for k in rows:
+        sweep.add_row(_fmt(result.epsilons[k]), _fmt(result.delta[k]), _fmt(result.total_risk[k]),
+                      str(int(result.n_at_risk[k])))
+    return sweep
+
+
+def _written(con, out: str | None, report: str | None = None, saved: str | None = None) -> None:
     if out:
         con.print(f"per-individual table written to {out} (mode 0600)")
     if report:
         con.print(f"HTML report written to {report} (mode 0600)")
     if saved:
         con.print(f"result saved to {saved} (mode 0600); render it with 'empdp report {saved} -o FILE.html'")
+
+
+def print_joint_assessment(result, out: str | None = None, show_id=str, top: int = 10,
+                           console: Console | None = None) -> None:
+    """Summary of a joint assessment (2–3 statistics released together): the statistics, the model,
+    ε_all, a few sweep rows, and the riskiest individuals with exact δ_i at the smallest ε and ε_i."""
+    con = console or Console(highlight=False, soft_wrap=True)
+    m, d = result.model, result.model.d
+    con.print(f"[bold]empdp assess[/bold]  {result.source}  (joint query, {d} statistics)")
+    summary = Table.grid(padding=(0, 2))
+    for k, q in enumerate(result.queries):
+        summary.add_row("statistics" if k == 0 else "", f"{k + 1}. {q}")
+    summary.add_row("databases", f"{len(result.labels)}  (by {result.by_column})")
+    summary.add_row("individuals", f"{result.individuals.height}  (id {result.id_column})")
+    r = np.corrcoef(result.q, rowvar=False)
+    summary.add_row("correlation", ", ".join(f"{i + 1}-{j + 1}: {_fmt(r[i, j], 3)}"
+                                             for i in range(d) for j in range(i + 1, d)) + "  (over the databases)")
+    scales = ", ".join(_fmt(b) for b in m.scales)
+    summary.add_row("density model", f"product Laplace kernels on whitened axes (the statistics decorrelated), "
+                                     f"scales {scales} (whitened units), by held-out likelihood" if m.whitened else
+                    f"product Laplace kernels on the statistics' own axes, fixed scales {scales}")
+    summary.add_row("eps_all", _eps_all(result.eps_all, result.sole_contributors))
+    summary.add_row("sole contributors", str(result.sole_contributors))
+    con.print(summary)
+    for w in result.warnings:
+        con.print(f"[yellow]warning:[/yellow] {w}")
+    con.print(_sweep(result, "risk by epsilon of the joint release"))
+
+    t = Table(title=f"riskiest individuals at epsilon = {_fmt(result.epsilons[0])}, by delta (shift k: the "
+                    "largest shift of statistic k)", title_justify="left")
+    for col in (result.id_column, "delta", "eps_i", "databases", *[f"shift {k + 1}" for k in range(d)], ""):
+        t.add_column(col, justify="right" if col else "left")
+    for row in _joint_riskiest(result, top).iter_rows(named=True):
+        eps_i = "inf (sole)" if row["sole_contributor"] else _fmt(row["eps_i"])
+        t.add_row(show_id(row[result.id_column]), _fmt(row["delta"]), eps_i, str(row["n_databases"]),
+                  *[_fmt(row[f"max_abs_shift_{k + 1}"]) for k in range(d)], "sets eps_all" if row["sets"] else "")
+    con.print(t)
+    _written(con, out)
+
+
+def _joint_riskiest(result, top: int):
+    """The ``top`` rows by δ_i at the smallest ε, ties by ε_i (sole contributors first), and the one that
+    sets ε_all even when it is not among them; every value exact (:func:`empdp.joint.assess.assess_joint`)."""
+    ind = result.individuals
+    eps_i, sole = ind["eps_i"].to_numpy(), ind["sole_contributor"].to_numpy()
+    sets = ~sole & (eps_i == result.eps_all) & (result.eps_all > 0)
+    ranked = ind.with_columns(pl.Series("sets", sets)).sort(["delta", "eps_i"], descending=True, maintain_order=True)
+    head = ranked.head(top)
+    return head if head["sets"].any() else head.vstack(ranked.filter(pl.col("sets")).head(1))
 
 
 def _print_adversary(con, result) -> None:

@@ -1,0 +1,140 @@
+"""CLI contract of ``empdp assess`` with 2–3 statistics released together (issue 19): exit codes,
+JSON, ``--out``, the terminal summary, and one ``--query`` staying the one-statistic assessment."""
+
+import io
+import json
+
+import polars as pl
+import pytest
+from helpers import one_line_error, run
+from test_joint_assess import paper_table
+
+PANEL = ["--id", "id", "--by", "db"]
+
+
+@pytest.fixture(scope="module")
+def paper(tmp_path_factory):
+    """The paper's panel as a file: K contributes a steady x to every database; ``x_not_k`` is x but K's."""
+    table, K = paper_table()
+    path = tmp_path_factory.mktemp("joint") / "paper.parquet"
+    table.write_parquet(path)
+    return str(path), K
+
+
+@pytest.fixture(scope="module")
+def paper_run(paper, tmp_path_factory):
+    """``SELECT sum(x)`` and ``SELECT sum(x) FILTER (WHERE id <> K)`` assessed jointly: JSON and --out."""
+    path, K = paper
+    sql = ["SELECT sum(x) FROM db", f"SELECT sum(x) FILTER (WHERE id <> {K}) FROM db"]
+    out = tmp_path_factory.mktemp("joint") / "risk.parquet"
+    res = run("assess", path, *PANEL, "--sql", sql[0], "--sql", sql[1], "--out", out, "--json")
+    assert res.exit_code == 0, res.output
+    return sql, json.loads(res.output), pl.read_parquet(out)
+
+
+def test_the_papers_warning_through_the_cli(paper, paper_run, tmp_path):
+    """Each statistic alone protects K at a tenth of the ε the pair needs; together K is the riskiest."""
+    path, K = paper
+    sql, summary, rows = paper_run
+    riskiest = rows.sort("eps_i", descending=True).row(0, named=True)
+    assert riskiest["id"] == K and riskiest["eps_i"] == summary["eps_all"]
+    for k, one in enumerate(sql):
+        single = tmp_path / f"one{k}.parquet"
+        res = run("assess", path, *PANEL, "--sql", one, "--out", single, "--json")
+        assert res.exit_code == 0, res.output
+        eps_k = pl.read_parquet(single).filter(pl.col("id") == K)["eps_i"].item()
+        assert summary["eps_all"] >= 10 * eps_k
+
+
+def test_json_keys(paper_run):
+    sql, summary, _ = paper_run
+    assert set(summary) == {"source", "query", "id", "by", "n_databases", "n_individuals", "kernel", "bandwidth",
+                            "density_model", "eps_all", "sweep", "sole_contributors", "warnings"}
+    assert summary["query"] == sql and len(summary["bandwidth"]) == 2
+    assert summary["n_databases"] == 40 and summary["n_individuals"] == 30
+    assert summary["density_model"]["whitened"] is True and summary["density_model"]["selected_by"] == "loo-likelihood"
+    assert len(summary["sweep"]) == 50 and set(summary["sweep"][0]) == {"epsilon", "delta", "total_risk", "n_at_risk"}
+    assert summary["sweep"][-1]["delta"] == 0  # 1.25 eps_all: everyone protected
+
+
+def test_out_columns_and_fixed_scales(tmp_path):
+    table, _ = paper_table(K=3, n_db=8, n_ind=8)  # small: three statistics, two epsilons
+    path, out = tmp_path / "small.parquet", tmp_path / "risk.csv"
+    table.write_parquet(path)
+    res = run("assess", path, *PANEL, "--query", "sum(x)", "--query", "max(x)", "--query", "median(x)",
+              "--bandwidth", "10,3,2", "-e", "0.5", "-e", "0.2", "--out", out, "--json")
+    assert res.exit_code == 0, res.output
+    rows = pl.read_csv(out)
+    assert rows.columns == ["id", "eps_i", "delta", "n_databases", "max_abs_shift_1", "max_abs_shift_2",
+                            "max_abs_shift_3", "epsilon", "sole_contributor"]
+    assert rows.height == 8 and rows["epsilon"].unique().to_list() == [0.2]  # the ε of the delta column
+    summary = json.loads(res.output)
+    assert summary["query"] == ["sum(x)", "max(x)", "median(x)"] and summary["bandwidth"] == [10.0, 3.0, 2.0]
+    assert summary["density_model"]["whitened"] is False
+    assert [s["epsilon"] for s in summary["sweep"]] == [0.2, 0.5]
+
+
+def test_terminal_summary_names_the_riskiest(paper, tmp_path):
+    path, K = paper
+    res = run("assess", path, *PANEL, "--query", "sum(x)", "--query", "sum(x_not_k)", "--out", tmp_path / "r.parquet")
+    assert res.exit_code == 0, res.output
+    text = res.output
+    for fragment in ("(joint query, 2 statistics)", "1. sum(x)", "2. sum(x_not_k)", "whitened axes", "eps_all",
+                     "risk by epsilon of the joint release", "shift 2", "per-individual table written to"):
+        assert fragment in text, text
+    rows = [ln for ln in text[text.index("riskiest individuals"):].splitlines() if "│" in ln]
+    cells = [[c.strip() for c in ln.strip().strip("│").split("│")] for ln in rows]
+    assert [str(K), "sets eps_all"] in [[c[0], c[-1]] for c in cells], text
+
+
+def test_one_query_is_the_one_statistic_assessment(paper):
+    """One --query goes the one-statistic way: the same bytes as that assessment rendered directly."""
+    from rich.console import Console
+
+    from empdp.assessment import assess
+    from empdp.cli._common import _clean
+    from empdp.cli.render import print_assessment
+
+    path, _ = paper
+    args = ["assess", path, *PANEL, "--query", "sum(x)", "--bandwidth", "3", "-e", "0.1", "-e", "0.5"]
+    one = assess(path, id="id", by="db", query="sum(x)", bandwidth=3.0, epsilon=[0.1, 0.5], workers="auto")
+    assert run(*args, "--json").output == json.dumps(_clean(one.to_dict()), allow_nan=False) + "\n"
+    text = io.StringIO()
+    print_assessment(one, console=Console(file=text, highlight=False, soft_wrap=True))
+    assert run(*args).output == text.getvalue()
+
+
+def test_a_statistic_that_is_a_function_of_the_other_is_one_line(tmp_path):
+    table, _ = paper_table(steady=0.0)  # K adds exactly 5 to every database: sum(x_not_k) = sum(x) − 5
+    path, out = tmp_path / "flat.parquet", tmp_path / "risk.parquet"
+    table.write_parquet(path)
+    res = run("assess", path, *PANEL, "--query", "sum(x)", "--query", "sum(x_not_k)", "--out", out)
+    one_line_error(res, "exactly dependent", "release fewer statistics")
+    assert not out.exists()
+
+
+REFUSED = "does not apply to a joint query of 2 statistics"
+
+
+@pytest.mark.parametrize("options, fragments", [
+    (["--bandwidth", "1"], ["--bandwidth gives 1 scale(s) for 2 statistics"]),
+    (["--bandwidth", "1,2,3"], ["--bandwidth gives 3 scale(s) for 2 statistics"]),
+    (["--bandwidth", "1,-2"], ["positive"]),
+    (["--bandwidth", "variable"], ["--bandwidth variable"]),
+    (["--query", "mean(x)", "--query", "max(x)"], ["--query given 4 times", "at most 3"]),
+    (["--sql", "SELECT max(x) FROM db"], ["not both"]),
+    (["--kernel", "gaussian"], ["--kernel gaussian", REFUSED]),
+    (["--adversary", "count(*)"], ["--adversary", REFUSED]),
+    (["--engine", "spark"], ["--engine spark", REFUSED]),
+    (["--report", "{tmp}/r.html"], ["--report", REFUSED]),
+    (["--save-result", "{tmp}/r.json"], ["--save-result", REFUSED]),
+    (["--workers", "processes"], ["--workers processes", REFUSED]),
+    (["--no-screening"], ["--no-screening", REFUSED]),
+])
+def test_bad_joint_input_is_one_line_and_writes_nothing(paper, tmp_path, options, fragments):
+    path, _ = paper
+    options = [o.format(tmp=tmp_path) for o in options]
+    res = run("assess", path, *PANEL, "--query", "sum(x)", "--query", "sum(x_not_k)", *options,
+              "--out", tmp_path / "risk.parquet")
+    one_line_error(res, *fragments)
+    assert list(tmp_path.iterdir()) == []
