@@ -96,12 +96,12 @@ def print_joint_assessment(result, out: str | None = None, show_id=str, top: int
     summary.add_row("databases", f"{len(result.labels)}  (by {result.by_column})")
     summary.add_row("individuals", f"{result.individuals.height}  (id {result.id_column})")
     r = np.corrcoef(result.q, rowvar=False)
-    summary.add_row("correlation", ", ".join(f"{i + 1}-{j + 1}: {_fmt(r[i, j], 3)}"
+    summary.add_row("correlation", ", ".join(f"{i + 1}-{j + 1}: {_fmt(r[i, j])}"
                                              for i in range(d) for j in range(i + 1, d)) + "  (over the databases)")
     scales = ", ".join(_fmt(b) for b in m.scales)
-    summary.add_row("density model", f"product Laplace kernels on whitened axes (the statistics decorrelated), "
-                                     f"scales {scales} (whitened units), by held-out likelihood" if m.whitened else
-                    f"product Laplace kernels on the statistics' own axes, fixed scales {scales}")
+    summary.add_row("density model", f"product Laplace, whitened axes, scales {scales} (whitened units, by "
+                                     "held-out likelihood)" if m.whitened else
+                    f"product Laplace, the statistics' own axes, fixed scales {scales}")
     summary.add_row("eps_all", _eps_all(result.eps_all, result.sole_contributors))
     summary.add_row("sole contributors", str(result.sole_contributors))
     con.print(summary)

@@ -79,7 +79,7 @@ def test_terminal_summary_names_the_riskiest(paper, tmp_path):
     res = run("assess", path, *PANEL, "--query", "sum(x)", "--query", "sum(x_not_k)", "--out", tmp_path / "r.parquet")
     assert res.exit_code == 0, res.output
     text = res.output
-    for fragment in ("(joint query, 2 statistics)", "1. sum(x)", "2. sum(x_not_k)", "whitened axes", "eps_all",
+    for fragment in ("(joint query, 2 statistics)", "1. sum(x)", "2. sum(x_not_k)", "product Laplace, whitened axes", "eps_all",
                      "risk by epsilon of the joint release", "shift 2", "per-individual table written to"):
         assert fragment in text, text
     rows = [ln for ln in text[text.index("riskiest individuals"):].splitlines() if "│" in ln]
