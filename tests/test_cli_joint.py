@@ -138,3 +138,15 @@ def test_bad_joint_input_is_one_line_and_writes_nothing(paper, tmp_path, options
               "--out", tmp_path / "risk.parquet")
     one_line_error(res, *fragments)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_hashed_ids_and_the_log(paper, tmp_path):
+    """--hash-ids reaches the joint --out table; -v logs the sizes, model and eps_all to stderr."""
+    path, K = paper
+    out = tmp_path / "risk.csv"
+    res = run("assess", path, *PANEL, "--query", "sum(x)", "--query", "sum(x_not_k)", "-e", "20", "-v",
+              "--hash-ids", "--out", out, env={"EMPDP_HASH_KEY": "k" * 40})
+    assert res.exit_code == 0, res.output
+    assert "joint model: product Laplace kernels on whitened axes" in res.output
+    ids = pl.read_csv(out)["id"].to_list()
+    assert len(set(ids)) == 30 and str(K) not in ids and all(len(v) == 16 for v in ids)
