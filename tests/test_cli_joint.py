@@ -49,8 +49,8 @@ def test_the_papers_warning_through_the_cli(paper, paper_run, tmp_path):
 def test_json_keys(paper_run):
     sql, summary, _ = paper_run
     assert set(summary) == {"source", "query", "id", "by", "n_databases", "n_individuals", "kernel", "bandwidth",
-                            "density_model", "eps_all", "sweep", "sole_contributors", "warnings"}
-    assert summary["query"] == sql and len(summary["bandwidth"]) == 2
+                            "density_model", "eps_all", "sweep", "independence", "sole_contributors", "warnings"}
+    assert summary["query"] == sql and len(summary["bandwidth"]) == 2 and len(summary["independence"]) == 2
     assert summary["n_databases"] == 40 and summary["n_individuals"] == 30
     assert summary["density_model"]["whitened"] is True and summary["density_model"]["selected_by"] == "loo-likelihood"
     assert len(summary["sweep"]) == 50 and set(summary["sweep"][0]) == {"epsilon", "delta", "total_risk", "n_at_risk"}

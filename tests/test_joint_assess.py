@@ -27,6 +27,7 @@ def test_the_papers_warning_each_statistic_private_together_they_expose_k():
     assert e[K] >= 10 * max(marginal)
     d = joint.to_dict()
     assert d["query"] == ["sum(x)", "sum(x_not_k)"] and len(d["sweep"]) == 50
+    assert len(d["independence"]) == 2 and {"ljung_box_p", "trend_p"} <= set(d["independence"][1])
     assert np.all(np.diff(joint.delta) <= 1e-12)  # δ(ε) falls with ε
     assert joint.delta[-1] == 0.0  # 1.25 ε_all: everyone protected
     assert {"max_abs_shift_1", "max_abs_shift_2"} <= set(joint.individuals.columns)
@@ -42,6 +43,8 @@ def test_d1_matches_the_one_statistic_assessment():
     np.testing.assert_allclose(joint.eps_i, one.individuals["eps_i"].to_numpy(), rtol=1e-9)
     np.testing.assert_allclose(joint.delta, one.delta, atol=1e-9)
     np.testing.assert_allclose(joint.total_risk, one.total_risk, atol=1e-9)
+    # the independence checks of the statistic's series, as the one-statistic assessment reports them
+    assert joint.to_dict()["independence"] == [one.independence]
 
 
 def test_a_statistic_that_is_an_exact_function_of_the_other_is_a_finding():

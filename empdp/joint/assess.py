@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ..assessment import checks
 from ..errors import InputError
 from ..loo import open_engine
 from . import MAX_DIM, JointModel, joint_bound, joint_risk, select_joint_model
@@ -42,6 +43,8 @@ class JointAssessment:
     individuals: pl.DataFrame
     sole_contributors: int
     warnings: list = field(default_factory=list)
+    #: the independence checks of each statistic's series over the databases (as for one statistic)
+    independence: list = field(default_factory=list)
 
     @property
     def eps_i(self) -> np.ndarray:
@@ -55,6 +58,7 @@ class JointAssessment:
             "eps_all": self.eps_all if math.isfinite(self.eps_all) else None,
             "sweep": [{"epsilon": float(e), "delta": float(d), "total_risk": float(t), "n_at_risk": int(c)}
                       for e, d, t, c in zip(self.epsilons, self.delta, self.total_risk, self.n_at_risk)],
+            "independence": list(self.independence),
             "sole_contributors": int(self.sole_contributors), "warnings": list(self.warnings),
         }
 
@@ -175,7 +179,11 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
         **{f"max_abs_shift_{k + 1}": np.abs(shifts[:, :, k]).max(axis=1) for k in range(d)},
         "sole_contributor": sole,
     })
-    warnings = []
+    warnings, independence = [], []
+    for k, name in enumerate(names):  # each statistic's series: autocorrelation and trend, as for one
+        checked, notes = checks.independence(q[:, k])
+        independence.append(checked)
+        warnings += [f"{name}: {w}" for w in notes]
     if sole.any():
         warnings.append(f"{int(sole.sum())} individual(s) are the only contributor to some database: "
                         "delta_i = 1, eps_i = inf; no epsilon protects them")
@@ -184,4 +192,4 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
         id_column=id, by_column=by, labels=labels, q=q, model=model, epsilons=eps, delta=known.max(axis=0),
         total_risk=total, n_at_risk=((delta > 0) | np.isnan(delta)).sum(axis=0), eps_all=eps_all,
         individuals=individuals,
-        sole_contributors=int(sole.sum()), warnings=warnings)
+        sole_contributors=int(sole.sum()), warnings=warnings, independence=independence)
