@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import polars as pl
 from rich.console import Console
 from rich.table import Table
 
@@ -113,23 +112,12 @@ def print_joint_assessment(result, out: str | None = None, show_id=str, top: int
                     "largest shift of statistic k)", title_justify="left")
     for col in (result.id_column, "delta", "eps_i", "databases", *[f"shift {k + 1}" for k in range(d)], ""):
         t.add_column(col, justify="right" if col else "left")
-    for row in _joint_riskiest(result, top).iter_rows(named=True):
+    for row in result.riskiest(top).iter_rows(named=True):
         eps_i = "inf (sole)" if row["sole_contributor"] else _fmt(row["eps_i"])
         t.add_row(show_id(row[result.id_column]), _fmt(row["delta"]), eps_i, str(row["n_databases"]),
                   *[_fmt(row[f"max_abs_shift_{k + 1}"]) for k in range(d)], "sets eps_all" if row["sets"] else "")
     con.print(t)
     _written(con, out)
-
-
-def _joint_riskiest(result, top: int):
-    """The ``top`` rows by δ_i at the smallest ε, ties by ε_i (sole contributors first), and the one that
-    sets ε_all even when it is not among them; every value exact (:func:`empdp.joint.assess.assess_joint`)."""
-    ind = result.individuals
-    eps_i, sole = ind["eps_i"].to_numpy(), ind["sole_contributor"].to_numpy()
-    sets = ~sole & (eps_i == result.eps_all) & (result.eps_all > 0)
-    ranked = ind.with_columns(pl.Series("sets", sets)).sort(["delta", "eps_i"], descending=True, maintain_order=True)
-    head = ranked.head(top)
-    return head if head["sets"].any() else head.vstack(ranked.filter(pl.col("sets")).head(1))
 
 
 def _print_adversary(con, result) -> None:

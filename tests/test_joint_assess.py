@@ -31,6 +31,9 @@ def test_the_papers_warning_each_statistic_private_together_they_expose_k():
     assert np.all(np.diff(joint.delta) <= 1e-12)  # δ(ε) falls with ε
     assert joint.delta[-1] == 0.0  # 1.25 ε_all: everyone protected
     assert {"max_abs_shift_1", "max_abs_shift_2"} <= set(joint.individuals.columns)
+    top = joint.riskiest(3)
+    assert top.height == 3 and top["sets"].sum() == 1 and top.filter(pl.col("sets"))["id"][0] == K
+    assert np.all(np.diff(top["delta"].to_numpy()) <= 0)  # ranked by exact δ_i at the smallest ε
 
 
 def test_d1_matches_the_one_statistic_assessment():

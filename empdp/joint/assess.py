@@ -50,6 +50,18 @@ class JointAssessment:
     def eps_i(self) -> np.ndarray:
         return self.individuals["eps_i"].to_numpy()
 
+    def riskiest(self, k: int = 10) -> pl.DataFrame:
+        """The ``k`` riskiest individuals, as :meth:`empdp.assessment.Assessment.riskiest`: by δ_i at the
+        smallest ε, ties by ε_i (sole contributors first), and the individual that sets ε_all even
+        when it is not among them (column ``sets``); every value is exact."""
+        ind = self.individuals
+        eps_i, sole = ind["eps_i"].to_numpy(), ind["sole_contributor"].to_numpy()
+        sets = ~sole & (eps_i == self.eps_all) & (self.eps_all > 0)
+        ranked = ind.with_columns(pl.Series("sets", sets)).sort(["delta", "eps_i"], descending=True,
+                                                                maintain_order=True)
+        head = ranked.head(k)
+        return head if head["sets"].any() else head.vstack(ranked.filter(pl.col("sets")).head(1))
+
     def to_dict(self) -> dict:
         return {
             "source": self.source, "query": list(self.queries), "id": self.id_column, "by": self.by_column,
