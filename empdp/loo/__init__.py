@@ -23,13 +23,7 @@ import polars as pl
 from ..data import open_panel
 from ..errors import InputError
 from ..query import DECOMPOSABLE, ORDER_STATISTICS, Query, parse_query
-from .base import (
-    MAX_MAGNITUDE,
-    DuckDBEngine,
-    LooEngine,
-    Screen,
-    _require_workable_databases,  # noqa: F401 - imported by empdp.spark
-)
+from .base import MAX_MAGNITUDE, DuckDBEngine, LooEngine, Screen
 from .decomposable import DENSE_CELLS, DecomposableEngine
 from .order import OrderStatisticEngine
 from .sql import (

@@ -9,6 +9,7 @@ shares: the range check of values and shifts, the NULL-value warning and the hel
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,7 +57,7 @@ class Screen:
         return len(self.n_present)
 
 
-class LooEngine:
+class LooEngine(ABC):
     """Leave-one-out engine for one :class:`~empdp.query.Query` over one panel (the protocol).
 
     Subclasses (one per strategy) implement ``_values()`` (f(X^j), also setting
@@ -140,18 +141,19 @@ class LooEngine:
             present[rows, j] = True
         return (out, present) if presence else out
 
-    # the strategy's hooks (template methods): each engine class defines these three
+    # the strategy's hooks (template methods): each engine class defines these three, and a class
+    # without them cannot be instantiated
+    @abstractmethod
     def _values(self) -> np.ndarray:
         """f(X^j) of every database, in label order."""
-        raise NotImplementedError(f"{type(self).__name__} defines no _values: a strategy must")
 
+    @abstractmethod
     def _screen(self, scale: np.ndarray) -> Screen:
         """The screening table with M_i = max_j |Δ_ij| / scale_j."""
-        raise NotImplementedError(f"{type(self).__name__} defines no _screen: a strategy must")
 
+    @abstractmethod
     def _shift_rows(self, codes: np.ndarray) -> tuple:
         """(row, j, Δ, undefined) of the present (individual, database) pairs of ``codes``."""
-        raise NotImplementedError(f"{type(self).__name__} defines no _shift_rows: a strategy must")
 
     def _require_in_range(self, values: np.ndarray, ids: pl.Series | None = None) -> None:
         """Refuse query values (``ids`` None: one per database) or per-individual largest shifts

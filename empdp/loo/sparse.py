@@ -5,6 +5,7 @@ Their shifts are held sparsely: one entry per (individual, database) pair presen
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,9 +66,9 @@ class InMemoryEngine(DuckDBEngine):
         super().__init__(panel, query)
         self._sparse: SparseShifts | None = None
 
+    @abstractmethod
     def _compute(self) -> tuple[np.ndarray, SparseShifts]:
         """The strategy's hook: every f(X^j) and every shift at once (order statistics, --sql)."""
-        raise NotImplementedError(f"{type(self).__name__} defines no _compute: an in-memory strategy must")
 
     def _values(self) -> np.ndarray:
         q, self._sparse = self._compute()

@@ -26,7 +26,7 @@ import polars as pl
 import pyarrow as pa
 
 from ..errors import InputError
-from ..loo import LooEngine, Screen, _require_workable_databases
+from ..loo import LooEngine, Screen
 from ..query import Query, parse_query
 from .session import SparkPanel, _collect, _q, first_line, open_spark_panel, spark_session
 
@@ -56,17 +56,12 @@ class SparkEngine(LooEngine):
     on_executors = True
 
     def __init__(self, panel: SparkPanel, query: Query):
-        self.panel = panel
-        self.query = query
-        _require_workable_databases(panel)
-        self.n_null_values = 0
-        self._q: np.ndarray | None = None
+        super().__init__(panel, query)
         self._totals: dict | None = None
         self._ranked = None  # order statistics: the ranked rows (persisted)
         self._lookup: pa.Table | None = None  # order statistics: (j, r, x) at the ranks needed
         self._delta = None  # (__j, __i, delta, undef) of every present pair (persisted)
         self._ids: pl.Series | None = None
-        self._dense = None
 
     @property
     def spark(self):
@@ -87,19 +82,13 @@ class SparkEngine(LooEngine):
         """Nothing to release on the driver: Δ rows are fetched per call."""
 
     # ------------------------------------------------------------------ values
-    def values(self) -> np.ndarray:
-        """f(X^j) for every database, in label order (see :meth:`empdp.loo.LooEngine.values`)."""
-        if self._q is None:
-            with np.errstate(all="ignore"):
-                if self.query.is_decomposable:
-                    q = self._decomposable_values()
-                elif self.query.is_order_statistic:
-                    q = self._order_values()
-                else:
-                    q = self._sql_values()
-            self._require_in_range(q)
-            self._q = q
-        return self._q
+    def _values(self) -> np.ndarray:
+        """f(X^j) for every database, in label order, by the query form's Spark aggregation."""
+        if self.query.is_decomposable:
+            return self._decomposable_values()
+        if self.query.is_order_statistic:
+            return self._order_values()
+        return self._sql_values()
 
     def _run(self, thunk):
         """Run a Spark action; a bad ``--where`` or ``--sql`` becomes one line."""
@@ -358,15 +347,6 @@ class SparkEngine(LooEngine):
             self._delta = delta.persist(StorageLevel.MEMORY_AND_DISK)
         return self._delta
 
-    def screen(self, scale: np.ndarray) -> Screen:
-        """Per-individual summary and M_i = max_j |Δ_ij| / scale_j, aggregated on the cluster."""
-        scale = np.asarray(scale, dtype=np.float64)
-        self.values()
-        with np.errstate(all="ignore"):
-            out = self._screen(scale)
-        self._require_in_range(out.max_abs_shift, out.ids)
-        return out
-
     def _screen(self, scale: np.ndarray) -> Screen:
         from pyspark.sql import functions as F
 
@@ -397,22 +377,14 @@ class SparkEngine(LooEngine):
         """The cluster's (__row, __j, delta, undef) rows of the individuals ``codes``."""
         return self._delta_table().join(self.wanted(codes), "__i").select("__row", "__j", "delta", "undef")
 
-    def shifts(self, codes: np.ndarray, presence: bool = False):
-        """Dense Δ rows (len(codes), n) for the given individuals (0 where absent or undefined);
-        with ``presence``, also the (len(codes), n) matrix of databases where each has rows."""
-        codes = np.asarray(codes, dtype=np.int64)
-        n = len(self.panel.labels)
-        out = np.zeros((len(codes), n))
-        present = np.zeros((len(codes), n), dtype=bool)
-        if len(codes):
-            tab = self._run(lambda: _collect(self.shift_rows(codes)))
-            rows = np.asarray(tab.column("__row").to_numpy(zero_copy_only=False), dtype=np.int64)
-            j = np.asarray(tab.column("__j").to_numpy(zero_copy_only=False), dtype=np.int64)
-            delta = np.asarray(tab.column("delta").to_numpy(zero_copy_only=False), dtype=np.float64)
-            undef = np.asarray(tab.column("undef").to_numpy(zero_copy_only=False), dtype=bool)
-            out[rows[~undef], j[~undef]] = delta[~undef]
-            present[rows, j] = True
-        return (out, present) if presence else out
+    def _shift_rows(self, codes: np.ndarray) -> tuple:
+        """(row, j, Δ, undefined) of the present pairs of ``codes``, collected from the cluster."""
+        tab = self._run(lambda: _collect(self.shift_rows(codes)))
+
+        def column(name, dtype):
+            return np.asarray(tab.column(name).to_numpy(zero_copy_only=False), dtype=dtype)
+
+        return column("__row", np.int64), column("__j", np.int64), column("delta", np.float64), column("undef", bool)
 
 
 def make_spark_engine(source: Any = None, *, id: str, by: str, query: str | None = None,
