@@ -49,8 +49,33 @@ def _check_epsilons(epsilon) -> np.ndarray:
     return np.unique(eps)
 
 
-@dataclass
-class Assessment:
+@dataclass(kw_only=True)
+class RiskSweep:
+    """What every assessment holds, of one statistic or of several released together
+    (:class:`Assessment`, :class:`empdp.joint.assess.JointAssessment`): the source's databases and
+    query values ``q``, the ε swept with δ(ε), δ*(ε) and the at-risk counts, ε_all, and one row
+    per individual."""
+
+    source: str
+    id_column: str
+    by_column: str
+    labels: list
+    q: np.ndarray
+    epsilons: np.ndarray
+    delta: np.ndarray
+    total_risk: np.ndarray
+    n_at_risk: np.ndarray
+    eps_all: float
+    individuals: pl.DataFrame
+    sole_contributors: int
+
+    @property
+    def n_databases(self) -> int:
+        return len(self.labels)
+
+
+@dataclass(kw_only=True)
+class Assessment(RiskSweep):
     """Result of :func:`assess`.
 
     Attributes
@@ -75,33 +100,17 @@ class Assessment:
         ``sole_contributor``.
     """
 
-    source: str
     query: str
-    id_column: str
-    by_column: str
-    labels: list
-    q: np.ndarray
     model: DensityModel
-    epsilons: np.ndarray
-    delta: np.ndarray
-    total_risk: np.ndarray
-    n_at_risk: np.ndarray
-    eps_all: float
-    individuals: pl.DataFrame
     independence: dict
     representativeness: dict
     warnings: list
-    sole_contributors: int
     n_evaluated: int
     screening: bool
     engine: LooEngine | None = field(default=None, repr=False)
     #: with an adversary: the JSON ``adversary`` object, and the buckets (:mod:`empdp.assessment.adversary`)
     adversary: dict | None = None
     buckets: list | None = field(default=None, repr=False)
-
-    @property
-    def n_databases(self) -> int:
-        return len(self.labels)
 
     @property
     def n_individuals(self) -> int:

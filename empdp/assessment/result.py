@@ -45,7 +45,7 @@ SHIFT_ROWS = 20
 _FLOAT_COLUMNS = ("eps_i", "delta", "max_abs_shift")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SavedAssessment(Assessment):
     """An :class:`~empdp.assessment.assess.Assessment` read back by :func:`load_result`.
 

@@ -30,14 +30,12 @@ _NUMERIC_PREFIXES = (
 _FLOAT_PREFIXES = ("FLOAT", "DOUBLE", "REAL")
 
 
-@dataclass
-class Panel:
-    """A validated repeated-database source (docs/method.md#1-data-model).
+@dataclass(kw_only=True)
+class Source:
+    """What every engine knows of a validated repeated-database source (docs/method.md#1-data-model).
 
     Attributes
     ----------
-    con : duckdb.DuckDBPyConnection
-        Connection holding the view ``__src`` over the source.
     id, by : str
         Column names of the individual id and the database label.
     labels : list
@@ -46,25 +44,32 @@ class Panel:
     description : str
         Human description of the source (path or frame type).
     columns : dict
-        Column name -> DuckDB type name.
+        Column name -> the engine's type name.
     n_null_ids : int
         Rows dropped because their id was NULL (only with ``drop_null_ids``).
     """
 
-    con: duckdb.DuckDBPyConnection
     id: str
     by: str
     labels: list
     description: str
     columns: dict
     n_null_ids: int = 0
-    #: SQL mapping the ``by`` column to its 0-based database index without a join (integer
-    #: labels), or None: then :meth:`base_sql` joins the table ``__labels``
-    label_index: str | None = None
 
     @property
     def n_databases(self) -> int:
         return len(self.labels)
+
+
+@dataclass(kw_only=True)
+class Panel(Source):
+    """The source as DuckDB sees it: a :class:`Source` with ``con``, the connection holding the
+    view ``__src`` over the source."""
+
+    con: duckdb.DuckDBPyConnection
+    #: SQL mapping the ``by`` column to its 0-based database index without a join (integer
+    #: labels), or None: then :meth:`base_sql` joins the table ``__labels``
+    label_index: str | None = None
 
     def close(self) -> None:
         """Close the connection and remove its spill folder."""

@@ -15,33 +15,22 @@ import numpy as np
 import polars as pl
 
 from ..assessment import checks
+from ..assessment.assess import RiskSweep
 from ..errors import InputError
 from ..loo import open_engine
 from . import MAX_DIM, JointModel, joint_bound, joint_risk, select_joint_model
 
 
-@dataclass
-class JointAssessment:
+@dataclass(kw_only=True)
+class JointAssessment(RiskSweep):
     """Result of :func:`assess_joint`: as :class:`empdp.assessment.assess.Assessment`, for a vector of statistics.
 
     ``individuals`` has the id, ``eps_i`` (exact; ∞ for sole contributors), ``delta`` (δ_i at the
     smallest ε), ``n_databases``, ``max_abs_shift_1..d`` and ``sole_contributor``.
     """
 
-    source: str
     queries: list
-    id_column: str
-    by_column: str
-    labels: list
-    q: np.ndarray
     model: JointModel
-    epsilons: np.ndarray
-    delta: np.ndarray
-    total_risk: np.ndarray
-    n_at_risk: np.ndarray
-    eps_all: float
-    individuals: pl.DataFrame
-    sole_contributors: int
     warnings: list = field(default_factory=list)
     #: the independence checks of each statistic's series over the databases (as for one statistic)
     independence: list = field(default_factory=list)
@@ -65,7 +54,7 @@ class JointAssessment:
     def to_dict(self) -> dict:
         return {
             "source": self.source, "query": list(self.queries), "id": self.id_column, "by": self.by_column,
-            "n_databases": len(self.labels), "n_individuals": self.individuals.height,
+            "n_databases": self.n_databases, "n_individuals": self.individuals.height,
             "kernel": "laplace", "bandwidth": self.model.scales.tolist(), "density_model": self.model.describe(),
             "eps_all": self.eps_all if math.isfinite(self.eps_all) else None,
             "sweep": [{"epsilon": float(e), "delta": float(d), "total_risk": float(t), "n_at_risk": int(c)}

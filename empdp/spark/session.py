@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 import pyarrow as pa
 
 from ..data import _kind, clip, shorten
+from ..data.panel import Source
 from ..errors import InputError
 
 #: seconds allowed to open a TCP connection to a Spark master or Spark Connect server
@@ -209,39 +210,14 @@ def read_source(spark, source: Any = None, table: str | None = None, options: di
     return df, path
 
 
-@dataclass
-class SparkPanel:
-    """A validated repeated-database source on Spark (the :class:`empdp.data.Panel` of the Spark engine).
-
-    Attributes
-    ----------
-    df : pyspark.sql.DataFrame
-        The source.
-    id, by : str
-        Column names of the individual id and the database label.
-    labels : list
-        Distinct database labels, sorted.
-    description : str
-        The source as the user named it.
-    columns : dict
-        Column name -> Spark type name.
-    n_null_ids : int
-        Rows dropped because their id was NULL (only with ``drop_null_ids``).
-    """
+@dataclass(kw_only=True)
+class SparkPanel(Source):
+    """The source as Spark sees it (the :class:`empdp.data.Panel` of the Spark engine): a
+    :class:`empdp.data.panel.Source` with ``df``, the source's DataFrame, and the session."""
 
     df: Any
-    id: str
-    by: str
-    labels: list
-    description: str
-    columns: dict
-    n_null_ids: int = 0
     spark: Any = None
     _label_df: Any = field(default=None, repr=False)
-
-    @property
-    def n_databases(self) -> int:
-        return len(self.labels)
 
     def close(self) -> None:
         """Nothing to close: the session is shared (``spark.stop()`` ends it for every engine)."""
