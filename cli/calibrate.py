@@ -14,16 +14,7 @@ from empdp.noise import calibrate as calibrate_source
 from empdp.noise.exact import check_epsilon
 from empdp.textfmt import fmt
 
-from ._common import (
-    check_output,
-    emit_json,
-    engine_options,
-    engine_settings,
-    log,
-    output_options,
-    progress_bars,
-    setup_logging,
-)
+from . import _common as common
 from .assess import parse_bandwidth, query_options
 
 
@@ -52,7 +43,7 @@ def key_options(f):
 @click.option("--adversary-sql", metavar="SQL", help="The adversary statistic as SQL over the table 'db'.")
 @click.option("--buckets", type=int, default=None,
               help="With --adversary: groups of databases (default: as many as keep 10 each, at most 5).")
-@engine_options("duckdb (embedded) or spark: compute the leave-one-out (and the adversary statistic) on Spark "
+@common.engine_options("duckdb (embedded) or spark: compute the leave-one-out (and the adversary statistic) on Spark "
                 "(see docs/spark.md).")
 @click.option("--kernel", type=click.Choice(["laplace", "gaussian", "auto"]), default="laplace", show_default=True,
               help="Curator kernel. Laplace (default) deconvolves in closed form: the least noise, exactly. A "
@@ -68,7 +59,7 @@ def key_options(f):
 @click.option("--key-file", type=click.Path(dir_okay=False), metavar="FILE",
               help=f"Sign the calibration with the curator key in this file (default: ${KEY_ENV}); 'empdp "
                    "release' refuses unsigned calibrations unless --allow-unsigned.")
-@output_options
+@common.output_options
 def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversary_sql, buckets, engine, spark_master,
               spark_remote, table, kernel, bandwidth,
               output, memory_limit,
@@ -87,21 +78,21 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
       EMPDP_KEY=... empdp calibrate data/*.parquet --id customer --by month \\
           --query "sum(kwh)" -e 0.5 -o kwh.json --json
     """
-    setup_logging(verbose, quiet, debug)
-    engine_kw = engine_settings(source, engine, spark_master, spark_remote, table)
+    common.setup_logging(verbose, quiet, debug)
+    engine_kw = common.engine_settings(source, engine, spark_master, spark_remote, table)
     if not (isinstance(epsilon, float) and epsilon == epsilon and 0 < epsilon < float("inf")):
         raise InputError(f"--epsilon must be a positive number; got {epsilon!r}")
     check_epsilon(epsilon)  # before the data are read
     key = load_key(key_file)
-    check_output(output, "-o", (".json",), ".json")
-    with warnings.catch_warnings(), progress_bars(not (as_json or quiet)) as progress:
+    common.check_output(output, "-o", (".json",), ".json")
+    with warnings.catch_warnings(), common.progress_bars(not (as_json or quiet)) as progress:
         warnings.simplefilter("ignore")  # the notes are shown below and kept in the JSON
         cal = calibrate_source(source, id=id_col, by=by, query=query, where=where, sql=sql, epsilon=epsilon,
                                kernel=kernel, bandwidth=parse_bandwidth(bandwidth), memory_limit=memory_limit,
                                drop_null_ids=drop_null_ids, adversary=adversary, adversary_sql=adversary_sql,
                                buckets=buckets, progress=progress, **engine_kw)
     cal.save(output, key=key)
-    log.info("wrote %s (lambda* %s, noise %s, %s) after %.2f s of calibration", output, fmt(cal.lam),
+    common.log.info("wrote %s (lambda* %s, noise %s, %s) after %.2f s of calibration", output, fmt(cal.lam),
              cal.noise["kind"], f"signed with key {key_id(key)}" if key else "unsigned", cal.seconds)
     for note in cal.warnings:
         _warn(note)
@@ -109,7 +100,7 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
         _warn(f"no curator key: {output} is unsigned, and 'empdp release' refuses it unless --allow-unsigned "
               f"(unsafe); give --key-file FILE or set ${KEY_ENV}")
     if as_json:
-        emit_json(cal.to_dict())
+        common.emit_json(cal.to_dict())
     elif not quiet:
         _print_calibration(cal, output)
 
@@ -153,9 +144,9 @@ def _print_calibration(cal: Calibration, output: str) -> None:
 @click.option("--seed", type=int, help="Reproducible noise for TESTS ONLY: the release is marked not private "
                                        "(default: none, the operating system's CSPRNG).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB.")
-@engine_options("With SOURCE: compute the query with duckdb (embedded) or spark (see docs/spark.md).")
+@common.engine_options("With SOURCE: compute the query with duckdb (embedded) or spark (see docs/spark.md).")
 @key_options
-@output_options
+@common.output_options
 def release(calibration, source, value, database, ledger, budget, seed, memory_limit, engine, spark_master,
             spark_remote, table, key_file, allow_unsigned, as_json, quiet, verbose, debug):
     """Add calibrated noise to a new statistic and record it in the ledger (docs/method.md#84-secure-sampling).
@@ -173,26 +164,26 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
       EMPDP_KEY=... empdp release cal.json new_year.parquet --database 2024 --json
       empdp release cal.json --table lake.claims --engine spark --database 2024-06 --key-file curator.key
     """
-    setup_logging(verbose, quiet, debug)
+    common.setup_logging(verbose, quiet, debug)
     if ledger is not None and not ledger.strip():
         raise InputError("--ledger is empty (an unset shell variable?); give the ledger file's path")
     if (value is None) == (database is None) or (database is None) != (source is None and table is None):
         raise InputError("give either --value X, or SOURCE (or --table DB.NAME with --engine spark) with "
                          "--database LABEL")
-    engine_kw = engine_settings(source, engine, spark_master, spark_remote, table, required=value is None)
+    engine_kw = common.engine_settings(source, engine, spark_master, spark_remote, table, required=value is None)
     if seed is not None and not 0 <= seed < 2 ** 128:
         raise InputError(f"--seed must be an integer in [0, 2^128); got {str(seed)[:40]}")
     if budget is not None and not (budget == budget and 0 < budget < float("inf")):
         raise InputError(f"--budget must be a positive number; got {budget!r}")
     ledger = ledger or str(Path(calibration).with_suffix(".ledger.sqlite"))
     Ledger(ledger).check_path()  # no symbolic link, no folder
-    check_output(ledger, "--ledger")  # before the query is computed
+    common.check_output(ledger, "--ledger")  # before the query is computed
     key = load_key(key_file)
     if key is None and not allow_unsigned:
         raise InputError(f"release needs the curator key that signed the calibration and signs the ledger: give "
                          f"--key-file FILE or set ${KEY_ENV} (or pass --allow-unsigned: unsafe, see the README)")
     cal = Calibration.load(calibration, key=key, allow_unsigned=allow_unsigned)
-    log.info("calibration %s: epsilon %s, noise %s (weight at 0 %s, scale %s), %s", calibration, fmt(cal.epsilon),
+    common.log.info("calibration %s: epsilon %s, noise %s (weight at 0 %s, scale %s), %s", calibration, fmt(cal.epsilon),
              cal.noise["kind"], fmt(cal.noise["weight_zero"]), fmt(cal.noise["scale"]),
              "signature verified" if key and cal.signed else "NOT verified (--allow-unsigned)")
     book = Ledger(ledger, key=key, allow_unsigned=allow_unsigned)
@@ -200,13 +191,13 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
     if key is None or not cal.signed or not summary["signed"]:  # possible only with --allow-unsigned
         _warn("--allow-unsigned: the calibration or ledger is not verified under a curator key; edits to them "
               "are not detected")
-    with progress_bars(not (as_json or quiet)) as progress:  # the library logs its stages
+    with common.progress_bars(not (as_json or quiet)) as progress:  # the library logs its stages
         if value is None:
             value = query_value(cal, source, database, memory_limit=memory_limit, progress=progress, **engine_kw)
         out = cal.release(value, ledger=ledger, budget=budget, seed=seed, database=database, progress=progress,
                           key=key, allow_unsigned=allow_unsigned)
     if as_json:
-        emit_json({k: out[k] for k in ("value", "epsilon", "budget_spent", "budget_left", "private", "noise_added",
+        common.emit_json({k: out[k] for k in ("value", "epsilon", "budget_spent", "budget_left", "private", "noise_added",
                                        "guarantee", "seq")})
     elif not quiet:
         left = "unlimited" if out["budget_left"] is None else f"{fmt(out['budget_left'])} left"

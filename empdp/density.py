@@ -65,8 +65,27 @@ def kernel_logcdf_both(kernel: str, u, b):
     return log_ndtr(u / b), log_ndtr(-u / b)
 
 
+@dataclass(kw_only=True)
+class Selection:
+    """How a density model was chosen, shared by :class:`DensityModel` and the joint model.
+
+    Attributes
+    ----------
+    loglik : float
+        Leave-one-out log-likelihood of the points under the model.
+    selected_by : str
+        ``'loo-likelihood'`` or ``'fixed'``.
+    candidates : list of dict
+        Every candidate tried with its log-likelihood, for the report.
+    """
+
+    loglik: float
+    selected_by: str = "loo-likelihood"
+    candidates: list = field(default_factory=list, repr=False)
+
+
 @dataclass
-class DensityModel:
+class DensityModel(Selection):
     """A fitted KDE of the query values (docs/method.md#3-density-model).
 
     Attributes
@@ -80,12 +99,8 @@ class DensityModel:
         The query values q_j.
     bandwidths : ndarray (n,)
         Per-point bandwidths b_j (paired: reused for every p̂_i).
-    loglik : float
-        Leave-one-out log-likelihood of the points under the model.
-    selected_by : str
-        ``'loo-likelihood'`` or ``'fixed'``.
-    candidates : list of dict
-        Every (kernel, scale, sensitivity, loglik) tried, for the report.
+    loglik, selected_by, candidates
+        As :class:`Selection` (keyword-only); each candidate is a (kernel, scale, sensitivity, loglik).
     """
 
     kernel: str
@@ -93,9 +108,6 @@ class DensityModel:
     sensitivity: float
     points: np.ndarray
     bandwidths: np.ndarray
-    loglik: float
-    selected_by: str = "loo-likelihood"
-    candidates: list = field(default_factory=list, repr=False)
 
     @property
     def variable(self) -> bool:
@@ -188,8 +200,8 @@ def select_density(q, kernel: str = DEFAULT_KERNEL, bandwidth="auto", n_scales: 
                              f"query's units); got {str(bandwidth)[:40]!r}")
         fits = [(k, b, 0.0, loo_loglik(k, q, np.full(len(q), b))) for k in kernels]
         best = max(fits, key=lambda f: f[3])
-        return DensityModel(best[0], b, 0.0, q, np.full(len(q), b), best[3], "fixed",
-                            [dict(zip(("kernel", "scale", "sensitivity", "loglik"), f)) for f in fits])
+        return DensityModel(best[0], b, 0.0, q, np.full(len(q), b), loglik=best[3], selected_by="fixed",
+                            candidates=[dict(zip(("kernel", "scale", "sensitivity", "loglik"), f)) for f in fits])
     h0 = reference_scale(q)
     if not h0 > 0:
         raise InputError("all databases give the same query value, so its spread (and any bandwidth) "
@@ -207,5 +219,5 @@ def select_density(q, kernel: str = DEFAULT_KERNEL, bandwidth="auto", n_scales: 
         raise InputError("no kernel bandwidth gives a finite likelihood for these query values; "
                          "pass --bandwidth")
     return DensityModel(best[0], best[1], best[2], q, _bandwidths(best[0], q, best[1], best[2]),
-                        best[3], "loo-likelihood",
-                        [dict(zip(("kernel", "scale", "sensitivity", "loglik"), f)) for f in fits])
+                        loglik=best[3], selected_by="loo-likelihood",
+                        candidates=[dict(zip(("kernel", "scale", "sensitivity", "loglik"), f)) for f in fits])

@@ -58,7 +58,7 @@ def test_lambda_star_is_minimal_by_the_assessment_risk(cal_path):
     n = loo.q.size
 
     def eps_i(lam):
-        model = DensityModel("laplace", lam, 0.0, loo.q, np.full(n, lam), 0.0)
+        model = DensityModel("laplace", lam, 0.0, loo.q, np.full(n, lam), loglik=0.0)
         return risk.evaluate(model, loo.shifts[~np.asarray(loo.undefined)])[0]
 
     at_star = eps_i(cal.lam)

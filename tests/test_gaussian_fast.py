@@ -100,7 +100,7 @@ def panel(seed, n, rows, shift_scale, variable):
     rng = np.random.default_rng(seed)
     q = np.r_[rng.normal(size=n - 1), 3.0]  # an outlying database: tails matter
     bw = _bandwidths("gaussian", q, 0.4, 0.5 if variable else 0.0)
-    model = DensityModel("gaussian", 0.4, 0.5 if variable else 0.0, q, bw, 0.0)
+    model = DensityModel("gaussian", 0.4, 0.5 if variable else 0.0, q, bw, loglik=0.0)
     shifts = rng.normal(size=(rows, n)) * shift_scale[:, None] * (rng.random((rows, n)) < 0.8)
     return model, shifts
 

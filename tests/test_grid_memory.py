@@ -18,7 +18,7 @@ from empdp.risk import grid as _grid
 
 def _model(q, b, kernel="laplace"):
     q = np.asarray(q, dtype=float)
-    return DensityModel(kernel, b, 0.0, q, np.full(len(q), b), 0.0)
+    return DensityModel(kernel, b, 0.0, q, np.full(len(q), b), loglik=0.0)
 
 
 @pytest.mark.parametrize("kernel", ["laplace", "gaussian"])

@@ -58,7 +58,7 @@ def test_variable_bandwidth_selected_in_auto():
     from empdp.density import _bandwidths
 
     bw = _bandwidths("laplace", q, 0.3, 1.0)
-    model = DensityModel("laplace", 0.3, 1.0, q, bw, 0.0)
+    model = DensityModel("laplace", 0.3, 1.0, q, bw, loglik=0.0)
     _, shifts = random_case(3)
     eps_i, delta = evaluate(model, shifts, EPS)
     for r in range(len(shifts)):

@@ -16,11 +16,12 @@ each kernel is 2^{−d} e^{−|u − a_j|_1}; the log-ratio and every δ_i(ε) a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import logsumexp
 
+from ..density import Selection
 from ..errors import InputError
 
 #: statistics a joint query may have
@@ -41,7 +42,7 @@ class SingularCovarianceError(InputError):
 
 
 @dataclass
-class JointModel:
+class JointModel(Selection):
     """Product Laplace KDE of d statistics in whitened coordinates (docs/method.md#102-joint-queries-planned).
 
     Attributes
@@ -54,20 +55,15 @@ class JointModel:
         W^{−1}.
     scales : ndarray (d,)
         b_k, the Laplace scale on whitened axis k (paired: the same for every p̂_i).
-    loglik : float
-        Leave-one-out log-likelihood of the points, in the statistics' units.
-    selected_by : 'loo-likelihood' or 'fixed'
-    candidates : list of dict
-        Every (scales, loglik) tried.
+    loglik, selected_by, candidates
+        As :class:`empdp.density.Selection` (keyword-only); the log-likelihood is in the statistics'
+        units and each candidate is a (scales, loglik).
     """
 
     points: np.ndarray
     whitening: np.ndarray
     unwhitening: np.ndarray
     scales: np.ndarray
-    loglik: float
-    selected_by: str = "loo-likelihood"
-    candidates: list = field(default_factory=list, repr=False)
 
     @property
     def d(self) -> int:
@@ -216,13 +212,14 @@ def select_joint_model(q, bandwidth="auto", n_scales: int = 41, names=None) -> J
             raise InputError(f"--bandwidth scales must be positive numbers; got {bandwidth!r}")
         absdiff = np.abs(q.T[:, :, None] - q.T[:, None, :])
         ll = _loo_loglik(absdiff, b)
-        return JointModel(q, np.eye(d), np.eye(d), b, ll, "fixed", [{"scales": b.tolist(), "loglik": ll}])
+        return JointModel(q, np.eye(d), np.eye(d), b, loglik=ll, selected_by="fixed",
+                          candidates=[{"scales": b.tolist(), "loglik": ll}])
     if d == 1:
         from ..density import select_density
 
         dm = select_density(q[:, 0], kernel="laplace", bandwidth="auto", n_scales=n_scales)
-        return JointModel(q, np.eye(1), np.eye(1), np.array([dm.scale]), dm.loglik, dm.selected_by,
-                          [{"scales": [c["scale"]], "loglik": c["loglik"]} for c in dm.candidates])
+        return JointModel(q, np.eye(1), np.eye(1), np.array([dm.scale]), loglik=dm.loglik,
+                          selected_by=dm.selected_by, candidates=[{"scales": [c["scale"]], "loglik": c["loglik"]} for c in dm.candidates])
     check_dependence(q, names)
     W, Winv = _whitening(q)
     y = q @ W.T
@@ -255,5 +252,5 @@ def select_joint_model(q, bandwidth="auto", n_scales: int = 41, names=None) -> J
             break
     if not np.isfinite(best_ll):
         raise InputError("no kernel scale gives a finite likelihood for these query values; pass --bandwidth")
-    return JointModel(q, W, Winv, best, best_ll, "loo-likelihood", cands)
+    return JointModel(q, W, Winv, best, loglik=best_ll, selected_by="loo-likelihood", candidates=cands)
 
