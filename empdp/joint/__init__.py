@@ -2,7 +2,7 @@
 
 Numerical core, arrays in and out: :mod:`.model` (the whitened product Laplace density),
 :mod:`.risk` (exact ε_i, δ_i(ε); :mod:`._cells` for d = 2, :mod:`._generic` for d = 3) and
-:mod:`.noise` (calibration). :mod:`empdp.joint.assess` reads a table into them.
+:mod:`.noise` (calibration). :mod:`.panel` reads a table into them; :mod:`empdp.joint.assess` assesses it.
 """
 
 from .model import MAX_DIM, JointModel, SingularCovarianceError, check_dependence, select_joint_model

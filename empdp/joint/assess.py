@@ -1,8 +1,7 @@
 """Assess a joint release of 2–3 statistics from a table (docs/method.md#102-joint-queries-planned, issue 19).
 
-Thin I/O over :mod:`empdp.joint`: one leave-one-out engine per statistic (:func:`empdp.loo.open_engine`),
-the d-dimensional query values q_j and shifts Δ_ij aligned by database and individual, the joint
-model, exact ε_i for everyone and δ_i(ε) over a sweep.
+Thin I/O over :mod:`empdp.joint`: the query values and shifts (:func:`.panel.read_joint`), the
+joint model, exact ε_i for everyone and δ_i(ε) over a sweep.
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ import polars as pl
 from ..assessment import checks
 from ..assessment.assess import RiskSweep
 from ..errors import InputError
-from ..loo import open_engine
-from . import MAX_DIM, JointModel, joint_bound, joint_risk, select_joint_model
+from . import JointModel, joint_bound, joint_risk, select_joint_model
+from .panel import read_joint
 
 
 @dataclass(kw_only=True)
@@ -62,15 +61,6 @@ class JointAssessment(RiskSweep):
             "independence": list(self.independence),
             "sole_contributors": int(self.sole_contributors), "warnings": list(self.warnings),
         }
-
-
-def _statistics(queries, sql) -> list[dict]:
-    if (queries is None) == (sql is None):
-        raise InputError("give the statistics as queries=[...] or sql=[...], not both")
-    items = [queries] if isinstance(queries, str) else [sql] if isinstance(sql, str) else list(queries or sql)
-    if not 1 <= len(items) <= MAX_DIM:
-        raise InputError(f"a joint query has 1 to {MAX_DIM} statistics; got {len(items)}")
-    return [{"query": s} if queries is not None else {"sql": s} for s in items]
 
 
 def _default_epsilons(eps_all: float, count: int = 50) -> np.ndarray:
@@ -133,34 +123,11 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
     empdp.joint.SingularCovarianceError
         A statistic is constant or an exact linear function of the others over the databases.
     """
-    stats = _statistics(queries, sql)
-    engines = []
-    try:
-        for st in stats:
-            engines.append(open_engine(source, id=id, by=by, where=where, drop_null_ids=drop_null_ids,
-                                       memory_limit=memory_limit, threads=threads, **st))
-        labels = list(engines[0].panel.labels)
-        for e in engines[1:]:
-            if list(e.panel.labels) != labels:
-                raise InputError("the statistics see different databases; check the query filters")
-        q = np.column_stack([e.values() for e in engines])
-        names = [e.query.describe() for e in engines]
-        model = select_joint_model(q, bandwidth=bandwidth, names=names)
-        screens = [e.screen(np.ones(len(labels))) for e in engines]
-        ids = pl.concat([s.ids for s in screens]).unique().sort()
-        m, n, d = len(ids), len(labels), len(engines)
-        pos = {v: k for k, v in enumerate(ids.to_list())}
-        shifts = np.zeros((m, n, d))
-        sole = np.zeros(m, dtype=bool)
-        present = np.zeros(m, dtype=np.int64)
-        for k, (e, s) in enumerate(zip(engines, screens)):
-            rows = np.array([pos[v] for v in s.ids.to_list()], dtype=np.int64)
-            shifts[rows, :, k] = e.shifts(np.arange(len(s)))
-            sole[rows] |= s.undefined
-            present[rows] = np.maximum(present[rows], s.n_present)
-    finally:
-        for e in engines:
-            e.close()
+    panel = read_joint(source, id=id, by=by, queries=queries, sql=sql, where=where, drop_null_ids=drop_null_ids,
+                       memory_limit=memory_limit, threads=threads)
+    labels, q, names, ids, shifts, sole = panel.labels, panel.q, panel.names, panel.ids, panel.shifts, panel.sole
+    m, d = len(ids), panel.d
+    model = select_joint_model(q, bandwidth=bandwidth, names=names)
     ok = np.flatnonzero(~sole)
     eps_i = np.full(m, np.inf)
     eps_i[ok] = joint_risk(model, shifts[ok])[0]
@@ -176,7 +143,7 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
     with np.errstate(divide="ignore"):
         total = np.maximum(-np.expm1(np.log1p(-known).sum(axis=0, dtype=np.longdouble).astype(np.float64)), 0.0)
     individuals = pl.DataFrame({
-        id: ids, "eps_i": eps_i, "delta": delta[:, 0], "n_databases": present,
+        id: ids, "eps_i": eps_i, "delta": delta[:, 0], "n_databases": panel.present,
         **{f"max_abs_shift_{k + 1}": np.abs(shifts[:, :, k]).max(axis=1) for k in range(d)},
         "sole_contributor": sole,
     })
