@@ -31,6 +31,8 @@ from .ledger import Ledger
 from .sampler import NoiseSampler
 
 FORMAT = "empdp-calibration/1"
+#: the format of a joint calibration (:mod:`empdp.noise.joint`), named here so one-statistic readers can say so
+JOINT_FORMAT = "empdp-joint-calibration/1"
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
 
@@ -155,6 +157,9 @@ class Calibration:
         :meth:`check_signature`), and always before :meth:`release`; readers
         that release nothing (report, audit) may load without a key.
         """
+        if isinstance(d, dict) and d.get("format") == JOINT_FORMAT:
+            raise InputError(f"{where} is a joint calibration of {len(d.get('statistics') or [])} statistics; "
+                             "this takes the calibration of one statistic (see the README, joint queries)")
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             got = d.get("format") if isinstance(d, dict) else None
             raise InputError(f"{where} is not an empdp calibration file (format {str(got)[:40]!r}, expected "
@@ -181,15 +186,7 @@ class Calibration:
 
         ``key`` and ``allow_unsigned`` as in :meth:`from_dict`.
         """
-        where = f"calibration file {str(path)!r}"
-        try:
-            d = read_json(path, "calibration file")
-        except InputError:
-            raise
-        except (RecursionError, ValueError, MemoryError) as exc:  # 10^5 nested brackets, a 5,000-digit integer
-            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0][:120]
-            raise InputError(f"{where} is not a calibration file empdp can read ({why}); re-create it with "
-                             "'empdp calibrate'") from None
+        d, where = read_calibration_file(path)
         return cls.from_dict(d, where, key=key, allow_unsigned=allow_unsigned)
 
     @property
@@ -204,28 +201,8 @@ class Calibration:
         with ``allow_unsigned`` (unsafe). A calibration computed in this process
         needs no signature. Fields changed in Python after loading are refused.
         """
-        if self._signature is None:
-            return
-        kid, stored, text, fields, where = self._signature
-        if self._fields() != fields:
-            raise InputError(f"{where} was changed after it was loaded; load it again")
-        if stored is None:
-            if not allow_unsigned:
-                raise InputError(f"{where} is not signed (it was made without a curator key), so a forged or edited "
-                                 f"file cannot be told apart; re-create it with 'empdp calibrate --key-file FILE' "
-                                 f"(or ${KEY_ENV}), or pass {_UNSAFE}")
-            return
-        if key is None:
-            if not allow_unsigned:
-                raise InputError(f"{where} is signed with the curator key {str(kid)[:16]}; give it with --key-file "
-                                 f"FILE or ${KEY_ENV}")
-            return
-        if not same(kid, key_id(key)):
-            raise InputError(f"{where} was signed with another key (key id {str(kid)[:16]}; the key given has id "
-                             f"{key_id(key)}); use the key it was made with, or re-create it with 'empdp calibrate'")
-        if not same(stored, mac(key, text)):
-            raise InputError(f"{where} was edited after 'empdp calibrate' signed it (its HMAC does not match its "
-                             "contents); re-create it with 'empdp calibrate'")
+        if self._signature is not None:
+            verify_signature(self._signature, self._fields(), key, allow_unsigned)
 
     # ---------------------------------------------------------- sampling
     def sampler(self, seed: int | None = None) -> NoiseSampler:
@@ -282,26 +259,82 @@ class Calibration:
                       epsilon=self.epsilon, weight_zero=self.noise["weight_zero"], private=sampler.private,
                       noise_added=self.noise_added, calibration_digest=self.digest)
         fields["lambda"] = self.noise["scale"]
-        progress = progress or no_progress
-        progress("noise and ledger", 0, 1)
-        t0 = time.perf_counter()
-        if ledger is None:
-            if budget is not None:
-                raise InputError("a budget needs a ledger to count against; pass a ledger file")
-            spent, rec = self.epsilon, {"noisy_value": sampler.release(value), "seq": None, "head": None}
-            left = None
-        else:
-            book = Ledger(ledger, key=key, allow_unsigned=allow_unsigned)
-            rec = book.append(fields, lambda: sampler.release(value), budget=budget)
-            spent, left = rec["budget_spent"], rec["budget_left"]
-        progress("noise and ledger", 1, 1)
-        log.info("released with epsilon %s (%s); ledger %s: %s spent, seq %s, in %.2f s", fmt(self.epsilon),
-                 "CSPRNG" if sampler.private else "seeded, NOT private", ledger, fmt(spent), rec["seq"],
-                 time.perf_counter() - t0)
-        return {"value": rec["noisy_value"], "epsilon": self.epsilon, "budget_spent": spent,
-                "budget_left": left, "private": sampler.private, "noise_added": self.noise_added,
-                "guarantee": release_guarantee(self.epsilon, self.noise_added, sampler.private), "seq": rec["seq"],
-                "ledger": None if ledger is None else str(ledger), "head": rec["head"]}
+        return record_release(fields, lambda: sampler.release(value), private=sampler.private, ledger=ledger,
+                              budget=budget, key=key, allow_unsigned=allow_unsigned, progress=progress)
+
+
+def record_release(fields: dict, draw: Callable[[], object], *, private: bool, ledger=None, budget=None,
+                   key: bytes | None = None, allow_unsigned: bool = False, progress: Progress | None = None) -> dict:
+    """Draw a release with ``draw`` and append it to ``ledger`` under ``budget``: one record, one ε spent.
+
+    ``fields`` are the ledger record's (:meth:`empdp.noise.ledger.Ledger.append`); ``draw`` returns
+    the noisy value (a number, or a list for a joint release) and runs only once the ledger has
+    verified and the budget allows the release. Returns the release dict of :meth:`Calibration.release`.
+    """
+    epsilon, noise_added = fields["epsilon"], bool(fields["noise_added"])
+    progress = progress or no_progress
+    progress("noise and ledger", 0, 1)
+    t0 = time.perf_counter()
+    if ledger is None:
+        if budget is not None:
+            raise InputError("a budget needs a ledger to count against; pass a ledger file")
+        spent, rec = epsilon, {"noisy_value": draw(), "seq": None, "head": None}
+        left = None
+    else:
+        book = Ledger(ledger, key=key, allow_unsigned=allow_unsigned)
+        rec = book.append(fields, draw, budget=budget)
+        spent, left = rec["budget_spent"], rec["budget_left"]
+    progress("noise and ledger", 1, 1)
+    log.info("released with epsilon %s (%s); ledger %s: %s spent, seq %s, in %.2f s", fmt(epsilon),
+             "CSPRNG" if private else "seeded, NOT private", ledger, fmt(spent), rec["seq"],
+             time.perf_counter() - t0)
+    return {"value": rec["noisy_value"], "epsilon": epsilon, "budget_spent": spent,
+            "budget_left": left, "private": private, "noise_added": noise_added,
+            "guarantee": release_guarantee(epsilon, noise_added, private), "seq": rec["seq"],
+            "ledger": None if ledger is None else str(ledger), "head": rec["head"]}
+
+
+def read_calibration_file(path) -> tuple[dict, str]:
+    """The JSON dict of a calibration file and its name for errors; a file that is not JSON is refused in one line."""
+    where = f"calibration file {str(path)!r}"
+    try:
+        d = read_json(path, "calibration file")
+    except InputError:
+        raise
+    except (RecursionError, ValueError, MemoryError) as exc:  # 10^5 nested brackets, a 5,000-digit integer
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0][:120]
+        raise InputError(f"{where} is not a calibration file empdp can read ({why}); re-create it with "
+                         "'empdp calibrate'") from None
+    return d, where
+
+
+def verify_signature(signature: tuple, current: dict, key: bytes | None, allow_unsigned: bool = False) -> None:
+    """Refuse a calibration file's fields unless their HMAC verifies under ``key`` (docs/release-security.md).
+
+    ``signature`` is (key_id, hmac, canonical text, fields when loaded, where); ``current`` the
+    object's fields now (a change made in Python after loading is refused). An unsigned file, or a
+    signed one without a key to check it, passes only with ``allow_unsigned`` (unsafe).
+    """
+    kid, stored, text, fields, where = signature
+    if current != fields:
+        raise InputError(f"{where} was changed after it was loaded; load it again")
+    if stored is None:
+        if not allow_unsigned:
+            raise InputError(f"{where} is not signed (it was made without a curator key), so a forged or edited "
+                             f"file cannot be told apart; re-create it with 'empdp calibrate --key-file FILE' "
+                             f"(or ${KEY_ENV}), or pass {_UNSAFE}")
+        return
+    if key is None:
+        if not allow_unsigned:
+            raise InputError(f"{where} is signed with the curator key {str(kid)[:16]}; give it with --key-file "
+                             f"FILE or ${KEY_ENV}")
+        return
+    if not same(kid, key_id(key)):
+        raise InputError(f"{where} was signed with another key (key id {str(kid)[:16]}; the key given has id "
+                         f"{key_id(key)}); use the key it was made with, or re-create it with 'empdp calibrate'")
+    if not same(stored, mac(key, text)):
+        raise InputError(f"{where} was edited after 'empdp calibrate' signed it (its HMAC does not match its "
+                         "contents); re-create it with 'empdp calibrate'")
 
 
 def _canonical(d: dict) -> str:

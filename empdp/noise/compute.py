@@ -219,20 +219,31 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
         warnings=notes)
 
 
-def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | None = None,
-              where: str | None = None, sql: str | None = None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
+def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | list | None = None,
+              where: str | None = None, sql: str | list | None = None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
               memory_limit: str | None = None, drop_null_ids: bool = False, adversary: str | None = None,
               adversary_sql: str | None = None, buckets: int | None = None, engine: str = "duckdb",
               spark_master: str | None = None, spark_remote: str | None = None, table: str | None = None,
               progress: Progress | None = None) -> Calibration:
     """Calibrate release noise for ``query`` over the databases of ``source`` (docs/method.md#8-calibration-and-release).
 
-    Parameters mirror ``empdp calibrate``; see :func:`calibrate_values`. ``progress``
+    Parameters mirror ``empdp calibrate``; see :func:`calibrate_values`. ``query`` (or ``sql``) may
+    be a list of 2–3 statistics released together: the result is then a
+    :class:`~empdp.noise.joint.JointCalibration` (:func:`~empdp.noise.joint.calibrate_joint`). ``progress``
     also gets the stage "reading and leave-one-out" (size unknown: total 0). With
     ``adversary`` (or ``adversary_sql``) and ``buckets``, every adversary bucket's released
     density is made ε-private (:mod:`empdp.noise.adversary`), as ``assess`` with the same
     options measures it.
     """
+    query, sql = _one_or_many(query), _one_or_many(sql)
+    if isinstance(query, list) or isinstance(sql, list):
+        from .joint import calibrate_joint
+
+        _refuse_joint(kernel=kernel, adversary=adversary or adversary_sql, buckets=buckets, engine=engine,
+                      table=table)
+        return calibrate_joint(source, id=id, by=by, epsilon=epsilon, queries=query, sql=sql, where=where,
+                               bandwidth=bandwidth, memory_limit=memory_limit, drop_null_ids=drop_null_ids,
+                               progress=progress)
     if buckets is not None and not (adversary or adversary_sql):
         raise InputError("--buckets cuts the databases by what the adversary knows: give --adversary too")
     if adversary and adversary_sql:
@@ -268,6 +279,27 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | Non
     cal.id, cal.by, cal.query, cal.where, cal.sql = id, by, query, where, sql
     cal.seconds = time.perf_counter() - t0
     return cal
+
+
+def _one_or_many(statistic):
+    """A query or SQL given as a list: its one item, or the list of 2-3 statistics released together."""
+    if isinstance(statistic, (list, tuple)):
+        if not 1 <= len(statistic) <= 3:
+            raise InputError(f"a joint query has 1 to 3 statistics; got {len(statistic)}")
+        return statistic[0] if len(statistic) == 1 else list(statistic)
+    return statistic
+
+
+def _refuse_joint(*, kernel, adversary, buckets, engine, table) -> None:
+    """The options a joint calibration does not take, refused in one line before anything is read."""
+    refused = ((kernel != "laplace", f"kernel={kernel!r}", "the joint model is product Laplace kernels"),
+               (bool(adversary), "an adversary", "the adversary model conditions one statistic"),
+               (buckets is not None, "buckets", "adversary buckets condition one statistic"),
+               (engine != "duckdb" or table is not None, "the Spark engine", "joint statistics are read by DuckDB"))
+    for bad, option, why in refused:
+        if bad:
+            raise InputError(f"a joint calibration (2-3 statistics) does not take {option}: {why}; calibrate the "
+                             "statistics one at a time for it")
 
 
 def query_value(cal: Calibration, source: Any, database: str, memory_limit: str | None = None,

@@ -422,7 +422,7 @@ class Ledger:
         rec["epsilon"], rec["private"] = eps, int(bool(fields["private"]))
         rec["noise_added"] = int(bool(fields.get("noise_added", True)))
         if state["layout"] == "v1":
-            rec["time"], rec["noisy_value"] = _now(), float(draw())
+            rec["time"], rec["noisy_value"] = _now(), _noisy(draw())
             rec = ledger_v1.append(sql, state["prev"], _stored(rec), budget if stored is None else None)
             head = rec["hash"]
         else:
@@ -430,7 +430,7 @@ class Ledger:
             if stored is None and budget is not None:
                 seq += 1
                 prev = self._insert(sql, key, prev, {"seq": seq, "kind": "budget", "time": _now(), "budget": budget})
-            rec.update(seq=seq + 1, kind="release", time=_now(), noisy_value=float(draw()))
+            rec.update(seq=seq + 1, kind="release", time=_now(), noisy_value=_noisy(draw()))
             head = self._insert(sql, key, prev, rec)
             sql("INSERT OR REPLACE INTO meta VALUES ('head', ?)",
                 (json.dumps({"seq": rec["seq"], "mac": _head_mac(key, rec["seq"], head)}),))
@@ -462,6 +462,11 @@ class Ledger:
             [full[k] for k in names])
         rec["prev_mac"], rec["mac"] = prev, full["mac"]
         return full["mac"]
+
+
+def _noisy(value):
+    """The drawn release: a float, or for a joint release the list of its floats (stored as JSON text)."""
+    return [float(v) for v in value] if isinstance(value, (list, tuple)) else float(value)
 
 
 def _summary(n, spent, budget, head, signed, kid, fmt) -> dict:

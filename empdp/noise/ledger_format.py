@@ -57,11 +57,32 @@ def head_mac(key: bytes | None, seq: int, last: str) -> str:
     return mac(key, f"head:{seq}:{last}")
 
 
+def vector_text(values) -> str:
+    """A joint release's vector (noisy value, noise scales or weights) as the compact JSON text its REAL
+    column holds: SQLite keeps text that is not a number as TEXT, and the MAC covers that text."""
+    return json.dumps([float(v) for v in values], separators=(",", ":"), allow_nan=False)
+
+
+def read_vector(value):
+    """A REAL column's value as written: a number, or the list of a joint release (:func:`vector_text`)."""
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            return [float(v) for v in json.loads(value)]
+        except (ValueError, TypeError, RecursionError):
+            return value
+    return value
+
+
 def stored(rec: dict) -> dict:
-    """``rec`` with the types SQLite gives back (REAL, TEXT, INTEGER), so that its MAC verifies when read."""
+    """``rec`` with the types SQLite gives back (REAL, TEXT, INTEGER), so that its MAC verifies when read.
+
+    A list in a REAL column (a joint release's vector) is stored as its JSON text (:func:`vector_text`).
+    """
     out = dict(rec)
     for k, v in rec.items():
-        if v is not None and k in REAL:
+        if isinstance(v, (list, tuple)) and k in REAL:  # a joint release: its vector as JSON text
+            out[k] = vector_text(v)
+        elif v is not None and k in REAL:
             out[k] = float(v)
         elif v is not None and k in INTEGER:
             out[k] = int(v)

@@ -126,9 +126,12 @@ class NoiseSampler:
         λ of the Laplace part (ignored when w = 1).
     seed : int, optional
         Tests only: reproducible and marked not private.
+    bits : optional
+        The source of random words to draw from instead of one made from ``seed``
+        (:func:`bits_source`): the axes of a joint release share one.
     """
 
-    def __init__(self, weight_zero: float, scale: float, seed: int | None = None):
+    def __init__(self, weight_zero: float, scale: float, seed: int | None = None, bits=None):
         def real(v):
             return (isinstance(v, numbers.Real) and not isinstance(v, bool))
         if not (real(weight_zero) and 0.0 <= weight_zero <= 1.0):
@@ -137,7 +140,7 @@ class NoiseSampler:
             raise InputError(f"noise Laplace scale must be a positive, finite number, got {scale!r}")
         self.weight_zero = float(weight_zero)
         self.scale = float(scale)
-        self.bits = bits_source(seed)
+        self.bits = bits_source(seed) if bits is None else bits
         self.private = self.bits.private
         if self.weight_zero < 1.0:
             self.grid_exp = 20 - math.floor(math.log2(self.scale))

@@ -1,0 +1,506 @@
+"""Calibrate and release 2–3 statistics together (docs/method.md#102-joint-queries-planned, issue 19).
+
+The joint release adds noise on each *whitened* axis of the curator's model y = W x,
+
+    z_k ~ w_k δ_0 + (1 − w_k) Laplace(λ_k),   released = x + W^{−1} z,
+
+with λ_k = t b_k and w_k = (b_k/λ_k)², t the least factor that makes every individual
+ε-private, verified exactly on the d-dimensional log-ratio (:func:`empdp.joint.joint_minimal_lambda`).
+A :class:`JointCalibration` is that mechanism: its file (digest and curator-key HMAC, as a
+one-statistic :class:`~empdp.noise.calibration.Calibration`, docs/release-security.md), its secure
+noise (one CSPRNG sampler per whitened axis, exact on a 2^-k grid, docs/method.md#84-secure-sampling)
+and its releases, each one ledger record holding the vector and spending ε once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import numbers
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from ..keys import key_id, mac
+from ..textfmt import fmt
+from .calibration import (
+    _FIX,
+    GUARANTEE,
+    JOINT_FORMAT,
+    MAX_SCALE,
+    Calibration,
+    Progress,
+    _canonical,
+    _digest,
+    _number,
+    no_progress,
+    read_calibration_file,
+    record_release,
+    verify_signature,
+)
+from .exact import MAX_EPSILON, check_epsilon
+from .sampler import NoiseSampler, bits_source
+
+FORMAT = JOINT_FORMAT
+#: statistics a joint calibration holds (one statistic is a plain :class:`Calibration`)
+MIN_DIM, MAX_DIM = 2, 3
+log = logging.getLogger(__name__)
+
+_CLASSICAL = ("infinite for a fixed database: the noise of each whitened axis has an atom at 0, so with positive "
+              "probability the exact vector is released; the guarantee is empirical only")
+_CLASSICAL_NONE = "infinite for a fixed database: no noise is added, the exact vector is released"
+
+
+@dataclass
+class JointCalibration:
+    """A calibrated joint release mechanism of d = 2 or 3 statistics (docs/method.md#102-joint-queries-planned).
+
+    Matrices and vectors are plain lists (what the JSON holds); :attr:`whitening`,
+    :attr:`unwhitening`, :attr:`curator_scales`, :attr:`noise_weights` and :attr:`noise_scales`
+    are their arrays.
+
+    Attributes
+    ----------
+    epsilon : the target ε, spent once per released vector.
+    t : the least factor with λ_k = t b_k (1 without noise).
+    statistics : each statistic as its query form describes it.
+    curator_model : ``{kind: "laplace-product", whitened, whitening (W), unwhitening (W^{-1}),
+        scales (b_k, whitened units), selected_by}``: the density model the noise deconvolves.
+    noise : ``{kind: "none" | "laplace_mixture", weights (w_k), scales (λ_k), unwhitening}``
+        (:meth:`empdp.joint.JointNoise.to_dict`).
+    expected_abs_noise : (1 − w_k) λ_k, the mean |z_k| on each whitened axis.
+    verified_eps_max : the largest exact ε_i of the released density (≤ epsilon).
+    curator_eps_max : the largest exact ε_i of the curator's own model (ε_all of ``assess``).
+    """
+
+    epsilon: float
+    t: float
+    statistics: list
+    curator_model: dict
+    noise: dict
+    expected_abs_noise: list
+    verified_eps_max: float
+    curator_eps_max: float
+    n_individuals: int
+    n_sole_contributors: int
+    n_databases: int
+    source: str | None = None
+    source_description: str | None = None
+    id: str | None = None
+    by: str | None = None
+    query: list | None = None
+    sql: list | None = None
+    where: str | None = None
+    n_evaluated: int = 0
+    seconds: float = 0.0
+    warnings: list = field(default_factory=list)
+
+    #: (key_id, hmac, canonical text, fields, where) of the file this was read from; None if computed here
+    _signature = None
+
+    # ---------------------------------------------------------------- arrays
+    @property
+    def d(self) -> int:
+        return len(self.statistics)
+
+    @property
+    def whitening(self) -> np.ndarray:
+        return np.asarray(self.curator_model["whitening"], dtype=np.float64)
+
+    @property
+    def unwhitening(self) -> np.ndarray:
+        return np.asarray(self.curator_model["unwhitening"], dtype=np.float64)
+
+    @property
+    def curator_scales(self) -> np.ndarray:
+        return np.asarray(self.curator_model["scales"], dtype=np.float64)
+
+    @property
+    def noise_weights(self) -> np.ndarray:
+        return np.asarray(self.noise["weights"], dtype=np.float64)
+
+    @property
+    def noise_scales(self) -> np.ndarray:
+        return np.asarray(self.noise["scales"], dtype=np.float64)
+
+    @property
+    def noise_added(self) -> bool:
+        """False when the calibration adds no noise (kind ``none``): releases are the exact vector."""
+        return self.noise.get("kind") != "none"
+
+    @property
+    def release_scales(self) -> np.ndarray:
+        """The Laplace scale of the released density on each whitened axis: λ_k, or b_k without noise."""
+        return self.noise_scales if self.noise_added else self.curator_scales
+
+    def release_model(self, q):
+        """The released density for the databases ``q`` (n, d), as a :class:`empdp.joint.JointModel`: the product
+        Laplace KDE of scales :attr:`release_scales` in the stored whitened coordinates (ℓ_{b_k} ⋆ h_k = ℓ_{λ_k})."""
+        from ..joint import JointModel
+
+        q = np.asarray(q, dtype=np.float64)
+        if q.ndim != 2 or q.shape[1] != self.d:
+            raise InputError(f"the query values must have shape (n, {self.d}); got {q.shape}")
+        return JointModel(q, self.whitening, self.unwhitening, self.release_scales, loglik=float("nan"),
+                          selected_by="calibration", candidates=[])
+
+    # ------------------------------------------------------------------ JSON
+    def _fields(self) -> dict:
+        return json.loads(json.dumps(asdict(self)))
+
+    def to_dict(self) -> dict:
+        """The calibration JSON without its digest and signature."""
+        d = self._fields()
+        d["format"] = FORMAT
+        d["guarantee"] = GUARANTEE
+        d["classical_dp_epsilon"] = None
+        d["classical_dp_explanation"] = _CLASSICAL if self.noise_added else _CLASSICAL_NONE
+        return d
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the canonical JSON of :meth:`to_dict`: ties ledger records to this calibration."""
+        return _digest(self.to_dict())
+
+    def to_json(self, key: bytes | None = None) -> str:
+        d = self.to_dict()
+        out = {**d, "digest": self.digest}
+        if key is not None:
+            out["key_id"], out["hmac"] = key_id(key), mac(key, _canonical(d))
+        return json.dumps(out, indent=2, sort_keys=True, allow_nan=False)
+
+    def save(self, path, key: bytes | None = None) -> None:
+        """Write the JSON (digest; HMAC under ``key`` if given) atomically, owner-only (0600)."""
+        from ..io import write_text
+
+        write_text(path, self.to_json(key) + "\n", private=True)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "joint calibration", *, key: bytes | None = None,
+                  allow_unsigned: bool = True) -> "JointCalibration":
+        """A joint calibration from its JSON dict, every field checked, the digest (and with ``key``, or
+        without ``allow_unsigned``, the HMAC) verified, as :meth:`Calibration.from_dict`."""
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            got = d.get("format") if isinstance(d, dict) else None
+            raise InputError(f"{where} is not an empdp joint calibration file (format {str(got)[:40]!r}, "
+                             f"expected {FORMAT!r}); make one with 'empdp calibrate --query Q1 --query Q2'")
+        d = dict(d)
+        stored = d.pop("digest", None)
+        signature = d.pop("key_id", None), d.pop("hmac", None)
+        _check_fields(d, where)
+        if stored is not None and not (isinstance(stored, str) and stored == _digest(d)):
+            raise InputError(f"{where} was edited after 'empdp calibrate' wrote it (its digest does not match "
+                             "its contents); re-create it with 'empdp calibrate'")
+        text = _canonical(d)
+        cal = cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        cal._signature = (*signature, text, cal._fields(), where)
+        if key is not None or not allow_unsigned:
+            cal.check_signature(key, allow_unsigned)
+        return cal
+
+    @property
+    def signed(self) -> bool:
+        """Whether the file this calibration was read from carries an HMAC (True for one computed here)."""
+        return self._signature is None or self._signature[1] is not None
+
+    def check_signature(self, key: bytes | None, allow_unsigned: bool = False) -> None:
+        """Refuse a calibration read from a file unless its HMAC verifies under ``key`` (docs/release-security.md)."""
+        if self._signature is not None:
+            verify_signature(self._signature, self._fields(), key, allow_unsigned)
+
+    # --------------------------------------------------------------- release
+    def samplers(self, seed: int | None = None) -> list[NoiseSampler]:
+        """One secure sampler per whitened axis, all drawing from one CSPRNG source (``seed``: tests only)."""
+        bits = bits_source(seed)
+        return [NoiseSampler(float(w), float(lam) if w < 1 else 0.0, bits=bits)
+                for w, lam in zip(self.noise["weights"], self.noise["scales"])]
+
+    def check_values(self, values) -> list[float]:
+        """``values`` as d finite floats, or a one-line InputError naming what is wrong."""
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+            values = [values]
+        values = list(np.asarray(values, dtype=object).ravel()) if isinstance(values, np.ndarray) else list(values)
+        if len(values) != self.d:
+            raise InputError(f"this calibration releases {self.d} statistics together ({', '.join(self.statistics)}); "
+                             f"got {len(values)} value(s): give one per statistic, in that order")
+        out = []
+        for k, v in enumerate(values):
+            ok = isinstance(v, numbers.Real) and not isinstance(v, bool)
+            if not ok or not math.isfinite(float(v)):
+                shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+                raise InputError(f"value {k + 1} to release must be a finite number; got {shown}")
+            out.append(float(v))
+        return out
+
+    def draw(self, values, samplers: list[NoiseSampler]) -> list[float]:
+        """values + W^{−1} z: each whitened coordinate (W values)_k rounded to its sampler's grid and z_k added
+        exactly there (docs/method.md#84-secure-sampling); mapping back by W^{−1} is post-processing."""
+        if not self.noise_added:
+            return list(values)
+        y = self.whitening @ np.asarray(values, dtype=np.float64)
+        for yk, s in zip(y, samplers):  # checked before any draw: a refusal reveals nothing of the noise
+            if s.t and abs(yk) + 1000 * s.scale > 1e308:
+                raise InputError(f"the values' magnitude ({abs(yk):.3g} on a whitened axis) plus the noise "
+                                 f"(scale {s.scale:.3g}) could overflow a double; nothing was released")
+        noisy = np.array([s.release(float(yk)) for yk, s in zip(y, samplers)])
+        return [float(v) for v in self.unwhitening @ noisy]
+
+    def release(self, values, *, ledger=None, budget: float | None = None, seed: int | None = None,
+                database: str | None = None, progress: Progress | None = None, key: bytes | None = None,
+                allow_unsigned: bool = False) -> dict:
+        """Release the vector ``values`` + noise, one ledger record spending ε once (docs/method.md#85-ledger-and-budget).
+
+        As :meth:`Calibration.release`; ``values`` holds one number per statistic, and the result's
+        ``value`` is the list of the released numbers, in the statistics' order.
+        """
+        _check_fields(self._fields(), "joint calibration")  # also objects built or changed in Python
+        self.check_signature(key, allow_unsigned)
+        values = self.check_values(values)
+        samplers = self.samplers(seed)
+        private = samplers[0].private
+        fields = dict(query="joint: " + "; ".join(self.statistics), source=self.source_description or self.source,
+                      database=database, epsilon=self.epsilon, weight_zero=list(self.noise["weights"]),
+                      private=private, noise_added=self.noise_added, calibration_digest=self.digest)
+        fields["lambda"] = list(self.noise["scales"])
+        return record_release(fields, lambda: self.draw(values, samplers), private=private, ledger=ledger,
+                              budget=budget, key=key, allow_unsigned=allow_unsigned, progress=progress)
+
+
+# ----------------------------------------------------------------------------- file checks
+def _matrix(d: dict, key: str, dim: int, where: str, prefix: str) -> np.ndarray:
+    v = d.get(key)
+    try:
+        m = np.asarray(v, dtype=np.float64)
+    except (TypeError, ValueError):
+        m = None
+    if m is None or m.shape != (dim, dim) or not np.all(np.isfinite(m)) or np.abs(m).max() > MAX_SCALE \
+            or any(isinstance(x, bool) for row in v for x in row):
+        raise InputError(f"{where}: field '{prefix}{key}' must be a {dim} x {dim} matrix of finite numbers; {_FIX}")
+    return m
+
+
+def _vector(d: dict, key: str, dim: int, where: str, prefix: str, *, positive=False, at_most=MAX_SCALE) -> np.ndarray:
+    v = d.get(key)
+    if not isinstance(v, list) or len(v) != dim:
+        raise InputError(f"{where}: field '{prefix}{key}' must be a list of {dim} numbers; {_FIX}")
+    for k in range(dim):
+        _number({key: v[k]}, key, where, positive=positive, prefix=prefix, at_most=at_most)
+    return np.asarray(v, dtype=np.float64)
+
+
+def _check_fields(d: dict, where: str) -> None:
+    """Check every field of a joint calibration dict once, at the boundary: shapes, ranges, and that the noise
+    is the deconvolution of the curator model it names (w_k = (b_k/λ_k)², λ_k = t b_k, the same W^{−1})."""
+    eps = _number(d, "epsilon", where, positive=True, at_most=MAX_EPSILON)
+    stats = d.get("statistics")
+    if not (isinstance(stats, list) and MIN_DIM <= len(stats) <= MAX_DIM and all(isinstance(s, str) for s in stats)):
+        raise InputError(f"{where}: field 'statistics' must list {MIN_DIM} to {MAX_DIM} statistics; {_FIX}")
+    dim = len(stats)
+    t = _number(d, "t", where, positive=True, at_most=MAX_SCALE)
+    for key in ("verified_eps_max", "curator_eps_max"):
+        _number(d, key, where)
+    for key in ("n_individuals", "n_sole_contributors", "n_databases", "n_evaluated"):
+        _number(d, key, where, integer=True)
+    if d["verified_eps_max"] > eps:
+        raise InputError(f"{where}: verified_eps_max {d['verified_eps_max']!r} exceeds epsilon {eps!r}, which no "
+                         f"calibration writes; {_FIX}")
+    for key in ("curator_model", "noise"):
+        if not isinstance(d.get(key), dict):
+            raise InputError(f"{where}: field {key!r} must be an object; {_FIX}")
+    cm, noise = d["curator_model"], d["noise"]
+    if cm.get("kind") != "laplace-product":
+        raise InputError(f"{where}: field 'curator_model.kind' must be 'laplace-product', got {cm.get('kind')!r}; {_FIX}")
+    W = _matrix(cm, "whitening", dim, where, "curator_model.")
+    Winv = _matrix(cm, "unwhitening", dim, where, "curator_model.")
+    if not np.allclose(W @ Winv, np.eye(dim), rtol=0, atol=1e-8):
+        raise InputError(f"{where}: 'curator_model.unwhitening' is not the inverse of 'curator_model.whitening'; {_FIX}")
+    b = _vector(cm, "scales", dim, where, "curator_model.", positive=True)
+    kind = noise.get("kind")
+    if kind not in ("none", "laplace_mixture"):
+        raise InputError(f"{where}: field 'noise.kind' must be one of none, laplace_mixture, got {kind!r}; {_FIX}")
+    w = _vector(noise, "weights", dim, where, "noise.", at_most=1.0)
+    lam = _vector(noise, "scales", dim, where, "noise.")
+    if not np.array_equal(_matrix(noise, "unwhitening", dim, where, "noise."), Winv):
+        raise InputError(f"{where}: 'noise.unwhitening' differs from the curator model's; {_FIX}")
+    if kind == "none":
+        ok = np.all(w == 1) and np.all(lam == 0) and t == 1
+        need = "weights 1, scales 0 and t = 1"
+    else:
+        ok = (t > 1 and np.allclose(lam, t * b, rtol=1e-9, atol=0)
+              and np.allclose(w, (b / np.where(lam > 0, lam, np.inf)) ** 2, rtol=1e-9, atol=1e-300))
+        need = "scales t * b_k and weights (b_k / scale_k)^2 with t > 1"
+    if not ok:
+        raise InputError(f"{where}: noise of kind {kind!r} must have {need}: it must be the deconvolution of the "
+                         f"curator model; {_FIX}")
+    expected = _vector(d, "expected_abs_noise", dim, where, "")
+    if not np.allclose(expected, (1 - w) * lam, rtol=1e-9, atol=1e-300):
+        raise InputError(f"{where}: expected_abs_noise does not match the noise; {_FIX}")
+    for key in ("source", "source_description", "id", "by", "where"):
+        if not isinstance(d.get(key), (str, type(None))):
+            raise InputError(f"{where}: field {key!r} must be a string or null; {_FIX}")
+    for key in ("query", "sql"):
+        v = d.get(key)
+        if not (v is None or (isinstance(v, list) and len(v) == dim and all(isinstance(s, str) for s in v))):
+            raise InputError(f"{where}: field {key!r} must be null or a list of {dim} strings; {_FIX}")
+    if not isinstance(d.get("warnings", []), list):
+        raise InputError(f"{where}: field 'warnings' must be a list; {_FIX}")
+    if "seconds" in d:
+        _number(d, "seconds", where)
+
+
+def load_calibration(path, *, key: bytes | None = None, allow_unsigned: bool = True):
+    """A :class:`Calibration` or :class:`JointCalibration` from its file, by its ``format``, refusing damaged,
+    edited or (with ``key``, or without ``allow_unsigned``) unsigned files."""
+    d, where = read_calibration_file(path)
+    if isinstance(d, dict) and d.get("format") == FORMAT:
+        return JointCalibration.from_dict(d, where, key=key, allow_unsigned=allow_unsigned)
+    return Calibration.from_dict(d, where, key=key, allow_unsigned=allow_unsigned)
+
+
+# ----------------------------------------------------------------------------- calibrate
+def calibrate_joint_values(q, shifts, *, epsilon: float, bandwidth="auto", undefined=None, names=None,
+                           progress: Progress | None = None) -> JointCalibration:
+    """Calibrate the joint release of the (n, d) query values ``q`` with leave-one-out ``shifts`` (m, n, d).
+
+    Parameters
+    ----------
+    q : (n, d) array_like, d = 2 or 3
+        The statistics of each database.
+    shifts : (m, n, d) array_like
+        Δ_ij = q_j − q_j(without i), 0 where i is absent.
+    epsilon : float
+        Target empirical ε of the released vector.
+    bandwidth : ``"auto"`` or d positive scales
+        The curator's model (:func:`empdp.joint.select_joint_model`): whitened product Laplace
+        kernels by leave-one-out likelihood, or fixed scales in the statistics' units (W = I).
+    undefined : (m,) bool, optional
+        Sole contributors: excluded (no noise protects them), counted and warned about.
+    names : d str, optional
+        The statistics' descriptions (messages, the file's ``statistics``).
+
+    Returns
+    -------
+    JointCalibration
+        No noise exactly when the curator's model is already ε-private for everyone (``assess``
+        with the same statistics and bandwidth finds nobody at risk at ε).
+    """
+    from ..joint import joint_minimal_lambda, select_joint_model
+
+    t0 = time.perf_counter()
+    try:
+        epsilon = float(epsilon)
+    except (TypeError, ValueError):
+        raise InputError(f"--epsilon must be a positive number; got {epsilon!r}") from None
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise InputError(f"--epsilon must be a positive number; got {epsilon!r}")
+    check_epsilon(epsilon)
+    q = np.asarray(q, dtype=np.float64)
+    if q.ndim != 2 or not MIN_DIM <= q.shape[1] <= MAX_DIM:
+        raise InputError(f"a joint calibration takes {MIN_DIM} to {MAX_DIM} statistics (q of shape (n, d)); got "
+                         f"shape {q.shape}; calibrate one statistic with calibrate(query=...)")
+    n, dim = q.shape
+    s = np.asarray(shifts, dtype=np.float64)
+    if s.ndim != 3 or s.shape[1:] != (n, dim):
+        raise InputError(f"shifts must have shape (m, {n}, {dim}); got {s.shape}")
+    if not (np.isfinite(q).all() and np.isfinite(s).all()):
+        raise InputError("query values and leave-one-out shifts must be finite")
+    undefined = np.zeros(len(s), bool) if undefined is None else np.asarray(undefined, bool)
+    if len(undefined) and undefined.all():
+        raise InputError(f"every individual ({len(undefined)}) is the only contributor to some database: no noise "
+                         "level can protect them and there is nothing to calibrate")
+    names = [f"statistic {k + 1}" for k in range(dim)] if names is None else [str(x) for x in names]
+    progress = progress or no_progress
+    progress("density model", 0, 1)
+    model = select_joint_model(q, bandwidth=bandwidth, names=names)
+    progress("density model", 1, 1)
+    rows = ~undefined & (s != 0).any(axis=(1, 2))
+    progress("noise scale search", 0, 1)
+    found = joint_minimal_lambda(model, s[rows], epsilon)
+    progress("noise scale search", 1, 1)
+    eps_max = float(found.eps.max(initial=0.0))
+    if eps_max > epsilon:  # pragma: no cover - joint_minimal_lambda verifies before it returns
+        raise RuntimeError(f"verification failed: max eps_i = {eps_max} > {epsilon}")
+    noise = found.noise
+    notes = []
+    if undefined.any():
+        notes.append(f"{int(undefined.sum())} sole contributor(s) (the only individual in some database) cannot be "
+                     "protected by any noise level: their presence alone is revealed; they are excluded")
+    if noise.kind == "none":
+        notes.append("no noise is added: the curator's joint density model is already epsilon-private for every "
+                     "individual (assess with the same statistics finds nobody at risk at this epsilon), so the "
+                     "exact vector is released")
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    log.info("joint calibration: %d statistics, t = %s, noise scales %s (whitened), verified max eps_i %s, "
+             "%d individuals evaluated, in %.2f s", dim, fmt(found.t), [fmt(v) for v in noise.scales],
+             fmt(eps_max), found.n_evaluated, time.perf_counter() - t0)
+    curator = {"kind": "laplace-product", "whitened": bool(model.whitened), "whitening": model.whitening.tolist(),
+               "unwhitening": model.unwhitening.tolist(), "scales": model.scales.tolist(),
+               "selected_by": model.selected_by}
+    return JointCalibration(
+        epsilon=epsilon, t=float(found.t), statistics=names, curator_model=curator, noise=noise.to_dict(),
+        expected_abs_noise=((1 - noise.weights) * noise.scales).tolist(), verified_eps_max=eps_max,
+        curator_eps_max=float(found.eps_curator.max(initial=0.0)), n_individuals=int(len(s)),
+        n_sole_contributors=int(undefined.sum()), n_databases=int(n), n_evaluated=int(found.n_evaluated),
+        seconds=time.perf_counter() - t0, warnings=notes)
+
+
+def calibrate_joint(source: Any, *, id: str, by: str, epsilon: float, queries=None, sql=None,
+                    where: str | None = None, bandwidth="auto", memory_limit: str | None = None,
+                    drop_null_ids: bool = False, threads: int | None = None,
+                    progress: Progress | None = None) -> JointCalibration:
+    """Calibrate noise for 2–3 statistics of each database of ``source`` released together.
+
+    ``queries`` (named query forms) or ``sql`` (SQL over ``db``): one per statistic. The other
+    parameters as for :func:`empdp.noise.calibrate` and :func:`calibrate_joint_values`.
+    """
+    from ..joint.panel import read_joint
+
+    progress = progress or no_progress
+    t0 = time.perf_counter()
+    progress("reading and leave-one-out", 0, 0)
+    panel = read_joint(source, id=id, by=by, queries=queries, sql=sql, where=where, drop_null_ids=drop_null_ids,
+                       memory_limit=memory_limit, threads=threads)
+    progress("reading and leave-one-out", 1, 1)
+    log.info("read %s: %d databases, %d individuals, %d statistics, in %.2f s", source, len(panel.labels),
+             len(panel.ids), panel.d, time.perf_counter() - t0)
+    cal = calibrate_joint_values(panel.q, panel.shifts, epsilon=epsilon, bandwidth=bandwidth, undefined=panel.sole,
+                                 names=panel.names, progress=progress)
+    cal.source = str(source) if isinstance(source, (str, Path)) else None
+    cal.source_description = cal.source or type(source).__name__
+    cal.id, cal.by, cal.where = id, by, where
+    cal.query = None if queries is None else list(queries)
+    cal.sql = None if sql is None else list(sql)
+    cal.seconds = time.perf_counter() - t0
+    return cal
+
+
+def joint_query_value(cal: JointCalibration, source: Any, database: str, memory_limit: str | None = None,
+                      progress: Progress | None = None) -> list[float]:
+    """The calibration's statistics on database ``database`` of ``source`` (for ``release``), in its order."""
+    from ..loo import open_engine
+
+    if cal.id is None or cal.by is None or (cal.query is None and cal.sql is None):
+        raise InputError("this calibration has no stored query (it was made from arrays); pass --value")
+    progress = progress or no_progress
+    items = [{"query": s} for s in cal.query] if cal.query is not None else [{"sql": s} for s in cal.sql]
+    out = []
+    for k, item in enumerate(items):
+        progress("reading", k, len(items))
+        eng = open_engine(source, id=cal.id, by=cal.by, where=cal.where, memory_limit=memory_limit, **item)
+        try:
+            labels = [str(x) for x in eng.panel.labels]
+            if str(database) not in labels:
+                shown = ", ".join(labels[:10]) + (" ..." if len(labels) > 10 else "")
+                raise InputError(f"database {database!r} is not in {cal.by!r} of this source; it has: {shown}")
+            out.append(float(eng.values()[labels.index(str(database))]))
+        finally:
+            eng.close()
+    progress("reading", len(items), len(items))
+    return out
