@@ -9,13 +9,13 @@ import click
 
 from empdp.errors import InputError
 from empdp.keys import KEY_ENV, key_id, load_key
-from empdp.noise import Calibration, Ledger, query_value
+from empdp.noise import Calibration, JointCalibration, Ledger, joint_query_value, load_calibration, query_value
 from empdp.noise import calibrate as calibrate_source
 from empdp.noise.exact import check_epsilon
 from empdp.textfmt import fmt
 
 from . import _common as common
-from .assess import parse_bandwidth, query_options
+from .assess import joint_statistics, parse_bandwidth, parse_joint_bandwidth, query_options
 
 
 def _warn(message: str) -> None:
@@ -35,7 +35,7 @@ def key_options(f):
 
 
 @click.command("calibrate")
-@query_options
+@query_options(joint=True)
 @click.option("--epsilon", "-e", "epsilon", type=float, required=True, help="Target empirical epsilon.")
 @click.option("--adversary", metavar="QUERY",
               help="What the adversary knows about each database (a named query over the whole table): every "
@@ -51,7 +51,8 @@ def key_options(f):
                    "(slower, about 1% above its least feasible scale); auto picks by held-out likelihood and "
                    "often picks Gaussian.")
 @click.option("--bandwidth", default="auto", show_default=True,
-              help="'auto' (fixed scale by held-out likelihood) or a fixed kernel scale.")
+              help="'auto' (fixed scale by held-out likelihood) or a fixed kernel scale; for 2-3 statistics auto "
+                   "(whitened product Laplace kernels) or one scale per statistic in its own units, B1,B2[,B3].")
 @click.option("-o", "--output", "output", metavar="FILE", required=True,
               help="Write the calibration to FILE.json (mode 0600).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB.")
@@ -77,6 +78,12 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
           --query "mean(murdrate)" --epsilon 1 -o cal.json --key-file curator.key
       EMPDP_KEY=... empdp calibrate data/*.parquet --id customer --by month \\
           --query "sum(kwh)" -e 0.5 -o kwh.json --json
+      empdp calibrate panel.parquet --id id --by db --query "sum(x)" --query "count(*)" \\
+          -e 1 -o joint.json --key-file curator.key     # 2-3 statistics released together
+
+    With --query (or --sql) given 2 or 3 times the statistics are released
+    together: noise on each whitened axis of the joint model, the least
+    common factor t verified exactly (see the README, joint queries).
     """
     common.setup_logging(verbose, quiet, debug)
     engine_kw = common.engine_settings(source, engine, spark_master, spark_remote, table)
@@ -85,14 +92,48 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
     check_epsilon(epsilon)  # before the data are read
     key = load_key(key_file)
     common.check_output(output, "-o", (".json",), ".json")
+    if len(query) + len(sql) > 1:  # statistics released together
+        stats = joint_statistics(query, sql)
+        _refuse_joint(kernel=kernel, adversary=adversary, adversary_sql=adversary_sql, buckets=buckets,
+                      engine=engine, table=table)
+        d = len(query) or len(sql)
+        with warnings.catch_warnings(), common.progress_bars(not (as_json or quiet)) as progress:
+            warnings.simplefilter("ignore")
+            cal = calibrate_source(source, id=id_col, by=by, query=stats.get("queries"), sql=stats.get("sql"),
+                                   where=where, epsilon=epsilon,
+                                   bandwidth=parse_joint_bandwidth(bandwidth, d), memory_limit=memory_limit,
+                                   drop_null_ids=drop_null_ids, progress=progress)
+        _finish(cal, output, key, as_json, quiet)
+        return
+    query, sql = (query[0] if query else None), (sql[0] if sql else None)
     with warnings.catch_warnings(), common.progress_bars(not (as_json or quiet)) as progress:
         warnings.simplefilter("ignore")  # the notes are shown below and kept in the JSON
         cal = calibrate_source(source, id=id_col, by=by, query=query, where=where, sql=sql, epsilon=epsilon,
                                kernel=kernel, bandwidth=parse_bandwidth(bandwidth), memory_limit=memory_limit,
                                drop_null_ids=drop_null_ids, adversary=adversary, adversary_sql=adversary_sql,
                                buckets=buckets, progress=progress, **engine_kw)
+    _finish(cal, output, key, as_json, quiet)
+
+
+def _refuse_joint(*, kernel, adversary, adversary_sql, buckets, engine, table) -> None:
+    """The options of the one-statistic calibration that a joint one does not take: one line naming the first."""
+    one = "calibrate the statistics one at a time for it"
+    refused = ((kernel != "laplace", f"--kernel {kernel}", "the joint model is product Laplace kernels; drop --kernel"),
+               (adversary is not None, "--adversary", f"the adversary model conditions one statistic; {one}"),
+               (adversary_sql is not None, "--adversary-sql", f"the adversary model conditions one statistic; {one}"),
+               (buckets is not None, "--buckets", f"adversary buckets condition one statistic; {one}"),
+               (engine != "duckdb" or table is not None, "--engine spark",
+                "joint statistics are read by DuckDB; give a file, glob or folder as SOURCE"))
+    for bad, option, why in refused:
+        if bad:
+            raise InputError(f"{option} is not available for statistics released together: {why}")
+
+
+def _finish(cal, output: str, key, as_json: bool, quiet: bool) -> None:
+    """Save the calibration (signed with ``key``), show its notes, and print it or its JSON."""
     cal.save(output, key=key)
-    common.log.info("wrote %s (lambda* %s, noise %s, %s) after %.2f s of calibration", output, fmt(cal.lam),
+    scale = fmt(cal.lam) if isinstance(cal, Calibration) else f"t {fmt(cal.t)}"
+    common.log.info("wrote %s (lambda* %s, noise %s, %s) after %.2f s of calibration", output, scale,
              cal.noise["kind"], f"signed with key {key_id(key)}" if key else "unsigned", cal.seconds)
     for note in cal.warnings:
         _warn(note)
@@ -101,6 +142,8 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
               f"(unsafe); give --key-file FILE or set ${KEY_ENV}")
     if as_json:
         common.emit_json(cal.to_dict())
+    elif not quiet and isinstance(cal, JointCalibration):
+        _print_joint(cal, output)
     elif not quiet:
         _print_calibration(cal, output)
 
@@ -132,10 +175,60 @@ def _print_calibration(cal: Calibration, output: str) -> None:
     click.echo(f"Wrote {output}")
 
 
+def _print_joint(cal: JointCalibration, output: str) -> None:
+    n, b = cal.noise, cal.curator_model
+    axes = range(cal.d)
+    noise = ("none (the curator's joint model already suffices)" if n["kind"] == "none" else
+             "on whitened axis k: 0 with probability w_k, else Laplace(lambda_k); mapped back by W^-1")
+    rows = [
+        ("statistics", f"{'; '.join(cal.statistics)} on {cal.source_description} ({fmt(cal.n_databases)} databases)"),
+        ("target epsilon", f"{fmt(cal.epsilon)} (spent once per released vector)"),
+        ("curator model", f"product Laplace, {'whitened' if b['whitened'] else 'axis-aligned (fixed scales)'}, "
+                          f"scales b_k {', '.join(fmt(v) for v in b['scales'])}"),
+        ("t (exact, minimal)", f"{fmt(cal.t)}  (lambda_k = t b_k)"),
+        ("noise", noise),
+    ]
+    if n["kind"] != "none":
+        rows += [("lambda_k", ", ".join(fmt(n["scales"][k]) for k in axes)),
+                 ("w_k", ", ".join(fmt(n["weights"][k]) for k in axes)),
+                 ("expected |z_k|", ", ".join(fmt(v) for v in cal.expected_abs_noise))]
+    rows += [
+        ("verified max eps_i", f"{fmt(cal.verified_eps_max)}  (curator model alone: {fmt(cal.curator_eps_max)})"),
+        ("individuals", f"{fmt(cal.n_individuals)} ({fmt(cal.n_sole_contributors)} sole contributors, "
+                        "unprotectable)"),
+        ("classical DP epsilon", "none: " + cal.to_dict()["classical_dp_explanation"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key:<{width}}  {value}")
+    click.echo(f"Guarantee: {cal.to_dict()['guarantee']}.")
+    click.echo(f"Wrote {output}")
+
+
+def _values(text: str, d: int) -> float | list[float]:
+    """--value: one number, or d comma-separated numbers for a joint calibration of d statistics."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != d:
+        what = f"{d} numbers V1,V2{',V3' if d == 3 else ''}, one per statistic" if d > 1 else "one number"
+        raise InputError(f"--value gives {len(parts)} value(s) but the calibration releases {d} statistic(s): "
+                         f"give {what}")
+    out = []
+    for k, p in enumerate(parts):
+        try:
+            out.append(float(p))
+        except ValueError:
+            shown = p if len(p) <= 40 else p[:37] + "..."
+            raise InputError(f"--value must be {'numbers' if d > 1 else 'a number'}; value {k + 1} is "
+                             f"{shown!r}") from None
+    return out if d > 1 else out[0]
+
+
 @click.command("release")
 @click.argument("calibration", type=click.Path(dir_okay=False))
 @click.argument("source", required=False)
-@click.option("--value", type=float, help="The new statistic to release (never printed).")
+@click.option("--value", metavar="V[,V2[,V3]]",
+              help="The new statistic to release (never printed); for a joint calibration one value per "
+                   "statistic, comma-separated, in the calibration's order.")
 @click.option("--database", help="With SOURCE: compute the query on this database label.")
 @click.option("--ledger", metavar="FILE", help="Ledger file the release is appended to (default: CALIBRATION with "
                                                 "suffix .ledger.sqlite); not a symbolic link.")
@@ -163,6 +256,7 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
       empdp release cal.json --value 0.4711 --ledger releases.sqlite --budget 3 --key-file curator.key
       EMPDP_KEY=... empdp release cal.json new_year.parquet --database 2024 --json
       empdp release cal.json --table lake.claims --engine spark --database 2024-06 --key-file curator.key
+      empdp release joint.json --value 812.5,40 --ledger releases.sqlite    # a joint calibration: one per statistic
     """
     common.setup_logging(verbose, quiet, debug)
     if ledger is not None and not ledger.strip():
@@ -182,17 +276,26 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
     if key is None and not allow_unsigned:
         raise InputError(f"release needs the curator key that signed the calibration and signs the ledger: give "
                          f"--key-file FILE or set ${KEY_ENV} (or pass --allow-unsigned: unsafe, see the README)")
-    cal = Calibration.load(calibration, key=key, allow_unsigned=allow_unsigned)
-    common.log.info("calibration %s: epsilon %s, noise %s (weight at 0 %s, scale %s), %s", calibration, fmt(cal.epsilon),
-             cal.noise["kind"], fmt(cal.noise["weight_zero"]), fmt(cal.noise["scale"]),
-             "signature verified" if key and cal.signed else "NOT verified (--allow-unsigned)")
+    cal = load_calibration(calibration, key=key, allow_unsigned=allow_unsigned)
+    joint = isinstance(cal, JointCalibration)
+    if value is not None:
+        value = _values(value, cal.d if joint else 1)
+    common.log.info("calibration %s: epsilon %s, noise %s (weight at 0 %s, scale %s), %s", calibration,
+                    fmt(cal.epsilon), cal.noise["kind"], cal.noise["weights" if joint else "weight_zero"],
+                    cal.noise["scales" if joint else "scale"],
+                    "signature verified" if key and cal.signed else "NOT verified (--allow-unsigned)")
     book = Ledger(ledger, key=key, allow_unsigned=allow_unsigned)
     summary = book.verify()  # a tampered ledger is refused before the query is computed (and again inside)
     if key is None or not cal.signed or not summary["signed"]:  # possible only with --allow-unsigned
         _warn("--allow-unsigned: the calibration or ledger is not verified under a curator key; edits to them "
               "are not detected")
     with common.progress_bars(not (as_json or quiet)) as progress:  # the library logs its stages
-        if value is None:
+        if value is None and joint:
+            if engine != "duckdb" or table is not None:
+                raise InputError("a joint calibration's statistics are read by DuckDB: give a file, glob or "
+                                 "folder as SOURCE, without --engine spark")
+            value = joint_query_value(cal, source, database, memory_limit=memory_limit, progress=progress)
+        elif value is None:
             value = query_value(cal, source, database, memory_limit=memory_limit, progress=progress, **engine_kw)
         out = cal.release(value, ledger=ledger, budget=budget, seed=seed, database=database, progress=progress,
                           key=key, allow_unsigned=allow_unsigned)
@@ -201,11 +304,12 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
                                        "guarantee", "seq")})
     elif not quiet:
         left = "unlimited" if out["budget_left"] is None else f"{fmt(out['budget_left'])} left"
-        click.echo(f"{out['value']!r}")  # the released value itself, in full
+        shown = ",".join(repr(v) for v in out["value"]) if joint else repr(out["value"])
+        click.echo(shown)  # the released value itself, in full (a joint release: comma-separated, in order)
         click.echo(f"epsilon {fmt(out['epsilon'])}; ledger {ledger}: {fmt(out['budget_spent'])} spent, {left}; "
                    f"record {out['seq']}, chain head {out['head']}", err=True)
     if not out["noise_added"]:
-        _warn(f"NO NOISE WAS ADDED: the exact value was released (the calibration found that the data's own spread "
+        _warn(f"NO NOISE WAS ADDED: the exact {'vector' if joint else 'value'} was released (the calibration found that the data's own spread "
               f"already gives epsilon {fmt(cal.epsilon)} under the curator's density model; see the README)")
     if not out["private"]:
         _warn("released with --seed: reproducible noise, NOT PRIVATE (tests only)")

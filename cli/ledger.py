@@ -9,6 +9,7 @@ import click
 from empdp.errors import InputError
 from empdp.keys import load_key
 from empdp.noise import Ledger
+from empdp.noise.ledger_format import REAL, read_vector
 from empdp.textfmt import fmt
 
 from ._common import emit_json, output_options, setup_logging
@@ -80,7 +81,8 @@ def show(ledger_path, key_file, allow_unsigned, as_json, quiet, verbose, debug):
     book = _open(ledger_path, key_file, allow_unsigned)
     summary = book.verify() if book.key is not None or allow_unsigned else None
     chain = book.chain()
-    records = [r for r in chain if r["kind"] == "release"]
+    # a joint release's vectors (noisy value, noise scales and weights) are JSON text in their REAL columns
+    records = [{k: read_vector(v) if k in REAL else v for k, v in r.items()} for r in chain if r["kind"] == "release"]
     head = summary["head"] if summary else (chain[-1].get("mac") or chain[-1].get("hash")) if chain else None
     if as_json:
         emit_json({"ledger": ledger_path, "verified": summary is not None, "summary": summary, "head": head,
