@@ -320,6 +320,10 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
                   spark_remote: str | None = None, table: str | None = None) -> ReleaseAudit:
     """Audit the release described by ``calibration`` on the databases of ``source`` (docs/method.md#94-release-audit).
 
+    A joint calibration (2–3 statistics, :class:`empdp.noise.JointCalibration`) is audited by
+    :func:`empdp.audit.joint_release.audit_joint_release`: MPL on the d-dimensional release and the
+    exact ε_i of its density; the result is a :class:`~empdp.audit.joint_release.JointReleaseAudit`.
+
     A calibration against an adversary (``calibrate --adversary``) is audited per adversary bucket
     (docs/method.md#101-adversarial-knowledge): bucket B's release density is P̂_B ⋆ ℓ_{b_B} ⋆ h, its
     databases, its curator scale and the common noise law h; each bucket's bounds run at level
@@ -341,7 +345,8 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
         :func:`empdp.calibrate` (``engine="spark"``: docs/spark.md; ``table``: a Spark catalog
         table instead of ``source``).
     """
-    from ..noise import Calibration
+    from ..noise import Calibration, JointCalibration, load_calibration
+    from ..noise.compute import SourceShifts
 
     # check the options before the calibration is read and the exact values computed
     # (order = 1 would otherwise fail in exact_values, after the slow part)
@@ -351,7 +356,15 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     top = int(top)
     n, N, n_renyi = check_size("n", n), check_size("N", N), check_size("n_renyi", n_renyi, 50)
     rng = as_rng(rng)
-    cal = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
+    cal = calibration if isinstance(calibration, (Calibration, JointCalibration)) else load_calibration(calibration)
+    if isinstance(cal, JointCalibration):  # 2-3 statistics released together: MPL in d dimensions
+        from .joint_release import audit_joint_release
+
+        if engine != "duckdb" or any((spark_master, spark_remote, table)) or isinstance(loo, SourceShifts):
+            raise InputError("a joint calibration's statistics are read by DuckDB: give a file, glob or folder as "
+                             "SOURCE, without --engine spark")
+        return audit_joint_release(cal, source, loo=loo, top=top, n=n, N=N, alpha=alpha, rng=rng,
+                                   progress=progress, hash_key=hash_key)
     loo = _read_shifts(cal, source, loo, dict(engine=engine, spark_master=spark_master,
                                               spark_remote=spark_remote, table=table))
     q, shifts, ids, undefined = _arrays(loo)
