@@ -128,3 +128,25 @@ def arrow_batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 1 << 20,
     finally:
         stop.set()  # the consumer stopped early (or failed): the thread ends after its current batch
         worker.join()
+
+
+def group_cells(panel, column: str, where: str | None = None) -> tuple[list, int]:
+    """The groups of ``column`` in every database of ``panel`` (a :class:`empdp.data.Panel`), on the
+    rows ``where`` keeps (grouped statistics, docs/method.md#102-joint-queries-planned).
+
+    Returns ``(cells, n_null)``: one ``(text, value, database index, rows)`` per group present in a
+    database, ordered by the group's value (its text, ``CAST(column AS VARCHAR)``, names the group
+    in the filters :func:`group_filter` writes), and the number of kept rows whose group is NULL.
+    """
+    panel.require_column(column)
+    qc = quote_ident(column)
+    base = panel.base_sql([column], where)
+    n_null = panel.fetchall(f"SELECT count(*) FILTER (WHERE {qc} IS NULL) FROM ({base})", where=where)[0][0]
+    cells = panel.fetchall(f"SELECT CAST({qc} AS VARCHAR) AS t, any_value({qc}), __j, count(*) FROM ({base}) "
+                           f"WHERE {qc} IS NOT NULL GROUP BY t, __j ORDER BY any_value({qc}), t, __j", where=where)
+    return cells, int(n_null)
+
+
+def group_filter(column: str, text: str) -> str:
+    """SQL keeping the rows of one group of ``column`` (named by its text, as :func:`group_cells`)."""
+    return f"CAST({quote_ident(column)} AS VARCHAR) = {quote_literal(text)}"

@@ -1,8 +1,9 @@
 """Read a joint query's values and leave-one-out shifts from a table (docs/method.md#102-joint-queries-planned).
 
 One leave-one-out engine per statistic (:func:`empdp.loo.open_engine`); the d-dimensional query
-values q_j and shifts Δ_ij aligned by database and individual. Shared by the joint assessment and
-the joint calibration and release.
+values q_j and shifts Δ_ij aligned by database and individual. Shared by the joint assessment, the
+joint calibration and release, and the grouped statistics (one statistic per group of a column,
+:func:`read_grouped`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ..data import open_panel
+from ..data.sql import group_cells, group_filter, shorten
 from ..errors import InputError
-from ..loo import open_engine
+from ..loo import _replace_db, open_engine
 from .model import MAX_DIM
+
+#: the most groups a grouped statistic may have: each group is one leave-one-out pass over the table
+MAX_GROUPS = 100
 
 
 @dataclass(kw_only=True)
@@ -44,6 +50,34 @@ class JointPanel:
         return self.q.shape[1]
 
 
+@dataclass(kw_only=True)
+class StatisticShifts:
+    """One statistic read through its leave-one-out engine (:func:`read_statistic`).
+
+    q : ndarray (n,); ids : polars Series (m), the individuals with rows it reads, sorted;
+    shifts : ndarray (m, n); sole : ndarray (m,) bool; present : ndarray (m,) int, databases the
+    individual is in; in_database : ndarray (m, n) bool with ``presence``, else None.
+    """
+
+    name: str
+    q: np.ndarray
+    ids: pl.Series
+    shifts: np.ndarray
+    sole: np.ndarray
+    present: np.ndarray
+    in_database: np.ndarray | None = None
+
+
+def read_statistic(engine, *, presence: bool = False) -> StatisticShifts:
+    """The values and every individual's shifts of an open leave-one-out engine (one statistic)."""
+    q = engine.values()
+    s = engine.screen(np.ones(len(q)))
+    codes = np.arange(len(s))
+    shifts, inside = engine.shifts(codes, presence=True) if presence else (engine.shifts(codes), None)
+    return StatisticShifts(name=engine.query.describe(), q=q, ids=s.ids, shifts=shifts, sole=s.undefined,
+                           present=s.n_present, in_database=inside)
+
+
 def statistics(queries, sql) -> list[dict]:
     """One ``{"query": ...}`` or ``{"sql": ...}`` per statistic, 1 to :data:`MAX_DIM` of them."""
     if (queries is None) == (sql is None):
@@ -68,21 +102,148 @@ def read_joint(source: Any, *, id: str, by: str, queries=None, sql=None, where: 
         for e in engines[1:]:
             if list(e.panel.labels) != labels:
                 raise InputError("the statistics see different databases; check the query filters")
-        q = np.column_stack([e.values() for e in engines])
-        names = [e.query.describe() for e in engines]
-        screens = [e.screen(np.ones(len(labels))) for e in engines]
-        ids = pl.concat([s.ids for s in screens]).unique().sort()
-        m, n, d = len(ids), len(labels), len(engines)
-        pos = {v: k for k, v in enumerate(ids.to_list())}
-        shifts = np.zeros((m, n, d))
-        sole = np.zeros(m, dtype=bool)
-        present = np.zeros(m, dtype=np.int64)
-        for k, (e, s) in enumerate(zip(engines, screens)):
-            rows = np.array([pos[v] for v in s.ids.to_list()], dtype=np.int64)
-            shifts[rows, :, k] = e.shifts(np.arange(len(s)))
-            sole[rows] |= s.undefined
-            present[rows] = np.maximum(present[rows], s.n_present)
+        read = [read_statistic(e) for e in engines]
     finally:
         for e in engines:
             e.close()
-    return JointPanel(labels=labels, names=names, q=q, ids=ids, shifts=shifts, sole=sole, present=present)
+    ids = pl.concat([r.ids for r in read]).unique().sort()
+    m, n, d = len(ids), len(labels), len(read)
+    shifts = np.zeros((m, n, d))
+    sole = np.zeros(m, dtype=bool)
+    present = np.zeros(m, dtype=np.int64)
+    for k, r in enumerate(read):
+        rows = _positions(ids, r.ids)
+        shifts[rows, :, k] = r.shifts
+        sole[rows] |= r.sole
+        present[rows] = np.maximum(present[rows], r.present)
+    return JointPanel(labels=labels, names=[r.name for r in read], q=np.column_stack([r.q for r in read]),
+                      ids=ids, shifts=shifts, sole=sole, present=present)
+
+
+def _positions(ids: pl.Series, some: pl.Series) -> np.ndarray:
+    """Rows of ``some`` (a subset of the sorted ``ids``) in ``ids``."""
+    return ids.search_sorted(some).to_numpy().astype(np.int64)
+
+
+# --------------------------------------------------------------------------- grouped statistics
+@dataclass(kw_only=True)
+class GroupPanel:
+    """One statistic per group of a column and database, and each individual's shifts in the groups
+    their rows touch (docs/method.md#102-joint-queries-planned).
+
+    labels : the databases' labels (n); group_by : the group column; groups : the groups' values (G),
+    ordered by value; names : each group's statistic, described (G); q : ndarray (n, G);
+    ids : polars Series (m), sorted; rows : per group, the positions in ``ids`` of its individuals
+    (ascending); shifts : per group, ndarray (m_g, n); touched : ndarray (m, G) bool, the groups an
+    individual's rows are in; sole : ndarray (m,) bool, the only contributor to some group of some
+    database; present : ndarray (m,) int, databases the individual has rows in.
+    """
+
+    labels: list
+    group_by: str
+    groups: list
+    names: list
+    q: np.ndarray
+    ids: pl.Series
+    rows: list
+    shifts: list
+    touched: np.ndarray
+    sole: np.ndarray
+    present: np.ndarray
+
+    @property
+    def n_groups(self) -> int:
+        return self.q.shape[1]
+
+    def stack(self, rows: np.ndarray, groups) -> np.ndarray:
+        """Shifts (len(rows), n, len(groups)) of the individuals at ``rows`` in ``groups`` (0 where untouched)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.zeros((len(rows), len(self.labels), len(groups)))
+        for k, g in enumerate(groups):
+            have = self.rows[g]
+            at = np.minimum(np.searchsorted(have, rows), max(len(have) - 1, 0))
+            hit = (have[at] == rows) if len(have) else np.zeros(len(rows), dtype=bool)
+            out[hit, :, k] = self.shifts[g][at[hit]]
+        return out
+
+
+def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | None = None, sql: str | None = None,
+                 where: str | None = None, drop_null_ids: bool = False, memory_limit: str | None = None,
+                 threads: int | None = None) -> GroupPanel:
+    """The :class:`GroupPanel` of one statistic (``query`` with ``where``, or ``sql`` over ``db``) per
+    group of column ``group_by``: one leave-one-out engine per group, its rows filtered to the group.
+
+    Raises :class:`InputError` (one line) when the group column is missing or has NULLs on the rows
+    the query reads, when a group has no rows in some database (the released vector would differ
+    between databases), or with more than :data:`MAX_GROUPS` groups.
+    """
+    if (query is None) == (sql is None):
+        raise InputError("give the grouped statistic as query=... or sql=..., not both")
+    text = query if query is not None else sql
+    if not isinstance(text, str):
+        raise InputError("a grouped statistic is one query; the groups make the vector")
+    if group_by in (id, by):
+        raise InputError(f"--group-by column {shorten(group_by)} is the {'--id' if group_by == id else '--by'} "
+                         "column; group by another column")
+    base = open_panel(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit, threads=threads)
+    try:
+        labels = list(base.labels)
+        cells, n_null = group_cells(base, group_by, where)
+    finally:
+        base.close()
+    if n_null:
+        raise InputError(f"{n_null:,} rows have a NULL group in column {shorten(group_by)}; every row the "
+                         f"statistic reads must be in a group: fill them, or filter them out with --where")
+    groups = _groups(cells, labels, group_by, where)
+    read = []
+    for gtext, value in groups:
+        cond = group_filter(group_by, gtext)
+        st = ({"query": query, "where": f"({where}) AND {cond}" if where else cond} if query is not None
+              else {"sql": _replace_db(sql, f"(SELECT * FROM db WHERE {cond}) AS db")})
+        try:
+            engine = open_engine(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit,
+                                 threads=threads, **st)
+            try:
+                read.append(read_statistic(engine, presence=True))
+            finally:
+                engine.close()
+        except InputError as exc:
+            raise InputError(f"group {shorten(value)} of {shorten(group_by)}: {exc}") from None
+    ids = pl.concat([r.ids for r in read]).unique().sort()
+    m, n, G = len(ids), len(labels), len(read)
+    touched = np.zeros((m, G), dtype=bool)
+    sole = np.zeros(m, dtype=bool)
+    inside = np.zeros((m, n), dtype=bool)
+    rows = []
+    for g, r in enumerate(read):
+        at = _positions(ids, r.ids)
+        rows.append(at)
+        touched[at, g] = True
+        sole[at] |= r.sole
+        inside[at] |= r.in_database
+    return GroupPanel(labels=labels, group_by=group_by, groups=[v for _, v in groups],
+                      names=[f"{text.strip()} [{group_by} = {v}]" for _, v in groups],
+                      q=np.column_stack([r.q for r in read]), ids=ids, rows=rows,
+                      shifts=[r.shifts for r in read], touched=touched, sole=sole, present=inside.sum(axis=1))
+
+
+def _groups(cells: list, labels: list, group_by: str, where: str | None) -> list:
+    """(text, value) of each group, after checking that every group is in every database."""
+    seen: dict = {}
+    for gtext, value, j, _ in cells:
+        seen.setdefault(gtext, (value, set()))[1].add(int(j))
+    if not seen:
+        raise InputError(f"no rows to group by {shorten(group_by)}" + (" (check --where)" if where else ""))
+    if len(seen) > MAX_GROUPS:
+        raise InputError(f"column {shorten(group_by)} has {len(seen):,} groups; a grouped statistic takes at most "
+                         f"{MAX_GROUPS} (each group is one pass over the table): group by a coarser column")
+    for gtext, (value, js) in seen.items():
+        missing = [labels[j] for j in range(len(labels)) if j not in js]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise InputError(
+                f"group {shorten(value)} of column {shorten(group_by)} has no rows in database {shorten(missing[0])}"
+                f"{more}{' that --where keeps' if where else ''}: the released vector has no value for it there, and "
+                "the groups must be the same in every database (see docs/method.md, grouped statistics); filter "
+                "that group out with --where, or assess only the databases it is in")
+    return [(gtext, value) for gtext, (value, _) in seen.items()]

@@ -1,0 +1,280 @@
+"""Grouped statistics: one statistic per group of a column and database, e.g. mean(x) by region each
+year (docs/method.md#102-joint-queries-planned, issue 19).
+
+The release is the vector (f(X^j ∩ g))_g of the G groups. An individual changes only the groups
+their rows are in (k of them):
+
+* G ≤ 3: the vector is one joint query, exactly :func:`empdp.joint.assess.assess_joint` of the
+  statistic filtered to each group;
+* G > 3 and k ≤ 3: the exact joint risk of those k groups' statistics (the joint model of their
+  series, one model per set of groups; k = 1 is the group's one-statistic model);
+* G > 3 and k > 3: each group's exact risk (``group_risks``) and the certified bound
+  Σ_g M_ig ≥ ε_i (M_ig the screening bound of group g's model, docs/method.md#43-exact-screening)
+  in the column ``eps_bound``; ``eps_i`` stays null. The bound holds for the groups' statistics
+  modelled as independent releases (basic composition), which is what makes it cheap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from ..assessment import checks
+from ..assessment.assess import RiskSweep
+from ..assessment.evaluation import default_epsilons
+from ..errors import InputError
+from . import JointModel, joint_bound, joint_risk, select_joint_model
+from .model import MAX_DIM
+from .panel import GroupPanel, read_grouped
+
+
+@dataclass(kw_only=True)
+class GroupedAssessment(RiskSweep):
+    """Result of :func:`assess_grouped`: as :class:`empdp.joint.assess.JointAssessment`, for one
+    statistic per group.
+
+    ``individuals`` has the id, ``eps_i`` (exact; ∞ for sole contributors; null where only a bound
+    is known), ``eps_bound`` (the certified bound Σ_g M_ig ≥ ε_i where the individual touches more
+    than 3 groups, else null), ``delta`` (δ_i at the smallest ε; null where only bounded and the
+    bound exceeds it), ``n_databases``, ``groups`` (k, the groups the individual's rows are in) and
+    ``sole_contributor``. ``group_risks`` has, for each bounded individual and group it touches,
+    the group's exact ``eps_i``, its bound ``eps_bound`` (M_ig) and ``delta`` at the smallest ε.
+    ``delta``, ``total_risk`` and ``n_at_risk`` cover the individuals whose risk is exact;
+    ``n_unresolved`` counts, per ε, the bounded individuals whose bound exceeds it (they may be at
+    risk there). ``eps_all`` is over exact ε_i; ``eps_all_bound`` ≥ every ε_i (bounds included).
+    """
+
+    query: str
+    group_by: str
+    groups: list
+    names: list
+    #: the density model of each set of groups (tuple of group positions); (0..G−1) when G ≤ 3
+    models: dict
+    group_risks: pl.DataFrame
+    n_unresolved: np.ndarray
+    eps_all_bound: float
+    warnings: list = field(default_factory=list)
+    #: the independence checks of each group's series over the databases (as for one statistic)
+    independence: list = field(default_factory=list)
+
+    @property
+    def joint(self) -> bool:
+        """True when the groups are few enough (≤ 3) to be assessed as one joint query."""
+        return len(self.groups) <= MAX_DIM
+
+    @property
+    def eps_i(self) -> np.ndarray:
+        """Exact ε_i (NaN where only a bound is known)."""
+        return self.individuals["eps_i"].fill_null(np.nan).to_numpy()
+
+    def riskiest(self, k: int = 10) -> pl.DataFrame:
+        """The ``k`` riskiest individuals by exact δ_i at the smallest ε, ties by ε_i, the individuals
+        known only by a bound last; the individual that sets ε_all (column ``sets``) always included."""
+        ind = self.individuals
+        eps_i, sole = self.eps_i, ind["sole_contributor"].to_numpy()
+        sets = ~sole & (eps_i == self.eps_all) & (self.eps_all > 0)
+        ranked = ind.with_columns(pl.Series("sets", sets)).sort(
+            ["delta", "eps_i", "eps_bound"], descending=True, nulls_last=True, maintain_order=True)
+        head = ranked.head(k)
+        return head if head["sets"].any() else head.vstack(ranked.filter(pl.col("sets")).head(1))
+
+    def to_dict(self) -> dict:
+        G = len(self.groups)
+        if self.joint:
+            full = self.models[tuple(range(G))]
+            bandwidth, density = full.scales.tolist(), full.describe()
+        else:
+            bandwidth = [float(self.models[(g,)].scales[0]) for g in range(G)]
+            density = {"kind": "laplace-product per set of groups", "models": [
+                {"groups": [_json(self.groups[g]) for g in S], **m.describe()} for S, m in self.models.items()]}
+        return {
+            "source": self.source, "query": self.query, "group_by": self.group_by,
+            "groups": [_json(g) for g in self.groups], "id": self.id_column, "by": self.by_column,
+            "n_databases": self.n_databases, "n_individuals": self.individuals.height,
+            "kernel": "laplace", "bandwidth": bandwidth, "density_model": density,
+            "eps_all": _num(self.eps_all), "eps_all_bound": _num(self.eps_all_bound),
+            "n_bound_only": int(self.individuals["eps_bound"].is_not_null().sum()),
+            "sweep": [{"epsilon": float(e), "delta": float(d), "total_risk": float(t), "n_at_risk": int(c),
+                       "n_unresolved": int(u)}
+                      for e, d, t, c, u in zip(self.epsilons, self.delta, self.total_risk, self.n_at_risk,
+                                               self.n_unresolved)],
+            "independence": list(self.independence),
+            "sole_contributors": int(self.sole_contributors), "warnings": list(self.warnings),
+            "notes": ["total_risk assumes the individuals' risks are independent"] + ([] if self.joint else [
+                "each individual is assessed on the groups their rows are in (jointly when at most 3); the "
+                "model of those groups does not condition on the other groups' values",
+                "eps_bound is the sum of the individual's per-group screening bounds: a certified bound on "
+                "epsilon_i for the groups released as independent statistics; delta, total_risk and n_at_risk "
+                "leave out, at each epsilon, the n_unresolved bounded individuals whose bound exceeds it"]),
+        }
+
+
+def _num(v):
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _json(v):
+    """A group's value as JSON writes it (text for dates and other non-JSON types)."""
+    return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+
+
+def _fixed_scales(bandwidth, G: int):
+    """None for ``"auto"``; else G fixed scales (one number is used for every group)."""
+    if isinstance(bandwidth, str) and bandwidth == "auto":
+        return None
+    try:
+        b = np.atleast_1d(np.asarray(bandwidth, dtype=np.float64))
+    except (TypeError, ValueError):
+        raise InputError(f"--bandwidth must be auto, one scale, or one scale per group ({G}); got {bandwidth!r}") from None
+    if b.ndim != 1 or b.size not in (1, G):
+        raise InputError(f"--bandwidth needs one scale, or one per group ({G}); got {b.size}")
+    return np.full(G, b[0]) if b.size == 1 else b
+
+
+class _Models:
+    """The joint model of each set of groups' series, fitted once (paired kernels for every individual)."""
+
+    def __init__(self, panel: GroupPanel, scales):
+        self.panel, self.scales, self.fitted = panel, scales, {}
+
+    def __call__(self, groups: tuple) -> JointModel:
+        if groups not in self.fitted:
+            at = list(groups)
+            self.fitted[groups] = select_joint_model(
+                self.panel.q[:, at], bandwidth="auto" if self.scales is None else self.scales[at],
+                names=[self.panel.names[g] for g in at])
+        return self.fitted[groups]
+
+
+def _subsets(panel: GroupPanel, rows: np.ndarray) -> list:
+    """(groups, rows) of the individuals at ``rows`` by the set of groups their model covers: all G
+    groups when G ≤ 3, else the groups their rows touch."""
+    G = panel.n_groups
+    if G <= MAX_DIM:
+        return [(tuple(range(G)), rows)]
+    if not len(rows):
+        return []
+    patterns, inverse = np.unique(panel.touched[rows], axis=0, return_inverse=True)
+    inverse = inverse.ravel()
+    return [(tuple(int(g) for g in np.flatnonzero(p)), rows[inverse == u]) for u, p in enumerate(patterns)]
+
+
+def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | None = None,
+                   sql: str | None = None, where: str | None = None, epsilon=None, bandwidth="auto",
+                   drop_null_ids: bool = False, memory_limit: str | None = None,
+                   threads: int | None = None) -> GroupedAssessment:
+    """Per-individual empirical risk of releasing one statistic per group of ``group_by`` and database.
+
+    Parameters
+    ----------
+    source, id, by, where, drop_null_ids, memory_limit, threads
+        As for :func:`empdp.assessment.assess`.
+    group_by
+        The group column (e.g. region): the release is the statistic of each group's rows. Every
+        group must have rows in every database, and no row the statistic reads may have a NULL group.
+    query or sql
+        One query form (``"mean(x)"``, with ``where``) or one SQL over ``db``, computed per group.
+    epsilon
+        One ε or a list; default 50 values log-spaced over [ε_all/20, 1.25 ε_all].
+    bandwidth
+        ``"auto"`` (each set of groups: whitened product Laplace kernels, scales by leave-one-out
+        likelihood; one group: the one-statistic Laplace model) or fixed scales in the statistic's
+        units, one for every group or one per group in the order of ``groups``.
+
+    Raises
+    ------
+    empdp.errors.InputError
+        Bad input (one line), among others a NULL group, a group missing from a database, or a
+        set of groups whose statistics are exactly dependent over the databases
+        (:class:`empdp.joint.SingularCovarianceError`).
+    """
+    given = None if epsilon is None else np.sort(np.atleast_1d(np.asarray(epsilon, float)))
+    if given is not None and not np.all(np.isfinite(given) & (given >= 0)):
+        raise InputError(f"epsilon must be finite and >= 0, got {epsilon!r}")
+    if not (isinstance(bandwidth, str) and bandwidth == "auto"):
+        _fixed_scales(bandwidth, np.size(bandwidth))  # a malformed value is refused before the table is read
+    panel = read_grouped(source, id=id, by=by, group_by=group_by, query=query, sql=sql, where=where,
+                         drop_null_ids=drop_null_ids, memory_limit=memory_limit, threads=threads)
+    G, m = panel.n_groups, len(panel.ids)
+    models = _Models(panel, _fixed_scales(bandwidth, G))
+    if G <= MAX_DIM:
+        models(tuple(range(G)))
+    else:
+        for g in range(G):
+            models((g,))
+    k = panel.touched.sum(axis=1)
+    sole = panel.sole
+    exact = ~sole & ((k <= MAX_DIM) | (G <= MAX_DIM))
+    bounded = ~sole & ~exact
+    eps_i = np.where(bounded, np.nan, np.inf)
+    parts = []  # (model, rows, shifts) of the exactly assessed individuals
+    for groups, rows in _subsets(panel, np.flatnonzero(exact)):
+        model, shifts = models(groups), panel.stack(rows, groups)
+        eps_i[rows] = joint_risk(model, shifts)[0]
+        parts.append((model, rows, shifts))
+    per_group = []  # (group, rows, shifts) of the bounded individuals in each group
+    bound = np.zeros(m)
+    for g in range(G) if bounded.any() else ():
+        rows = np.flatnonzero(bounded & panel.touched[:, g])
+        shifts = panel.stack(rows, (g,))
+        bound[rows] += joint_bound(models((g,)), shifts)
+        per_group.append((g, rows, shifts))
+    eps_all = float(eps_i[exact].max(initial=0.0))
+    eps_all_bound = max(eps_all, float(bound[bounded].max(initial=0.0)))
+    eps = default_epsilons(eps_all) if epsilon is None else given
+    delta = np.zeros((m, len(eps)))
+    delta[sole] = 1.0
+    for model, rows, shifts in parts:
+        need = joint_bound(model, shifts) > eps[0]
+        if need.any():
+            delta[rows[need]] = joint_risk(model, shifts[need], eps)[1]
+    delta[bounded] = np.where(eps[None, :] < bound[bounded, None], np.nan, 0.0)
+    known = np.nan_to_num(delta, nan=0.0)
+    with np.errstate(divide="ignore"):
+        total = np.maximum(-np.expm1(np.log1p(-known).sum(axis=0, dtype=np.longdouble).astype(np.float64)), 0.0)
+    individuals = pl.DataFrame({
+        id: panel.ids, "eps_i": pl.Series(eps_i, nan_to_null=True),
+        "eps_bound": pl.Series(np.where(bounded, bound, np.nan), nan_to_null=True),
+        "delta": pl.Series(delta[:, 0], nan_to_null=True), "n_databases": panel.present, "groups": k,
+        "sole_contributor": sole,
+    })
+    warnings, independence = [], []
+    for g, name in enumerate(panel.names):  # each group's series: autocorrelation and trend, as for one
+        checked, notes = checks.independence(panel.q[:, g])
+        independence.append(checked)
+        warnings += [f"{name}: {w}" for w in notes]
+    if sole.any():
+        warnings.append(f"{int(sole.sum())} individual(s) are the only contributor to some group of some database: "
+                        "delta_i = 1, eps_i = inf; no epsilon protects them")
+    if bounded.any():
+        warnings.append(f"{int(bounded.sum())} individual(s) have rows in more than {MAX_DIM} groups: their risk is "
+                        "only bounded (eps_bound), per group in group_risks")
+    return GroupedAssessment(
+        source=str(source) if isinstance(source, str) else type(source).__name__,
+        query=(query if query is not None else sql).strip(), group_by=group_by, groups=panel.groups,
+        names=panel.names, id_column=id, by_column=by, labels=panel.labels, q=panel.q, models=dict(models.fitted),
+        epsilons=eps, delta=known.max(axis=0), total_risk=total, n_at_risk=(delta > 0).sum(axis=0),
+        n_unresolved=np.isnan(delta).sum(axis=0), eps_all=eps_all, eps_all_bound=eps_all_bound,
+        individuals=individuals, group_risks=_group_risks(panel, models, per_group, eps[0], id),
+        sole_contributors=int(sole.sum()), warnings=warnings, independence=independence)
+
+
+def _group_risks(panel: GroupPanel, models: _Models, per_group: list, eps0: float, id: str) -> pl.DataFrame:
+    """Each bounded individual's exact risk in each group it touches (the group's one-statistic model)."""
+    frames = []
+    for g, rows, shifts in per_group:
+        model = models((g,))
+        e, d = joint_risk(model, shifts, [eps0])
+        frames.append(pl.DataFrame({id: panel.ids.gather(rows), "group": pl.Series([panel.groups[g]] * len(rows)),
+                                    "eps_i": e, "eps_bound": joint_bound(model, shifts), "delta": d[:, 0]}))
+    if not frames:
+        return pl.DataFrame({id: panel.ids.head(0), "group": pl.Series([], dtype=pl.Null), "eps_i": [],
+                             "eps_bound": [], "delta": []}, schema_overrides={"eps_i": pl.Float64,
+                                                                             "eps_bound": pl.Float64,
+                                                                             "delta": pl.Float64})
+    return pl.concat(frames).sort([id, "group"], maintain_order=True)
