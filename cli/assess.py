@@ -126,15 +126,7 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
     query, sql = query[0] if query else None, sql[0] if sql else None
     # every input is checked before the long computation, so bad input writes nothing
     engine_kw = engine_settings(source, engine, spark_master, spark_remote, table)
-    check_output(out, "--out", (".parquet", ".pq", ".csv"), ".parquet or .csv")
-    check_output(report, "--report", (".html", ".htm"), ".html")
-    check_output(save_result, "--save-result", (".json",), ".json")
-    outputs = {"--out": out, "--report": report, "--save-result": save_result}
-    for option, path in outputs.items():  # never write over an input, nor two outputs to one file
-        refuse_overwrite(path, source, calibration, audit, option=option)
-        refuse_overwrite(path, *[p for o, p in outputs.items() if o != option and p], option=option)
-    if without_shifts and not save_result:
-        raise InputError("--without-shifts applies to --save-result: give --save-result FILE.json too")
+    check_outputs(source, out, report, save_result, without_shifts, calibration, audit)
     if (calibration or audit) and not report:
         raise InputError("--calibration and --audit add sections to the HTML report: give --report FILE.html "
                          "too (or use 'empdp report' on a --save-result file)")
@@ -172,6 +164,19 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
         from .render import print_assessment
 
         print_assessment(result, out=out, report=report, saved=save_result, show_id=show)
+
+
+def check_outputs(source, out, report, save_result, without_shifts, calibration=None, audit=None) -> None:
+    """The output paths: the right suffixes, never over an input, never two outputs to one file."""
+    check_output(out, "--out", (".parquet", ".pq", ".csv"), ".parquet or .csv")
+    check_output(report, "--report", (".html", ".htm"), ".html")
+    check_output(save_result, "--save-result", (".json",), ".json")
+    outputs = {"--out": out, "--report": report, "--save-result": save_result}
+    for option, path in outputs.items():
+        refuse_overwrite(path, source, calibration, audit, option=option)
+        refuse_overwrite(path, *[p for o, p in outputs.items() if o != option and p], option=option)
+    if without_shifts and not save_result:
+        raise InputError("--without-shifts applies to --save-result: give --save-result FILE.json too")
 
 
 def _write(progress, path: str, write, *args, **kwargs) -> None:
@@ -271,12 +276,10 @@ def _refuse_joint_options(p: dict, d: int) -> None:
         (p["engine"] != "duckdb", f"--engine {p['engine']}", "joint queries read through DuckDB only so far"),
         (p["table"] is not None, "--table", "a catalog table is read by Spark, and joint queries read through "
                                             "DuckDB only so far; give a file, glob or folder as SOURCE"),
-        (p["report"] is not None, "--report", "the HTML report shows one statistic so far; use --json or --out"),
-        (p["calibration"] is not None, "--calibration", "the HTML report shows one statistic so far"),
-        (p["audit"] is not None, "--audit", "the HTML report shows one statistic so far"),
-        (p["save_result"] is not None, "--save-result",
-         "'empdp report' reads one-statistic results only so far; use --json or --out"),
-        (p["without_shifts"], "--without-shifts", "it goes with --save-result, which is for one statistic"),
+        (p["calibration"] is not None, "--calibration",
+         "the joint report has no calibration section yet; report the calibration of one statistic"),
+        (p["audit"] is not None, "--audit",
+         "the joint report has no audit section yet; report the audit of one statistic"),
         (p["workers"] != "auto", f"--workers {p['workers']}", "the joint evaluation runs in this process"),
         (p["no_screening"], "--no-screening", "every individual's eps_i is exact already, and screening only "
                                               "skips delta_i(epsilon) certified to be 0; drop it"),
@@ -298,26 +301,49 @@ def _assess_joint(p: dict) -> None:
     _refuse_joint_options(p, d)
     bandwidth = parse_joint_bandwidth(p["bandwidth"], d)
     engine_settings(p["source"], p["engine"], p["spark_master"], p["spark_remote"], p["table"])
-    out = p["out"]
-    check_output(out, "--out", (".parquet", ".pq", ".csv"), ".parquet or .csv")
-    refuse_overwrite(out, p["source"], option="--out")
+    out, report, saved = p["out"], p["report"], p["save_result"]
+    check_outputs(p["source"], out, report, saved, p["without_shifts"])
     key = load_hash_key(p["hash_key_file"]) if p["hash_ids"] or p["hash_key_file"] else None
     started = time.perf_counter()
-    result = assess_joint(p["source"], id=p["id_col"], by=p["by"], **stats, where=p["where"],
-                          epsilon=list(p["epsilon"]) or None, bandwidth=bandwidth,
-                          drop_null_ids=p["drop_null_ids"], memory_limit=p["memory_limit"], threads=p["threads"])
+    read = {"id": p["id_col"], "by": p["by"], **stats, "where": p["where"], "drop_null_ids": p["drop_null_ids"],
+            "memory_limit": p["memory_limit"], "threads": p["threads"]}
+    result = assess_joint(p["source"], **read, epsilon=list(p["epsilon"]) or None, bandwidth=bandwidth)
     log_joint_summary(result, time.perf_counter() - started)
-    if out:
-        cols = [result.id_column, "eps_i", "delta", "n_databases",
-                *[f"max_abs_shift_{k + 1}" for k in range(d)], "epsilon", "sole_contributor"]
-        with progress_bars(not (p["as_json"] or p["quiet"]), log) as progress, output_batch():
+    if report or (saved and not p["without_shifts"]):
+        result = _with_riskiest_shifts(result, p["source"], read)
+    with progress_bars(not (p["as_json"] or p["quiet"]), log) as progress, output_batch():
+        if out:
+            cols = [result.id_column, "eps_i", "delta", "n_databases",
+                    *[f"max_abs_shift_{k + 1}" for k in range(d)], "epsilon", "sole_contributor"]
             _write(progress, out, write_table, _out_rows(result, cols, key), out)
+        if report:
+            from empdp.report import render_report
+
+            _write(progress, report, render_report, result, report, hash_ids=key or False)
+        if saved:
+            from empdp.assessment.result import save_result
+
+            _write(progress, saved, save_result, result, saved, hash_ids=key, shifts=not p["without_shifts"])
     if p["as_json"]:
         emit_json(result.to_dict())
     elif not p["quiet"]:
         from .render import print_joint_assessment
 
-        print_joint_assessment(result, out=out, show_id=_show_id(key))
+        print_joint_assessment(result, out=out, report=report, saved=saved, show_id=_show_id(key))
+
+
+def _with_riskiest_shifts(result, source, read: dict):
+    """The result with its riskiest rows' shifts, for the report's contours and the saved result.
+
+    :func:`empdp.joint.assess.assess_joint` returns no shift rows, so the panel is read again here.
+    """
+    from empdp.assessment.result import SHIFT_ROWS, keep_shifts
+    from empdp.joint.panel import read_joint
+
+    panel = read_joint(source, **read)
+    ids = result.riskiest(SHIFT_ROWS)[result.id_column].to_list()
+    pos = {v: k for k, v in enumerate(panel.ids.to_list())}
+    return keep_shifts(result, ids, panel.shifts[[pos[v] for v in ids]])
 
 
 def log_joint_summary(r, seconds: float) -> None:

@@ -83,7 +83,8 @@ def _written(con, out: str | None, report: str | None = None, saved: str | None 
 
 
 def print_joint_assessment(result, out: str | None = None, show_id=str, top: int = 10,
-                           console: Console | None = None) -> None:
+                           console: Console | None = None, report: str | None = None,
+                           saved: str | None = None) -> None:
     """Summary of a joint assessment (2–3 statistics released together): the statistics, the model,
     ε_all, a few sweep rows, and the riskiest individuals with exact δ_i at the smallest ε and ε_i."""
     con = console or Console(highlight=False, soft_wrap=True)
@@ -117,7 +118,7 @@ def print_joint_assessment(result, out: str | None = None, show_id=str, top: int
         t.add_row(show_id(row[result.id_column]), _fmt(row["delta"]), eps_i, str(row["n_databases"]),
                   *[_fmt(row[f"max_abs_shift_{k + 1}"]) for k in range(d)], "sets eps_all" if row["sets"] else "")
     con.print(t)
-    _written(con, out)
+    _written(con, out, report, saved)
 
 
 def _print_adversary(con, result) -> None:

@@ -126,8 +126,11 @@ REFUSED = "does not apply to a joint query of 2 statistics"
     (["--kernel", "gaussian"], ["--kernel gaussian", REFUSED]),
     (["--adversary", "count(*)"], ["--adversary", REFUSED]),
     (["--engine", "spark"], ["--engine spark", REFUSED]),
-    (["--report", "{tmp}/r.html"], ["--report", REFUSED]),
-    (["--save-result", "{tmp}/r.json"], ["--save-result", REFUSED]),
+    (["--report", "{tmp}/r.html", "--calibration", "{tmp}/cal.json"], ["--calibration", REFUSED, "no calibration section"]),
+    (["--report", "{tmp}/r.html", "--audit", "{tmp}/audit.json"], ["--audit", REFUSED, "no audit section"]),
+    (["--report", "{tmp}/r.txt"], ["--report", ".html"]),
+    (["--save-result", "{tmp}/r.csv"], ["--save-result", ".json"]),
+    (["--without-shifts"], ["--without-shifts applies to --save-result"]),
     (["--workers", "processes"], ["--workers processes", REFUSED]),
     (["--no-screening"], ["--no-screening", REFUSED]),
 ])

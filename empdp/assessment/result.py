@@ -14,6 +14,10 @@ with a calibration or an audit beside it, without the data:
   the first ``SHIFT_ROWS`` of them, which the riskiest-individuals table and
   the density plots (the paper's Figure 5) need.
 
+A joint assessment (2–3 statistics released together) is saved as ``"format":
+"empdp-joint-result/1"`` with the same parts, q_j and the shifts as (n, d) rows, and
+the joint model (whitening, its inverse and the scales) instead of the bandwidths.
+
 It names the riskiest individuals and their influence, so it is written
 atomically and owner-only (mode 0600); with ``hash_ids`` the ids are replaced
 by keyed pseudonyms before anything is written. Non-finite numbers are stored
@@ -35,9 +39,13 @@ from .. import risk
 from ..density import DensityModel
 from ..errors import InputError
 from ..io import atomic_path, keyed_hash, read_json
+from ..joint.assess import JointAssessment
+from ..joint.model import MAX_DIM, JointModel
 from .assess import Assessment
 
 FORMAT = "empdp-result/1"
+#: the result of a joint release of 2–3 statistics (:class:`SavedJointAssessment`)
+JOINT_FORMAT = "empdp-joint-result/1"
 #: riskiest rows of the per-individual table kept in the file
 TABLE_ROWS = 1000
 #: of those, rows whose dense shifts Δ_i· are kept (at least the report's table, ``report.TOP_TABLE``)
@@ -240,8 +248,9 @@ def save_result(a: Assessment, path, *, hash_ids: bytes | None = None, shifts: b
 
     Parameters
     ----------
-    a : Assessment
-        A live result of :func:`empdp.assessment.assess` (it needs its data for the shift rows).
+    a : Assessment or SavedJointAssessment
+        A live result of :func:`empdp.assessment.assess` (it needs its data for the shift rows), or a
+        joint one with its riskiest rows' shifts (:func:`keep_shifts`).
     hash_ids : bytes, optional
         Key of :func:`empdp.io.keyed_hash`: ids are saved as pseudonyms.
     shifts : bool
@@ -249,7 +258,9 @@ def save_result(a: Assessment, path, *, hash_ids: bytes | None = None, shifts: b
         They reveal those individuals' values to anyone who reads the file: ``False`` for a
         file to share.
     """
-    text = json.dumps(result_dict(a, hash_ids=hash_ids, shifts=shifts), allow_nan=False)
+    content = (joint_result_dict if isinstance(a, JointAssessment) else result_dict)(a, hash_ids=hash_ids,
+                                                                                    shifts=shifts)
+    text = json.dumps(content, allow_nan=False)
     with atomic_path(path, private=True) as tmp:
         tmp.write_text(text + "\n", encoding="utf-8")
 
@@ -265,8 +276,8 @@ def _kind_hint(d: Any) -> str:
     return ""
 
 
-def load_result(path) -> SavedAssessment:
-    """Read a result file written by :func:`save_result`.
+def load_result(path) -> SavedAssessment | SavedJointAssessment:
+    """Read a result file written by :func:`save_result` (of one statistic, or of a joint release).
 
     Raises
     ------
@@ -274,13 +285,14 @@ def load_result(path) -> SavedAssessment:
         The file is missing, not JSON, not an empdp result, or damaged.
     """
     d = read_json(path, "result file", " (write one with 'empdp assess ... --save-result FILE')")
-    if not isinstance(d, dict) or d.get("format") != FORMAT:
+    joint = isinstance(d, dict) and d.get("format") == JOINT_FORMAT
+    if not isinstance(d, dict) or d.get("format") not in (FORMAT, JOINT_FORMAT):
         got = d.get("format") if isinstance(d, dict) else type(d).__name__
         raise InputError(f"{str(path)!r} is not an empdp result file (format {got!r}, expected {FORMAT!r})"
                          + _kind_hint(d))
     try:
-        return _from_dict(d)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return _joint_from_dict(d) if joint else _from_dict(d)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
         raise InputError(f"result file {str(path)!r} is damaged or incomplete: {what}") from None
 
@@ -346,3 +358,138 @@ def _from_dict(d: dict) -> SavedAssessment:
         screening=bool(d["screening"]), engine=None, total_individuals=int(d["n_individuals"]),
         saved_shifts=shifts, ids_hashed=bool(d.get("ids_hashed", False)), adversary=adversary, buckets=buckets)
 
+
+
+# ------------------------------------------------------------------ joint releases (2–3 statistics)
+
+@dataclass(kw_only=True)
+class SavedJointAssessment(JointAssessment):
+    """A :class:`~empdp.joint.assess.JointAssessment` with the shift rows Δ_i (n, d) of its riskiest
+    individuals, which the report's contours and the result file need: a live one given them by
+    :func:`keep_shifts`, or one read back by :func:`load_result` (``individuals`` then holds the saved
+    riskiest rows only; ``n_individuals`` is still the full count)."""
+
+    total_individuals: int = 0
+    saved_ids: list = field(default_factory=list)
+    saved_shifts: np.ndarray | None = field(default=None, repr=False)
+    ids_hashed: bool = False
+
+    @property
+    def n_individuals(self) -> int:
+        return self.total_individuals
+
+    def shifts_of(self, ids) -> np.ndarray:
+        """Saved shift rows (len(ids), n, d) of the given individuals."""
+        pos = {v: k for k, v in enumerate(self.saved_ids)}
+        missing = [v for v in ids if v not in pos]
+        if missing:
+            raise InputError(f"the result keeps the shifts of its {len(pos)} riskiest individuals only; "
+                             f"not of {missing[:3]}")
+        return self.saved_shifts[[pos[v] for v in ids]]
+
+
+def keep_shifts(a: JointAssessment, ids, shifts) -> SavedJointAssessment:
+    """``a`` with the shift rows ``shifts`` (len(ids), n, d) of the individuals ``ids`` (its riskiest)."""
+    fields = {f: getattr(a, f) for f in a.__dataclass_fields__}
+    return SavedJointAssessment(**fields, total_individuals=a.individuals.height, saved_ids=list(ids),
+                                saved_shifts=np.asarray(shifts, dtype=float))
+
+
+def _rows(values) -> list:
+    return [_enc(row) for row in np.asarray(values, dtype=float)]
+
+
+def joint_result_dict(a: SavedJointAssessment, *, hash_ids: bytes | None = None, shifts: bool = True) -> dict:
+    """The content of a joint result file: as :func:`result_dict`, for 2–3 statistics."""
+    top = a.riskiest(TABLE_ROWS)
+    ids = top[a.id_column].to_list()
+    kept = [v for v in ids if v in set(getattr(a, "saved_ids", ()))][:SHIFT_ROWS] if shifts else []
+    show = (lambda v: keyed_hash(v, hash_ids)) if hash_ids else _scalar
+    m, d = a.model, a.model.d
+    from .. import __version__
+
+    return {
+        "format": JOINT_FORMAT, "empdp_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "ids_hashed": bool(hash_ids) or bool(getattr(a, "ids_hashed", False)),
+        "summary": _plain(a.to_dict()),
+        "source": a.source, "queries": list(a.queries), "id": a.id_column, "by": a.by_column,
+        "labels": [_scalar(v) for v in a.labels], "q": _rows(a.q),
+        "model": {"whitening": _rows(m.whitening), "unwhitening": _rows(m.unwhitening), "scales": _enc(m.scales),
+                  "loglik": _enc([m.loglik])[0], "selected_by": m.selected_by, "candidates": _plain(m.candidates)},
+        "sweep": {"epsilon": _enc(a.epsilons), "delta": _enc(a.delta), "total_risk": _enc(a.total_risk),
+                  "n_at_risk": [int(v) for v in a.n_at_risk]},
+        "eps_all": _enc([a.eps_all])[0], "independence": _plain(a.independence), "warnings": list(a.warnings),
+        "sole_contributors": int(a.sole_contributors),
+        "n_individuals": int(getattr(a, "n_individuals", a.individuals.height)),
+        "individuals": {
+            a.id_column: [show(v) for v in ids],
+            **{c: _enc(top[c].to_numpy()) for c in _joint_float_columns(d)},
+            "n_databases": [int(v) for v in top["n_databases"]],
+            "sole_contributor": [bool(v) for v in top["sole_contributor"]],
+        },
+        "shifts": {"ids": [show(v) for v in kept], "rows": [_rows(s) for s in a.shifts_of(kept)] if kept else []},
+    }
+
+
+def _joint_float_columns(d: int) -> tuple:
+    return ("eps_i", "delta", *[f"max_abs_shift_{k + 1}" for k in range(d)])
+
+
+def _matrix(values, shape: tuple, what: str) -> np.ndarray:
+    if not isinstance(values, list):
+        raise TypeError(f"{what} is not a list")
+    out = np.array([_dec(row) for row in values], dtype=float).reshape(-1, *shape[1:]) if values else \
+        np.zeros((0, *shape[1:]))
+    if (shape[0] is not None and out.shape[0] != shape[0]) or not np.all(np.isfinite(out)):
+        raise ValueError(f"{what} has shape {out.shape} or a non-finite value; expected {shape}")
+    return out
+
+
+def _joint_model(md: dict, q: np.ndarray) -> JointModel:
+    d = q.shape[1]
+    W, Winv = _matrix(md["whitening"], (d, d), "the whitening"), _matrix(md["unwhitening"], (d, d), "its inverse")
+    scales = _dec(md["scales"])
+    if scales.shape != (d,) or not np.all(np.isfinite(scales) & (scales > 0)):
+        raise ValueError(f"the model needs {d} positive scales")
+    if np.linalg.cond(W) > 1e12 or not np.allclose(W @ Winv, np.eye(d), rtol=0, atol=1e-6):
+        raise ValueError("the whitening and its inverse do not match")
+    if md["selected_by"] not in ("fixed", "loo-likelihood"):
+        raise ValueError(f"unknown model selection {md['selected_by']!r}")
+    return JointModel(q, W, Winv, scales, loglik=float(_dec([md["loglik"]])[0]), selected_by=md["selected_by"],
+                      candidates=list(md.get("candidates", [])))
+
+
+def _joint_from_dict(d: dict) -> SavedJointAssessment:
+    labels, queries = list(d["labels"]), [str(v) for v in d["queries"]]
+    n, dim = len(labels), len(queries)
+    if not (2 <= dim <= MAX_DIM and n > dim):
+        raise ValueError(f"{dim} statistics over {n} databases")
+    q = _matrix(d["q"], (n, dim), "the query values")
+    sweep = d["sweep"]
+    eps, delta, total = _dec(sweep["epsilon"]), _dec(sweep["delta"]), _dec(sweep["total_risk"])
+    at_risk = np.asarray(sweep["n_at_risk"], dtype=np.int64)
+    if not (len(eps) == len(delta) == len(total) == len(at_risk) >= 1) or not np.all(np.isfinite(eps)):
+        raise ValueError("the sweep arrays differ in length or hold a non-finite epsilon")
+    ind, id_col = d["individuals"], d["id"]
+    table = pl.DataFrame({
+        id_col: pl.Series(id_col, list(ind[id_col])),
+        **{c: pl.Series(c, _dec(ind[c]), dtype=pl.Float64) for c in _joint_float_columns(dim)},
+        "n_databases": pl.Series("n_databases", ind["n_databases"], dtype=pl.Int64),
+        "sole_contributor": pl.Series("sole_contributor", ind["sole_contributor"], dtype=pl.Boolean),
+    }).select([id_col, "eps_i", "delta", "n_databases", *_joint_float_columns(dim)[2:], "sole_contributor"])
+    sd = d["shifts"]
+    saved_ids = list(sd["ids"])
+    shifts = np.array([_matrix(rows, (n, dim), "a shift row") for rows in sd["rows"]]).reshape(-1, n, dim)
+    if len(shifts) != len(saved_ids) or not set(saved_ids) <= set(table[id_col].to_list()):
+        raise ValueError(f"{len(shifts)} shift rows for {len(saved_ids)} saved ids, or ids not in the table")
+    independence = [dict(v) for v in d["independence"]]
+    if len(independence) != dim:
+        raise ValueError(f"{len(independence)} independence checks for {dim} statistics")
+    return SavedJointAssessment(
+        source=str(d["source"]), queries=queries, id_column=id_col, by_column=d["by"], labels=labels, q=q,
+        model=_joint_model(d["model"], q), epsilons=eps, delta=delta, total_risk=total, n_at_risk=at_risk,
+        eps_all=float(_dec([d["eps_all"]])[0]), individuals=table, sole_contributors=int(d["sole_contributors"]),
+        warnings=[str(w) for w in d["warnings"]], independence=independence,
+        total_individuals=int(d["n_individuals"]), saved_ids=saved_ids, saved_shifts=shifts,
+        ids_hashed=bool(d.get("ids_hashed", False)))

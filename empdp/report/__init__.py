@@ -11,6 +11,8 @@ Modules, from the page down::
 
     page.py         report_html / render_report: the sections in order under a header
     assessment.py   summary, risk curves, riskiest individuals, densities, representativeness, adversary
+    joint.py        the same for 2–3 statistics released together, with the joint density's contours
+    contours.py     p̂ and p̂_i on a grid over a pair of statistics (the 2-D margins for three)
     calibration.py  the noise a calibration chose
     audit.py        an MPL / Rényi bound, or a release audit (per adversary bucket)
     plots.py        the matplotlib figures, as embedded PNGs
@@ -23,8 +25,9 @@ from .assessment import top_rows as _top_rows  # noqa: F401  (the old module's p
 from .audit import AUDIT_KINDS, audit_kind
 from .audit import audit as _audit  # noqa: F401
 from .calibration import calibration as _calibration  # noqa: F401
+from .joint import JOINT_SECTIONS
 from .markup import num as _fmt  # noqa: F401
-from .page import OPTIONAL_SECTIONS, SECTIONS, render_report, report_html
+from .page import OPTIONAL_SECTIONS, SECTIONS, is_joint, render_report, report_html
 
-__all__ = ["AUDIT_KINDS", "OPTIONAL_SECTIONS", "SECTIONS", "TOP_DENSITIES", "TOP_TABLE", "audit_kind", "keyed_hash",
-           "render_report", "report_html"]
+__all__ = ["AUDIT_KINDS", "JOINT_SECTIONS", "OPTIONAL_SECTIONS", "SECTIONS", "TOP_DENSITIES", "TOP_TABLE",
+           "audit_kind", "is_joint", "keyed_hash", "render_report", "report_html"]

@@ -75,10 +75,21 @@ def summary(a, eps: float, idx, exact: bool) -> str:
     return section("summary", "Summary", figures + (explain(upper) if upper else ""), kv(rows), warn, note)
 
 
+def n_individuals(a) -> int:
+    """Individuals assessed: a joint result counts its table's rows, a saved one keeps the full count."""
+    return a.n_individuals if hasattr(a, "n_individuals") else a.individuals.height
+
+
+def epsilon_for_total_risk(a, target: float) -> float | None:
+    """Smallest assessed ε with δ*(ε) ≤ ``target`` (None if no assessed ε reaches it), of any sweep."""
+    ok = np.flatnonzero(a.total_risk <= target)
+    return float(a.epsilons[ok[0]]) if len(ok) else None
+
+
 def risk_curves(a, eps: float) -> str:
     img, log = plots.risk_curves(a, eps)
     e = a.epsilons
-    reach = [(t, a.epsilon_for_total_risk(t)) for t in (0.5, 0.1, 0.01)]
+    reach = [(t, epsilon_for_total_risk(a, t)) for t in (0.5, 0.1, 0.01)]
     reach_txt = "; ".join(f"δ* ≤ {t:g} from ε = {num(v, 3)}" if v is not None
                           else f"δ* ≤ {t:g} not reached in the assessed range" for t, v in reach)
     text = ("For each privacy level ε (horizontal axis), the red curve is the largest probability δ with which the "
@@ -93,7 +104,7 @@ def risk_curves(a, eps: float) -> str:
 
 
 def at_risk(a, eps: float) -> str:
-    text = (f"How many of the {a.n_individuals:,} individuals are not fully protected (δ<sub>i</sub>(ε) > 0) at "
+    text = (f"How many of the {n_individuals(a):,} individuals are not fully protected (δ<sub>i</sub>(ε) > 0) at "
             "each ε. A steep fall means most individuals are protected at a modest ε and only a few outliers "
             "drive the worst case" + (f"; the {a.sole_contributors:,} sole contributor(s) are never protected"
                                       if a.sole_contributors else "") + ".")

@@ -9,6 +9,7 @@ import numpy as np
 from ..errors import InputError
 from ..io import atomic_path
 from . import assessment as _a
+from . import joint as _j
 from .audit import audit as audit_section
 from .audit import audit_kind
 from .calibration import calibration as calibration_section
@@ -23,6 +24,11 @@ OPTIONAL_SECTIONS = ("adversary", "calibration", "audit")
 def report_html(assessment, *, epsilon: float | None = None, calibration: dict | None = None,
                 audit: dict | None = None, hash_ids=False, audit_hash_ids=None) -> str:
     """The risk report of an assessment as one self-contained HTML string.
+
+    A joint assessment (:class:`empdp.joint.assess.JointAssessment`, 2–3 statistics released
+    together) gets the joint sections (:data:`empdp.report.joint.JOINT_SECTIONS`) at the smallest
+    assessed ε, with the joint density's contours with and without the riskiest individual when the
+    result keeps their shifts (``shifts_of``, as :func:`empdp.assessment.result.keep_shifts` adds).
 
     Parameters
     ----------
@@ -56,6 +62,12 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
     if audit is not None:
         audit_kind(audit)
     show = id_formatter(hash_ids)
+    if is_joint(a):
+        if calibration is not None or audit is not None:
+            raise InputError("the joint report has no calibration or audit section yet; render those of one "
+                             "statistic with 'empdp report'")
+        _j.check_epsilon(a, eps)
+        return _page(" & ".join(a.queries), a, _j.sections(a, eps, show))
     idx, exact = _a.sweep_index(a, eps)
     rows, shifts, note = _a.top_rows(a, eps, show, _a.TOP_TABLE)
     body = [_a.summary(a, eps, idx, exact), _a.risk_curves(a, eps), _a.at_risk(a, eps),
@@ -67,6 +79,16 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
         body.append(calibration_section(calibration))
     if audit is not None:
         body.append(audit_section(audit, show if audit_hash_ids is None else id_formatter(audit_hash_ids)))
+    return _page(a.query, a, body)
+
+
+def is_joint(a) -> bool:
+    """A release of 2–3 statistics (:class:`empdp.joint.assess.JointAssessment`, live or saved)."""
+    return hasattr(a, "queries")
+
+
+def _page(query: str, a, body: list) -> str:
+    """The document around the sections: header, the sections, the footer."""
     try:
         from importlib.metadata import version
         ver = version("empdp")
@@ -75,8 +97,8 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>empdp risk report: {esc(a.query)}</title><style>{CSS}</style></head><body><main>"
-            f"<header><h1>Empirical privacy risk report</h1><div class=\"sub\"><code>{esc(a.query)}</code> over "
+            f"<title>empdp risk report: {esc(query)}</title><style>{CSS}</style></head><body><main>"
+            f"<header><h1>Empirical privacy risk report</h1><div class=\"sub\"><code>{esc(query)}</code> over "
             f"{a.n_databases} databases of {esc(a.source)} · generated {when} by empdp {esc(ver)}</div></header>\n"
             + "\n".join(body)
             + "<footer>Method: Burchard et al., empirical differential privacy for repeated databases. "

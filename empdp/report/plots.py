@@ -162,3 +162,58 @@ def loss_curve(d: dict, lb, truth) -> str | None:
     ax.legend(frameon=False, fontsize=9)
     _style(ax)
     return _img(fig, "MPL loss curve")
+
+
+def _axis(names, k: int, width: int = 34) -> str:
+    name = names[k] if len(names[k]) <= width else names[k][:width - 1] + "…"
+    return f"statistic {k + 1}: {name}"
+
+
+def joint_contours(names, model, eps: float, title: str, shifts) -> str:
+    """Contours of the joint p̂ and p̂_i (the points shifted by ``shifts`` (n, d)) over each pair of
+    statistics (:func:`empdp.report.contours.density_grid`), with the query points; for d = 2 beside
+    the log ratio log p̂ − log p̂_i against ±ε."""
+    from .contours import density_grid, pairs
+
+    grids = [density_grid(model, shifts, axes) for axes in pairs(model.d)]
+    panels = len(grids) + (model.d == 2)
+    fig = _figure(4.4 * panels + 0.6, 4.6)
+    axes = fig.subplots(1, panels, squeeze=False)[0]
+    for ax, g in zip(axes, grids):
+        top = max(g.p.max(), g.p_i.max())
+        if top > 0:
+            levels = top * np.array([0.02, 0.1, 0.25, 0.5, 0.75, 0.95])
+            ax.contour(g.x, g.y, g.p, levels=levels, colors=BLUE, linewidths=1.4)
+            ax.contour(g.x, g.y, g.p_i, levels=levels, colors=ORANGE, linewidths=1.3, linestyles="--")
+        ax.plot([], [], color=BLUE, lw=1.4, label="p̂: all individuals")
+        ax.plot([], [], color=ORANGE, lw=1.3, ls="--", label="p̂ᵢ: without this one")
+        seen, moved = g.coordinates(model.points), g.coordinates(model.points - shifts)
+        ax.plot(*seen.T, "o", color=BLUE, ms=3.5, label="q_j: observed")
+        ax.plot(*moved.T, "x", color=ORANGE, ms=4, label="q_j − Δ_ij: without this one")
+        _pair_labels(ax, names, g)
+        _style(ax)
+    if model.d == 2:
+        g, ax = grids[0], axes[-1]
+        lr = g.log_p - g.log_p_i
+        span = max(float(np.abs(lr).max()), eps, 1e-12)
+        mesh = ax.pcolormesh(g.x, g.y, lr, cmap="RdBu_r", vmin=-span, vmax=span, shading="auto")
+        if 0 < eps < span:
+            ax.contour(g.x, g.y, lr, levels=[-eps, eps], colors="black", linewidths=1.0, linestyles=":")
+        ax.plot(*g.coordinates(model.points).T, "o", color="black", ms=2.5)
+        fig.colorbar(mesh, ax=ax, label="log p̂ − log p̂ᵢ (dotted: ±ε)")
+        _pair_labels(ax, names, g)
+    fig.suptitle(title, fontsize=10)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, frameon=False,
+               fontsize=9)
+    return _img(fig, "joint density with and without the riskiest individual")
+
+
+def _pair_labels(ax, names, g) -> None:
+    i, j = g.axes
+    ax.set_xlabel(_axis(names, i))
+    if g.sheared:  # the ridge's residual, in statistic j's units
+        sign = "−" if g.intercept >= 0 else "+"
+        ax.set_ylabel(f"statistic {j + 1} − {num(g.slope, 3)} × statistic {i + 1} {sign} {num(abs(g.intercept), 4)}",
+                      fontsize=9)
+    else:
+        ax.set_ylabel(_axis(names, j))

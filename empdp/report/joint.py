@@ -1,0 +1,169 @@
+"""The report's sections on a joint release of 2–3 statistics (docs/method.md#102-joint-queries-planned,
+issue 19): summary, the risk curves and sweep, the riskiest individuals, and the joint density with
+and without the riskiest individual (contours)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InputError
+from . import assessment as _a
+from . import plots
+from .markup import cards, esc, explain, kv, num, p_badge, section, table
+
+#: ids of a joint report's sections, in page order
+JOINT_SECTIONS = ("summary", "risk-curves", "at-risk", "sweep", "riskiest", "contours")
+#: sweep rows the table shows at most (spread over the sweep)
+SWEEP_ROWS = 12
+
+
+def check_epsilon(a, eps: float) -> None:
+    """A joint result holds every individual's δ_i at the smallest assessed ε only: the table is there."""
+    if not np.isclose(eps, a.epsilons[0], rtol=1e-12, atol=0):
+        raise InputError(f"a joint result's table is exact at the smallest assessed epsilon, "
+                         f"{float(a.epsilons[0]):.6g}, only; got --epsilon {eps:.6g}: assess again with -e {eps:.6g}")
+
+
+def _model(m) -> str:
+    scales = ", ".join(num(b) for b in m.scales)
+    if m.whitened:
+        text = (f"product Laplace kernels on whitened axes (the statistics decorrelated over the databases), "
+                f"scales b = {scales} in whitened units")
+    else:
+        text = f"product Laplace kernels on the statistics' own axes, scales b = {scales} in their units"
+    how = "fixed by the user" if m.selected_by == "fixed" else "chosen by leave-one-out log-likelihood"
+    return f"{text}; {how} (LOO log-likelihood {num(m.loglik)})"
+
+
+def summary(a, eps: float) -> str:
+    m = a.model
+    label = ("ε_all (everyone protected)" if not a.sole_contributors
+             else f"ε_all (all but {a.sole_contributors:,} sole contributor(s) protected)")
+    figures = cards([
+        (label, num(a.eps_all)),
+        ("chosen ε", num(eps)),
+        ("worst-case δ(ε)", num(a.delta[0])),
+        ("total risk δ*(ε)", num(a.total_risk[0])),
+        ("individuals at risk at ε", num(int(a.n_at_risk[0]))),
+    ])
+    labels = a.labels
+    dbs = f"{a.n_databases} (by <code>{esc(a.by_column)}</code>"
+    dbs += f": {esc(labels[0])} … {esc(labels[-1])})" if labels else ")"
+    stats = "<br>".join(f"{k + 1}. <code>{esc(q)}</code>" for k, q in enumerate(a.queries))
+    r = np.corrcoef(a.q, rowvar=False)
+    corr = ", ".join(f"{i + 1}–{j + 1}: {num(r[i, j], 6)}" for i in range(m.d) for j in range(i + 1, m.d))
+    rows = [("source", esc(a.source)), ("statistics, released together", stats), ("databases", dbs),
+            ("individuals", f"{_a.n_individuals(a):,} (id <code>{esc(a.id_column)}</code>), every ε<sub>i</sub> "
+                            "exact"),
+            ("correlation over the databases", corr), ("density model", esc(_model(m))),
+            ("sole contributors", f"{a.sole_contributors:,}")]
+    for k, ind in enumerate(a.independence):
+        rows.append((f"statistic {k + 1}: autocorrelation, trend",
+                     f"Ljung–Box {p_badge(ind.get('ljung_box_p'))}; Mann–Kendall {p_badge(ind.get('trend_p'))}"))
+    warn = ""
+    if a.warnings:
+        warn = '<div class="warn"><strong>Warnings</strong><ul>' + "".join(
+            f"<li>{esc(w)}</li>" for w in a.warnings) + "</ul></div>"
+    note = ('<div class="note">The statistics are released together, so the risk is of the vector: each '
+            'statistic can be empirically private alone while the pair exposes an individual (Burchard et '
+            'al. §3). δ(ε) is the largest risk of any single individual; the total risk δ*(ε) = 1 − '
+            'Π<sub>i</sub>(1 − δ<sub>i</sub>(ε)) is the chance that <em>at least one</em> individual is '
+            'exposed, and <strong>assumes the individuals\' risks are independent</strong>. All figures are '
+            '<em>empirical</em> privacy, under the density model above.</div>')
+    return section("summary", "Summary", figures, kv(rows), warn, note)
+
+
+def sweep(a) -> str:
+    E = len(a.epsilons)
+    picks = range(E) if E <= SWEEP_ROWS else np.unique(np.linspace(0, E - 1, SWEEP_ROWS - 2).round().astype(int))
+    head = ("<tr><th class='n'>ε</th><th class='n'>δ(ε), worst case</th><th class='n'>total risk δ*(ε)</th>"
+            "<th class='n'>at risk</th></tr>")
+    body = "".join(f"<tr><td class='n'>{num(a.epsilons[k])}</td><td class='n'>{num(a.delta[k])}</td>"
+                   f"<td class='n'>{num(a.total_risk[k])}</td><td class='n'>{num(int(a.n_at_risk[k]))}</td></tr>"
+                   for k in picks)
+    text = (f"{'All' if E <= SWEEP_ROWS else len(picks)} of the {E} assessed ε: the worst single δ<sub>i</sub>(ε), "
+            "the total risk and the number of individuals with δ<sub>i</sub>(ε) > 0 (at risk).")
+    return section("sweep", "Risk by ε of the joint release", table(head, body), explain(text))
+
+
+def riskiest(a, rows, show) -> str:
+    d = a.model.d
+    head = ("<tr><th class='n'>#</th><th>id</th>"
+            f"<th class='n'>δ<sub>i</sub> at ε = {num(a.epsilons[0])}</th><th class='n'>ε<sub>i</sub></th>"
+            "<th class='n'>databases present</th>"
+            + "".join(f"<th class='n'>largest shift {k + 1}</th>" for k in range(d)) + "<th>note</th></tr>")
+    body = []
+    for n, r in enumerate(rows, 1):
+        notes = ["sole contributor to a database"] if r["sole_contributor"] else []
+        if r["sets"]:
+            notes.append("sets ε_all")
+        eps_i = "∞" if r["sole_contributor"] else num(r["eps_i"])
+        body.append(f"<tr><td class='n'>{n}</td><td><code>{esc(show(r[a.id_column]))}</code></td>"
+                    f"<td class='n'>{num(r['delta'])}</td><td class='n'>{eps_i}</td>"
+                    f"<td class='n'>{r['n_databases']} / {a.n_databases}</td>"
+                    + "".join(f"<td class='n'>{num(r[f'max_abs_shift_{k + 1}'])}</td>" for k in range(d))
+                    + f"<td>{esc('; '.join(notes))}</td></tr>")
+    text = ("Ranked by δ<sub>i</sub>(ε) at the smallest assessed ε, ties by ε<sub>i</sub>; both are exact for "
+            "every row, and the individual that sets ε_all is always listed. ε<sub>i</sub> is the largest "
+            "factor (on the log scale) by which the joint distribution of the statistics changes when the "
+            "individual is removed from every database; they are fully protected (δ<sub>i</sub> = 0) at any "
+            "ε ≥ ε<sub>i</sub>. Largest shift k is the biggest change in statistic k caused by removing them "
+            "from one database.")
+    return section("riskiest", f"The {len(rows)} riskiest individuals", table(head, "".join(body)), explain(text))
+
+
+def _shifts(a, rows):
+    """The shift rows (len(rows), n, d) of ``rows``, or None when the result keeps none of them."""
+    get = getattr(a, "shifts_of", None)
+    if get is None or not rows:
+        return None
+    try:
+        return get([r[a.id_column] for r in rows])
+    except InputError:  # a saved result without these rows' shifts
+        return None
+
+
+def drawn(a, rows) -> list[int]:
+    """Rows whose density is drawn: the riskiest with defined shifts, and the ε_all setter if another."""
+    firsts = [0] + [k for k, r in enumerate(rows) if r["sets"] and k > 0][:1]
+    return [k for k in firsts if k < len(rows) and not rows[k]["sole_contributor"]]
+
+
+def contours(a, eps: float, rows, show) -> str:
+    title = "The joint density with and without the riskiest individual"
+    pick = drawn(a, rows)
+    shifts = _shifts(a, [rows[k] for k in pick])
+    if shifts is None or not np.isfinite(shifts).all():
+        return section("contours", title, explain(
+            "No individual with saved leave-one-out shifts is available to draw (the result was saved "
+            "without them, or the riskiest are sole contributors)."))
+    d = a.model.d
+    figures = []
+    for k, s in zip(pick, shifts):
+        r = rows[k]
+        head = (f"id {show(r[a.id_column])}: εᵢ = {num(r['eps_i'], 3)}, "
+                f"δᵢ(ε = {num(eps, 3)}) = {num(r['delta'], 3)}")
+        figures.append(plots.joint_contours(a.queries, a.model, eps, head, s))
+    what = ("the density p̂ of the two statistics over the databases" if d == 2 else
+            "the 2-D margins of the density p̂ of the three statistics, one panel per pair (the third "
+            "statistic integrated out)")
+    text = (f"Contours of {what} (blue), and of the same model p̂<sub>i</sub> with the individual removed "
+            "from every database (dashed orange: each database's point q<sub>j</sub> moved by the "
+            "individual's shifts Δ<sub>ij</sub>, with the same kernels), at the same levels (2, 10, 25, 50, "
+            "75 and 95% of the larger peak), in the statistics' own units. Blue dots are the observed "
+            "q<sub>j</sub>, orange crosses the values without the individual.")
+    if d == 2:
+        text += (" The right panel is the log ratio log p̂ − log p̂<sub>i</sub>; where it leaves the band "
+                 "±ε (dotted) the individual is at risk at ε, and its largest absolute value is "
+                 "ε<sub>i</sub>.")
+    else:
+        text += (" A margin can hide a change that the full three-dimensional density shows: ε<sub>i</sub> "
+                 "and δ<sub>i</sub> are of the full density.")
+    return section("contours", title, *figures, explain(text))
+
+
+def sections(a, eps: float, show) -> list[str]:
+    """The joint report's sections (:data:`JOINT_SECTIONS`), in page order."""
+    rows = list(a.riskiest(_a.TOP_TABLE).iter_rows(named=True))
+    return [summary(a, eps), _a.risk_curves(a, eps), _a.at_risk(a, eps), sweep(a), riskiest(a, rows, show),
+            contours(a, eps, rows, show)]
