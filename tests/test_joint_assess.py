@@ -60,7 +60,7 @@ def test_a_statistic_that_is_an_exact_function_of_the_other_is_a_finding():
 def test_the_sweep_skips_only_what_cannot_change_the_summary(monkeypatch):
     """Forced saturation after the first block: the largest δ_i and δ_i at the smallest ε are unchanged,
     and every δ_i left out (NaN) is positive and at most the largest."""
-    import empdp.joint.assess as ja
+    import empdp.joint._evaluation as ja
     from empdp.joint import joint_risk, select_joint_model
 
     rng = np.random.default_rng(3)
@@ -72,10 +72,66 @@ def test_the_sweep_skips_only_what_cannot_change_the_summary(monkeypatch):
     full = joint_risk(model, S, eps)[1]
     monkeypatch.setattr(ja, "SWEEP_ROWS", 8)
     monkeypatch.setattr(ja, "SATURATED", -0.05)
-    part = ja._sweep(model, S, eps, np.arange(40), e)
+    part_eps, part = ja.sweep(model, S, eps, np.arange(40), e)
+    np.testing.assert_array_equal(part_eps, e)
     skipped = np.isnan(part)
     assert skipped.any()
     np.testing.assert_array_equal(part[~skipped], full[~skipped])
     np.testing.assert_array_equal(np.nan_to_num(part, nan=0.0).max(axis=0), full.max(axis=0))
     assert not skipped[:, 0].any()
     assert np.all(full[skipped] > 0) and np.all(full[skipped] <= full.max(axis=0)[np.nonzero(skipped)[1]])
+
+
+def effects_table(n_ind=160, n_db=24, seed=1):
+    """Two correlated statistics; individual effects 3 · Student-t(3), three of them far out."""
+    rng = np.random.default_rng(seed)
+    mu = 3 * rng.standard_t(3, size=(n_ind, 1))
+    mu[:3, 0] = [80.0, -60.0, 45.0]  # far out: the rest are screened out at the sweep's low end
+    x = mu + rng.normal(size=(n_ind, n_db))
+    y = 0.5 * x + rng.normal(size=(n_ind, n_db)) + rng.standard_t(3, size=(n_ind, 1))
+    ids, dbs = np.meshgrid(np.arange(n_ind), np.arange(n_db), indexing="ij")
+    return pl.DataFrame({"id": ids.ravel(), "db": dbs.ravel(), "x": x.ravel(), "y": y.ravel()})
+
+
+@pytest.fixture(scope="module")
+def lazy_and_full():
+    table = effects_table()
+    kw = dict(id="id", by="db", queries=["sum(x)", "sum(y)"])
+    return table, kw, assess_joint(table, **kw), assess_joint(table, **kw, exact_all=True)
+
+
+def test_only_the_individuals_the_summary_needs_are_evaluated_and_nothing_else_changes(lazy_and_full):
+    """ε_all from the rows in decreasing M_i until M_i ≤ the largest ε_i; δ_i only where M_i > min ε:
+    the summary, δ_i and every ε_i given equal the exhaustive assessment's, and an ε_i left out
+    (null) is one the screening bound shows is at most min ε."""
+    _, _, lazy, full = lazy_and_full
+    skipped = lazy.individuals["eps_i"].is_null().to_numpy()
+    assert 0 < skipped.sum() < len(skipped) and not full.individuals["eps_i"].is_null().any()
+    assert lazy.eps_all == full.eps_all
+    for f in ("epsilons", "delta", "total_risk", "n_at_risk"):
+        np.testing.assert_array_equal(getattr(lazy, f), getattr(full, f))
+    np.testing.assert_array_equal(lazy.individuals["delta"], full.individuals["delta"])
+    np.testing.assert_array_equal(lazy.eps_i[~skipped], full.eps_i[~skipped])
+    bound = lazy.individuals["eps_bound"].to_numpy()
+    assert np.all(full.eps_i <= bound * (1 + 1e-12)) and np.all(bound[skipped] <= lazy.epsilons[0])
+
+
+def test_riskiest_makes_the_eps_i_it_ranks_by_exact(lazy_and_full):
+    """Past the rows with δ_i > 0 the table ranks by ε_i: the rows it shows are those of the exhaustive
+    assessment, with exact values, though the assessment had left their ε_i out."""
+    table, kw, _, full = lazy_and_full
+    lazy = assess_joint(table, **kw)  # riskiest() fills ε_i in: a fresh one
+    skipped = lazy.individuals["eps_i"].is_null().to_numpy()
+    k = int((~skipped).sum()) + 12
+    top_lazy, top_full = lazy.riskiest(k), full.riskiest(k)
+    assert top_lazy["id"].to_list() == top_full["id"].to_list()
+    np.testing.assert_array_equal(top_lazy["eps_i"], top_full["eps_i"])
+    assert np.isin(top_lazy["id"].to_numpy(), np.flatnonzero(skipped)).any()  # it did have to fill some in
+
+
+def test_the_results_do_not_depend_on_the_thread_count(lazy_and_full):
+    table, kw, _, _ = lazy_and_full
+    lazy, one = assess_joint(table, **kw, threads=2), assess_joint(table, **kw, threads=1)
+    for f in ("delta", "total_risk", "n_at_risk"):
+        np.testing.assert_array_equal(getattr(one, f), getattr(lazy, f))
+    assert one.individuals.equals(lazy.individuals)

@@ -1,7 +1,8 @@
 """Assess a joint release of 2–3 statistics from a table (docs/method.md#102-joint-queries-planned, issue 19).
 
 Thin I/O over :mod:`empdp.joint`: the query values and shifts (:func:`.panel.read_joint`), the
-joint model, exact ε_i for everyone and δ_i(ε) over a sweep.
+joint model, then ε_all and δ_i(ε) over a sweep, exact, evaluating only the individuals they need
+(:mod:`._evaluation`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import polars as pl
 
 from ..assessment import checks
 from ..assessment.assess import RiskSweep
+from ..assessment.parallel import available_cores
 from ..errors import InputError
-from . import JointModel, joint_bound, joint_risk, select_joint_model
+from . import JointModel, joint_bound, select_joint_model
+from ._evaluation import exact_eps, search_eps_all, sweep
 from .panel import read_joint
 
 
@@ -24,8 +27,12 @@ from .panel import read_joint
 class JointAssessment(RiskSweep):
     """Result of :func:`assess_joint`: as :class:`empdp.assessment.assess.Assessment`, for a vector of statistics.
 
-    ``individuals`` has the id, ``eps_i`` (exact; ∞ for sole contributors), ``delta`` (δ_i at the
-    smallest ε), ``n_databases``, ``max_abs_shift_1..d`` and ``sole_contributor``.
+    ``individuals`` has one row per individual: the id; ``eps_i``, exact (∞ for sole contributors)
+    for every individual with ``exact_all``, otherwise for those evaluated exactly: the rows the
+    ε_all search reached and every row whose δ_i can be positive in the swept range (M_i > min ε),
+    else null (such an ε_i is at most ``eps_bound`` ≤ min ε, and the sweep does not depend on it);
+    ``eps_bound`` (the screening bound M_i ≥ ε_i, a bound, not ε_i); ``delta`` (δ_i at the smallest ε,
+    exact for everyone); ``n_databases``; ``max_abs_shift_1..d``; ``sole_contributor``.
     """
 
     queries: list
@@ -33,22 +40,59 @@ class JointAssessment(RiskSweep):
     warnings: list = field(default_factory=list)
     #: the independence checks of each statistic's series over the databases (as for one statistic)
     independence: list = field(default_factory=list)
+    #: Δ_ij (m, n, d) of every individual (row order of ``individuals``), for exact values on demand
+    shifts: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def eps_i(self) -> np.ndarray:
-        return self.individuals["eps_i"].to_numpy()
+        """``individuals["eps_i"]`` as floats: NaN where it was not evaluated (see the class docstring)."""
+        return self.individuals["eps_i"].fill_null(np.nan).to_numpy().astype(float)
+
+    #: rows per batch when :meth:`riskiest` makes ε_i exact
+    RANK_BATCH = 256
 
     def riskiest(self, k: int = 10) -> pl.DataFrame:
         """The ``k`` riskiest individuals, as :meth:`empdp.assessment.Assessment.riskiest`: by δ_i at the
         smallest ε, ties by ε_i (sole contributors first), and the individual that sets ε_all even
-        when it is not among them (column ``sets``); every value is exact."""
+        when it is not among them (column ``sets``); every value is exact.
+
+        δ_i at the smallest ε is exact for everyone, and every row with δ_i > 0 has its exact ε_i. Rows
+        at δ_i = 0 are ranked by ε_i: those without one get it exactly, in decreasing order of
+        ``eps_bound``, until the next bound cannot enter the table (branch and bound; written back to
+        ``individuals``).
+        """
+        self._rank_exact(k)
         ind = self.individuals
-        eps_i, sole = ind["eps_i"].to_numpy(), ind["sole_contributor"].to_numpy()
+        eps_i, sole = self.eps_i, ind["sole_contributor"].to_numpy()
         sets = ~sole & (eps_i == self.eps_all) & (self.eps_all > 0)
         ranked = ind.with_columns(pl.Series("sets", sets)).sort(["delta", "eps_i"], descending=True,
-                                                                maintain_order=True)
+                                                                nulls_last=True, maintain_order=True)
         head = ranked.head(k)
         return head if head["sets"].any() else head.vstack(ranked.filter(pl.col("sets")).head(1))
+
+    def _rank_exact(self, k: int) -> None:
+        """Exact ε_i for the rows at δ_i = 0 that can rank among the first ``k`` (see :meth:`riskiest`)."""
+        eps_i = self.eps_i
+        if self.shifts is None or not np.isnan(eps_i).any():
+            return
+        delta = self.individuals["delta"].to_numpy()
+        sole = self.individuals["sole_contributor"].to_numpy()
+        need = k - int(((delta > 0) | sole).sum())
+        if need <= 0:
+            return
+        zero = np.flatnonzero((delta <= 0) & ~sole)
+        upper = np.where(np.isnan(eps_i), self.individuals["eps_bound"].to_numpy(), eps_i)
+        order = zero[np.argsort(-upper[zero], kind="stable")]
+        pos = 0
+        while pos < len(order):
+            if pos >= need and upper[order[pos]] < np.sort(eps_i[order[:pos]])[::-1][need - 1]:
+                break
+            end = min(len(order), pos + max(self.RANK_BATCH, need))
+            todo = order[pos:end][np.isnan(eps_i[order[pos:end]])]
+            eps_i[todo] = exact_eps(self.model, self.shifts, todo, available_cores())
+            pos = end
+        self.individuals = self.individuals.with_columns(pl.Series("eps_i", eps_i, dtype=pl.Float64,
+                                                                   nan_to_null=True))
 
     def to_dict(self) -> dict:
         return {
@@ -69,41 +113,10 @@ def _default_epsilons(eps_all: float, count: int = 50) -> np.ndarray:
     return default_epsilons(eps_all, count)
 
 
-#: individuals per call of the risk core in the sweep: the saturation test runs between calls
-SWEEP_ROWS = 64
-#: Σ log(1 − δ_i(ε)) at or below which δ*(ε) = −expm1(·) is 1.0 in float64 (from about −38)
-SATURATED = -60.0
-
-
-def _sweep(model: JointModel, shifts: np.ndarray, eps: np.ndarray, rows: np.ndarray, eps_i: np.ndarray):
-    """δ_i(ε) of ``rows`` (riskiest first, in blocks), NaN where positive but not needed.
-
-    Once Σ log(1 − δ_i(ε)) ≤ :data:`SATURATED` over the blocks so far, δ*(ε) is 1.0 whatever the
-    others are, so the next blocks need δ_i(ε) only where it can exceed the largest so far (the
-    ``only``/``cap`` of :func:`empdp.joint.joint_risk`); δ_i at the smallest ε is always computed
-    (it is reported per individual), and whether δ_i > 0 is known from ε_i.
-    """
-    out = np.zeros((len(rows), len(eps)))
-    order = np.argsort(-eps_i[rows], kind="stable")
-    largest = np.zeros(len(eps))
-    log_survive = np.zeros(len(eps), dtype=np.longdouble)
-    for k in range(0, len(order), SWEEP_ROWS):
-        at = order[k:k + SWEEP_ROWS]
-        saturated = log_survive <= SATURATED
-        saturated[0] = False
-        only, cap = (~saturated, largest.copy()) if saturated.any() else (None, None)
-        d = joint_risk(model, shifts[rows[at]], eps, only=only, cap=cap)[1]
-        out[at] = d
-        known = np.nan_to_num(d, nan=0.0)
-        largest = np.maximum(largest, known.max(axis=0))
-        with np.errstate(divide="ignore"):
-            log_survive += np.log1p(-known).sum(axis=0, dtype=np.longdouble)
-    return out
-
-
 def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = None, sql: list[str] | None = None,
                  where: str | None = None, epsilon=None, bandwidth="auto", drop_null_ids: bool = False,
-                 memory_limit: str | None = None, threads: int | None = None) -> JointAssessment:
+                 memory_limit: str | None = None, threads: int | None = None,
+                 exact_all: bool = False) -> JointAssessment:
     """Per-individual empirical risk of releasing 1–3 statistics of each database together.
 
     Parameters
@@ -117,6 +130,12 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
     bandwidth
         ``"auto"`` (whitened product Laplace kernels, scales by leave-one-out likelihood) or one
         fixed scale per statistic in its own units (axis-aligned; reference runs).
+    threads
+        Also the threads the exact evaluation runs in (default: the available cores); the results
+        do not depend on it.
+    exact_all
+        Exact ε_i for every individual (``--out`` needs them); otherwise only where ε_all and the
+        sweep need them (see :class:`JointAssessment`).
 
     Raises
     ------
@@ -127,23 +146,29 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
                        memory_limit=memory_limit, threads=threads)
     labels, q, names, ids, shifts, sole = panel.labels, panel.q, panel.names, panel.ids, panel.shifts, panel.sole
     m, d = len(ids), panel.d
+    cores = available_cores() if threads is None else max(1, int(threads))
     model = select_joint_model(q, bandwidth=bandwidth, names=names)
     ok = np.flatnonzero(~sole)
-    eps_i = np.full(m, np.inf)
-    eps_i[ok] = joint_risk(model, shifts[ok])[0]
-    eps_all = float(eps_i[ok].max(initial=0.0))
+    bound = np.full(m, np.inf)
+    bound[ok] = joint_bound(model, shifts[ok])
+    eps_i, eps_all = search_eps_all(model, shifts, ok, bound, cores)
     eps = _default_epsilons(eps_all) if epsilon is None else np.sort(np.atleast_1d(np.asarray(epsilon, float)))
     if not np.all(np.isfinite(eps) & (eps >= 0)):
         raise InputError(f"epsilon must be finite and >= 0, got {epsilon!r}")
     delta = np.ones((m, len(eps)))
-    need = ok[joint_bound(model, shifts[ok]) > eps[0]]
-    delta[ok] = 0.0
-    delta[need] = _sweep(model, shifts, eps, need, eps_i)
+    delta[ok] = 0.0  # δ_i(ε) = 0 for ε ≥ M_i ≥ ε_i
+    need = ok[bound[ok] > eps[0]]
+    eps_i[need], delta[need] = sweep(model, shifts, eps, need, bound, cores)
+    if exact_all:
+        rest = ok[np.isnan(eps_i[ok])]
+        eps_i[rest] = exact_eps(model, shifts, rest, cores)
+    eps_i[sole] = np.inf
     known = np.nan_to_num(delta, nan=0.0)  # NaN: positive, below the largest δ_i where δ* is 1.0
     with np.errstate(divide="ignore"):
         total = np.maximum(-np.expm1(np.log1p(-known).sum(axis=0, dtype=np.longdouble).astype(np.float64)), 0.0)
     individuals = pl.DataFrame({
-        id: ids, "eps_i": eps_i, "delta": delta[:, 0], "n_databases": panel.present,
+        id: ids, "eps_i": pl.Series(eps_i, dtype=pl.Float64, nan_to_null=True), "eps_bound": bound,
+        "delta": delta[:, 0], "n_databases": panel.present,
         **{f"max_abs_shift_{k + 1}": np.abs(shifts[:, :, k]).max(axis=1) for k in range(d)},
         "sole_contributor": sole,
     })
@@ -159,5 +184,5 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
         source=str(source) if isinstance(source, str) else type(source).__name__, queries=names,
         id_column=id, by_column=by, labels=labels, q=q, model=model, epsilons=eps, delta=known.max(axis=0),
         total_risk=total, n_at_risk=((delta > 0) | np.isnan(delta)).sum(axis=0), eps_all=eps_all,
-        individuals=individuals,
-        sole_contributors=int(sole.sum()), warnings=warnings, independence=independence)
+        individuals=individuals, sole_contributors=int(sole.sum()), warnings=warnings, independence=independence,
+        shifts=shifts)
