@@ -1,0 +1,104 @@
+"""``audit release`` of a joint calibration (issue 19 item 5): MPL on the d-dimensional release beside the
+exact eps_i of its density; a correct calibration passes, an under-noised one is flagged."""
+
+import dataclasses
+import json
+import warnings
+
+import numpy as np
+import pytest
+from helpers import CURATOR_KEY, one_line_error, run
+from test_joint_release import EPS, QUERIES, paper_panel
+
+from empdp.audit import audit_release
+from empdp.audit.common import draw
+from empdp.audit.joint_release import JointReleaseAudit, joint_release_mechanism
+from empdp.joint.panel import read_joint
+from empdp.noise import calibrate
+
+pytestmark = pytest.mark.usefixtures("curator_key")
+
+
+@pytest.fixture(scope="module")
+def paper(tmp_path_factory):
+    table, K = paper_panel()
+    path = tmp_path_factory.mktemp("joint_audit") / "paper.parquet"
+    table.write_parquet(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = calibrate(str(path), id="id", by="db", epsilon=EPS, query=QUERIES)
+    return str(path), K, cal
+
+
+def scaled(cal, f):
+    """The calibration with noise scales f·λ_k and the matching weights: a consistent file with less noise."""
+    b, t = cal.curator_scales, cal.t * f
+    lam = t * b
+    w = (b / lam) ** 2
+    return dataclasses.replace(cal, t=t, noise=dict(cal.noise, scales=lam.tolist(), weights=w.tolist()),
+                               expected_abs_noise=((1 - w) * lam).tolist())
+
+
+def test_correct_joint_calibration_passes(paper):
+    path, K, cal = paper
+    res = audit_release(cal, path, rng=1)
+    assert isinstance(res, JointReleaseAudit) and res.ok
+    assert res.exact_epsilon_max <= EPS and res.exact_epsilon_max == pytest.approx(EPS, rel=1e-8)
+    assert res.individuals[0]["id"] == K  # the riskiest is the one the pair exposes
+    assert res.mpl_lower_bound <= EPS
+    d = res.to_dict()
+    assert d["joint"] is True and d["d"] == 2 and d["statistics"] == QUERIES and d["renyi_lower_bound"] is None
+    assert any("Renyi" in w for w in d["warnings"])
+
+
+@pytest.mark.parametrize("factor", [0.5, 0.1])
+def test_under_noised_joint_release_is_flagged_by_exact_and_by_mpl(paper, factor):
+    """Noise scales cut to a half or a tenth: the exact eps_i exceeds the target and so does MPL's bound."""
+    path, K, cal = paper
+    res = audit_release(scaled(cal, factor), path, rng=1)
+    assert not res.ok
+    assert res.exact_epsilon_max == pytest.approx(EPS / factor, rel=0.02)
+    assert res.individuals[0]["id"] == K
+    assert res.mpl_lower_bound > EPS  # the black-box bound alone catches it
+
+
+def test_release_without_the_needed_noise_is_flagged(paper):
+    path, K, cal = paper
+    bare = dataclasses.replace(cal, t=1.0, noise=dict(cal.noise, kind="none", scales=[0.0, 0.0], weights=[1.0, 1.0]),
+                               expected_abs_noise=[0.0, 0.0])
+    res = audit_release(bare, path, rng=2)
+    assert not res.ok and res.exact_epsilon_max > 100 * EPS and res.mpl_lower_bound > EPS
+
+
+def test_the_audited_sampler_is_the_release_law(paper):
+    """W·output: mean W·mean(q), per-axis variance var(Wq) + 2 b_k² + 2 (1 − w_k) λ_k², for r and for r_K."""
+    path, K, cal = paper
+    panel = read_joint(path, id="id", by="db", queries=QUERIES)
+    mech = joint_release_mechanism(cal, panel.q, panel.shifts[[K]])
+    rng = np.random.default_rng(0)
+    for db, pts in ((-1, panel.q), (0, panel.q - panel.shifts[K])):
+        y = draw(mech, db, 200000, rng)
+        assert y.shape == (200000, 2)
+        a = pts @ cal.whitening.T
+        b, w, lam = cal.curator_scales, cal.noise_weights, cal.noise_scales
+        var = a.var(axis=0) + 2 * b ** 2 + 2 * (1 - w) * lam ** 2
+        np.testing.assert_allclose(y.var(axis=0), var, rtol=0.03)
+        assert np.all(np.abs(y.mean(axis=0) - a.mean(axis=0)) <= 4 * np.sqrt(var / 200000))
+
+
+def test_cli_audit_release_of_a_joint_calibration(paper, tmp_path):
+    path, K, cal = paper
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    cal.save(good, key=CURATOR_KEY)
+    scaled(cal, 0.5).save(bad, key=CURATOR_KEY)
+    res = run("audit", "release", good, path, "--seed", 1, "--json")
+    assert res.exit_code == 0, res.output
+    body = json.loads(res.stdout)
+    assert body["ok"] is True and body["joint"] is True and body["individuals"][0]["id"] == K
+    res = run("audit", "release", bad, path, "--seed", 1)
+    assert res.exit_code == 0 and "CHECK FAILED" in res.stdout
+    row = f"\n  {K:>12d} "  # K's row in the table
+    assert row in run("audit", "release", good, path, "--seed", 1).stdout
+    res = run("audit", "release", good, path, "--seed", 1, "--hash-ids", env={"EMPDP_HASH_KEY": "k" * 20})
+    assert res.exit_code == 0 and row not in res.stdout and "OK: the release meets its target" in res.stdout
+    one_line_error(run("audit", "release", good, path, "--top", 0), "--top")
