@@ -333,17 +333,20 @@ def _assess_joint(p: dict) -> None:
 
 
 def _with_riskiest_shifts(result, source, read: dict):
-    """The result with its riskiest rows' shifts, for the report's contours and the saved result.
-
-    :func:`empdp.joint.assess.assess_joint` returns no shift rows, so the panel is read again here.
-    """
+    """The result with its riskiest rows' shifts, for the report's contours and the saved result:
+    those the assessment holds, or (an assessment that keeps none) the panel's, read again."""
     from empdp.assessment.result import SHIFT_ROWS, keep_shifts
     from empdp.joint.panel import read_joint
 
-    panel = read_joint(source, **read)
     ids = result.riskiest(SHIFT_ROWS)[result.id_column].to_list()
-    pos = {v: k for k, v in enumerate(panel.ids.to_list())}
-    return keep_shifts(result, ids, panel.shifts[[pos[v] for v in ids]])
+    held = getattr(result, "shifts", None)
+    if held is None:
+        panel = read_joint(source, **read)
+        known, held = panel.ids, panel.shifts
+    else:
+        known = result.individuals[result.id_column]
+    pos = {v: k for k, v in enumerate(known.to_list())}
+    return keep_shifts(result, ids, held[[pos[v] for v in ids]])
 
 
 def log_joint_summary(r, seconds: float) -> None:

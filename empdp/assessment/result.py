@@ -474,7 +474,7 @@ def _joint_from_dict(d: dict) -> SavedJointAssessment:
     ind, id_col = d["individuals"], d["id"]
     table = pl.DataFrame({
         id_col: pl.Series(id_col, list(ind[id_col])),
-        **{c: pl.Series(c, _dec(ind[c]), dtype=pl.Float64) for c in _joint_float_columns(dim)},
+        **{c: pl.Series(c, _dec(ind[c]), dtype=pl.Float64, nan_to_null=True) for c in _joint_float_columns(dim)},
         "n_databases": pl.Series("n_databases", ind["n_databases"], dtype=pl.Int64),
         "sole_contributor": pl.Series("sole_contributor", ind["sole_contributor"], dtype=pl.Boolean),
     }).select([id_col, "eps_i", "delta", "n_databases", *_joint_float_columns(dim)[2:], "sole_contributor"])
