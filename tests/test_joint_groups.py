@@ -182,10 +182,11 @@ def test_a_group_missing_from_a_database_is_refused_in_one_line():
     ({"group_by": "id"}, "is the --id column"),
     ({"group_by": "region", "bandwidth": [1.0, 2.0]}, r"one per group \(5\); got 2"),
     ({"group_by": "region", "epsilon": -1}, "epsilon must be finite"),
+    ({"group_by": "region", "where": "x > 0", "query": None, "sql": "SELECT avg(x) FROM db"}, "--where goes with"),
 ])
 def test_bad_input_is_one_line(options, match):
     with pytest.raises(InputError, match=match) as info:
-        assess_grouped(grouped_table(), id="id", by="year", query="mean(x)", **options)
+        assess_grouped(grouped_table(), id="id", by="year", **{"query": "mean(x)", **options})
     assert "\n" not in str(info.value)
 
 
@@ -207,3 +208,21 @@ def test_the_only_contributor_to_a_group_is_exposed():
     row = a.individuals.filter(pl.col("id") == 1)
     assert row["sole_contributor"][0] and row["eps_i"][0] == np.inf and row["delta"][0] == 1.0
     assert a.sole_contributors == 1 and np.all(a.delta == 1.0)
+
+
+def test_group_names_and_values_are_quoted_and_fixed_scales_match_the_joint_query():
+    from empdp.joint.assess import assess_joint
+
+    table = grouped_table(groups="ab", movers={20: "ab"}).with_columns(
+        pl.col("region").replace({"a": "O'Hare", "b": 'say "b"'}).alias('area "x"'))
+    grouped = assess_grouped(table, id="id", by="year", group_by='area "x"', query="mean(x)", epsilon=EPS,
+                             bandwidth=[0.4, 0.5])
+    assert grouped.groups == ["O'Hare", 'say "b"']
+    joint = assess_joint(table, id="id", by="year", sql=[f"SELECT avg(x) FROM db WHERE region = '{g}'" for g in "ab"],
+                         epsilon=EPS, bandwidth=[0.4, 0.5])
+    np.testing.assert_allclose(grouped.eps_i, joint.eps_i, rtol=1e-12)
+    np.testing.assert_allclose(grouped.total_risk, joint.total_risk, atol=1e-12)
+    ints = assess_grouped(table.with_columns((pl.col("region") == "b").cast(pl.Int64).alias("zone")), id="id",
+                          by="year", group_by="zone", query="mean(x)", epsilon=EPS, bandwidth=[0.4, 0.5])
+    assert ints.groups == [0, 1] and ints.to_dict()["groups"] == [0, 1]
+    np.testing.assert_allclose(ints.eps_i, joint.eps_i, rtol=1e-12)

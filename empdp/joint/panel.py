@@ -182,6 +182,8 @@ def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | N
     text = query if query is not None else sql
     if not isinstance(text, str):
         raise InputError("a grouped statistic is one query; the groups make the vector")
+    if sql is not None and where:
+        raise InputError("--where goes with --query; put the filter inside --sql instead")
     if group_by in (id, by):
         raise InputError(f"--group-by column {shorten(group_by)} is the {'--id' if group_by == id else '--by'} "
                          "column; group by another column")
