@@ -10,7 +10,7 @@ their rows are in (k of them):
   series, one model per set of groups; k = 1 is the group's one-statistic model);
 * G > 3 and k > 3: each group's exact risk (``group_risks``) and the certified bound
   Σ_g M_ig ≥ ε_i (M_ig the screening bound of group g's model, docs/method.md#43-exact-screening)
-  in the column ``eps_bound``; ``eps_i`` stays null. The bound holds for the groups' statistics
+  in the column ``eps_bound`` (a bound for everyone, as for a joint query); ``eps_i`` stays null. The bound holds for the groups' statistics
   modelled as independent releases (basic composition), which is what makes it cheap.
 """
 
@@ -38,10 +38,11 @@ class GroupedAssessment(RiskSweep):
     statistic per group.
 
     ``individuals`` has the id, ``eps_i`` (exact; ∞ for sole contributors; null where only a bound
-    is known), ``eps_bound`` (the certified bound Σ_g M_ig ≥ ε_i where the individual touches more
-    than 3 groups, else null), ``delta`` (δ_i at the smallest ε; null where only bounded and the
-    bound exceeds it), ``n_databases``, ``groups`` (k, the groups the individual's rows are in) and
-    ``sole_contributor``. ``group_risks`` has, for each bounded individual and group it touches,
+    is known: the individual touches more than 3 of G > 3 groups), ``eps_bound`` (a certified bound
+    ≥ ε_i, as in :class:`empdp.joint.assess.JointAssessment`: the screening bound M_i of the
+    individual's model, and for the bounded the sum Σ_g M_ig of their groups'), ``delta`` (δ_i at
+    the smallest ε; null where only bounded and the bound exceeds it), ``n_databases``, ``groups``
+    (k, the groups the individual's rows are in) and ``sole_contributor``. ``group_risks`` has, for each bounded individual and group it touches,
     the group's exact ``eps_i``, its bound ``eps_bound`` (M_ig) and ``delta`` at the smallest ε.
     ``delta``, ``total_risk`` and ``n_at_risk`` cover the individuals whose risk is exact;
     ``n_unresolved`` counts, per ε, the bounded individuals whose bound exceeds it (they may be at
@@ -67,6 +68,11 @@ class GroupedAssessment(RiskSweep):
         return len(self.groups) <= MAX_DIM
 
     @property
+    def n_bound_only(self) -> int:
+        """Individuals whose risk is only bounded (rows in more than 3 of G > 3 groups)."""
+        return int(self.individuals["eps_i"].is_null().sum())
+
+    @property
     def eps_i(self) -> np.ndarray:
         """Exact ε_i (NaN where only a bound is known)."""
         return self.individuals["eps_i"].fill_null(np.nan).to_numpy()
@@ -77,8 +83,8 @@ class GroupedAssessment(RiskSweep):
         ind = self.individuals
         eps_i, sole = self.eps_i, ind["sole_contributor"].to_numpy()
         sets = ~sole & (eps_i == self.eps_all) & (self.eps_all > 0)
-        ranked = ind.with_columns(pl.Series("sets", sets)).sort(
-            ["delta", "eps_i", "eps_bound"], descending=True, nulls_last=True, maintain_order=True)
+        ranked = ind.with_columns(pl.Series("sets", sets)).sort(["delta", "eps_i"], descending=True, nulls_last=True,
+                                                                maintain_order=True)
         head = ranked.head(k)
         return head if head["sets"].any() else head.vstack(ranked.filter(pl.col("sets")).head(1))
 
@@ -97,7 +103,7 @@ class GroupedAssessment(RiskSweep):
             "n_databases": self.n_databases, "n_individuals": self.individuals.height,
             "kernel": "laplace", "bandwidth": bandwidth, "density_model": density,
             "eps_all": _num(self.eps_all), "eps_all_bound": _num(self.eps_all_bound),
-            "n_bound_only": int(self.individuals["eps_bound"].is_not_null().sum()),
+            "n_bound_only": self.n_bound_only,
             "sweep": [{"epsilon": float(e), "delta": float(d), "total_risk": float(t), "n_at_risk": int(c),
                        "n_unresolved": int(u)}
                       for e, d, t, c, u in zip(self.epsilons, self.delta, self.total_risk, self.n_at_risk,
@@ -107,9 +113,10 @@ class GroupedAssessment(RiskSweep):
             "notes": ["total_risk assumes the individuals' risks are independent"] + ([] if self.joint else [
                 "each individual is assessed on the groups their rows are in (jointly when at most 3); the "
                 "model of those groups does not condition on the other groups' values",
-                "eps_bound is the sum of the individual's per-group screening bounds: a certified bound on "
-                "epsilon_i for the groups released as independent statistics; delta, total_risk and n_at_risk "
-                "leave out, at each epsilon, the n_unresolved bounded individuals whose bound exceeds it"]),
+                "an individual with rows in more than 3 groups has no exact eps_i: their eps_bound is the sum of "
+                "their groups' screening bounds, a certified bound on epsilon_i for the groups released as "
+                "independent statistics; delta, total_risk and n_at_risk leave out, at each epsilon, the "
+                "n_unresolved such individuals whose bound exceeds it"]),
         }
 
 
@@ -212,13 +219,14 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
     exact = ~sole & ((k <= MAX_DIM) | (G <= MAX_DIM))
     bounded = ~sole & ~exact
     eps_i = np.where(bounded, np.nan, np.inf)
+    bound = np.where(sole, np.inf, 0.0)
     parts = []  # (model, rows, shifts) of the exactly assessed individuals
     for groups, rows in _subsets(panel, np.flatnonzero(exact)):
         model, shifts = models(groups), panel.stack(rows, groups)
         eps_i[rows] = joint_risk(model, shifts)[0]
+        bound[rows] = joint_bound(model, shifts)
         parts.append((model, rows, shifts))
     per_group = []  # (group, rows, shifts) of the bounded individuals in each group
-    bound = np.zeros(m)
     for g in range(G) if bounded.any() else ():
         rows = np.flatnonzero(bounded & panel.touched[:, g])
         shifts = panel.stack(rows, (g,))
@@ -230,7 +238,7 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
     delta = np.zeros((m, len(eps)))
     delta[sole] = 1.0
     for model, rows, shifts in parts:
-        need = joint_bound(model, shifts) > eps[0]
+        need = bound[rows] > eps[0]
         if need.any():
             delta[rows[need]] = joint_risk(model, shifts[need], eps)[1]
     delta[bounded] = np.where(eps[None, :] < bound[bounded, None], np.nan, 0.0)
@@ -239,7 +247,7 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
         total = np.maximum(-np.expm1(np.log1p(-known).sum(axis=0, dtype=np.longdouble).astype(np.float64)), 0.0)
     individuals = pl.DataFrame({
         id: panel.ids, "eps_i": pl.Series(eps_i, nan_to_null=True),
-        "eps_bound": pl.Series(np.where(bounded, bound, np.nan), nan_to_null=True),
+        "eps_bound": bound,
         "delta": pl.Series(delta[:, 0], nan_to_null=True), "n_databases": panel.present, "groups": k,
         "sole_contributor": sole,
     })
