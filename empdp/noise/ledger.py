@@ -355,8 +355,9 @@ class Ledger:
             ``query``, ``source``, ``database``, ``epsilon``, ``lambda``,
             ``weight_zero``, ``private``, ``noise_added``, ``calibration_digest``.
         draw : callable
-            Returns the noisy value; called only once the release is allowed,
-            inside the transaction.
+            Returns the noisy value (a number, or for a joint release a list,
+            stored as JSON text under the record's MAC); called only once the
+            release is allowed, inside the transaction.
         budget : float, optional
             Total-ε budget. Fixed in the chain by the first release naming
             one; a different value later is an error.
