@@ -227,3 +227,16 @@ def test_group_names_and_values_are_quoted_and_fixed_scales_match_the_joint_quer
                           by="year", group_by="zone", query="mean(x)", epsilon=EPS, bandwidth=[0.4, 0.5])
     assert ints.groups == [0, 1] and ints.to_dict()["groups"] == [0, 1]
     np.testing.assert_allclose(ints.eps_i, joint.eps_i, rtol=1e-12)
+
+
+def test_groups_whose_statistics_are_exactly_dependent_are_a_finding():
+    from empdp.joint import SingularCovarianceError
+
+    rng = np.random.default_rng(5)
+    # one row per individual and year, some moving: count(*) of the three regions always sums to 30
+    rows = [(i, 2000 + j, "abc"[(i + (j if i < 6 else 0) * rng.integers(0, 2)) % 3]) for i in range(30)
+            for j in range(20)]
+    table = pl.DataFrame(rows, schema=["id", "year", "region"], orient="row")
+    with pytest.raises(SingularCovarianceError, match=r"count\(\*\) \[region = a\].*exactly dependent") as info:
+        assess_grouped(table, id="id", by="year", group_by="region", query="count(*)")
+    assert info.value.involved == (0, 1, 2) and "\n" not in str(info.value)
