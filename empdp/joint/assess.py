@@ -158,7 +158,8 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
     delta = np.ones((m, len(eps)))
     delta[ok] = 0.0  # δ_i(ε) = 0 for ε ≥ M_i ≥ ε_i
     need = ok[bound[ok] > eps[0]]
-    eps_i[need], delta[need] = sweep(model, shifts, eps, need, bound, cores)
+    swept, delta[need] = sweep(model, shifts, eps, need, bound, cores)
+    eps_i[need] = np.where(np.isnan(eps_i[need]), swept, eps_i[need])  # the search's, where it has one
     if exact_all:
         rest = ok[np.isnan(eps_i[ok])]
         eps_i[rest] = exact_eps(model, shifts, rest, cores)
