@@ -305,12 +305,12 @@ def _assess_joint(p: dict) -> None:
     check_outputs(p["source"], out, report, saved, p["without_shifts"])
     key = load_hash_key(p["hash_key_file"]) if p["hash_ids"] or p["hash_key_file"] else None
     started = time.perf_counter()
-    read = {"id": p["id_col"], "by": p["by"], **stats, "where": p["where"], "drop_null_ids": p["drop_null_ids"],
-            "memory_limit": p["memory_limit"], "threads": p["threads"]}
-    result = assess_joint(p["source"], **read, epsilon=list(p["epsilon"]) or None, bandwidth=bandwidth)
+    result = assess_joint(p["source"], id=p["id_col"], by=p["by"], **stats, where=p["where"],
+                          epsilon=list(p["epsilon"]) or None, bandwidth=bandwidth, drop_null_ids=p["drop_null_ids"],
+                          memory_limit=p["memory_limit"], threads=p["threads"], exact_all=bool(out))
     log_joint_summary(result, time.perf_counter() - started)
     if report or (saved and not p["without_shifts"]):
-        result = _with_riskiest_shifts(result, p["source"], read)
+        result = _with_riskiest_shifts(result)
     with progress_bars(not (p["as_json"] or p["quiet"]), log) as progress, output_batch():
         if out:
             cols = [result.id_column, "eps_i", "delta", "n_databases",
@@ -332,21 +332,13 @@ def _assess_joint(p: dict) -> None:
         print_joint_assessment(result, out=out, report=report, saved=saved, show_id=_show_id(key))
 
 
-def _with_riskiest_shifts(result, source, read: dict):
-    """The result with its riskiest rows' shifts, for the report's contours and the saved result:
-    those the assessment holds, or (an assessment that keeps none) the panel's, read again."""
+def _with_riskiest_shifts(result):
+    """The result with its riskiest rows' shifts, which the report's contours and the saved result keep."""
     from empdp.assessment.result import SHIFT_ROWS, keep_shifts
-    from empdp.joint.panel import read_joint
 
     ids = result.riskiest(SHIFT_ROWS)[result.id_column].to_list()
-    held = getattr(result, "shifts", None)
-    if held is None:
-        panel = read_joint(source, **read)
-        known, held = panel.ids, panel.shifts
-    else:
-        known = result.individuals[result.id_column]
-    pos = {v: k for k, v in enumerate(known.to_list())}
-    return keep_shifts(result, ids, held[[pos[v] for v in ids]])
+    pos = {v: k for k, v in enumerate(result.individuals[result.id_column].to_list())}
+    return keep_shifts(result, ids, result.shifts[[pos[v] for v in ids]])
 
 
 def log_joint_summary(r, seconds: float) -> None:

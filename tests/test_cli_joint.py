@@ -143,6 +143,19 @@ def test_bad_joint_input_is_one_line_and_writes_nothing(paper, tmp_path, options
     assert list(tmp_path.iterdir()) == []
 
 
+def test_out_has_every_eps_i_exact(tmp_path):
+    """--out holds each individual's exact eps_i, also of those the sweep at -e 20 need not evaluate."""
+    table, K = paper_table(n_ind=400)
+    path, out = tmp_path / "wide.parquet", tmp_path / "risk.parquet"
+    table.write_parquet(path)
+    res = run("assess", path, *PANEL, "--query", "sum(x)", "--query", "sum(x_not_k)", "-e", "20", "--out", out,
+              "--json")
+    assert res.exit_code == 0, res.output
+    rows = pl.read_parquet(out)
+    assert rows.height == 400 and rows["eps_i"].null_count() == 0 and rows["eps_i"].min() > 0
+    assert rows.sort("eps_i", descending=True)["id"][0] == K
+
+
 def test_hashed_ids_and_the_log(paper, tmp_path):
     """--hash-ids reaches the joint --out table; -v logs the sizes, model and eps_all to stderr."""
     path, K = paper
