@@ -73,7 +73,7 @@ def test_the_sweep_skips_only_what_cannot_change_the_summary(monkeypatch):
     monkeypatch.setattr(ja, "SWEEP_ROWS", 8)
     monkeypatch.setattr(ja, "SATURATED", -0.05)
     part_eps, part = ja.sweep(model, S, eps, np.arange(40), e)
-    np.testing.assert_allclose(part_eps, e, rtol=1e-12)
+    np.testing.assert_array_equal(part_eps, e)
     skipped = np.isnan(part)
     assert skipped.any()
     np.testing.assert_array_equal(part[~skipped], full[~skipped])

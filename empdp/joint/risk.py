@@ -45,9 +45,11 @@ def _risk(a, su, eps, nodes, only=None, cap=None):
     if d == 2 and eps is None:
         e, ok = _cells.eps_rows(a, su)
         dl, rest = None, np.flatnonzero(~ok)
-    elif d == 2:  # ε_i from the same vertex values (it may differ from an ε-only call's in the last bits)
+    elif d == 2:
         e, dl, ok = _cells.evaluate(a, su, eps, nodes, only, cap)
         rest = np.flatnonzero(~ok)
+        fast, same = _cells.eps_rows(a, su)  # the ε_i an ε-only call reports, to the last bit
+        e = np.where(ok & same, fast, e)
     else:
         e = np.zeros(m)
         dl = None if eps is None else np.zeros((m, len(eps)))
