@@ -148,6 +148,9 @@ class _Models:
 
     def __init__(self, panel: GroupPanel, scales):
         self.panel, self.scales, self.fitted = panel, scales, {}
+        G = panel.n_groups  # the whole vector's model, or each group's (for the bounds and the JSON)
+        for groups in [tuple(range(G))] if G <= MAX_DIM else [(g,) for g in range(G)]:
+            self(groups)
 
     def __call__(self, groups: tuple) -> JointModel:
         if groups not in self.fitted:
@@ -207,82 +210,107 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
         _fixed_scales(bandwidth, np.size(bandwidth))  # a malformed value is refused before the table is read
     panel = read_grouped(source, id=id, by=by, group_by=group_by, query=query, sql=sql, where=where,
                          drop_null_ids=drop_null_ids, memory_limit=memory_limit, threads=threads)
-    G, m = panel.n_groups, len(panel.ids)
-    models = _Models(panel, _fixed_scales(bandwidth, G))
-    if G <= MAX_DIM:
-        models(tuple(range(G)))
-    else:
-        for g in range(G):
-            models((g,))
-    k = panel.touched.sum(axis=1)
-    sole = panel.sole
-    exact = ~sole & ((k <= MAX_DIM) | (G <= MAX_DIM))
-    bounded = ~sole & ~exact
-    eps_i = np.where(bounded, np.nan, np.inf)
-    bound = np.where(sole, np.inf, 0.0)
-    parts = []  # (model, rows, shifts) of the exactly assessed individuals
-    for groups, rows in _subsets(panel, np.flatnonzero(exact)):
-        model, shifts = models(groups), panel.stack(rows, groups)
-        eps_i[rows] = joint_risk(model, shifts)[0]
-        bound[rows] = joint_bound(model, shifts)
-        parts.append((model, rows, shifts))
-    per_group = []  # (group, rows, shifts) of the bounded individuals in each group
-    for g in range(G) if bounded.any() else ():
-        rows = np.flatnonzero(bounded & panel.touched[:, g])
-        shifts = panel.stack(rows, (g,))
-        bound[rows] += joint_bound(models((g,)), shifts)
-        per_group.append((g, rows, shifts))
-    eps_all = float(eps_i[exact].max(initial=0.0))
-    eps_all_bound = max(eps_all, float(bound[bounded].max(initial=0.0)))
-    eps = default_epsilons(eps_all) if epsilon is None else given
-    delta = np.zeros((m, len(eps)))
-    delta[sole] = 1.0
-    for model, rows, shifts in parts:
-        need = bound[rows] > eps[0]
-        if need.any():
-            delta[rows[need]] = joint_risk(model, shifts[need], eps)[1]
-    delta[bounded] = np.where(eps[None, :] < bound[bounded, None], np.nan, 0.0)
-    known = np.nan_to_num(delta, nan=0.0)
+    models = _Models(panel, _fixed_scales(bandwidth, panel.n_groups))
+    rows = _Rows.evaluate(panel, models)
+    eps = default_epsilons(rows.eps_all) if epsilon is None else given
+    delta = rows.sweep(eps)
+    known = np.nan_to_num(delta, nan=0.0)  # NaN: a bounded individual, unresolved below its bound
     with np.errstate(divide="ignore"):
         total = np.maximum(-np.expm1(np.log1p(-known).sum(axis=0, dtype=np.longdouble).astype(np.float64)), 0.0)
     individuals = pl.DataFrame({
-        id: panel.ids, "eps_i": pl.Series(eps_i, nan_to_null=True),
-        "eps_bound": bound,
-        "delta": pl.Series(delta[:, 0], nan_to_null=True), "n_databases": panel.present, "groups": k,
-        "sole_contributor": sole,
+        id: panel.ids, "eps_i": pl.Series(rows.eps_i, nan_to_null=True), "eps_bound": rows.bound,
+        "delta": pl.Series(delta[:, 0], nan_to_null=True), "n_databases": panel.present,
+        "groups": panel.touched.sum(axis=1), "sole_contributor": panel.sole,
     })
-    warnings, independence = [], []
-    for g, name in enumerate(panel.names):  # each group's series: autocorrelation and trend, as for one
-        checked, notes = checks.independence(panel.q[:, g])
-        independence.append(checked)
-        warnings += [f"{name}: {w}" for w in notes]
-    if sole.any():
-        warnings.append(f"{int(sole.sum())} individual(s) are the only contributor to some group of some database: "
-                        "delta_i = 1, eps_i = inf; no epsilon protects them")
-    if bounded.any():
-        warnings.append(f"{int(bounded.sum())} individual(s) have rows in more than {MAX_DIM} groups: their risk is "
-                        "only bounded (eps_bound), per group in group_risks")
+    warnings, independence = _checks(panel, rows.bounded)
     return GroupedAssessment(
         source=str(source) if isinstance(source, str) else type(source).__name__,
         query=(query if query is not None else sql).strip(), group_by=group_by, groups=panel.groups,
         names=panel.names, id_column=id, by_column=by, labels=panel.labels, q=panel.q, models=dict(models.fitted),
         epsilons=eps, delta=known.max(axis=0), total_risk=total, n_at_risk=(delta > 0).sum(axis=0),
-        n_unresolved=np.isnan(delta).sum(axis=0), eps_all=eps_all, eps_all_bound=eps_all_bound,
-        individuals=individuals, group_risks=_group_risks(panel, models, per_group, eps[0], id),
-        sole_contributors=int(sole.sum()), warnings=warnings, independence=independence)
+        n_unresolved=np.isnan(delta).sum(axis=0), eps_all=rows.eps_all,
+        eps_all_bound=max(rows.eps_all, float(rows.bound[rows.bounded].max(initial=0.0))),
+        individuals=individuals, group_risks=rows.group_risks(eps[0], id),
+        sole_contributors=int(panel.sole.sum()), warnings=warnings, independence=independence)
 
 
-def _group_risks(panel: GroupPanel, models: _Models, per_group: list, eps0: float, id: str) -> pl.DataFrame:
-    """Each bounded individual's exact risk in each group it touches (the group's one-statistic model)."""
-    frames = []
-    for g, rows, shifts in per_group:
-        model = models((g,))
-        e, d = joint_risk(model, shifts, [eps0])
-        frames.append(pl.DataFrame({id: panel.ids.gather(rows), "group": pl.Series([panel.groups[g]] * len(rows)),
-                                    "eps_i": e, "eps_bound": joint_bound(model, shifts), "delta": d[:, 0]}))
-    if not frames:
-        return pl.DataFrame({id: panel.ids.head(0), "group": pl.Series([], dtype=pl.Null), "eps_i": [],
-                             "eps_bound": [], "delta": []}, schema_overrides={"eps_i": pl.Float64,
-                                                                             "eps_bound": pl.Float64,
-                                                                             "delta": pl.Float64})
-    return pl.concat(frames).sort([id, "group"], maintain_order=True)
+@dataclass
+class _Rows:
+    """Every individual's exact ε_i or bound: ``exact`` rows by the model of their set of groups
+    (``parts``: model, rows, shifts), ``bounded`` rows by each group's model (``per_group``: group,
+    rows, shifts); sole contributors neither (ε_i = M_i = ∞)."""
+
+    panel: GroupPanel
+    models: _Models
+    exact: np.ndarray
+    bounded: np.ndarray
+    eps_i: np.ndarray
+    bound: np.ndarray
+    parts: list
+    per_group: list
+
+    @classmethod
+    def evaluate(cls, panel: GroupPanel, models: _Models) -> "_Rows":
+        G, sole, k = panel.n_groups, panel.sole, panel.touched.sum(axis=1)
+        exact = ~sole & ((k <= MAX_DIM) | (G <= MAX_DIM))
+        bounded = ~sole & ~exact
+        eps_i = np.where(bounded, np.nan, np.inf)
+        bound = np.where(sole, np.inf, 0.0)
+        parts = []
+        for groups, rows in _subsets(panel, np.flatnonzero(exact)):
+            model, shifts = models(groups), panel.stack(rows, groups)
+            eps_i[rows] = joint_risk(model, shifts)[0]
+            bound[rows] = joint_bound(model, shifts)
+            parts.append((model, rows, shifts))
+        per_group = []
+        for g in range(G) if bounded.any() else ():
+            rows = np.flatnonzero(bounded & panel.touched[:, g])
+            shifts = panel.stack(rows, (g,))
+            bound[rows] += joint_bound(models((g,)), shifts)  # Σ_g M_ig ≥ ε_i of the groups as independent releases
+            per_group.append((g, rows, shifts))
+        return cls(panel, models, exact, bounded, eps_i, bound, parts, per_group)
+
+    @property
+    def eps_all(self) -> float:
+        return float(self.eps_i[self.exact].max(initial=0.0))
+
+    def sweep(self, eps: np.ndarray) -> np.ndarray:
+        """δ_i(ε) (m, E): exact; 1 for sole contributors; for the bounded 0 from their bound on, NaN below."""
+        delta = np.zeros((len(self.eps_i), len(eps)))
+        delta[self.panel.sole] = 1.0
+        for model, rows, shifts in self.parts:
+            need = self.bound[rows] > eps[0]  # δ_i(ε) = 0 for ε ≥ M_i
+            if need.any():
+                delta[rows[need]] = joint_risk(model, shifts[need], eps)[1]
+        delta[self.bounded] = np.where(eps[None, :] < self.bound[self.bounded, None], np.nan, 0.0)
+        return delta
+
+    def group_risks(self, eps0: float, id: str) -> pl.DataFrame:
+        """Each bounded individual's exact risk in each group it touches (the group's one-statistic model)."""
+        panel, frames = self.panel, []
+        for g, rows, shifts in self.per_group:
+            model = self.models((g,))
+            e, d = joint_risk(model, shifts, [eps0])
+            frames.append(pl.DataFrame({id: panel.ids.gather(rows), "group": pl.Series([panel.groups[g]] * len(rows)),
+                                        "eps_i": e, "eps_bound": joint_bound(model, shifts), "delta": d[:, 0]}))
+        if frames:
+            return pl.concat(frames).sort([id, "group"], maintain_order=True)
+        return pl.DataFrame({id: panel.ids.head(0), "group": pl.Series([], dtype=pl.Null)}).with_columns(
+            pl.lit(None, dtype=pl.Float64).alias(c) for c in ("eps_i", "eps_bound", "delta"))
+
+
+def _checks(panel: GroupPanel, bounded: np.ndarray) -> tuple[list, list]:
+    """(warnings, independence): each group's series tested as for one statistic, sole contributors,
+    and the individuals only bounded."""
+    warnings, independence = [], []
+    for g, name in enumerate(panel.names):
+        checked, notes = checks.independence(panel.q[:, g])
+        independence.append(checked)
+        warnings += [f"{name}: {w}" for w in notes]
+    if panel.sole.any():
+        warnings.append(f"{int(panel.sole.sum())} individual(s) are the only contributor to some group of some "
+                        "database: delta_i = 1, eps_i = inf; no epsilon protects them")
+    if bounded.any():
+        warnings.append(f"{int(bounded.sum())} individual(s) have rows in more than {MAX_DIM} groups: their risk is "
+                        "only bounded (eps_bound), per group in group_risks")
+    return warnings, independence
