@@ -309,8 +309,6 @@ def _assess_joint(p: dict) -> None:
                           epsilon=list(p["epsilon"]) or None, bandwidth=bandwidth, drop_null_ids=p["drop_null_ids"],
                           memory_limit=p["memory_limit"], threads=p["threads"], exact_all=bool(out))
     log_joint_summary(result, time.perf_counter() - started)
-    if report or (saved and not p["without_shifts"]):
-        result = _with_riskiest_shifts(result)
     with progress_bars(not (p["as_json"] or p["quiet"]), log) as progress, output_batch():
         if out:
             cols = [result.id_column, "eps_i", "delta", "n_databases",
@@ -330,15 +328,6 @@ def _assess_joint(p: dict) -> None:
         from .render import print_joint_assessment
 
         print_joint_assessment(result, out=out, report=report, saved=saved, show_id=_show_id(key))
-
-
-def _with_riskiest_shifts(result):
-    """The result with its riskiest rows' shifts, which the report's contours and the saved result keep."""
-    from empdp.assessment.result import SHIFT_ROWS, keep_shifts
-
-    ids = result.riskiest(SHIFT_ROWS)[result.id_column].to_list()
-    pos = {v: k for k, v in enumerate(result.individuals[result.id_column].to_list())}
-    return keep_shifts(result, ids, result.shifts[[pos[v] for v in ids]])
 
 
 def log_joint_summary(r, seconds: float) -> None:

@@ -19,7 +19,6 @@ from test_joint_assess import paper_table
 from empdp.assessment.result import JOINT_FORMAT, keep_shifts, load_result
 from empdp.errors import InputError
 from empdp.joint.assess import assess_joint
-from empdp.joint.panel import read_joint
 from empdp.report import JOINT_SECTIONS, render_report, report_html
 from empdp.report.contours import density_grid, log_margin
 
@@ -40,14 +39,16 @@ def paper(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def live(paper):
-    """The same assessment through the library, with every individual's shifts kept."""
+def assessed(paper):
+    """The same assessment through the library."""
     folder, K, sql = paper
-    panel = read_joint(str(folder / "paper.parquet"), id="id", by="db", sql=sql)
-    a = assess_joint(str(folder / "paper.parquet"), id="id", by="db", sql=sql)
-    ids = panel.ids.to_list()
-    assert ids == a.individuals["id"].to_list()
-    return keep_shifts(a, ids, panel.shifts)
+    return assess_joint(str(folder / "paper.parquet"), id="id", by="db", sql=sql)
+
+
+@pytest.fixture(scope="module")
+def live(assessed):
+    """... with the shifts of its riskiest rows at hand."""
+    return keep_shifts(assessed)
 
 
 def _sections(html: str) -> dict:
@@ -92,10 +93,10 @@ def test_the_papers_example(paper, live):
     assert "two statistics" in sec["contours"] and "log ratio" in sec["contours"]
 
 
-def test_the_library_report_is_the_cli_report(paper, live):
+def test_the_library_report_is_the_cli_report(paper, assessed):
     folder, _, _ = paper
     cli = (folder / "r.html").read_text(encoding="utf-8")
-    assert _no_timestamp(report_html(live)) == _no_timestamp(cli)
+    assert _no_timestamp(report_html(assessed)) == _no_timestamp(cli)
 
 
 def _direct_log_density(model, x, shifts=None) -> np.ndarray:

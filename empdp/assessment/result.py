@@ -248,9 +248,9 @@ def save_result(a: Assessment, path, *, hash_ids: bytes | None = None, shifts: b
 
     Parameters
     ----------
-    a : Assessment or SavedJointAssessment
-        A live result of :func:`empdp.assessment.assess` (it needs its data for the shift rows), or a
-        joint one with its riskiest rows' shifts (:func:`keep_shifts`).
+    a : Assessment or JointAssessment
+        A live result of :func:`empdp.assessment.assess` (it needs its data for the shift rows), or of
+        :func:`empdp.joint.assess.assess_joint`.
     hash_ids : bytes, optional
         Key of :func:`empdp.io.keyed_hash`: ids are saved as pseudonyms.
     shifts : bool
@@ -258,8 +258,10 @@ def save_result(a: Assessment, path, *, hash_ids: bytes | None = None, shifts: b
         They reveal those individuals' values to anyone who reads the file: ``False`` for a
         file to share.
     """
-    content = (joint_result_dict if isinstance(a, JointAssessment) else result_dict)(a, hash_ids=hash_ids,
-                                                                                    shifts=shifts)
+    if isinstance(a, JointAssessment):
+        content = joint_result_dict(keep_shifts(a), hash_ids=hash_ids, shifts=shifts)
+    else:
+        content = result_dict(a, hash_ids=hash_ids, shifts=shifts)
     text = json.dumps(content, allow_nan=False)
     with atomic_path(path, private=True) as tmp:
         tmp.write_text(text + "\n", encoding="utf-8")
@@ -365,9 +367,9 @@ def _from_dict(d: dict) -> SavedAssessment:
 @dataclass(kw_only=True)
 class SavedJointAssessment(JointAssessment):
     """A :class:`~empdp.joint.assess.JointAssessment` with the shift rows Δ_i (n, d) of its riskiest
-    individuals, which the report's contours and the result file need: a live one given them by
-    :func:`keep_shifts`, or one read back by :func:`load_result` (``individuals`` then holds the saved
-    riskiest rows only; ``n_individuals`` is still the full count)."""
+    individuals, which the report's contours and the result file need: a live one's (:func:`keep_shifts`),
+    or one read back by :func:`load_result` (``individuals`` then holds the saved riskiest rows only;
+    ``n_individuals`` is still the full count)."""
 
     total_individuals: int = 0
     saved_ids: list = field(default_factory=list)
@@ -388,11 +390,16 @@ class SavedJointAssessment(JointAssessment):
         return self.saved_shifts[[pos[v] for v in ids]]
 
 
-def keep_shifts(a: JointAssessment, ids, shifts) -> SavedJointAssessment:
-    """``a`` with the shift rows ``shifts`` (len(ids), n, d) of the individuals ``ids`` (its riskiest)."""
+def keep_shifts(a: JointAssessment) -> SavedJointAssessment:
+    """``a`` with the shift rows Δ_i (n, d) of its :data:`SHIFT_ROWS` riskiest individuals, taken from
+    those it holds (``a.shifts``; none when it holds none), for the report's contours and the file."""
+    if isinstance(a, SavedJointAssessment):
+        return a
+    ids = a.riskiest(SHIFT_ROWS)[a.id_column].to_list() if a.shifts is not None else []
+    pos = {v: k for k, v in enumerate(a.individuals[a.id_column].to_list())}
+    shifts = a.shifts[[pos[v] for v in ids]] if ids else np.zeros((0, a.n_databases, a.model.d))
     fields = {f: getattr(a, f) for f in a.__dataclass_fields__}
-    return SavedJointAssessment(**fields, total_individuals=a.individuals.height, saved_ids=list(ids),
-                                saved_shifts=np.asarray(shifts, dtype=float))
+    return SavedJointAssessment(**fields, total_individuals=a.individuals.height, saved_ids=ids, saved_shifts=shifts)
 
 
 def _rows(values) -> list:
@@ -403,7 +410,7 @@ def joint_result_dict(a: SavedJointAssessment, *, hash_ids: bytes | None = None,
     """The content of a joint result file: as :func:`result_dict`, for 2–3 statistics."""
     top = a.riskiest(TABLE_ROWS)
     ids = top[a.id_column].to_list()
-    kept = [v for v in ids if v in set(getattr(a, "saved_ids", ()))][:SHIFT_ROWS] if shifts else []
+    kept = [v for v in ids if v in set(a.saved_ids)][:SHIFT_ROWS] if shifts else []
     show = (lambda v: keyed_hash(v, hash_ids)) if hash_ids else _scalar
     m, d = a.model, a.model.d
     from .. import __version__
@@ -421,7 +428,7 @@ def joint_result_dict(a: SavedJointAssessment, *, hash_ids: bytes | None = None,
                   "n_at_risk": [int(v) for v in a.n_at_risk]},
         "eps_all": _enc([a.eps_all])[0], "independence": _plain(a.independence), "warnings": list(a.warnings),
         "sole_contributors": int(a.sole_contributors),
-        "n_individuals": int(getattr(a, "n_individuals", a.individuals.height)),
+        "n_individuals": int(a.n_individuals),
         "individuals": {
             a.id_column: [show(v) for v in ids],
             **{c: _enc(top[c].to_numpy()) for c in _joint_float_columns(d)},

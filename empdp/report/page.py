@@ -28,12 +28,13 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
     A joint assessment (:class:`empdp.joint.assess.JointAssessment`, 2–3 statistics released
     together) gets the joint sections (:data:`empdp.report.joint.JOINT_SECTIONS`) at the smallest
     assessed ε, with the joint density's contours with and without the riskiest individual when the
-    result keeps their shifts (``shifts_of``, as :func:`empdp.assessment.result.keep_shifts` adds).
+    result holds their shifts (:func:`empdp.assessment.result.keep_shifts`).
 
     Parameters
     ----------
-    assessment : empdp.assessment.assess.Assessment
-        The result of :func:`empdp.assessment.assess.assess`.
+    assessment : empdp.assessment.assess.Assessment or empdp.joint.assess.JointAssessment
+        The result of :func:`empdp.assessment.assess.assess` or :func:`empdp.joint.assess.assess_joint`,
+        live or loaded (:func:`empdp.assessment.result.load_result`).
     epsilon : float, optional
         The ε to mark and to evaluate the table at; default the smallest assessed ε.
     calibration : dict, optional
@@ -67,7 +68,9 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
             raise InputError("the joint report has no calibration or audit section yet; render those of one "
                              "statistic with 'empdp report'")
         _j.check_epsilon(a, eps)
-        return _page(" & ".join(a.queries), a, _j.sections(a, eps, show))
+        from ..assessment.result import keep_shifts
+
+        return _page(" & ".join(a.queries), a, _j.sections(keep_shifts(a), eps, show))
     idx, exact = _a.sweep_index(a, eps)
     rows, shifts, note = _a.top_rows(a, eps, show, _a.TOP_TABLE)
     body = [_a.summary(a, eps, idx, exact), _a.risk_curves(a, eps), _a.at_risk(a, eps),
