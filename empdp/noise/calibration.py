@@ -16,6 +16,7 @@ import logging
 import math
 import numbers
 import time
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -71,8 +72,81 @@ def _classical_note(kind: str) -> str:
             "the exact value is released; the guarantee is empirical only")
 
 
+class SignedFile(ABC):
+    """What every calibration file shares (docs/release-security.md): its JSON (:meth:`to_dict`), a SHA-256
+    ``digest`` against accidental edits, an HMAC-SHA256 under the curator key against forgery, and the
+    checks made when it is read back (:meth:`_open`, :meth:`_sealed`) and before it releases anything
+    (:meth:`check_signature`). :class:`Calibration` (one statistic) and
+    :class:`empdp.noise.joint.JointCalibration` (2–3 statistics) are the two kinds."""
+
+    #: (key_id, hmac, canonical text, fields, where) of the file this object was read from; None if computed here
+    _signature = None
+
+    @abstractmethod
+    def _fields(self) -> dict:
+        """The object's fields under their JSON names (what a change after loading is checked against)."""
+
+    @abstractmethod
+    def to_dict(self) -> dict:
+        """The file's JSON without its digest and signature."""
+
+    def to_json(self, key: bytes | None = None) -> str:
+        """The file :meth:`save` writes: :meth:`to_dict` plus ``digest``, and with ``key`` its ``key_id`` and
+        ``hmac`` (HMAC-SHA256 of the same canonical text as the digest)."""
+        d = self.to_dict()
+        out = {**d, "digest": self.digest}
+        if key is not None:
+            out["key_id"], out["hmac"] = key_id(key), mac(key, _canonical(d))
+        return json.dumps(out, indent=2, sort_keys=True, allow_nan=False)
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the canonical JSON of :meth:`to_dict`: ties ledger records to this calibration."""
+        return _digest(self.to_dict())
+
+    def save(self, path, key: bytes | None = None) -> None:
+        """Write the JSON (with its digest, signed with ``key`` if given) atomically, owner-only (0600)."""
+        write_text(path, self.to_json(key) + "\n", private=True)
+
+    @property
+    def signed(self) -> bool:
+        """Whether the file this calibration was read from carries an HMAC (True for one computed here)."""
+        return self._signature is None or self._signature[1] is not None
+
+    def check_signature(self, key: bytes | None, allow_unsigned: bool = False) -> None:
+        """Refuse a calibration read from a file unless its HMAC verifies under ``key``.
+
+        An unsigned file, or a signed one without a key to check it, passes only
+        with ``allow_unsigned`` (unsafe). A calibration computed in this process
+        needs no signature. Fields changed in Python after loading are refused.
+        """
+        if self._signature is not None:
+            verify_signature(self._signature, self._fields(), key, allow_unsigned)
+
+    @staticmethod
+    def _open(d: dict, where: str, check: Callable[[dict, str], None]) -> tuple[dict, tuple, str]:
+        """A file's dict without its digest and signature, its fields checked (``check``) and its digest (if
+        any) verified: (fields, (key_id, hmac), the canonical text the HMAC covers)."""
+        d = dict(d)
+        stored = d.pop("digest", None)
+        signature = d.pop("key_id", None), d.pop("hmac", None)
+        check(d, where)
+        if stored is not None and not (isinstance(stored, str) and stored == _digest(d)):
+            raise InputError(f"{where} was edited after 'empdp calibrate' wrote it (its digest does not match "
+                             "its contents); re-create it with 'empdp calibrate'")
+        return d, signature, _canonical(d)
+
+    def _sealed(self, signature: tuple, text: str, where: str, key: bytes | None, allow_unsigned: bool):
+        """Remember what the file held (for :meth:`check_signature`), and check the HMAC now when ``key`` is
+        given or unsigned files are not allowed."""
+        self._signature = (*signature, text, json.loads(json.dumps(self._fields())), where)
+        if key is not None or not allow_unsigned:
+            self.check_signature(key, allow_unsigned)
+        return self
+
+
 @dataclass
-class Calibration:
+class Calibration(SignedFile):
     """A calibrated release mechanism z = f(X) + y, y ~ h (docs/method.md#8-calibration-and-release).
 
     The attribute names are a contract (the audit of docs/method.md#94-release-audit reads them):
@@ -124,27 +198,6 @@ class Calibration:
         d["format"] = FORMAT
         return d
 
-    def to_json(self, key: bytes | None = None) -> str:
-        """The file :meth:`save` writes: :meth:`to_dict` plus ``digest``, and with ``key`` its ``key_id`` and
-        ``hmac`` (HMAC-SHA256 of the same canonical text as the digest)."""
-        d = self.to_dict()
-        out = {**d, "digest": self.digest}
-        if key is not None:
-            out["key_id"], out["hmac"] = key_id(key), mac(key, _canonical(d))
-        return json.dumps(out, indent=2, sort_keys=True, allow_nan=False)
-
-    @property
-    def digest(self) -> str:
-        """SHA-256 of the canonical JSON of :meth:`to_dict`: ties ledger records to this calibration."""
-        return _digest(self.to_dict())
-
-    def save(self, path, key: bytes | None = None) -> None:
-        """Write the JSON (with its digest, signed with ``key`` if given) atomically, owner-only (0600)."""
-        write_text(path, self.to_json(key) + "\n", private=True)
-
-    #: (key_id, hmac, canonical text, fields) of the file this object was read from; None if computed here
-    _signature = None
-
     @classmethod
     def from_dict(cls, d: dict, where: str = "calibration", *, key: bytes | None = None,
                   allow_unsigned: bool = True) -> "Calibration":
@@ -164,21 +217,10 @@ class Calibration:
             got = d.get("format") if isinstance(d, dict) else None
             raise InputError(f"{where} is not an empdp calibration file (format {str(got)[:40]!r}, expected "
                              f"{FORMAT!r}); make one with 'empdp calibrate'")
-        d = dict(d)
-        stored = d.pop("digest", None)
-        signature = d.pop("key_id", None), d.pop("hmac", None)
-        _check_fields(d, where)
-        if stored is not None and not (isinstance(stored, str) and stored == _digest(d)):
-            raise InputError(f"{where} was edited after 'empdp calibrate' wrote it (its digest does not match "
-                             "its contents); re-create it with 'empdp calibrate'")
-        text = _canonical(d)
+        d, signature, text = cls._open(d, where, _check_fields)
         d["lam"], d["lam_hausdorff"], d["lam_winf"] = d.pop("lambda"), d.pop("lambda_hausdorff"), d.pop("lambda_winf")
-        names = cls.__dataclass_fields__
-        cal = cls(**{k: v for k, v in d.items() if k in names})
-        cal._signature = (*signature, text, json.loads(json.dumps(cal._fields())), where)
-        if key is not None or not allow_unsigned:
-            cal.check_signature(key, allow_unsigned)
-        return cal
+        cal = cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        return cal._sealed(signature, text, where, key, allow_unsigned)
 
     @classmethod
     def load(cls, path, *, key: bytes | None = None, allow_unsigned: bool = True) -> "Calibration":
@@ -188,21 +230,6 @@ class Calibration:
         """
         d, where = read_calibration_file(path)
         return cls.from_dict(d, where, key=key, allow_unsigned=allow_unsigned)
-
-    @property
-    def signed(self) -> bool:
-        """Whether the file this calibration was read from carries an HMAC (True for one computed here)."""
-        return self._signature is None or self._signature[1] is not None
-
-    def check_signature(self, key: bytes | None, allow_unsigned: bool = False) -> None:
-        """Refuse a calibration read from a file unless its HMAC verifies under ``key``.
-
-        An unsigned file, or a signed one without a key to check it, passes only
-        with ``allow_unsigned`` (unsafe). A calibration computed in this process
-        needs no signature. Fields changed in Python after loading are refused.
-        """
-        if self._signature is not None:
-            verify_signature(self._signature, self._fields(), key, allow_unsigned)
 
     # ---------------------------------------------------------- sampling
     def sampler(self, seed: int | None = None) -> NoiseSampler:

@@ -6,8 +6,8 @@ The joint release adds noise on each *whitened* axis of the curator's model y = 
 
 with λ_k = t b_k and w_k = (b_k/λ_k)², t the least factor that makes every individual
 ε-private, verified exactly on the d-dimensional log-ratio (:func:`empdp.joint.joint_minimal_lambda`).
-A :class:`JointCalibration` is that mechanism: its file (digest and curator-key HMAC, as a
-one-statistic :class:`~empdp.noise.calibration.Calibration`, docs/release-security.md), its secure
+A :class:`JointCalibration` is that mechanism: its file (digest and curator-key HMAC, the
+:class:`~empdp.noise.calibration.SignedFile` a one-statistic calibration is too, docs/release-security.md), its secure
 noise (one CSPRNG sampler per whitened axis, exact on a 2^-k grid, docs/method.md#84-secure-sampling)
 and its releases, each one ledger record holding the vector and spending ε once.
 """
@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from ..keys import key_id, mac
 from ..textfmt import fmt
 from .calibration import (
     _FIX,
@@ -36,13 +35,11 @@ from .calibration import (
     MAX_SCALE,
     Calibration,
     Progress,
-    _canonical,
-    _digest,
+    SignedFile,
     _number,
     no_progress,
     read_calibration_file,
     record_release,
-    verify_signature,
 )
 from .exact import MAX_EPSILON, check_epsilon
 from .sampler import NoiseSampler, bits_source
@@ -58,7 +55,7 @@ _CLASSICAL_NONE = "infinite for a fixed database: no noise is added, the exact v
 
 
 @dataclass
-class JointCalibration:
+class JointCalibration(SignedFile):
     """A calibrated joint release mechanism of d = 2 or 3 statistics (docs/method.md#102-joint-queries-planned).
 
     Matrices and vectors are plain lists (what the JSON holds); :attr:`whitening`,
@@ -100,9 +97,6 @@ class JointCalibration:
     n_evaluated: int = 0
     seconds: float = 0.0
     warnings: list = field(default_factory=list)
-
-    #: (key_id, hmac, canonical text, fields, where) of the file this was read from; None if computed here
-    _signature = None
 
     # ---------------------------------------------------------------- arrays
     @property
@@ -163,24 +157,6 @@ class JointCalibration:
         d["classical_dp_explanation"] = _CLASSICAL if self.noise_added else _CLASSICAL_NONE
         return d
 
-    @property
-    def digest(self) -> str:
-        """SHA-256 of the canonical JSON of :meth:`to_dict`: ties ledger records to this calibration."""
-        return _digest(self.to_dict())
-
-    def to_json(self, key: bytes | None = None) -> str:
-        d = self.to_dict()
-        out = {**d, "digest": self.digest}
-        if key is not None:
-            out["key_id"], out["hmac"] = key_id(key), mac(key, _canonical(d))
-        return json.dumps(out, indent=2, sort_keys=True, allow_nan=False)
-
-    def save(self, path, key: bytes | None = None) -> None:
-        """Write the JSON (digest; HMAC under ``key`` if given) atomically, owner-only (0600)."""
-        from ..io import write_text
-
-        write_text(path, self.to_json(key) + "\n", private=True)
-
     @classmethod
     def from_dict(cls, d: dict, where: str = "joint calibration", *, key: bytes | None = None,
                   allow_unsigned: bool = True) -> "JointCalibration":
@@ -190,29 +166,9 @@ class JointCalibration:
             got = d.get("format") if isinstance(d, dict) else None
             raise InputError(f"{where} is not an empdp joint calibration file (format {str(got)[:40]!r}, "
                              f"expected {FORMAT!r}); make one with 'empdp calibrate --query Q1 --query Q2'")
-        d = dict(d)
-        stored = d.pop("digest", None)
-        signature = d.pop("key_id", None), d.pop("hmac", None)
-        _check_fields(d, where)
-        if stored is not None and not (isinstance(stored, str) and stored == _digest(d)):
-            raise InputError(f"{where} was edited after 'empdp calibrate' wrote it (its digest does not match "
-                             "its contents); re-create it with 'empdp calibrate'")
-        text = _canonical(d)
+        d, signature, text = cls._open(d, where, _check_fields)
         cal = cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
-        cal._signature = (*signature, text, cal._fields(), where)
-        if key is not None or not allow_unsigned:
-            cal.check_signature(key, allow_unsigned)
-        return cal
-
-    @property
-    def signed(self) -> bool:
-        """Whether the file this calibration was read from carries an HMAC (True for one computed here)."""
-        return self._signature is None or self._signature[1] is not None
-
-    def check_signature(self, key: bytes | None, allow_unsigned: bool = False) -> None:
-        """Refuse a calibration read from a file unless its HMAC verifies under ``key`` (docs/release-security.md)."""
-        if self._signature is not None:
-            verify_signature(self._signature, self._fields(), key, allow_unsigned)
+        return cal._sealed(signature, text, where, key, allow_unsigned)
 
     # --------------------------------------------------------------- release
     def samplers(self, seed: int | None = None) -> list[NoiseSampler]:
