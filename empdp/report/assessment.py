@@ -28,6 +28,13 @@ def sweep_index(a, eps: float):
     return (int(below[-1]), False) if len(below) else (None, False)
 
 
+def databases(a) -> str:
+    """How many databases, by which column, from which label to which."""
+    labels = a.labels
+    dbs = f"{a.n_databases} (by <code>{esc(a.by_column)}</code>"
+    return dbs + (f": {esc(labels[0])} … {esc(labels[-1])})" if labels else ")")
+
+
 def summary(a, eps: float, idx, exact: bool) -> str:
     m = a.model
     model = f"{m.kernel} kernel, scale b = {num(m.scale)}"
@@ -50,12 +57,9 @@ def summary(a, eps: float, idx, exact: bool) -> str:
         ("total risk δ*(ε)", val(a.total_risk)),
         ("individuals at risk at ε", num(int(a.n_at_risk[idx])) if idx is not None else "–"),
     ])
-    labels = a.labels
-    dbs = f"{a.n_databases} (by <code>{esc(a.by_column)}</code>"
-    dbs += f": {esc(labels[0])} … {esc(labels[-1])})" if labels else ")"
     ind = a.independence
     rows = [
-        ("source", esc(a.source)), ("query", f"<code>{esc(a.query)}</code>"), ("databases", dbs),
+        ("source", esc(a.source)), ("query", f"<code>{esc(a.query)}</code>"), ("databases", databases(a)),
         ("individuals", f"{a.n_individuals:,} (id <code>{esc(a.id_column)}</code>); "
                         f"{a.n_evaluated:,} evaluated exactly, the rest certified safe by screening"),
         ("density model", esc(model)),
@@ -63,16 +67,25 @@ def summary(a, eps: float, idx, exact: bool) -> str:
         ("autocorrelation (Ljung–Box)", p_badge(ind.get("ljung_box_p"))),
         ("trend (Mann–Kendall)", p_badge(ind.get("trend_p"))),
     ]
-    warn = ""
-    if a.warnings:
-        warn = '<div class="warn"><strong>Warnings</strong><ul>' + "".join(
-            f"<li>{esc(w)}</li>" for w in a.warnings) + "</ul></div>"
-    note = ('<div class="note">δ(ε) is the largest risk of any single individual; the total risk '
+    return section("summary", "Summary", figures + (explain(upper) if upper else ""), kv(rows),
+                   warning_box(a.warnings), risk_note())
+
+
+def warning_box(warnings) -> str:
+    """The assessment's warnings as a list in a box ('' without any)."""
+    if not warnings:
+        return ""
+    return '<div class="warn"><strong>Warnings</strong><ul>' + "".join(
+        f"<li>{esc(w)}</li>" for w in warnings) + "</ul></div>"
+
+
+def risk_note(first: str = "") -> str:
+    """What δ(ε), δ*(ε) and 'empirical' mean, after ``first``."""
+    return (f'<div class="note">{first}δ(ε) is the largest risk of any single individual; the total risk '
             'δ*(ε) = 1 − Π<sub>i</sub>(1 − δ<sub>i</sub>(ε)) is the chance that <em>at least one</em> '
             'individual is exposed, and <strong>assumes the individuals\' risks are independent</strong>. '
             'All figures are <em>empirical</em> privacy: they hold with respect to the variation between '
             'the databases, under the density model above, not for a fixed database.</div>')
-    return section("summary", "Summary", figures + (explain(upper) if upper else ""), kv(rows), warn, note)
 
 
 def n_individuals(a) -> int:

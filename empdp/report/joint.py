@@ -46,13 +46,10 @@ def summary(a, eps: float) -> str:
         ("total risk δ*(ε)", num(a.total_risk[0])),
         ("individuals at risk at ε", num(int(a.n_at_risk[0]))),
     ])
-    labels = a.labels
-    dbs = f"{a.n_databases} (by <code>{esc(a.by_column)}</code>"
-    dbs += f": {esc(labels[0])} … {esc(labels[-1])})" if labels else ")"
     stats = "<br>".join(f"{k + 1}. <code>{esc(q)}</code>" for k, q in enumerate(a.queries))
     r = np.corrcoef(a.q, rowvar=False)
     corr = ", ".join(f"{i + 1}–{j + 1}: {num(r[i, j], 6)}" for i in range(m.d) for j in range(i + 1, m.d))
-    rows = [("source", esc(a.source)), ("statistics, released together", stats), ("databases", dbs),
+    rows = [("source", esc(a.source)), ("statistics, released together", stats), ("databases", _a.databases(a)),
             ("individuals", f"{_a.n_individuals(a):,} (id <code>{esc(a.id_column)}</code>), every ε<sub>i</sub> "
                             "exact"),
             ("correlation over the databases", corr), ("density model", esc(_model(m))),
@@ -60,17 +57,10 @@ def summary(a, eps: float) -> str:
     for k, ind in enumerate(a.independence):
         rows.append((f"statistic {k + 1}: autocorrelation, trend",
                      f"Ljung–Box {p_badge(ind.get('ljung_box_p'))}; Mann–Kendall {p_badge(ind.get('trend_p'))}"))
-    warn = ""
-    if a.warnings:
-        warn = '<div class="warn"><strong>Warnings</strong><ul>' + "".join(
-            f"<li>{esc(w)}</li>" for w in a.warnings) + "</ul></div>"
-    note = ('<div class="note">The statistics are released together, so the risk is of the vector: each '
-            'statistic can be empirically private alone while the pair exposes an individual (Burchard et '
-            'al. §3). δ(ε) is the largest risk of any single individual; the total risk δ*(ε) = 1 − '
-            'Π<sub>i</sub>(1 − δ<sub>i</sub>(ε)) is the chance that <em>at least one</em> individual is '
-            'exposed, and <strong>assumes the individuals\' risks are independent</strong>. All figures are '
-            '<em>empirical</em> privacy, under the density model above.</div>')
-    return section("summary", "Summary", figures, kv(rows), warn, note)
+    note = _a.risk_note("The statistics are released together, so the risk is of the vector: each statistic "
+                        "can be empirically private alone while the pair exposes an individual (Burchard et al. "
+                        "§3). ")
+    return section("summary", "Summary", figures, kv(rows), _a.warning_box(a.warnings), note)
 
 
 def sweep(a) -> str:
