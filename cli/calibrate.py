@@ -166,8 +166,13 @@ def _print_calibration(cal: Calibration, output: str) -> None:
         ("verified max eps_i", fmt(cal.verified_eps_max)),
         ("individuals", f"{fmt(cal.n_individuals)} ({fmt(cal.n_sole_contributors)} sole contributors, "
                         "unprotectable)"),
-        ("classical DP epsilon", "none: " + cal.to_dict()["classical_dp_explanation"]),
     ]
+    _print_rows(rows, cal, output)
+
+
+def _print_rows(rows: list, cal, output: str) -> None:
+    """The calibration's table (aligned ``(name, value)`` rows), its classical-DP note and guarantee, the file."""
+    rows = [*rows, ("classical DP epsilon", "none: " + cal.to_dict()["classical_dp_explanation"])]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         click.echo(f"{key:<{width}}  {value}")
@@ -196,13 +201,8 @@ def _print_joint(cal: JointCalibration, output: str) -> None:
         ("verified max eps_i", f"{fmt(cal.verified_eps_max)}  (curator model alone: {fmt(cal.curator_eps_max)})"),
         ("individuals", f"{fmt(cal.n_individuals)} ({fmt(cal.n_sole_contributors)} sole contributors, "
                         "unprotectable)"),
-        ("classical DP epsilon", "none: " + cal.to_dict()["classical_dp_explanation"]),
     ]
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        click.echo(f"{key:<{width}}  {value}")
-    click.echo(f"Guarantee: {cal.to_dict()['guarantee']}.")
-    click.echo(f"Wrote {output}")
+    _print_rows(rows, cal, output)
 
 
 def _values(text: str, d: int) -> float | list[float]:

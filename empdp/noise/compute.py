@@ -61,14 +61,20 @@ class _NoiseStep:
     notes: list = field(default_factory=list)
 
 
-def _check_inputs(q, shifts, epsilon, undefined, bandwidth) -> _Inputs:
-    """Refuse bad input once, here, with one-line errors (docs/method.md#82-the-minimal-scale-exact)."""
+def target_epsilon(epsilon) -> float:
+    """The target ε as a float, or a one-line InputError when it is not a positive number."""
     try:
         epsilon = float(epsilon)
     except (TypeError, ValueError):
         raise InputError(f"--epsilon must be a positive number; got {epsilon!r}") from None
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise InputError(f"--epsilon must be a positive number; got {epsilon!r}")
+    return epsilon
+
+
+def _check_inputs(q, shifts, epsilon, undefined, bandwidth) -> _Inputs:
+    """Refuse bad input once, here, with one-line errors (docs/method.md#82-the-minimal-scale-exact)."""
+    epsilon = target_epsilon(epsilon)
     q = np.asarray(q, dtype=float)
     shifts = np.atleast_2d(np.asarray(shifts, dtype=float)).reshape(-1, q.size)
     if not (np.isfinite(q).all() and np.isfinite(shifts).all()):

@@ -347,14 +347,10 @@ def calibrate_joint_values(q, shifts, *, epsilon: float, bandwidth="auto", undef
         with the same statistics and bandwidth finds nobody at risk at ε).
     """
     from ..joint import joint_minimal_lambda, select_joint_model
+    from .compute import target_epsilon
 
     t0 = time.perf_counter()
-    try:
-        epsilon = float(epsilon)
-    except (TypeError, ValueError):
-        raise InputError(f"--epsilon must be a positive number; got {epsilon!r}") from None
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise InputError(f"--epsilon must be a positive number; got {epsilon!r}")
+    epsilon = target_epsilon(epsilon)
     check_epsilon(epsilon)
     q = np.asarray(q, dtype=np.float64)
     if q.ndim != 2 or not MIN_DIM <= q.shape[1] <= MAX_DIM:
