@@ -296,3 +296,44 @@ def test_one_statistic_calibration_refuses_a_vector(tmp_path, paper):
     one_line_error(run("release", cal_path, "--value", "1,2", "--ledger", tmp_path / "l.sqlite"),
                    "1 statistic(s)")
     assert not (tmp_path / "l.sqlite").exists()
+
+
+@pytest.mark.parametrize("edit", [
+    "UPDATE chain SET noisy_value = '[1.0,2.0]' WHERE seq = 1",        # the released vector replaced
+    "UPDATE chain SET lambda = '[1e9,1e9]' WHERE seq = 1",             # the noise scales inflated
+    "UPDATE chain SET noisy_value = 200.0 WHERE seq = 1",              # the vector made a number
+])
+def test_edited_joint_ledger_record_is_refused(calibrated, tmp_path, edit):
+    """The vector's JSON text is under the record's HMAC: an edit without the key is caught by verify and release."""
+    import sqlite3
+
+    cal, _ = calibrated
+    path = _signed(cal, tmp_path)
+    ledger = tmp_path / "l.sqlite"
+    assert run("release", path, "--value", "200,190", "--ledger", ledger).exit_code == 0
+    con = sqlite3.connect(ledger)
+    con.execute("DROP TRIGGER chain_no_update")
+    con.execute(edit)
+    con.commit()
+    con.close()
+    one_line_error(run("ledger", "verify", ledger), "record 1")
+    before = ledger.read_bytes()
+    one_line_error(run("release", path, "--value", "200,190", "--ledger", ledger), "record 1")
+    assert ledger.read_bytes() == before
+
+
+def test_one_ledger_counts_joint_and_single_releases_together(calibrated, paper, tmp_path):
+    """Sequential composition across kinds: a vector spends its epsilon once, beside one-statistic releases."""
+    cal, _ = calibrated
+    joint = _signed(cal, tmp_path)
+    single = tmp_path / "one.json"
+    assert run("calibrate", paper[0], *PANEL, "--query", "sum(x)", "-e", 0.5, "-o", single).exit_code == 0
+    ledger = tmp_path / "l.sqlite"
+    assert run("release", single, "--value", 200, "--ledger", ledger, "--budget", 2).exit_code == 0
+    assert run("release", joint, "--value", "200,190", "--ledger", ledger).exit_code == 0
+    res = run("release", joint, "--value", "200,190", "--ledger", ledger)  # 0.5 + 1 + 1 > 2
+    assert res.exit_code == 1 and "over the budget" in res.output
+    res = run("release", single, "--value", 201, "--ledger", ledger, "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["budget_spent"] == 2.0
+    summary = json.loads(run("ledger", "verify", ledger, "--json").stdout)
+    assert summary["n_releases"] == 3 and summary["spent"] == 2.0
