@@ -240,11 +240,15 @@ def _damage(d: dict, how: str) -> None:
         d["queries"] = d["queries"][:1]
     elif how == "independence not a list of dicts":
         d["independence"] = 3
+    elif how == "a column one short":
+        d["individuals"]["sole_contributor"].pop()
+    elif how == "a huge whitening":
+        d["model"]["whitening"] = [[1e308, 0.0], [0.0, 1e308]]
 
 
 @pytest.mark.parametrize("how", ["drop q", "short q row", "singular whitening", "negative scale", "text in the sweep",
                                  "a shift row too short", "a shift of nobody", "one statistic",
-                                 "independence not a list of dicts"])
+                                 "independence not a list of dicts", "a column one short", "a huge whitening"])
 def test_a_damaged_result_is_one_line_and_writes_nothing(paper, tmp_path, how):
     folder, _, _ = paper
     d = json.loads((folder / "r.json").read_text())

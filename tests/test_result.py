@@ -137,13 +137,15 @@ def test_bad_files(tmp_path, content, message):
         load_result(path)
 
 
-@pytest.mark.parametrize("damage", ["drop q", "short bandwidths", "text in the sweep"])
+@pytest.mark.parametrize("damage", ["drop q", "short bandwidths", "a column one short", "text in the sweep"])
 def test_damaged_files(saved, tmp_path, damage):
     d = _strict(saved[0].read_text())
     if damage == "drop q":
         del d["q"]
     elif damage == "short bandwidths":
         d["model"]["bandwidths"] = d["model"]["bandwidths"][:-1]
+    elif damage == "a column one short":
+        d["individuals"]["sole_contributor"].pop()
     else:
         d["sweep"]["delta"][0] = "much"
     path = tmp_path / "r.json"
