@@ -337,3 +337,20 @@ def test_one_ledger_counts_joint_and_single_releases_together(calibrated, paper,
     assert res.exit_code == 0 and json.loads(res.stdout)["budget_spent"] == 2.0
     summary = json.loads(run("ledger", "verify", ledger, "--json").stdout)
     assert summary["n_releases"] == 3 and summary["spent"] == 2.0
+
+
+@pytest.mark.parametrize("bandwidth", ["auto", [0.5, 0.5]])
+def test_no_noise_exactly_when_assess_finds_nobody_at_risk(paper, bandwidth):
+    """One model from assess to release: calibrate adds no noise at epsilon exactly when the joint assessment
+    with the same statistics and bandwidth puts nobody at risk there (both sides of eps_all, 1e-6 apart)."""
+    from empdp.joint.assess import assess_joint
+
+    path, _ = paper
+    eps_all = assess_joint(path, id="id", by="db", queries=QUERIES, bandwidth=bandwidth, epsilon=[1.0]).eps_all
+    panel = read_joint(path, id="id", by="db", queries=QUERIES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        above = calibrate_joint_values(panel.q, panel.shifts, epsilon=eps_all * (1 + 1e-6), bandwidth=bandwidth)
+        below = calibrate_joint_values(panel.q, panel.shifts, epsilon=eps_all * (1 - 1e-6), bandwidth=bandwidth)
+    assert not above.noise_added and below.noise_added
+    assert above.curator_eps_max == pytest.approx(eps_all, rel=1e-12)
