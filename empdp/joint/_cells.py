@@ -251,7 +251,7 @@ def _block(a, s, eps, nodes, only=None, cap=None):
     eps_i[~ok] = np.nan
     if eps is None:
         return eps_i, None, ok
-    pieces = _pieces(L, QA, QB, VA, VB, fs)
+    pieces = _pieces(L, QA, QB, VA, VB, fs, eps[0])
     need = None
     if only is not None:
         need = np.broadcast_to(np.asarray(only, dtype=bool), (C, len(eps))).copy()
@@ -274,18 +274,17 @@ def _delta(pieces, eps, ws, nodes, n, need):
     return np.clip(np.maximum(plus, minus) / (4.0 * n), 0.0, 1.0)
 
 
-def _pieces(L, QA, QB, VA, VB, fs):
-    """Every piece of the plane: per row, (Lmin, Lmax, mass A, mass B) over the J−1 × J−1 cells, the
-    4 (J−1) boundary segments (with their half-strips) and the 4 corner quadrants, in that order;
-    plus what the cut pieces need: the quadrant sums and the segments' (α, β) coefficients."""
+def _pieces(L, QA, QB, VA, VB, fs, level):
+    """The pieces of the plane whose L reaches ``level`` (plus side: max L > level) or −``level``
+    (minus side: min L < −level): the others add nothing at any ε ≥ level. Pieces are, per row, the
+    J−1 × J−1 cells, the 4 (J−1) boundary segments (with their half-strips) and the 4 corner
+    quadrants, in that order; for the kept ones, flat arrays of (row, piece, min L, max L, mass A,
+    mass B), plus what the cut pieces need: the quadrant sums and the segments' (α, β) coefficients."""
     C, J, _ = L.shape
     f1, f2 = fs[0][:, :-1], fs[1][:, :-1]  # (C, J − 1)
     corners = [L[:, :-1, :-1], L[:, 1:, :-1], L[:, :-1, 1:], L[:, 1:, 1:]]
     cmin = np.minimum(np.minimum(corners[0], corners[1]), np.minimum(corners[2], corners[3]))
     cmax = np.maximum(np.maximum(corners[0], corners[1]), np.maximum(corners[2], corners[3]))
-    area = (1.0 - f1)[:, :, None] * (1.0 - f2)[:, None, :]
-    mA = QA[:, :, :-1, :-1].sum(1) * area
-    mB = QB[:, :, :-1, :-1].sum(1) * area
     # boundary segments: along axis 2 on the lines u1 = x1_0 and u1 = x1_{J−1}, along axis 1 on
     # u2 = x2_0 and u2 = x2_{J−1}; (α, β): the line's density is α e^{−t} + β e^{−(w−t)}
     seg = []
@@ -293,27 +292,39 @@ def _pieces(L, QA, QB, VA, VB, fs):
         g1 = fs[0][:, :, None]
         g2 = fs[1][:, None, :]
         # on the line u1 = x1_i: α = C−− + f1 C+−, β = C−+ + f1 C++ (segment k); u2 = x2_k likewise
-        al1 = Q[:, 0] + g1 * Q[:, 1]
-        be1 = Q[:, 2] + g1 * Q[:, 3]
-        al2 = Q[:, 0] + g2 * Q[:, 2]
-        be2 = Q[:, 1] + g2 * Q[:, 3]
-        seg.append((np.concatenate([al1[:, 0, :-1], al1[:, -1, :-1], al2[:, :-1, 0], al2[:, :-1, -1]], axis=1),
-                    np.concatenate([be1[:, 0, :-1], be1[:, -1, :-1], be2[:, :-1, 0], be2[:, :-1, -1]], axis=1)))
+        rows, cols = Q[:, :, (0, -1), :], Q[:, :, :, (0, -1)]  # the first and last kink lines of each axis
+        al1 = rows[:, 0] + g1[:, (0, -1)] * rows[:, 1]
+        be1 = rows[:, 2] + g1[:, (0, -1)] * rows[:, 3]
+        al2 = cols[:, 0] + g2[:, :, (0, -1)] * cols[:, 2]
+        be2 = cols[:, 1] + g2[:, :, (0, -1)] * cols[:, 3]
+        seg.append((np.concatenate([al1[:, 0, :-1], al1[:, 1, :-1], al2[:, :-1, 0], al2[:, :-1, 1]], axis=1),
+                    np.concatenate([be1[:, 0, :-1], be1[:, 1, :-1], be2[:, :-1, 0], be2[:, :-1, 1]], axis=1)))
     sw = np.concatenate([f2, f2, f1, f1], axis=1)  # e^{−w} of each segment
     sL0 = np.concatenate([L[:, 0, :-1], L[:, -1, :-1], L[:, :-1, 0], L[:, :-1, -1]], axis=1)
     sL1 = np.concatenate([L[:, 0, 1:], L[:, -1, 1:], L[:, 1:, 0], L[:, 1:, -1]], axis=1)
-    smA = (seg[0][0] + seg[0][1]) * (1.0 - sw)
-    smB = (seg[1][0] + seg[1][1]) * (1.0 - sw)
     kc = (0, -1)
     cL = np.stack([L[:, i, k] for i in kc for k in kc], axis=1)
-    cA = np.stack([VA[:, i, k] for i in kc for k in kc], axis=1)
-    cB = np.stack([VB[:, i, k] for i in kc for k in kc], axis=1)
     lo = np.concatenate([cmin.reshape(C, -1), np.minimum(sL0, sL1), cL], axis=1)
     hi = np.concatenate([cmax.reshape(C, -1), np.maximum(sL0, sL1), cL], axis=1)
-    mass_A = np.concatenate([mA.reshape(C, -1), smA, cA], axis=1)
-    mass_B = np.concatenate([mB.reshape(C, -1), smB, cB], axis=1)
-    return {"lo": lo, "hi": hi, "mA": mass_A, "mB": mass_B, "QA": QA, "QB": QB, "seg": seg, "sw": sw,
-            "ncell": (J - 1) ** 2, "nseg": 4 * (J - 1), "J": J}
+    K = lo.shape[1]
+    at = np.flatnonzero((hi > level) | (lo < -level))
+    row, piece = np.divmod(at, K)
+    ncell, nseg = (J - 1) ** 2, 4 * (J - 1)
+    mass = []
+    for Q, V, (al, be) in ((QA, VA, seg[0]), (QB, VB, seg[1])):
+        m = np.empty(len(at))
+        c = piece < ncell
+        r, (i, k) = row[c], np.divmod(piece[c], J - 1)
+        m[c] = Q[r, :, i, k].sum(1) * ((1.0 - f1[r, i]) * (1.0 - f2[r, k]))
+        g = (piece >= ncell) & (piece < ncell + nseg)
+        r, ps = row[g], piece[g] - ncell
+        m[g] = (al[r, ps] + be[r, ps]) * (1.0 - sw[r, ps])
+        e = piece >= ncell + nseg
+        r, pc = row[e], piece[e] - ncell - nseg
+        m[e] = V[r, np.where(pc < 2, 0, -1), np.where(pc % 2 == 0, 0, -1)]
+        mass.append(m)
+    return {"row": row, "piece": piece, "lo": lo.ravel()[at], "hi": hi.ravel()[at], "mA": mass[0], "mB": mass[1],
+            "QA": QA, "QB": QB, "seg": seg, "sw": sw, "ncell": ncell, "nseg": nseg, "J": J, "C": C}
 
 
 def _side(P, eps, side, ws, nodes, need=None):
@@ -322,30 +333,31 @@ def _side(P, eps, side, ws, nodes, need=None):
     lo, hi, mp, mq = P["lo"], P["hi"], P["mA"], P["mB"]
     if side:
         lo, hi, mp, mq = -P["hi"], -P["lo"], P["mB"], P["mA"]
-    C, K = lo.shape
+    keep = hi > eps[0]  # the others lie in {L ≤ ε} at every level
+    prow, ppiece, lo, hi, mp, mq = P["row"][keep], P["piece"][keep], lo[keep], hi[keep], mp[keep], mq[keep]
+    C = P["C"]
     E = len(eps)
     growth = np.exp(np.minimum(eps, L_CAP))
     k_lo = np.searchsorted(eps, lo, side="right")  # levels ε ≤ min L: the piece lies in {L ≥ ε}
     k_hi = np.searchsorted(eps, hi, side="left")   # levels ε < max L
-    flat = (np.arange(C)[:, None] * (E + 1) + k_lo).ravel()
-    bp = np.bincount(flat, weights=mp.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
-    bq = np.bincount(flat, weights=mq.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
+    flat = prow * (E + 1) + k_lo
+    bp = np.bincount(flat, weights=mp, minlength=C * (E + 1)).reshape(C, E + 1)
+    bq = np.bincount(flat, weights=mq, minlength=C * (E + 1)).reshape(C, E + 1)
     full_p = np.cumsum(bp[:, ::-1], axis=1)[:, -2::-1]
     full_q = np.cumsum(bq[:, ::-1], axis=1)[:, -2::-1]
     out = full_p - growth * full_q
-    count = (k_hi - k_lo).ravel()
+    count = k_hi - k_lo
     if need is not None:  # drop the pieces cut at no needed level before expanding (piece, level)
         cn = np.zeros((C, E + 1), dtype=np.int64)
         np.cumsum(need, axis=1, out=cn[:, 1:])
-        rows = np.arange(C)[:, None]
-        count = np.where((cn[rows, k_hi] - cn[rows, k_lo]).ravel() > 0, count, 0)
+        count = np.where(cn[prow, k_hi] - cn[prow, k_lo] > 0, count, 0)
     cut = np.flatnonzero(count > 0)
     if not len(cut):
         return out
     c = count[cut]
     at = np.repeat(cut, c)
-    level = np.repeat(k_lo.ravel()[cut] - (np.cumsum(c) - c), c) + np.arange(len(at))
-    row, piece = np.divmod(at, K)
+    level = np.repeat(k_lo[cut] - (np.cumsum(c) - c), c) + np.arange(len(at))
+    row, piece = prow[at], ppiece[at]
     if need is not None:
         keep = need[row, level]
         row, piece, level = row[keep], piece[keep], level[keep]
