@@ -289,3 +289,24 @@ def test_the_report_is_written_atomically(live, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="drawing failed"):
         render_report(live, path)
     assert path.read_text() == "the previous report" and [p.name for p in tmp_path.iterdir()] == ["r.html"]
+
+
+def test_a_sole_contributor_is_listed_and_the_next_rows_drawn(tmp_path):
+    """A sole contributor heads the table with ε_i = ∞ and no density (theirs is undefined); the riskiest
+    other individual and the ε_all setter are drawn, from the live result and from the saved one alike."""
+    from conftest import random_panel
+
+    random_panel(0, n_db=8, n_ind=14).to_parquet(tmp_path / "solo.parquet")
+    res = run("assess", tmp_path / "solo.parquet", "--id", "id", "--by", "year", "--query", "sum(x)",
+              "--query", "mean(w)", "--report", tmp_path / "r.html", "--save-result", tmp_path / "r.json", "-q")
+    assert res.exit_code == 0, res.output
+    assert run("report", tmp_path / "r.json", "-o", tmp_path / "again.html", "-q").exit_code == 0
+    html = (tmp_path / "r.html").read_text()
+    assert _no_timestamp(html) == _no_timestamp((tmp_path / "again.html").read_text())
+    sec = _sections(html)
+    rows = _table_rows(sec["riskiest"])
+    assert rows[0][1] == "solo" and rows[0][3] == "∞" and "sole contributor" in rows[0][-1]
+    setter = [r[1] for r in rows if r[-1] == "sets ε_all"]
+    assert setter and setter[0] != rows[1][1]  # two individuals to draw
+    figures = re.findall(r'<img alt="[^"]*" src="data:image/png;base64,', sec["contours"])
+    assert len(figures) == 2

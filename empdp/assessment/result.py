@@ -443,12 +443,12 @@ def _joint_float_columns(d: int) -> tuple:
     return ("eps_i", "delta", *[f"max_abs_shift_{k + 1}" for k in range(d)])
 
 
-def _matrix(values, shape: tuple, what: str) -> np.ndarray:
+def _matrix(values, shape: tuple, what: str, finite: bool = True) -> np.ndarray:
     if not isinstance(values, list):
         raise TypeError(f"{what} is not a list")
     out = np.array([_dec(row) for row in values], dtype=float).reshape(-1, *shape[1:]) if values else \
         np.zeros((0, *shape[1:]))
-    if (shape[0] is not None and out.shape[0] != shape[0]) or not np.all(np.isfinite(out)):
+    if (shape[0] is not None and out.shape[0] != shape[0]) or (finite and not np.all(np.isfinite(out))):
         raise ValueError(f"{what} has shape {out.shape} or a non-finite value; expected {shape}")
     return out
 
@@ -489,7 +489,8 @@ def _joint_from_dict(d: dict) -> SavedJointAssessment:
     }).select([id_col, "eps_i", "delta", "n_databases", *_joint_float_columns(dim)[2:], "sole_contributor"])
     sd = d["shifts"]
     saved_ids = list(sd["ids"])
-    shifts = np.array([_matrix(rows, (n, dim), "a shift row") for rows in sd["rows"]]).reshape(-1, n, dim)
+    # a sole contributor's shift is undefined where they are alone: the report draws no such row
+    shifts = np.array([_matrix(rows, (n, dim), "a shift row", finite=False) for rows in sd["rows"]]).reshape(-1, n, dim)
     if len(shifts) != len(saved_ids) or not set(saved_ids) <= set(table[id_col].to_list()):
         raise ValueError(f"{len(shifts)} shift rows for {len(saved_ids)} saved ids, or ids not in the table")
     independence = [dict(v) for v in d["independence"]]

@@ -66,7 +66,7 @@ def summary(a, eps: float) -> str:
 def sweep(a) -> str:
     E = len(a.epsilons)
     picks = range(E) if E <= SWEEP_ROWS else np.unique(np.linspace(0, E - 1, SWEEP_ROWS - 2).round().astype(int))
-    head = ("<tr><th class='n'>ε</th><th class='n'>δ(ε), worst case</th><th class='n'>total risk δ*(ε)</th>"
+    head = ("<tr><th class='n'>ε</th><th class='n'>worst-case δ(ε)</th><th class='n'>total risk δ*(ε)</th>"
             "<th class='n'>at risk</th></tr>")
     body = "".join(f"<tr><td class='n'>{num(a.epsilons[k])}</td><td class='n'>{num(a.delta[k])}</td>"
                    f"<td class='n'>{num(a.total_risk[k])}</td><td class='n'>{num(int(a.n_at_risk[k]))}</td></tr>"
@@ -114,9 +114,11 @@ def _shifts(a, rows):
 
 
 def drawn(a, rows) -> list[int]:
-    """Rows whose density is drawn: the riskiest with defined shifts, and the ε_all setter if another."""
-    firsts = [0] + [k for k, r in enumerate(rows) if r["sets"] and k > 0][:1]
-    return [k for k in firsts if k < len(rows) and not rows[k]["sole_contributor"]]
+    """Rows whose density is drawn: the riskiest that is no sole contributor (whose shifts are defined),
+    and the ε_all setter if another."""
+    defined = [k for k, r in enumerate(rows) if not r["sole_contributor"]]
+    setter = [k for k in defined if rows[k]["sets"]]
+    return sorted(set(defined[:1] + setter[:1]))
 
 
 def contours(a, eps: float, rows, show) -> str:
