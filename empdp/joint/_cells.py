@@ -195,27 +195,29 @@ def _quadrants_cumsum(xs, ranks, pts):
         e_pts.append((ep, 1.0 / ep))
     out = np.empty((C, 4, J, J))
     W = np.zeros((C, J, J))
+    T = np.empty((C, J, J))
     for q, (s1, s2) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):  # 0: left/below, 1: right/above
         W[:] = 0.0
         W[rows, r1, r2] = e_pts[0][s1] * e_pts[1][s2]
-        S = _scan(_scan(W, 1, s1), 2, s2)
-        f1 = (up[0] if s1 else down[0])[:, :, None]
-        f2 = (up[1] if s2 else down[1])[:, None, :]
-        np.multiply(S * f1, f2, out=out[:, q])
+        _scan(W, 1, s1, T)
+        S = out[:, q]
+        _scan(T, 2, s2, S)
+        S *= (up[0] if s1 else down[0])[:, :, None]
+        S *= (up[1] if s2 else down[1])[:, None, :]
     return out
 
 
-def _scan(W, axis, suffix):
-    """Prefix sums along ``axis`` (index ≤ i), or suffix sums from the next index (≥ i + 1; 0 at the end)."""
+def _scan(W, axis, suffix, out):
+    """Into ``out``: prefix sums along ``axis`` (index ≤ i), or suffix sums from the next index
+    (≥ i + 1; 0 at the end), the latter as a prefix sum over reversed views (no copies)."""
     if not suffix:
-        return np.cumsum(W, axis=axis)
-    rev = np.flip(np.cumsum(np.flip(W, axis), axis=axis), axis)
-    out = np.zeros_like(W)
-    if axis == 1:
-        out[:, :-1] = rev[:, 1:]
+        np.cumsum(W, axis=axis, out=out)
+    elif axis == 1:
+        np.cumsum(W[:, :0:-1], axis=1, out=out[:, -2::-1])
+        out[:, -1] = 0.0
     else:
-        out[:, :, :-1] = rev[:, :, 1:]
-    return out
+        np.cumsum(W[:, :, :0:-1], axis=2, out=out[:, :, -2::-1])
+        out[:, :, -1] = 0.0
 
 
 def _quadrants_product(xs, ranks, pts):
