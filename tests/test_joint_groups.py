@@ -240,3 +240,20 @@ def test_groups_whose_statistics_are_exactly_dependent_are_a_finding():
     with pytest.raises(SingularCovarianceError, match=r"count\(\*\) \[region = a\].*exactly dependent") as info:
         assess_grouped(table, id="id", by="year", group_by="region", query="count(*)")
     assert info.value.involved == (0, 1, 2) and "\n" not in str(info.value)
+
+
+def test_the_sweep_skips_only_what_cannot_change_the_summary(five, monkeypatch):
+    """Forced saturation of δ*(ε) by the one-group individuals: the joint rows then get δ_i(ε) only where it
+    can exceed the largest so far; the summary and δ_i at the smallest ε are unchanged."""
+    import empdp.joint.groups as jg
+
+    table, full = five
+    monkeypatch.setattr(jg, "SWEEP_ROWS", 1)
+    monkeypatch.setattr(jg, "SATURATED", -0.05)
+    part = assess_grouped(table, id="id", by="year", group_by="region", query="mean(x)", epsilon=EPS)
+    np.testing.assert_array_equal(part.delta, full.delta)
+    np.testing.assert_array_equal(part.n_at_risk, full.n_at_risk)
+    np.testing.assert_array_equal(part.n_unresolved, full.n_unresolved)
+    assert part.individuals.equals(full.individuals)
+    # some δ_i(ε) were skipped: the forced δ* (which is not really 1.0) lost them
+    assert np.any(part.total_risk < full.total_risk - 1e-6)

@@ -120,6 +120,12 @@ class GroupedAssessment(RiskSweep):
         }
 
 
+#: individuals per call of the joint risk core in the sweep: the saturation test runs between calls
+SWEEP_ROWS = 64
+#: Σ log(1 − δ_i(ε)) at or below which δ*(ε) = −expm1(·) is 1.0 in float64 (from about −38)
+SATURATED = -60.0
+
+
 def _num(v):
     v = float(v)
     return v if math.isfinite(v) else None
@@ -214,7 +220,8 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
     rows = _Rows.evaluate(panel, models)
     eps = default_epsilons(rows.eps_all) if epsilon is None else given
     delta = rows.sweep(eps)
-    known = np.nan_to_num(delta, nan=0.0)  # NaN: a bounded individual, unresolved below its bound
+    unresolved = np.isnan(delta) & rows.bounded[:, None]  # below a bounded individual's bound
+    known = np.nan_to_num(delta, nan=0.0)  # NaN elsewhere: positive, below the largest δ_i where δ* is 1.0
     with np.errstate(divide="ignore"):
         total = np.maximum(-np.expm1(np.log1p(-known).sum(axis=0, dtype=np.longdouble).astype(np.float64)), 0.0)
     individuals = pl.DataFrame({
@@ -227,8 +234,9 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
         source=str(source) if isinstance(source, str) else type(source).__name__,
         query=(query if query is not None else sql).strip(), group_by=group_by, groups=panel.groups,
         names=panel.names, id_column=id, by_column=by, labels=panel.labels, q=panel.q, models=dict(models.fitted),
-        epsilons=eps, delta=known.max(axis=0), total_risk=total, n_at_risk=(delta > 0).sum(axis=0),
-        n_unresolved=np.isnan(delta).sum(axis=0), eps_all=rows.eps_all,
+        epsilons=eps, delta=known.max(axis=0), total_risk=total,
+        n_at_risk=((delta > 0) | (np.isnan(delta) & ~unresolved)).sum(axis=0),
+        n_unresolved=unresolved.sum(axis=0), eps_all=rows.eps_all,
         eps_all_bound=max(rows.eps_all, float(rows.bound[rows.bounded].max(initial=0.0))),
         individuals=individuals, group_risks=rows.group_risks(eps[0], id),
         sole_contributors=int(panel.sole.sum()), warnings=warnings, independence=independence)
@@ -275,13 +283,31 @@ class _Rows:
         return float(self.eps_i[self.exact].max(initial=0.0))
 
     def sweep(self, eps: np.ndarray) -> np.ndarray:
-        """δ_i(ε) (m, E): exact; 1 for sole contributors; for the bounded 0 from their bound on, NaN below."""
+        """δ_i(ε) (m, E): exact; 1 for sole contributors; for the bounded 0 from their bound on, NaN below.
+
+        One-group models first (closed form, all rows at once), then the joint ones in blocks, riskiest
+        first. Once Σ log(1 − δ_i(ε)) ≤ :data:`SATURATED`, δ*(ε) is 1.0 whatever the rest are, and
+        the next blocks need δ_i(ε) only where it can exceed the largest so far (``only``/``cap`` of
+        :func:`empdp.joint.joint_risk`; NaN elsewhere, positive); δ_i at the smallest ε is always computed.
+        """
         delta = np.zeros((len(self.eps_i), len(eps)))
         delta[self.panel.sole] = 1.0
-        for model, rows, shifts in self.parts:
-            need = self.bound[rows] > eps[0]  # δ_i(ε) = 0 for ε ≥ M_i
-            if need.any():
-                delta[rows[need]] = joint_risk(model, shifts[need], eps)[1]
+        largest = delta.max(axis=0, initial=0.0)
+        with np.errstate(divide="ignore"):
+            survive = np.log1p(-delta).sum(axis=0, dtype=np.longdouble)
+        for model, rows, shifts in sorted(self.parts, key=lambda part: part[0].d):
+            need = np.flatnonzero(self.bound[rows] > eps[0])  # δ_i(ε) = 0 for ε ≥ M_i
+            need = need[np.argsort(-self.eps_i[rows[need]], kind="stable")]
+            for block in [need] if model.d == 1 else [need[k:k + SWEEP_ROWS] for k in range(0, len(need), SWEEP_ROWS)]:
+                saturated = survive <= SATURATED
+                saturated[0] = False
+                only, cap = (~saturated, largest.copy()) if saturated.any() and model.d > 1 else (None, None)
+                d = joint_risk(model, shifts[block], eps, only=only, cap=cap)[1]
+                delta[rows[block]] = d
+                known = np.nan_to_num(d, nan=0.0)
+                largest = np.maximum(largest, known.max(axis=0, initial=0.0))
+                with np.errstate(divide="ignore"):
+                    survive += np.log1p(-known).sum(axis=0, dtype=np.longdouble)
         delta[self.bounded] = np.where(eps[None, :] < self.bound[self.bounded, None], np.nan, 0.0)
         return delta
 
