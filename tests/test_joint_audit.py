@@ -102,3 +102,20 @@ def test_cli_audit_release_of_a_joint_calibration(paper, tmp_path):
     res = run("audit", "release", good, path, "--seed", 1, "--hash-ids", env={"EMPDP_HASH_KEY": "k" * 20})
     assert res.exit_code == 0 and row not in res.stdout and "OK: the release meets its target" in res.stdout
     one_line_error(run("audit", "release", good, path, "--top", 0), "--top")
+
+
+def test_mpl_bound_on_a_correct_joint_release_covers_and_is_tight(paper):
+    """Over 12 fixed seeds the MPL bound (alpha 0.05) stays below the exact eps of the release at least 9 times
+    (more than 3 misses has probability 0.002 at the nominal level) and its median is within 40% of it."""
+    path, K, cal = paper
+    panel = read_joint(path, id="id", by="db", queries=QUERIES)
+
+    class Loo:
+        q, shifts, ids, sole = panel.q, panel.shifts, panel.ids.to_list(), panel.sole
+
+    runs = [audit_release(cal, loo=Loo, top=1, rng=1000 + s) for s in range(12)]
+    lbs = np.array([r.mpl_lower_bound for r in runs])
+    exact = runs[0].exact_epsilon_max
+    assert all(r.exact_epsilon_max == exact for r in runs) and runs[0].individuals[0]["id"] == K
+    assert (lbs > exact).sum() <= 3
+    assert np.median(lbs) >= 0.6 * exact
