@@ -257,3 +257,12 @@ def test_the_sweep_skips_only_what_cannot_change_the_summary(five, monkeypatch):
     assert part.individuals.equals(full.individuals)
     # some δ_i(ε) were skipped: the forced δ* (which is not really 1.0) lost them
     assert np.any(part.total_risk < full.total_risk - 1e-6)
+
+
+def test_a_wrong_number_of_scales_is_refused_before_any_group_is_read(monkeypatch):
+    import empdp.joint.panel as jp
+
+    monkeypatch.setattr(jp, "open_engine", lambda *args, **kwargs: pytest.fail("a group was read"))
+    with pytest.raises(InputError, match=r"^--bandwidth needs one scale, or one per group \(5\); got 3$"):
+        assess_grouped(grouped_table(), id="id", by="year", group_by="region", query="mean(x)",
+                       bandwidth=[0.1, 0.2, 0.3])

@@ -215,7 +215,8 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
     if not (isinstance(bandwidth, str) and bandwidth == "auto"):
         _fixed_scales(bandwidth, np.size(bandwidth))  # a malformed value is refused before the table is read
     panel = read_grouped(source, id=id, by=by, group_by=group_by, query=query, sql=sql, where=where,
-                         drop_null_ids=drop_null_ids, memory_limit=memory_limit, threads=threads)
+                         drop_null_ids=drop_null_ids, memory_limit=memory_limit, threads=threads,
+                         check=lambda G: _fixed_scales(bandwidth, G))  # the count, before the groups are read
     models = _Models(panel, _fixed_scales(bandwidth, panel.n_groups))
     rows = _Rows.evaluate(panel, models)
     eps = default_epsilons(rows.eps_all) if epsilon is None else given

@@ -9,7 +9,7 @@ joint calibration and release, and the grouped statistics (one statistic per gro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import polars as pl
@@ -169,9 +169,10 @@ class GroupPanel:
 
 def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | None = None, sql: str | None = None,
                  where: str | None = None, drop_null_ids: bool = False, memory_limit: str | None = None,
-                 threads: int | None = None) -> GroupPanel:
+                 threads: int | None = None, check: Callable[[int], None] | None = None) -> GroupPanel:
     """The :class:`GroupPanel` of one statistic (``query`` with ``where``, or ``sql`` over ``db``) per
     group of column ``group_by``: one leave-one-out engine per group, its rows filtered to the group.
+    ``check`` is called with the number of groups before any group is read (options that depend on it).
 
     Raises :class:`InputError` (one line) when the group column is missing or has NULLs on the rows
     the query reads, when a group has no rows in some database (the released vector would differ
@@ -197,6 +198,8 @@ def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | N
         raise InputError(f"{n_null:,} rows have a NULL group in column {shorten(group_by)}; every row the "
                          f"statistic reads must be in a group: fill them, or filter them out with --where")
     groups = _groups(cells, labels, group_by, where)
+    if check is not None:
+        check(len(groups))
     read = []
     for gtext, value in groups:
         cond = group_filter(group_by, gtext)
