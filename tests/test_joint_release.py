@@ -354,3 +354,54 @@ def test_no_noise_exactly_when_assess_finds_nobody_at_risk(paper, bandwidth):
         below = calibrate_joint_values(panel.q, panel.shifts, epsilon=eps_all * (1 - 1e-6), bandwidth=bandwidth)
     assert not above.noise_added and below.noise_added
     assert above.curator_eps_max == pytest.approx(eps_all, rel=1e-12)
+
+
+def _set_path(d, path, value):
+    *head, last = path
+    for k in head:
+        d = d[k]
+    if value is KeyError:
+        del d[last]
+    else:
+        d[last] = value
+
+
+@pytest.mark.parametrize("path, value, fragment", [
+    (("curator_model", "whitening", 0, 0), "0.1", "curator_model.whitening"),
+    (("curator_model", "whitening", 0), [1.0], "curator_model.whitening"),
+    (("curator_model", "unwhitening", 1, 1), 7.0, "not the inverse"),
+    (("curator_model", "scales"), [1.0], "curator_model.scales"),
+    (("curator_model", "kind"), "gaussian", "curator_model.kind"),
+    (("noise", "kind"), "laplace", "noise.kind"),
+    (("noise", "weights", 0), 1.5, "noise.weights"),
+    (("noise", "scales", 1), -1.0, "noise.scales"),
+    (("noise", "unwhitening", 0, 0), 0.0, "noise.unwhitening"),
+    (("statistics",), ["a", "b", "c", "d"], "statistics"),
+    (("statistics",), ["a", "b", "c"], "curator_model.whitening"),
+    (("t",), True, "'t'"),
+    (("epsilon",), KeyError, "'epsilon'"),
+    (("verified_eps_max",), 2.0, "exceeds epsilon"),
+    (("query",), ["sum(x)"], "'query'"),
+    (("expected_abs_noise",), [0.0, 0.0], "expected_abs_noise"),
+])
+def test_damaged_joint_calibration_field_is_one_line(calibrated, tmp_path, path, value, fragment):
+    """Every field is checked at the boundary, even where no signature is asked for (--allow-unsigned)."""
+    cal, _ = calibrated
+    d = cal.to_dict()
+    _set_path(d, path, value)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    ledger = tmp_path / "l.sqlite"
+    one_line_error(run("release", bad, "--value", "1,2", "--ledger", ledger, "--allow-unsigned"), fragment)
+    assert not ledger.exists()
+
+
+def test_undamaged_unsigned_joint_calibration_releases_only_with_allow_unsigned(calibrated, tmp_path):
+    """The control of the damaged-field cases: the same file unedited passes with --allow-unsigned (unsafe)."""
+    cal, _ = calibrated
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(cal.to_dict()))
+    ledger = tmp_path / "l.sqlite"
+    one_line_error(run("release", good, "--value", "1,2", "--ledger", ledger), "not signed")
+    res = run("release", good, "--value", "1,2", "--ledger", ledger, "--allow-unsigned", "--json")
+    assert res.exit_code == 0 and len(json.loads(res.stdout)["value"]) == 2

@@ -229,16 +229,16 @@ class JointCalibration(SignedFile):
 
 
 # ----------------------------------------------------------------------------- file checks
+def _real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) and abs(x) <= MAX_SCALE
+
+
 def _matrix(d: dict, key: str, dim: int, where: str, prefix: str) -> np.ndarray:
     v = d.get(key)
-    try:
-        m = np.asarray(v, dtype=np.float64)
-    except (TypeError, ValueError):
-        m = None
-    if m is None or m.shape != (dim, dim) or not np.all(np.isfinite(m)) or np.abs(m).max() > MAX_SCALE \
-            or any(isinstance(x, bool) for row in v for x in row):
+    if not (isinstance(v, list) and len(v) == dim
+            and all(isinstance(row, list) and len(row) == dim and all(_real(x) for x in row) for row in v)):
         raise InputError(f"{where}: field '{prefix}{key}' must be a {dim} x {dim} matrix of finite numbers; {_FIX}")
-    return m
+    return np.asarray(v, dtype=np.float64)
 
 
 def _vector(d: dict, key: str, dim: int, where: str, prefix: str, *, positive=False, at_most=MAX_SCALE) -> np.ndarray:
