@@ -199,43 +199,51 @@ def result_dict(a: Assessment, *, hash_ids: bytes | None = None, shifts: bool = 
     ids = top[a.id_column].to_list()
     rows = ids[:SHIFT_ROWS] if shifts else []
     shifts = a.shifts_of(rows) if rows else np.zeros((0, a.n_databases))
-    show = (lambda v: keyed_hash(v, hash_ids)) if hash_ids else _scalar
+    show = _shown(hash_ids)
     m = a.model
-    summary = a.to_dict()
-    from .. import __version__
-
-    return {
-        "format": FORMAT,
-        "empdp_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "ids_hashed": bool(hash_ids) or bool(getattr(a, "ids_hashed", False)),
-        "summary": _plain(summary),
-        "source": a.source, "query": a.query, "id": a.id_column, "by": a.by_column,
-        "labels": [_scalar(v) for v in a.labels],
+    return _common(a, FORMAT, hash_ids) | {
+        "query": a.query,
         "q": _enc(a.q),
         "model": _model_dict(m) | {"candidates": _plain(m.candidates)},
-        "sweep": {"epsilon": _enc(a.epsilons), "delta": _enc(a.delta), "total_risk": _enc(a.total_risk),
-                  "n_at_risk": [int(v) for v in a.n_at_risk]},
-        "eps_all": _enc([a.eps_all])[0],
-        "independence": _plain(a.independence),
         "representativeness": _plain(a.representativeness),
-        "warnings": list(a.warnings),
-        "sole_contributors": int(a.sole_contributors),
         "n_evaluated": int(a.n_evaluated),
         "screening": bool(a.screening),
-        "n_individuals": int(a.n_individuals),
-        "individuals": {
-            a.id_column: [show(v) for v in ids],
-            **{c: _enc(top[c].to_numpy()) for c in _FLOAT_COLUMNS},
-            "n_databases": [int(v) for v in top["n_databases"]],
-            "sole_contributor": [bool(v) for v in top["sole_contributor"]],
-            "sets_eps_all": [bool(v) for v in top["sets_eps_all"]],
-        },
+        "individuals": _table_dict(top, a.id_column, show, _FLOAT_COLUMNS)
+        | {"sets_eps_all": [bool(v) for v in top["sets_eps_all"]]},
         "individuals_epsilon": _enc(a.epsilons[:1])[0],
         "shifts": [_enc(row) for row in shifts],
         **({"adversary": _plain(a.adversary), "bucket_models": [_model_dict(b.model) | {"databases": [
             int(j) for j in b.databases]} for b in a.buckets]} if a.adversary else {}),
     }
+
+
+def _shown(hash_ids: bytes | None):
+    """How the file writes an id: its keyed hash, or as it is."""
+    return (lambda v: keyed_hash(v, hash_ids)) if hash_ids else _scalar
+
+
+def _common(a, fmt: str, hash_ids: bytes | None) -> dict:
+    """The parts of a result file every assessment has (one statistic or several)."""
+    from .. import __version__
+
+    return {
+        "format": fmt, "empdp_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "ids_hashed": bool(hash_ids) or bool(getattr(a, "ids_hashed", False)),
+        "summary": _plain(a.to_dict()),
+        "source": a.source, "id": a.id_column, "by": a.by_column, "labels": [_scalar(v) for v in a.labels],
+        "sweep": {"epsilon": _enc(a.epsilons), "delta": _enc(a.delta), "total_risk": _enc(a.total_risk),
+                  "n_at_risk": [int(v) for v in a.n_at_risk]},
+        "eps_all": _enc([a.eps_all])[0], "independence": _plain(a.independence), "warnings": list(a.warnings),
+        "sole_contributors": int(a.sole_contributors), "n_individuals": int(a.n_individuals),
+    }
+
+
+def _table_dict(top: pl.DataFrame, id_col: str, show, floats) -> dict:
+    """The saved rows of the per-individual table."""
+    return {id_col: [show(v) for v in top[id_col]], **{c: _enc(top[c].to_numpy()) for c in floats},
+            "n_databases": [int(v) for v in top["n_databases"]],
+            "sole_contributor": [bool(v) for v in top["sole_contributor"]]}
 
 
 def _model_dict(m: DensityModel) -> dict:
@@ -306,29 +314,37 @@ def _representativeness(rep: dict) -> dict:
     return rep
 
 
+def _sweep(sweep: dict) -> tuple:
+    """ε, δ(ε), δ*(ε) and the at-risk counts of a file's sweep, checked."""
+    eps, delta, total = _dec(sweep["epsilon"]), _dec(sweep["delta"]), _dec(sweep["total_risk"])
+    at_risk = np.asarray(sweep["n_at_risk"], dtype=np.int64)
+    if not (len(eps) == len(delta) == len(total) == len(at_risk) >= 1) or not np.all(np.isfinite(eps)):
+        raise ValueError("the sweep arrays differ in length or hold a non-finite epsilon")
+    return eps, delta, total, at_risk
+
+
+def _table(ind: dict, id_col: str, floats) -> pl.DataFrame:
+    """The saved rows of the per-individual table (the columns :func:`_table_dict` writes)."""
+    return pl.DataFrame({
+        id_col: pl.Series(id_col, list(ind[id_col])),
+        **{c: pl.Series(c, _dec(ind[c]), dtype=pl.Float64, nan_to_null=True) for c in floats},
+        "n_databases": pl.Series("n_databases", ind["n_databases"], dtype=pl.Int64),
+        "sole_contributor": pl.Series("sole_contributor", ind["sole_contributor"], dtype=pl.Boolean),
+    }).select([id_col, "eps_i", "delta", "n_databases", *floats[2:], "sole_contributor"])
+
+
 def _from_dict(d: dict) -> SavedAssessment:
     labels, q = list(d["labels"]), _dec(d["q"])
     n = len(labels)
     md = d["model"]
     bandwidths = _dec(md["bandwidths"])
-    sweep = d["sweep"]
-    eps, delta, total = _dec(sweep["epsilon"]), _dec(sweep["delta"]), _dec(sweep["total_risk"])
-    at_risk = np.asarray(sweep["n_at_risk"], dtype=np.int64)
+    eps, delta, total, at_risk = _sweep(d["sweep"])
     if not (len(q) == len(bandwidths) == n and n >= 2):
         raise ValueError(f"{len(q)} query values and {len(bandwidths)} bandwidths for {n} databases")
-    if not (len(eps) == len(delta) == len(total) == len(at_risk) >= 1):
-        raise ValueError("the sweep arrays differ in length")
-    ind = d["individuals"]
-    id_col = d["id"]
-    table = pl.DataFrame({
-        id_col: pl.Series(id_col, list(ind[id_col])),
-        **{c: pl.Series(c, _dec(ind[c]), dtype=pl.Float64, nan_to_null=True) for c in _FLOAT_COLUMNS},
-        "n_databases": pl.Series("n_databases", ind["n_databases"], dtype=pl.Int64),
-        "sole_contributor": pl.Series("sole_contributor", ind["sole_contributor"], dtype=pl.Boolean),
+    ind, id_col = d["individuals"], d["id"]
+    table = _table(ind, id_col, _FLOAT_COLUMNS).with_columns(
         # files written before the table was ranked exactly did not mark the ε_all individual
-        "sets_eps_all": pl.Series("sets_eps_all", ind.get("sets_eps_all", [False] * len(ind[id_col])),
-                                  dtype=pl.Boolean),
-    }).select([id_col, "eps_i", "delta", "n_databases", "max_abs_shift", "sole_contributor", "sets_eps_all"])
+        pl.Series("sets_eps_all", ind.get("sets_eps_all", [False] * len(ind[id_col])), dtype=pl.Boolean))
     shifts = np.array([_dec(row) for row in d["shifts"]], dtype=float).reshape(-1, n)
     if len(shifts) > table.height:
         raise ValueError(f"{len(shifts)} shift rows for {table.height} individuals")
@@ -409,32 +425,14 @@ def _rows(values) -> list:
 def joint_result_dict(a: SavedJointAssessment, *, hash_ids: bytes | None = None, shifts: bool = True) -> dict:
     """The content of a joint result file: as :func:`result_dict`, for 2–3 statistics."""
     top = a.riskiest(TABLE_ROWS)
-    ids = top[a.id_column].to_list()
-    kept = [v for v in ids if v in set(a.saved_ids)][:SHIFT_ROWS] if shifts else []
-    show = (lambda v: keyed_hash(v, hash_ids)) if hash_ids else _scalar
-    m, d = a.model, a.model.d
-    from .. import __version__
-
-    return {
-        "format": JOINT_FORMAT, "empdp_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "ids_hashed": bool(hash_ids) or bool(getattr(a, "ids_hashed", False)),
-        "summary": _plain(a.to_dict()),
-        "source": a.source, "queries": list(a.queries), "id": a.id_column, "by": a.by_column,
-        "labels": [_scalar(v) for v in a.labels], "q": _rows(a.q),
+    kept = [v for v in top[a.id_column] if v in set(a.saved_ids)][:SHIFT_ROWS] if shifts else []
+    show = _shown(hash_ids)
+    m = a.model
+    return _common(a, JOINT_FORMAT, hash_ids) | {
+        "queries": list(a.queries), "q": _rows(a.q),
         "model": {"whitening": _rows(m.whitening), "unwhitening": _rows(m.unwhitening), "scales": _enc(m.scales),
                   "loglik": _enc([m.loglik])[0], "selected_by": m.selected_by, "candidates": _plain(m.candidates)},
-        "sweep": {"epsilon": _enc(a.epsilons), "delta": _enc(a.delta), "total_risk": _enc(a.total_risk),
-                  "n_at_risk": [int(v) for v in a.n_at_risk]},
-        "eps_all": _enc([a.eps_all])[0], "independence": _plain(a.independence), "warnings": list(a.warnings),
-        "sole_contributors": int(a.sole_contributors),
-        "n_individuals": int(a.n_individuals),
-        "individuals": {
-            a.id_column: [show(v) for v in ids],
-            **{c: _enc(top[c].to_numpy()) for c in _joint_float_columns(d)},
-            "n_databases": [int(v) for v in top["n_databases"]],
-            "sole_contributor": [bool(v) for v in top["sole_contributor"]],
-        },
+        "individuals": _table_dict(top, a.id_column, show, _joint_float_columns(m.d)),
         "shifts": {"ids": [show(v) for v in kept], "rows": [_rows(s) for s in a.shifts_of(kept)] if kept else []},
     }
 
@@ -475,18 +473,9 @@ def _joint_from_dict(d: dict) -> SavedJointAssessment:
     if not (2 <= dim <= MAX_DIM and n > dim):
         raise ValueError(f"{dim} statistics over {n} databases")
     q = _matrix(d["q"], (n, dim), "the query values")
-    sweep = d["sweep"]
-    eps, delta, total = _dec(sweep["epsilon"]), _dec(sweep["delta"]), _dec(sweep["total_risk"])
-    at_risk = np.asarray(sweep["n_at_risk"], dtype=np.int64)
-    if not (len(eps) == len(delta) == len(total) == len(at_risk) >= 1) or not np.all(np.isfinite(eps)):
-        raise ValueError("the sweep arrays differ in length or hold a non-finite epsilon")
-    ind, id_col = d["individuals"], d["id"]
-    table = pl.DataFrame({
-        id_col: pl.Series(id_col, list(ind[id_col])),
-        **{c: pl.Series(c, _dec(ind[c]), dtype=pl.Float64, nan_to_null=True) for c in _joint_float_columns(dim)},
-        "n_databases": pl.Series("n_databases", ind["n_databases"], dtype=pl.Int64),
-        "sole_contributor": pl.Series("sole_contributor", ind["sole_contributor"], dtype=pl.Boolean),
-    }).select([id_col, "eps_i", "delta", "n_databases", *_joint_float_columns(dim)[2:], "sole_contributor"])
+    eps, delta, total, at_risk = _sweep(d["sweep"])
+    id_col = d["id"]
+    table = _table(d["individuals"], id_col, _joint_float_columns(dim))
     sd = d["shifts"]
     saved_ids = list(sd["ids"])
     # a sole contributor's shift is undefined where they are alone: the report draws no such row
