@@ -10,8 +10,9 @@ their rows are in (k of them):
   series, one model per set of groups; k = 1 is the group's one-statistic model);
 * G > 3 and k > 3: each group's exact risk (``group_risks``) and the certified bound
   Σ_g M_ig ≥ ε_i (M_ig the screening bound of group g's model, docs/method.md#43-exact-screening)
-  in the column ``eps_bound`` (a bound for everyone, as for a joint query); ``eps_i`` stays null. The bound holds for the groups' statistics
-  modelled as independent releases (basic composition), which is what makes it cheap.
+  in the column ``eps_bound`` (a bound for everyone, as for a joint query); ``eps_i`` stays null.
+  The bound holds for the groups' statistics modelled as independent releases (basic composition),
+  which is what makes it cheap; it does not see a dependence between the groups' series.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ class GroupedAssessment(RiskSweep):
     ≥ ε_i, as in :class:`empdp.joint.assess.JointAssessment`: the screening bound M_i of the
     individual's model, and for the bounded the sum Σ_g M_ig of their groups'), ``delta`` (δ_i at
     the smallest ε; null where only bounded and the bound exceeds it), ``n_databases``, ``groups``
-    (k, the groups the individual's rows are in) and ``sole_contributor``. ``group_risks`` has, for each bounded individual and group it touches,
-    the group's exact ``eps_i``, its bound ``eps_bound`` (M_ig) and ``delta`` at the smallest ε.
+    (k, the groups the individual's rows are in) and ``sole_contributor``. ``group_risks`` has, for
+    each bounded individual and group it touches, the group's exact ``eps_i``, its bound
+    ``eps_bound`` (M_ig) and ``delta`` at the smallest ε.
     ``delta``, ``total_risk`` and ``n_at_risk`` cover the individuals whose risk is exact;
     ``n_unresolved`` counts, per ε, the bounded individuals whose bound exceeds it (they may be at
     risk there). ``eps_all`` is over exact ε_i; ``eps_all_bound`` ≥ every ε_i (bounds included).
