@@ -16,7 +16,7 @@ from numpy.testing import assert_allclose
 from scipy.integrate import quad
 from test_joint_assess import paper_table
 
-from empdp.assessment.result import JOINT_FORMAT, keep_shifts, load_result
+from empdp.assessment.result import JOINT_FORMAT, keep_shifts, load_result, save_result
 from empdp.errors import InputError
 from empdp.joint.assess import assess_joint
 from empdp.report import JOINT_SECTIONS, render_report, report_html
@@ -35,6 +35,8 @@ def paper(tmp_path_factory):
     res = run("assess", folder / "paper.parquet", *PANEL, "--sql", sql[0], "--sql", sql[1],
               "--report", folder / "r.html", "--save-result", folder / "r.json")
     assert res.exit_code == 0, res.output
+    assert f"HTML report written to {folder / 'r.html'} (mode 0600)" in res.output
+    assert f"result saved to {folder / 'r.json'} (mode 0600)" in res.output
     return folder, K, sql
 
 
@@ -202,6 +204,15 @@ def test_saved_result_reads_back_and_renders_the_same_report(paper, live):
     assert _no_timestamp((folder / "again.html").read_text()) == _no_timestamp((folder / "r.html").read_text())
     res = run("report", folder / "r.json", "-o", folder / "again.json.html", "--json")
     assert json.loads(res.output)["sections"] == list(JOINT_SECTIONS)
+
+
+def test_the_library_saves_a_live_joint_assessment(paper, assessed, tmp_path):
+    folder, K, _ = paper
+    save_result(assessed, tmp_path / "api.json")
+    saved = load_result(tmp_path / "api.json")
+    assert saved.riskiest(3)["id"][0] == K and saved.saved_ids[0] == K
+    assert_allclose(saved.shifts_of([K])[0], assessed.shifts[assessed.individuals["id"].to_list().index(K)])
+    assert _no_timestamp(report_html(saved)) == _no_timestamp((folder / "r.html").read_text())
 
 
 def test_hashed_ids_and_a_result_without_shifts(paper, tmp_path):
