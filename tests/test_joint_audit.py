@@ -119,3 +119,17 @@ def test_mpl_bound_on_a_correct_joint_release_covers_and_is_tight(paper):
     assert all(r.exact_epsilon_max == exact for r in runs) and runs[0].individuals[0]["id"] == K
     assert (lbs > exact).sum() <= 3
     assert np.median(lbs) >= 0.6 * exact
+
+
+def test_three_statistics_audited_in_three_dimensions(tmp_path):
+    """d = 3: the correct release passes; with half the noise the exact eps doubles and MPL alone exceeds the target."""
+    table, K = paper_panel()
+    path = tmp_path / "p3.parquet"
+    table.write_parquet(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = calibrate(str(path), id="id", by="db", epsilon=EPS, query=[*QUERIES, "sum(c)"])
+    good = audit_release(cal, str(path), rng=1, top=2)
+    assert good.ok and good.d == 3 and good.individuals[0]["id"] == K
+    bad = audit_release(scaled(cal, 0.5), str(path), rng=1, top=2)
+    assert not bad.ok and bad.exact_epsilon_max == pytest.approx(2 * EPS, rel=0.01) and bad.mpl_lower_bound > EPS
