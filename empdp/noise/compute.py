@@ -20,7 +20,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from ..textfmt import fmt
 from .calibration import Calibration, Progress, no_progress
 from .deconv import NoiseSpec, fourier_deconvolve, gaussian_fallback, laplace_closed_form
 from .exact import LambdaSearch, laplace_kde_eps, minimal_lambda
+
+if TYPE_CHECKING:
+    from .joint import JointCalibration
 
 #: the curator kernel by default: it deconvolves in closed form (a Gaussian one needs the fallback)
 DEFAULT_KERNEL = "laplace"
@@ -230,7 +233,7 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | lis
               memory_limit: str | None = None, drop_null_ids: bool = False, adversary: str | None = None,
               adversary_sql: str | None = None, buckets: int | None = None, engine: str = "duckdb",
               spark_master: str | None = None, spark_remote: str | None = None, table: str | None = None,
-              progress: Progress | None = None) -> Calibration:
+              progress: Progress | None = None) -> Calibration | JointCalibration:
     """Calibrate release noise for ``query`` over the databases of ``source`` (docs/method.md#8-calibration-and-release).
 
     Parameters mirror ``empdp calibrate``; see :func:`calibrate_values`. ``query`` (or ``sql``) may
