@@ -321,3 +321,10 @@ def test_a_sole_contributor_is_listed_and_the_next_rows_drawn(tmp_path):
     assert setter and setter[0] != rows[1][1]  # two individuals to draw
     figures = re.findall(r'<img alt="[^"]*" src="data:image/png;base64,', sec["contours"])
     assert len(figures) == 2
+
+
+def test_a_joint_query_of_one_statistic_draws_curves():
+    table, K = paper_table()
+    sec = _sections(report_html(assess_joint(table, id="id", by="db", queries=["sum(x)"])))
+    assert tuple(sec) == JOINT_SECTIONS and "curves, not contours" in sec["contours"]
+    assert len(re.findall(r"data:image/png;base64,", sec["contours"])) == 1

@@ -136,15 +136,16 @@ def contours(a, eps: float, rows, show) -> str:
         head = (f"id {show(r[a.id_column])}: εᵢ = {num(r['eps_i'], 3)}, "
                 f"δᵢ(ε = {num(eps, 3)}) = {num(r['delta'], 3)}")
         figures.append(plots.joint_contours(a.queries, a.model, eps, head, s))
-    what = ("the density p̂ of the two statistics over the databases" if d == 2 else
-            "the 2-D margins of the density p̂ of the three statistics, one panel per pair (the third "
-            "statistic integrated out)")
+    what = {1: "the density p̂ of the statistic over the databases (left; one statistic: curves, not contours)",
+            2: "the density p̂ of the two statistics over the databases",
+            3: "the 2-D margins of the density p̂ of the three statistics, one panel per pair (the third "
+               "statistic integrated out)"}[d]
     text = (f"Contours of {what} (blue), and of the same model p̂<sub>i</sub> with the individual removed "
             "from every database (dashed orange: each database's point q<sub>j</sub> moved by the "
             "individual's shifts Δ<sub>ij</sub>, with the same kernels), at the same levels (2, 10, 25, 50, "
             "75 and 95% of the larger peak), in the statistics' own units. Blue dots are the observed "
             "q<sub>j</sub>, orange crosses the values without the individual.")
-    if d == 2:
+    if d <= 2:
         text += (" The right panel is the log ratio log p̂ − log p̂<sub>i</sub>; where it leaves the band "
                  "±ε (dotted) the individual is at risk at ε, and its largest absolute value is "
                  "ε<sub>i</sub>.")

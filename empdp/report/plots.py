@@ -173,8 +173,10 @@ def joint_contours(names, model, eps: float, title: str, shifts) -> str:
     """Contours of the joint p̂ and p̂_i (the points shifted by ``shifts`` (n, d)) over each pair of
     statistics (:func:`empdp.report.contours.density_grid`), with the query points; for d = 2 beside
     the log ratio log p̂ − log p̂_i against ±ε."""
-    from .contours import density_grid, pairs
+    from .contours import density_grid, kernel_extent, pairs
 
+    if model.d == 1:
+        return _joint_line(names, model, eps, title, shifts, 3 * kernel_extent(model, np.ones(1)))
     grids = [density_grid(model, shifts, axes) for axes in pairs(model.d)]
     panels = len(grids) + (model.d == 2)
     fig = _figure(4.4 * panels + 0.6, 4.6)
@@ -217,3 +219,23 @@ def _pair_labels(ax, names, g) -> None:
                       fontsize=9)
     else:
         ax.set_ylabel(_axis(names, j))
+
+
+def _joint_line(names, model, eps: float, title: str, shifts, pad: float) -> str:
+    """A joint query of one statistic: p̂ and p̂_i over its values, and their log ratio against ±ε."""
+    pts = np.concatenate([model.points, model.points - shifts])[:, 0]
+    x = np.union1d(np.linspace(pts.min() - pad, pts.max() + pad, 700), pts)[:, None]
+    lp, lpi = model.logpdf(x), model.logpdf(x, shifts=shifts)
+    fig = _figure(9, 3.6)
+    top, bot = fig.subplots(1, 2)
+    top.plot(x, np.exp(lp), color=BLUE, lw=1.8, label="p̂: all individuals")
+    top.plot(x, np.exp(lpi), color=ORANGE, lw=1.6, ls="--", label="p̂ᵢ: without this one")
+    bot.plot(x, lp - lpi, color=PURPLE, lw=1.4)
+    bot.axhspan(-eps, eps, color=BLUE, alpha=0.08, lw=0)
+    bot.set_ylabel("log p̂ − log p̂ᵢ")
+    for ax in (top, bot):
+        ax.set_xlabel(_axis(names, 0))
+        _style(ax)
+    top.legend(frameon=False, fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    return _img(fig, "density with and without the riskiest individual")
