@@ -221,6 +221,39 @@ def test_d2_quadrant_sums_by_prefix_sums_equal_the_matrix_product(monkeypatch):
     np.testing.assert_allclose(d2, d, atol=1e-13)
 
 
+@pytest.mark.parametrize("span", [3.0, 400.0])
+def test_d2_quadrant_sums_on_the_kink_grid_equal_their_definition(span):
+    """The gathered quadrant sums of each point set on a row's grid of all 2n kink lines per axis equal
+    the sums by definition: the points at or before vertex line i (rank ≤ i) referred to x_i, those
+    after it referred to x_{i+1} (none on the last line); with ties (absent databases put b_j on a_j,
+    repeated coordinates) and rows spanning more than the prefix sums' range (the product form)."""
+    from empdp.joint import _cells
+
+    rng = np.random.default_rng(5)
+    n, C = 7, 5
+    a = rng.normal(size=(n, 2)) * span / 6
+    a[3] = a[1]  # repeated point
+    s = rng.normal(size=(C, n, 2)) * (rng.random((C, n, 1)) < 0.6)
+    s[0, 2, 0] = a[2, 0] - a[4, 0]  # b's first coordinate on another point's line
+    b = a[None] - s
+    xs, ranks = zip(*[_cells._axis(a[:, k], b[:, :, k])[:2] for k in range(2)])
+    for pts, sel, G in ((np.broadcast_to(a, b.shape), slice(None, n), _cells._point_grid(a[None])),
+                        (b, slice(n, None), _cells._point_grid(b))):
+        Q = _cells._gather(xs, [r[:, sel] for r in ranks], *G)
+        J = 2 * n
+        for r in range(C):
+            fac = []
+            for k in range(2):
+                x, rank = xs[k][r], ranks[k][r, sel]
+                left = (rank[None, :] <= np.arange(J)[:, None]) * np.exp(-np.abs(x[:, None] - pts[r, None, :, k]))
+                nxt = np.r_[x[1:], x[-1]]
+                right = ((rank[None, :] >= np.arange(1, J + 1)[:, None])
+                         * np.exp(-np.abs(nxt[:, None] - pts[r, None, :, k])))
+                fac.append((left, right))
+            for q, (s1, s2) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
+                np.testing.assert_allclose(Q[r, q], fac[0][s1] @ fac[1][s2].T, rtol=1e-12, atol=1e-300)
+
+
 def test_d2_eps_alone_far_apart_rows_take_the_log_space_path():
     """A row with a shift of hundreds of scales: the product form would underflow; the result stays exact."""
     q, S = random_panel(4, 7, 2, 3)

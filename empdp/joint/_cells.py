@@ -71,9 +71,10 @@ def evaluate(a: np.ndarray, s: np.ndarray, eps: np.ndarray | None, nodes: int = 
     delta = None if eps is None else np.full((C, len(eps)), np.nan)
     ok = np.zeros(C, dtype=bool)
     step = rows_per_block(n)
+    shared = _point_grid(a[None]) if len(s) else None  # the points' own sums: every row shares them
     for k in range(0, C, step):
         sl = slice(k, k + step)
-        e, d, good = _block(a, s[sl], eps, nodes, only, cap)
+        e, d, good = _block(a, s[sl], eps, nodes, only, cap, shared)
         eps_i[sl], ok[sl] = e, good
         if delta is not None:
             delta[sl] = d
@@ -228,7 +229,63 @@ def _quadrants_product(xs, ranks, pts):
     return np.stack([M[:, :J, :J], M[:, J:, :J], M[:, :J, J:], M[:, J:, J:]], axis=1)
 
 
-def _block(a, s, eps, nodes, only=None, cap=None):
+def _point_grid(P: np.ndarray):
+    """The quadrant sums of point sets ``P`` (C, n, 2) on their own grid, for :func:`_gather`.
+
+    With each axis' coordinates sorted, srt_0 ≤ … ≤ srt_{n−1}, and a line added at srt_0 before the
+    first: ``G`` (C, 4, n + 1, n + 1), whose row u holds along that axis the left sums of the first u
+    points referred to srt_{u−1} (0 for u = 0) and the right sums of the points from u on referred
+    to srt_u (0 for u = n), by :func:`_quadrants`; and ``srt`` per axis (C, n).
+    """
+    xs, ranks, srt = [], [], []
+    for k in range(2):
+        order = np.argsort(P[:, :, k], axis=1, kind="stable")
+        v = np.take_along_axis(P[:, :, k], order, axis=1)
+        rank = np.empty_like(order)
+        np.put_along_axis(rank, order, np.arange(1, P.shape[1] + 1)[None, :], axis=1)
+        xs.append(np.concatenate([v[:, :1], v], axis=1))
+        ranks.append(rank)
+        srt.append(v)
+    return _quadrants(xs, ranks, P), srt
+
+
+def _gather(xs, ranks, G, srt):
+    """The quadrant sums (C, 4, J, J) of one point set on each row's grid of all kink lines, from
+    its :func:`_point_grid` sums ``G`` ((C or 1), 4, n + 1, n + 1).
+
+    Vertex line i of an axis has c_i of the points at or before it (rank ≤ i): its left sum is the
+    left sum of those c_i points times e^{−(x_i − srt_{c_i − 1})}, and the right sum from the next
+    line is the right sum from point c_i on times e^{−(srt_{c_i} − x_{i+1})} (0 on the last line):
+    a gather and two products instead of prefix sums over the (2n)² grid.
+    """
+    C, J = xs[0].shape
+    n = G.shape[-1] - 1
+    rows = np.arange(C)[:, None]
+    counts, facs = [], []
+    for k in range(2):
+        mark = np.zeros((C, J), dtype=np.int64)
+        mark[rows, ranks[k]] = 1
+        c = np.cumsum(mark, axis=1)  # points at or before each line
+        x, v = xs[k], np.broadcast_to(srt[k], (C, n))
+        left = np.where(c > 0, np.exp(-(x - np.take_along_axis(v, np.maximum(c - 1, 0), axis=1))), 0.0)
+        nxt = np.concatenate([x[:, 1:], x[:, -1:]], axis=1)
+        ahead = np.take_along_axis(v, np.minimum(c, n - 1), axis=1)
+        right = np.where((c < n) & (np.arange(J) < J - 1), np.exp(-(ahead - nxt)), 0.0)
+        counts.append(c)
+        facs.append((left, right))
+    base = (np.arange(C) * 4 if G.shape[0] > 1 else np.zeros(C, dtype=np.int64))[:, None, None]
+    flat = counts[0][:, :, None] * (n + 1) + counts[1][:, None, :]
+    out = np.empty((C, 4, J, J))
+    G = G.ravel()
+    for q, (s1, s2) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
+        S = out[:, q]
+        np.take(G, (base + q) * (n + 1) ** 2 + flat, out=S)
+        S *= facs[0][s1][:, :, None]
+        S *= facs[1][s2][:, None, :]
+    return out
+
+
+def _block(a, s, eps, nodes, only=None, cap=None, shared=None):
     C, n, _ = s.shape
     b = a[None] - s
     xs, ranks, ws, fs = [], [], [], []
@@ -238,9 +295,10 @@ def _block(a, s, eps, nodes, only=None, cap=None):
         ranks.append(rank)
         ws.append(w)
         fs.append(f)
-    A = np.broadcast_to(a, b.shape)
-    QA = _quadrants(xs, [r[:, :n] for r in ranks], A)
-    QB = _quadrants(xs, [r[:, n:] for r in ranks], b)
+    if shared is None:
+        shared = _point_grid(a[None])
+    QA = _gather(xs, [r[:, :n] for r in ranks], *shared)
+    QB = _gather(xs, [r[:, n:] for r in ranks], *_point_grid(b))
     f1 = fs[0][:, :, None]
     f2 = fs[1][:, None, :]
     VA = QA[:, 0] + f1 * QA[:, 1] + f2 * QA[:, 2] + f1 * f2 * QA[:, 3]
