@@ -147,7 +147,7 @@ def contours(a, eps: float, rows, show) -> str:
             "q<sub>j</sub>, orange crosses the values without the individual.")
     if d <= 2:
         text += (" The right panel is the log ratio log p̂ − log p̂<sub>i</sub>; where it leaves the band "
-                 "±ε (dotted) the individual is at risk at ε, and its largest absolute value is "
+                 f"±ε ({'dotted' if d == 2 else 'shaded'}) the individual is at risk at ε, and its largest absolute value is "
                  "ε<sub>i</sub>.")
     else:
         text += (" A margin can hide a change that the full three-dimensional density shows: ε<sub>i</sub> "
