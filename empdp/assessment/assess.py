@@ -226,13 +226,13 @@ def _num(v):
     return v if math.isfinite(v) else None
 
 
-def assess(source: Any, *, id: str, by: str, query: str | None = None, where: str | None = None,
-           sql: str | None = None, epsilon=None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
+def assess(source: Any, *, id: str, by: str, query: str | list | None = None, where: str | None = None,
+           sql: str | list | None = None, epsilon=None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
            memory_limit: str | None = None, drop_null_ids: bool = False, exact_all: bool = False,
            screening: bool = True, threads: int | None = None, workers: str = "threads",
            adversary: str | None = None, adversary_sql: str | None = None, buckets: int | None = None,
            engine: str = "duckdb", spark_master: str | None = None, spark_remote: str | None = None,
-           table: str | None = None, progress: Progress | None = None) -> Assessment:
+           table: str | None = None, progress: Progress | None = None, group_by: str | None = None):
     """Per-individual empirical privacy risk of releasing a query of repeated databases.
 
     Parameters
@@ -244,7 +244,9 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
         Columns naming the individual and the database.
     query, where, sql
         ``query`` (e.g. ``"mean(x)"``) with an optional SQL ``where`` filter,
-        or ``sql`` reading the table ``db``.
+        or ``sql`` reading the table ``db``. A list of 2–3 of either assesses the
+        statistics released together: :func:`empdp.joint.assess.assess_joint`,
+        whose :class:`~empdp.joint.assess.JointAssessment` is returned.
     epsilon
         One ε or a list; default: 50 values log-spaced over [ε_all/20, 1.25 ε_all].
     kernel, bandwidth
@@ -278,7 +280,30 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
         screen on Spark (``spark_master``, default ``local[*]``, or Spark Connect
         at ``spark_remote``), a catalog ``table`` instead of ``source``, and
         evaluate the candidates on the executors (docs/spark.md).
+    group_by
+        A column: one statistic per group and database, released together
+        (:func:`empdp.joint.groups.assess_grouped`, whose
+        :class:`~empdp.joint.groups.GroupedAssessment` is returned).
+
+    Returns
+    -------
+    Assessment, or for several statistics a JointAssessment or GroupedAssessment
     """
+    query, sql = _one_or_list(query), _one_or_list(sql)
+    if isinstance(query, list) or isinstance(sql, list) or group_by is not None:
+        _refuse_for_vectors(kernel=kernel, adversary=adversary, adversary_sql=adversary_sql, buckets=buckets,
+                            engine=engine, table=table, screening=screening)
+        common = dict(id=id, by=by, where=where, epsilon=epsilon, bandwidth=bandwidth, drop_null_ids=drop_null_ids,
+                      memory_limit=memory_limit, threads=threads)
+        if group_by is not None:
+            if isinstance(query, list) or isinstance(sql, list):
+                raise InputError("group_by computes one statistic per group: give one query or one sql")
+            from ..joint.groups import assess_grouped
+
+            return assess_grouped(source, group_by=group_by, query=query, sql=sql, **common)
+        from ..joint.assess import assess_joint
+
+        return assess_joint(source, queries=query, sql=sql, exact_all=exact_all, **common)
     progress = progress or _no_progress
     eps = None if epsilon is None else _check_epsilons(epsilon)
     threads = _check_threads(threads)
@@ -308,6 +333,23 @@ def assess(source: Any, *, id: str, by: str, query: str | None = None, where: st
                       spark_master=spark_master, spark_remote=spark_remote, table=table)
         return _adversarial(plain, knows, eps=eps, kernel=kernel, bandwidth=bandwidth, buckets=buckets,
                             progress=progress)
+
+
+def _one_or_list(statistic):
+    """A statistic as given, a list of 2 or more as a list, and a list of one as that one."""
+    if isinstance(statistic, (list, tuple)):
+        return statistic[0] if len(statistic) == 1 else list(statistic)
+    return statistic
+
+
+def _refuse_for_vectors(**given) -> None:
+    """The options of the one-statistic assessment that a joint or grouped one does not take."""
+    defaults = {"kernel": DEFAULT_KERNEL, "adversary": None, "adversary_sql": None, "buckets": None,
+                "engine": "duckdb", "table": None, "screening": True}
+    for name, value in given.items():
+        if value != defaults[name]:
+            raise InputError(f"{name}={value!r} applies to one statistic only: statistics released together "
+                             "use product Laplace kernels, read through DuckDB, without an adversary model")
 
 
 def _open(source, **options) -> LooEngine:
