@@ -46,6 +46,8 @@ MAX_CELL = 1.0
 QUAD_NODES = 6
 #: vertex sums below this are recomputed in log space (the scaled products may have underflowed)
 _TINY = 1e-280
+#: cut cells whose density coefficients are formed at once (2^d n numbers each while formed)
+COEF_CELLS = 4096
 #: elements per block of the vertex contractions (memory: ~8 bytes each, a few arrays at once)
 _BLOCK = 4_000_000
 
@@ -340,19 +342,25 @@ def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_e
         lo_c = [lows[k][idx[k]] for k in range(d)]
         hi_c = [highs[k][idx[k]] for k in range(d)]
         w_c = np.column_stack([hi_c[k] - lo_c[k] for k in range(d)])
-        CA = _cell_coefficients(lo_c, hi_c, a)
-        CB = _cell_coefficients(lo_c, hi_c, b)
         step = max(1, 200_000 // ((2 ** (d - 1) + 1) * nodes) ** (d - 1))
         vals = np.empty(len(cells))
         vals2 = np.empty(len(cells)) if with_error else None
-        for k0 in range(0, len(cells), step):
-            sl = slice(k0, k0 + step)
-            ci, ei, si = inv[sl], e_of[sl], s_of[sl]
-            f = ee[ei].reshape((-1,) + (1,) * d)
-            C = np.where((si == 0).reshape((-1,) + (1,) * d), CA[ci] - f * CB[ci], CB[ci] - f * CA[ci])
-            vals[sl] = _pos_integral(C, w_c[ci], nodes)
-            if with_error:
-                vals2[sl] = _pos_integral(C, w_c[ci], max(2, nodes - 2))
+        by_cell = np.argsort(inv, kind="stable")
+        bounds = np.searchsorted(inv[by_cell], np.arange(0, len(uniq) + COEF_CELLS, COEF_CELLS))
+        for u0, t0, t1 in zip(range(0, len(uniq), COEF_CELLS), bounds[:-1], bounds[1:]):
+            # the cells' coefficients (2^d n numbers each while formed) a chunk of cells at a time
+            u = slice(u0, u0 + COEF_CELLS)
+            CA = _cell_coefficients([c[u] for c in lo_c], [c[u] for c in hi_c], a)
+            CB = _cell_coefficients([c[u] for c in lo_c], [c[u] for c in hi_c], b)
+            for k0 in range(t0, t1, step):
+                at = by_cell[k0:min(k0 + step, t1)]
+                ci, ei, si = inv[at], e_of[at], s_of[at]
+                f = ee[ei].reshape((-1,) + (1,) * d)
+                C = np.where((si == 0).reshape((-1,) + (1,) * d), CA[ci - u0] - f * CB[ci - u0],
+                             CB[ci - u0] - f * CA[ci - u0])
+                vals[at] = _pos_integral(C, w_c[ci], nodes)
+                if with_error:
+                    vals2[at] = _pos_integral(C, w_c[ci], max(2, nodes - 2))
         plus_cut = np.bincount(e_of[s_of == 0], vals[s_of == 0], minlength=E)
         minus_cut = np.bincount(e_of[s_of == 1], vals[s_of == 1], minlength=E)
         if with_error:
