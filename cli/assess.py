@@ -60,6 +60,9 @@ def query_options(f=None, *, joint: bool = False):
 @click.option("--epsilon", "-e", "epsilon", multiple=True, type=float,
               help="Privacy level(s) to assess; repeat for several. Default: 50 values "
                    "log-spaced over [eps_all/20, 1.25 eps_all].")
+@click.option("--group-by", "group_by", metavar="COL",
+              help="One statistic per group of COL and database (e.g. mean by region each year), released "
+                   "together; see the README, \"Grouped statistics\".")
 @click.option("--kernel", type=click.Choice(["laplace", "gaussian", "auto"]), default="laplace", show_default=True,
               help="Kernel of the density model: laplace (the model calibrate deconvolves; exact eps_i), "
                    "gaussian (eps_i up to a stated tolerance) or auto (by held-out likelihood).")
@@ -99,7 +102,7 @@ def query_options(f=None, *, joint: bool = False):
 @click.option("--drop-null-ids", is_flag=True, help="Drop rows whose id is NULL instead of failing.")
 @click.option("--no-screening", is_flag=True, help="Evaluate every individual exactly (slower; same results).")
 @output_options
-def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth, adversary, adversary_sql, buckets,
+def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel, bandwidth, adversary, adversary_sql, buckets,
                engine, spark_master, spark_remote, table, out, report, calibration, audit,
                save_result, without_shifts, hash_ids, hash_key_file, memory_limit, threads, workers, drop_null_ids, no_screening,
                as_json, quiet, verbose, debug):
@@ -109,7 +112,8 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
     compares the query's estimated density with and without them: δ_i(ε) per
     individual, worst case δ(ε), total risk δ*(ε), and ε_all, the ε from
     which everyone is protected. With 2 or 3 --query (or --sql), of the
-    statistics released together (--bandwidth auto or B1,B2[,B3]).
+    statistics released together (--bandwidth auto or B1,B2[,B3]); with
+    --group-by COL, of the statistic of each group of COL.
 
     \b
     Examples:
@@ -119,8 +123,13 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, kernel, bandwidth
       empdp assess data.parquet --id id --by year --query "mean(x)" --save-result r.json   # then: empdp report
       empdp assess --table lake.claims --engine spark --id patient --by month --query "mean(cost)"
       empdp assess data.parquet --id id --by year --query "sum(x)" --query "count(*)"   # released together
+      empdp assess data.parquet --id person --by year --query "mean(income)" --group-by region
     """
     setup_logging(verbose, quiet, debug)
+    if group_by is not None:  # one statistic per group, released together
+        from .grouped import assess_grouped_command
+
+        return assess_grouped_command(click.get_current_context().params)
     if len(query) > 1 or len(sql) > 1:  # statistics released together (one of each: the library's message)
         return _assess_joint(click.get_current_context().params)
     query, sql = query[0] if query else None, sql[0] if sql else None

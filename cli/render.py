@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from empdp.textfmt import fmt as _fmt
@@ -14,9 +15,9 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     """Summary, a few sweep rows, and the riskiest individuals."""
     con = console or Console(highlight=False, soft_wrap=True)
     m = result.model
-    con.print(f"[bold]empdp assess[/bold]  {result.source}")
+    con.print(f"[bold]empdp assess[/bold]  {escape(str(result.source))}")
     summary = Table.grid(padding=(0, 2))
-    summary.add_row("query", result.query)
+    summary.add_row("query", escape(result.query))
     summary.add_row("databases", f"{result.n_databases}  (by {result.by_column})")
     summary.add_row("individuals", f"{result.n_individuals}  (id {result.id_column})")
     bw = f"{m.kernel}, scale {_fmt(m.scale)}" + (f", variable (a = {m.sensitivity:g})" if m.variable else ", fixed")
@@ -28,7 +29,7 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     summary.add_row("independence", f"Ljung-Box p = {_fmt(ind['ljung_box_p'], 3)}, trend p = {_fmt(ind['trend_p'], 3)}")
     con.print(summary)
     for w in result.warnings:
-        con.print(f"[yellow]warning:[/yellow] {w}")
+        con.print(f"[yellow]warning:[/yellow] {escape(w)}")
 
     if result.adversary:
         _print_adversary(con, result)
@@ -44,7 +45,7 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
         t.add_column(col, justify="right" if col else "left")
     for row in top_df.iter_rows(named=True):
         eps_i = "inf (sole)" if row["sole_contributor"] else _fmt(row["eps_i"])
-        t.add_row(show_id(row[result.id_column]), _fmt(row["delta"]), eps_i, str(row["n_databases"]),
+        t.add_row(escape(show_id(row[result.id_column])), _fmt(row["delta"]), eps_i, str(row["n_databases"]),
                   _fmt(row["max_abs_shift"]), "sets eps_all" if row["sets_eps_all"] else "")
     con.print(t)
     _written(con, out, report, saved)
@@ -61,15 +62,19 @@ def _eps_all(eps_all: float, sole: int, tolerance: float | None = None) -> str:
 
 
 def _sweep(result, title: str) -> Table:
-    """δ(ε), δ*(ε) and the number at risk at every ε, or at 10 of them spread over the sweep."""
+    """δ(ε), δ*(ε) and the number at risk at every ε, or at 10 of them spread over the sweep; and the
+    individuals known only by a bound above ε (grouped statistics' ``n_unresolved``) when there are any."""
     sweep = Table(title=title, title_justify="left")
-    for col in ("epsilon", "delta (worst)", "total risk", "at risk"):
+    unresolved = getattr(result, "n_unresolved", None)
+    unresolved = unresolved if unresolved is not None and np.any(unresolved) else None
+    for col in ("epsilon", "delta (worst)", "total risk", "at risk") + (("unresolved (bound only)",)
+                                                                       if unresolved is not None else ()):
         sweep.add_column(col, justify="right")
     E = len(result.epsilons)
     rows = range(E) if E <= 12 else np.unique(np.linspace(0, E - 1, 10).round().astype(int))
     for k in rows:
         sweep.add_row(_fmt(result.epsilons[k]), _fmt(result.delta[k]), _fmt(result.total_risk[k]),
-                      str(int(result.n_at_risk[k])))
+                      str(int(result.n_at_risk[k])), *(() if unresolved is None else (str(int(unresolved[k])),)))
     return sweep
 
 
@@ -89,10 +94,10 @@ def print_joint_assessment(result, out: str | None = None, show_id=str, top: int
     ε_all, a few sweep rows, and the riskiest individuals with exact δ_i at the smallest ε and ε_i."""
     con = console or Console(highlight=False, soft_wrap=True)
     m, d = result.model, result.model.d
-    con.print(f"[bold]empdp assess[/bold]  {result.source}  (joint query, {d} statistics)")
+    con.print(f"[bold]empdp assess[/bold]  {escape(str(result.source))}  (joint query, {d} statistics)")
     summary = Table.grid(padding=(0, 2))
     for k, q in enumerate(result.queries):
-        summary.add_row("statistics" if k == 0 else "", f"{k + 1}. {q}")
+        summary.add_row("statistics" if k == 0 else "", f"{k + 1}. {escape(q)}")
     summary.add_row("databases", f"{len(result.labels)}  (by {result.by_column})")
     summary.add_row("individuals", f"{result.individuals.height}  (id {result.id_column})")
     r = np.corrcoef(result.q, rowvar=False)
@@ -106,7 +111,7 @@ def print_joint_assessment(result, out: str | None = None, show_id=str, top: int
     summary.add_row("sole contributors", str(result.sole_contributors))
     con.print(summary)
     for w in result.warnings:
-        con.print(f"[yellow]warning:[/yellow] {w}")
+        con.print(f"[yellow]warning:[/yellow] {escape(w)}")
     con.print(_sweep(result, "risk by epsilon of the joint release"))
 
     t = Table(title=f"riskiest individuals at epsilon = {_fmt(result.epsilons[0])}, by delta (shift k: the "
@@ -115,7 +120,7 @@ def print_joint_assessment(result, out: str | None = None, show_id=str, top: int
         t.add_column(col, justify="right" if col else "left")
     for row in result.riskiest(top).iter_rows(named=True):
         eps_i = "inf (sole)" if row["sole_contributor"] else _fmt(row["eps_i"])
-        t.add_row(show_id(row[result.id_column]), _fmt(row["delta"]), eps_i, str(row["n_databases"]),
+        t.add_row(escape(show_id(row[result.id_column])), _fmt(row["delta"]), eps_i, str(row["n_databases"]),
                   *[_fmt(row[f"max_abs_shift_{k + 1}"]) for k in range(d)], "sets eps_all" if row["sets"] else "")
     con.print(t)
     _written(con, out, report, saved)
