@@ -73,6 +73,11 @@ class RiskSweep:
     def n_databases(self) -> int:
         return len(self.labels)
 
+    def epsilon_for_total_risk(self, target: float) -> float | None:
+        """Smallest assessed ε with δ*(ε) ≤ target (None if no assessed ε reaches it)."""
+        ok = np.flatnonzero(self.total_risk <= target)
+        return float(self.epsilons[ok[0]]) if len(ok) else None
+
 
 @dataclass(kw_only=True)
 class Assessment(RiskSweep):
@@ -182,11 +187,6 @@ class Assessment(RiskSweep):
         if missing:
             raise InputError(f"unknown individual(s) {missing[:3]}")
         return self.engine.shifts(np.array([pos[v] for v in ids], dtype=np.int64))
-
-    def epsilon_for_total_risk(self, target: float) -> float | None:
-        """Smallest assessed ε with δ*(ε) ≤ target (None if no assessed ε reaches it)."""
-        ok = np.flatnonzero(self.total_risk <= target)
-        return float(self.epsilons[ok[0]]) if len(ok) else None
 
     def to_dict(self) -> dict:
         """The JSON summary of ``empdp assess --json``."""

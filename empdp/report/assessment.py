@@ -93,16 +93,10 @@ def n_individuals(a) -> int:
     return a.n_individuals if hasattr(a, "n_individuals") else a.individuals.height
 
 
-def epsilon_for_total_risk(a, target: float) -> float | None:
-    """Smallest assessed ε with δ*(ε) ≤ ``target`` (None if no assessed ε reaches it), of any sweep."""
-    ok = np.flatnonzero(a.total_risk <= target)
-    return float(a.epsilons[ok[0]]) if len(ok) else None
-
-
 def risk_curves(a, eps: float) -> str:
     img, log = plots.risk_curves(a, eps)
     e = a.epsilons
-    reach = [(t, epsilon_for_total_risk(a, t)) for t in (0.5, 0.1, 0.01)]
+    reach = [(t, a.epsilon_for_total_risk(t)) for t in (0.5, 0.1, 0.01)]
     reach_txt = "; ".join(f"δ* ≤ {t:g} from ε = {num(v, 3)}" if v is not None
                           else f"δ* ≤ {t:g} not reached in the assessed range" for t, v in reach)
     text = ("For each privacy level ε (horizontal axis), the red curve is the largest probability δ with which the "
