@@ -237,7 +237,8 @@ def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key
     Runs MPL and the Rényi bound on the release distribution of the riskiest
     individuals and prints the exact values beside them
     (docs/method.md#94-release-audit). A joint calibration (2-3 statistics)
-    gets MPL on the released vector and the exact eps_i of its density.
+    gets both bounds on the released vector beside the exact eps_i and D of
+    its density.
 
     \b
     Examples:
@@ -300,13 +301,20 @@ def _print_joint_audit(d: dict) -> None:
     click.echo(f"Release audit of {d['d']} statistics released together ({'; '.join(d['statistics'])}): target "
                f"epsilon {fmt(d['target_epsilon'])}, noise {d['noise']['kind']}, curator model product Laplace "
                f"{'whitened' if d['curator_model'].get('whitened') else 'axis-aligned'}")
-    click.echo(f"  {'id':>12s} {'exact eps_i':>12s} {'stage-1 max':>11s}")
+    order = format(d["order"], "g")
+    click.echo(f"  {'id':>12s} {'exact eps_i':>12s} {'stage-1 max':>11s} {'exact D_' + order:>10s}")
     for row in d["individuals"]:
-        click.echo(f"  {str(row['id']):>12s} {fmt(row['exact_epsilon']):>12s} {fmt(row.get('mpl_estimate')):>11s}")
-    click.echo("  (exact eps_i: the released vector's density, exact; stage-1 max: MPL's largest noisy loss estimate, "
-               "biased up, not a bound)")
+        click.echo(f"  {str(row['id']):>12s} {fmt(row['exact_epsilon']):>12s} {fmt(row.get('mpl_estimate')):>11s} "
+                   f"{fmt(row.get('exact_renyi')):>10s}")
+    click.echo("  (exact: the released vector's density; stage-1 max: MPL's largest noisy loss estimate, biased up, "
+               "not a bound)")
     click.echo(f"  MPL lower bound   {fmt(d['mpl_lower_bound'])}  <=  exact max eps {fmt(d['exact_epsilon_max'])}"
                f"  <=  target {fmt(d['target_epsilon'])}")
+    click.echo(f"  Renyi lower bound {fmt(d['renyi_lower_bound'])}  vs exact max D {fmt(d['exact_renyi_max'])}")
+    if d["renyi_consistent"] is False:
+        click.echo(f"  note: the Renyi lower bound exceeds the exact D; at level alpha = {d['alpha']:g} this happens "
+                   f"by chance with probability at most alpha (rerun with another --seed); repeated, it means the "
+                   f"release is not the calibrated one")
     click.echo("  OK: the release meets its target" if d["ok"] else "  CHECK FAILED: see the figures above")
     for w in d.get("warnings", []):
         click.echo(f"  warning: {w}", err=True)

@@ -321,8 +321,9 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     """Audit the release described by ``calibration`` on the databases of ``source`` (docs/method.md#94-release-audit).
 
     A joint calibration (2–3 statistics, :class:`empdp.noise.JointCalibration`) is audited by
-    :func:`empdp.audit.joint_release.audit_joint_release`: MPL on the d-dimensional release and the
-    exact ε_i of its density; the result is a :class:`~empdp.audit.joint_release.JointReleaseAudit`.
+    :func:`empdp.audit.joint_release.audit_joint_release`: MPL and the Rényi bound on the d-dimensional
+    release beside the exact ε_i and D_α of its density; the result is a
+    :class:`~empdp.audit.joint_release.JointReleaseAudit`.
 
     A calibration against an adversary (``calibrate --adversary``) is audited per adversary bucket
     (docs/method.md#101-adversarial-knowledge): bucket B's release density is P̂_B ⋆ ℓ_{b_B} ⋆ h, its
@@ -363,8 +364,8 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
         if engine != "duckdb" or any((spark_master, spark_remote, table)) or isinstance(loo, SourceShifts):
             raise InputError("a joint calibration's statistics are read by DuckDB: give a file, glob or folder as "
                              "SOURCE, without --engine spark")
-        return audit_joint_release(cal, source, loo=loo, top=top, n=n, N=N, alpha=alpha, rng=rng,
-                                   progress=progress, hash_key=hash_key)
+        return audit_joint_release(cal, source, loo=loo, top=top, order=order, n=n, N=N, n_renyi=n_renyi,
+                                   alpha=alpha, rng=rng, progress=progress, hash_key=hash_key)
     loo = _read_shifts(cal, source, loo, dict(engine=engine, spark_master=spark_master,
                                               spark_remote=spark_remote, table=table))
     q, shifts, ids, undefined = _arrays(loo)
