@@ -9,8 +9,10 @@ density lies in one quadrant of the cell, so
 
 C−− summing e^{−|x_1,i − a_j1| − |x_2,k − a_j2|} over the points left of and below the cell, C+−
 those right of and below it (referred to the right edge), and so on: every factor is at most 1.
-All four quadrant sums of every cell are one matrix product per density, F_1 F_2ᵀ with F_k the
-(2J × n) left/right factor matrices of axis k. From them, exactly:
+Between two of its own lines a point set's left and right sums only change by a factor, so the
+quadrant sums on the (2n)² grid are gathered from each point set's sums on its own (n + 1)² grid
+(:func:`_point_grid`, :func:`_gather`): those of the points a_j are shared by every individual, and
+the shifted points' cost prefix sums on a quarter of the grid. From them, exactly:
 
 * the values at the grid nodes, hence L = log p − log p_i at every vertex. Along an axis line L is
   monotone between kinks and flat beyond the outermost kink, so on each cell L lies between its
@@ -25,6 +27,8 @@ All four quadrant sums of every cell are one matrix product per density, F_1 F_2
   (α e^{−t} + β e^{−(w−t)} has one root) and along the narrower one in closed form or by
   Gauss–Legendre on the square root that remains, between the points where the level crosses
   the cell's edges (:mod:`._cutcell`);
+* only pieces whose L reaches ± min ε get masses and level bins: the others add nothing at any
+  level swept;
 * with ``only``/``cap``, levels where the total risk has saturated are integrated only for rows
   whose :func:`chord_bound` exceeds the cap.
 
