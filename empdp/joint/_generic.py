@@ -66,12 +66,6 @@ def _check_shifts(model: JointModel, shifts) -> np.ndarray:
     return s
 
 
-def joint_bound(model: JointModel, shifts) -> np.ndarray:
-    """Screening bound M_i = max_j Σ_k |(T Δ_ij)_k| ≥ ε_i, so δ_i(ε) = 0 for ε ≥ M_i (docs/method.md#102-joint-queries-planned)."""
-    s = _check_shifts(model, shifts) @ model.transform.T
-    return np.abs(s).sum(-1).max(-1, initial=0.0)
-
-
 def _contract(E: list) -> np.ndarray:
     """Σ_j Π_k E_k[r, g_k, j] for E_k of shape (R, G_k, n): the (R, G_1, …, G_d) product-grid sums."""
     if len(E) == 1:
