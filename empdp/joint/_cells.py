@@ -308,9 +308,10 @@ def _block(a, s, eps, nodes, only=None, cap=None, shared=None):
     VA = QA[:, 0] + f1 * QA[:, 1] + f2 * QA[:, 2] + f1 * f2 * QA[:, 3]
     VB = QB[:, 0] + f1 * QB[:, 1] + f2 * QB[:, 2] + f1 * f2 * QB[:, 3]
     ok = (VA.reshape(C, -1).min(1) > _TINY * n) & (VB.reshape(C, -1).min(1) > _TINY * n)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        L = np.log(VA) - np.log(VB)
-    L = np.clip(np.nan_to_num(L, nan=0.0, posinf=L_CAP, neginf=-L_CAP), -L_CAP, L_CAP)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        L = np.log(VA / VB)  # finite on the rows kept (both sums above _TINY n: |L| < 600)
+    if not ok.all():
+        L[~ok] = 0.0  # their results are NaN
     eps_i = np.abs(L).reshape(C, -1).max(1)
     eps_i[~ok] = np.nan
     if eps is None:
@@ -346,9 +347,8 @@ def _pieces(L, QA, QB, VA, VB, fs, level):
     mass B), plus what the cut pieces need: the quadrant sums and the segments' (α, β) coefficients."""
     C, J, _ = L.shape
     f1, f2 = fs[0][:, :-1], fs[1][:, :-1]  # (C, J − 1)
-    corners = [L[:, :-1, :-1], L[:, 1:, :-1], L[:, :-1, 1:], L[:, 1:, 1:]]
-    cmin = np.minimum(np.minimum(corners[0], corners[1]), np.minimum(corners[2], corners[3]))
-    cmax = np.maximum(np.maximum(corners[0], corners[1]), np.maximum(corners[2], corners[3]))
+    lo1, hi1 = np.minimum(L[:, :-1], L[:, 1:]), np.maximum(L[:, :-1], L[:, 1:])  # over each cell's 4 vertices
+    cmin, cmax = np.minimum(lo1[:, :, :-1], lo1[:, :, 1:]), np.maximum(hi1[:, :, :-1], hi1[:, :, 1:])
     # boundary segments: along axis 2 on the lines u1 = x1_0 and u1 = x1_{J−1}, along axis 1 on
     # u2 = x2_0 and u2 = x2_{J−1}; (α, β): the line's density is α e^{−t} + β e^{−(w−t)}
     seg = []
@@ -368,15 +368,21 @@ def _pieces(L, QA, QB, VA, VB, fs, level):
     sL1 = np.concatenate([L[:, 0, 1:], L[:, -1, 1:], L[:, 1:, 0], L[:, 1:, -1]], axis=1)
     kc = (0, -1)
     cL = np.stack([L[:, i, k] for i in kc for k in kc], axis=1)
-    lo = np.concatenate([cmin.reshape(C, -1), np.minimum(sL0, sL1), cL], axis=1)
-    hi = np.concatenate([cmax.reshape(C, -1), np.maximum(sL0, sL1), cL], axis=1)
-    K = lo.shape[1]
-    at = np.flatnonzero((hi > level) | (lo < -level))
-    row, piece = np.divmod(at, K)
-    ncell, nseg = (J - 1) ** 2, 4 * (J - 1)
+    sl, sh = np.minimum(sL0, sL1), np.maximum(sL0, sL1)
+    ncell = (J - 1) ** 2
+    cell = np.flatnonzero((cmax > level) | (cmin < -level))  # flat over (C, J − 1, J − 1)
+    edge = np.flatnonzero((np.concatenate([sh, cL], axis=1) > level) | (np.concatenate([sl, cL], axis=1) < -level))
+    K, rest = ncell + 4 * J, 4 * J  # pieces per row; segments and corners per row
+    row = np.concatenate([cell // ncell, edge // rest])
+    piece = np.concatenate([cell % ncell, ncell + edge % rest])
+    order = np.argsort(row * K + piece, kind="stable")  # row by row, pieces in order (as the sums expect)
+    row, piece = row[order], piece[order]
+    lo = np.concatenate([cmin.ravel()[cell], np.concatenate([sl, cL], axis=1).ravel()[edge]])[order]
+    hi = np.concatenate([cmax.ravel()[cell], np.concatenate([sh, cL], axis=1).ravel()[edge]])[order]
+    nseg = 4 * (J - 1)
     mass = []
     for Q, V, (al, be) in ((QA, VA, seg[0]), (QB, VB, seg[1])):
-        m = np.empty(len(at))
+        m = np.empty(len(row))
         c = piece < ncell
         r, (i, k) = row[c], np.divmod(piece[c], J - 1)
         m[c] = Q[r, :, i, k].sum(1) * ((1.0 - f1[r, i]) * (1.0 - f2[r, k]))
@@ -387,7 +393,7 @@ def _pieces(L, QA, QB, VA, VB, fs, level):
         r, pc = row[e], piece[e] - ncell - nseg
         m[e] = V[r, np.where(pc < 2, 0, -1), np.where(pc % 2 == 0, 0, -1)]
         mass.append(m)
-    return {"row": row, "piece": piece, "lo": lo.ravel()[at], "hi": hi.ravel()[at], "mA": mass[0], "mB": mass[1],
+    return {"row": row, "piece": piece, "lo": lo, "hi": hi, "mA": mass[0], "mB": mass[1],
             "QA": QA, "QB": QB, "seg": seg, "sw": sw, "ncell": ncell, "nseg": nseg, "J": J, "C": C}
 
 
