@@ -14,7 +14,7 @@ Code map, in the order data flows (the method: ``docs/method.md``)::
                         checks, saved results
     noise/              calibration (λ*, deconvolution), secure sampling, release ledger
     audit/              black-box lower bounds (MPL, Rényi) and the release audit
-    joint/              two or three statistics released together (library only)
+    joint/              two or three statistics released together, and grouped statistics
     spark/              the leave-one-out and the exact evaluation on a Spark cluster
     report/             the HTML report
     io.py, keys.py, robust.py, errors.py
@@ -34,7 +34,8 @@ _EXPORTS = {
     "DensityModel": ".density", "select_density": ".density",
     "EmpdpError": ".errors", "InputError": ".errors", "BudgetExceededError": ".errors",
     "LooResult": ".loo", "leave_one_out": ".loo",
-    "Calibration": ".noise", "calibrate": ".noise",
+    "Calibration": ".noise", "calibrate": ".noise", "JointCalibration": ".noise", "load_calibration": ".noise",
+    "JointAssessment": ".joint.assess", "GroupedAssessment": ".joint.groups",
 }
 #: submodules reachable as attributes (``empdp.audit.mpl(...)``, ``empdp.risk``)
 _SUBMODULES = ("assessment", "audit", "noise", "risk", "density", "report", "io", "loo", "data", "joint")
