@@ -102,7 +102,7 @@ def print_grouped_assessment(result, out: str | None = None, show_id=str, top: i
     """Summary of a grouped assessment: the groups, ε_all (and its bound when some individuals are only
     bounded), the sweep (with the unresolved counts, :func:`.render._sweep`), and the riskiest individuals (exact values; bounds
     only in the eps_bound column)."""
-    from .render import _eps_all, _sweep, _written
+    from .render import _eps_all, _written, eps_i_cell, riskiest_table, summary_end
 
     con = console or Console(highlight=False, soft_wrap=True)
     G = len(result.groups)
@@ -121,19 +121,9 @@ def print_grouped_assessment(result, out: str | None = None, show_id=str, top: i
                                          "bounded (eps_bound)")
     else:
         summary.add_row("eps_all", _eps_all(result.eps_all, result.sole_contributors))
-    summary.add_row("sole contributors", str(result.sole_contributors))
-    con.print(summary)
-    for w in result.warnings:
-        con.print(f"[yellow]warning:[/yellow] {escape(w)}")
-    con.print(_sweep(result, "risk by epsilon of the release of every group"))
-    t = Table(title=f"riskiest individuals at epsilon = {fmt(result.epsilons[0])}, by delta", title_justify="left")
-    for col in (result.id_column, "delta", "eps_i", "eps_bound", "groups", "databases", ""):
-        t.add_column(col, justify="right" if col else "left")
-    for row in result.riskiest(top).iter_rows(named=True):
-        eps_i = "inf (sole)" if row["sole_contributor"] else "bound only" if row["eps_i"] is None \
-            else fmt(row["eps_i"])
-        delta = "-" if row["delta"] is None else fmt(row["delta"])
-        t.add_row(escape(show_id(row[result.id_column])), delta, eps_i, fmt(row["eps_bound"]), str(row["groups"]),
-                  str(row["n_databases"]), "sets eps_all" if row["sets"] else "")
-    con.print(t)
+    summary_end(con, summary, result, "risk by epsilon of the release of every group")
+    riskiest_table(con, result, top, show_id, "", [
+        ("delta", lambda row: "-" if row["delta"] is None else fmt(row["delta"])), ("eps_i", eps_i_cell),
+        ("eps_bound", lambda row: fmt(row["eps_bound"])), ("groups", lambda row: str(row["groups"])),
+        ("databases", lambda row: str(row["n_databases"]))])
     _written(con, out)

@@ -108,22 +108,41 @@ def print_joint_assessment(result, out: str | None = None, show_id=str, top: int
                                      "held-out likelihood)" if m.whitened else
                     f"product Laplace, the statistics' own axes, fixed scales {scales}")
     summary.add_row("eps_all", _eps_all(result.eps_all, result.sole_contributors))
+    summary_end(con, summary, result, "risk by epsilon of the joint release")
+    shifts = [(f"shift {k + 1}", lambda row, k=k: _fmt(row[f"max_abs_shift_{k + 1}"])) for k in range(d)]
+    riskiest_table(con, result, top, show_id, "(shift k: the largest shift of statistic k)",
+                   [("delta", lambda row: _fmt(row["delta"])), ("eps_i", eps_i_cell),
+                    ("databases", lambda row: str(row["n_databases"])), *shifts])
+    _written(con, out, report, saved)
+
+
+def summary_end(con, summary: Table, result, sweep_title: str) -> None:
+    """The summary's last row (sole contributors), the summary, the warnings and the sweep table."""
     summary.add_row("sole contributors", str(result.sole_contributors))
     con.print(summary)
     for w in result.warnings:
         con.print(f"[yellow]warning:[/yellow] {escape(w)}")
-    con.print(_sweep(result, "risk by epsilon of the joint release"))
+    con.print(_sweep(result, sweep_title))
 
-    t = Table(title=f"riskiest individuals at epsilon = {_fmt(result.epsilons[0])}, by delta (shift k: the "
-                    "largest shift of statistic k)", title_justify="left")
-    for col in (result.id_column, "delta", "eps_i", "databases", *[f"shift {k + 1}" for k in range(d)], ""):
+
+def eps_i_cell(row) -> str:
+    """A row's exact ε_i, ∞ for a sole contributor, or 'bound only' where only a bound is known."""
+    if row["sole_contributor"]:
+        return "inf (sole)"
+    return "bound only" if row["eps_i"] is None else _fmt(row["eps_i"])
+
+
+def riskiest_table(con, result, top: int, show_id, note: str, columns: list) -> None:
+    """The riskiest individuals (:meth:`riskiest`) at the smallest ε: the id, then ``columns``
+    (header, row → text), and which individual sets ε_all."""
+    t = Table(title=f"riskiest individuals at epsilon = {_fmt(result.epsilons[0])}, by delta {note}".rstrip(),
+              title_justify="left")
+    for col in (result.id_column, *[c for c, _ in columns], ""):
         t.add_column(col, justify="right" if col else "left")
     for row in result.riskiest(top).iter_rows(named=True):
-        eps_i = "inf (sole)" if row["sole_contributor"] else _fmt(row["eps_i"])
-        t.add_row(escape(show_id(row[result.id_column])), _fmt(row["delta"]), eps_i, str(row["n_databases"]),
-                  *[_fmt(row[f"max_abs_shift_{k + 1}"]) for k in range(d)], "sets eps_all" if row["sets"] else "")
+        t.add_row(escape(show_id(row[result.id_column])), *[cell(row) for _, cell in columns],
+                  "sets eps_all" if row["sets"] else "")
     con.print(t)
-    _written(con, out, report, saved)
 
 
 def _print_adversary(con, result) -> None:

@@ -25,14 +25,13 @@ MAX_GROUPS = 100
 
 
 @dataclass(kw_only=True)
-class JointPanel:
-    """The statistics of every database and every individual's leave-one-out shifts.
+class Statistics:
+    """What a joint and a grouped panel share: the databases, the statistics and the individuals.
 
     labels : the databases' labels, in order (n)
     names : each statistic as described by its query form (d)
     q : ndarray (n, d), the statistics of each database
     ids : polars Series (m), every individual with a row in some database, sorted
-    shifts : ndarray (m, n, d), Δ_ij = q_j − q_j(without i) (0 where i is absent from j)
     sole : ndarray (m,) bool, the only contributor to some database (Δ_ij undefined)
     present : ndarray (m,) int, databases the individual is in
     """
@@ -41,9 +40,17 @@ class JointPanel:
     names: list
     q: np.ndarray
     ids: pl.Series
-    shifts: np.ndarray
     sole: np.ndarray
     present: np.ndarray
+
+
+@dataclass(kw_only=True)
+class JointPanel(Statistics):
+    """The statistics of every database and every individual's leave-one-out shifts (the fields of
+    :class:`Statistics` and) shifts : ndarray (m, n, d), Δ_ij = q_j − q_j(without i) (0 where i is
+    absent from j)."""
+
+    shifts: np.ndarray
 
     @property
     def d(self) -> int:
@@ -127,7 +134,7 @@ def _positions(ids: pl.Series, some: pl.Series) -> np.ndarray:
 
 # --------------------------------------------------------------------------- grouped statistics
 @dataclass(kw_only=True)
-class GroupPanel:
+class GroupPanel(Statistics):
     """One statistic per group of a column and database, and each individual's shifts in the groups
     their rows touch (docs/method.md#102-joint-queries-planned).
 
@@ -139,17 +146,11 @@ class GroupPanel:
     database; present : ndarray (m,) int, databases the individual has rows in.
     """
 
-    labels: list
     group_by: str
     groups: list
-    names: list
-    q: np.ndarray
-    ids: pl.Series
     rows: list
     shifts: list
     touched: np.ndarray
-    sole: np.ndarray
-    present: np.ndarray
 
     @property
     def n_groups(self) -> int:
