@@ -29,3 +29,22 @@ def one_line_error(res, *fragments: str, code: int = 2) -> str:
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
     return lines[0]
+
+
+def set_field(d: dict, path, value) -> None:
+    """Set ``d[path[0]][path[1]]...`` to ``value`` in place, or delete it when ``value`` is KeyError
+    (tests that damage one field of a JSON file)."""
+    *parents, last = path
+    for key in parents:
+        d = d[key]
+    if value is KeyError:
+        del d[last]
+    else:
+        d[last] = value
+
+
+def parquet_file(tmp_path_factory, table, folder: str, name: str) -> str:
+    """``table`` written to a fresh folder of a module-scoped fixture; its path."""
+    path = tmp_path_factory.mktemp(folder) / name
+    table.write_parquet(path)
+    return str(path)

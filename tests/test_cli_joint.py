@@ -6,7 +6,7 @@ import json
 
 import polars as pl
 import pytest
-from helpers import one_line_error, run
+from helpers import one_line_error, parquet_file, run
 from test_joint_assess import paper_table
 
 PANEL = ["--id", "id", "--by", "db"]
@@ -16,9 +16,7 @@ PANEL = ["--id", "id", "--by", "db"]
 def paper(tmp_path_factory):
     """The paper's panel as a file: K contributes a steady x to every database; ``x_not_k`` is x but K's."""
     table, K = paper_table()
-    path = tmp_path_factory.mktemp("joint") / "paper.parquet"
-    table.write_parquet(path)
-    return str(path), K
+    return parquet_file(tmp_path_factory, table, "joint", "paper.parquet"), K
 
 
 @pytest.fixture(scope="module")

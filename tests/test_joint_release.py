@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import polars as pl
 import pytest
-from helpers import CURATOR_KEY, one_line_error, run
+from helpers import CURATOR_KEY, one_line_error, parquet_file, run, set_field
 
 from empdp.errors import BudgetExceededError, InputError
 from empdp.joint import JointModel, joint_eps_at
@@ -38,9 +38,7 @@ def paper_panel(K=7, n_db=40, n_ind=30, seed=0):
 @pytest.fixture(scope="module")
 def paper(tmp_path_factory):
     table, K = paper_panel()
-    path = tmp_path_factory.mktemp("joint_release") / "paper.parquet"
-    table.write_parquet(path)
-    return str(path), K
+    return parquet_file(tmp_path_factory, table, "joint_release", "paper.parquet"), K
 
 
 @pytest.fixture(scope="module")
@@ -356,16 +354,6 @@ def test_no_noise_exactly_when_assess_finds_nobody_at_risk(paper, bandwidth):
     assert above.curator_eps_max == pytest.approx(eps_all, rel=1e-12)
 
 
-def _set_path(d, path, value):
-    *head, last = path
-    for k in head:
-        d = d[k]
-    if value is KeyError:
-        del d[last]
-    else:
-        d[last] = value
-
-
 @pytest.mark.parametrize("path, value, fragment", [
     (("curator_model", "whitening", 0, 0), "0.1", "curator_model.whitening"),
     (("curator_model", "whitening", 0), [1.0], "curator_model.whitening"),
@@ -388,7 +376,7 @@ def test_damaged_joint_calibration_field_is_one_line(calibrated, tmp_path, path,
     """Every field is checked at the boundary, even where no signature is asked for (--allow-unsigned)."""
     cal, _ = calibrated
     d = cal.to_dict()
-    _set_path(d, path, value)
+    set_field(d, path, value)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(d))
     ledger = tmp_path / "l.sqlite"

@@ -9,7 +9,7 @@ import math
 import sqlite3
 
 import pytest
-from helpers import CURATOR_KEY, SAMPLE, one_line_error, run
+from helpers import CURATOR_KEY, SAMPLE, one_line_error, run, set_field
 
 import empdp
 from empdp.errors import InputError
@@ -141,18 +141,6 @@ def test_calibration_changed_in_python_cannot_release(cal_path, tmp_path):
 
 # ----------------------------------------------- 2. damaged fields: one line, exit 2
 
-def _set(path, value):
-    def edit(d):
-        *parents, last = path
-        for p in parents:
-            d = d[p]
-        if value is KeyError:
-            del d[last]
-        else:
-            d[last] = value
-    return edit
-
-
 @pytest.mark.parametrize("path, value, field", [
     (("noise", "scale"), -1, "'noise.scale'"),
     (("noise", "scale"), 0, "'noise.scale'"),
@@ -178,7 +166,7 @@ def _set(path, value):
     (("expected_abs_noise",), 0.0, "expected_abs_noise"),
 ])
 def test_damaged_calibration_field_exits_2_naming_it(cal_dict, tmp_path, path, value, field):
-    _set(path, value)(cal_dict)
+    set_field(cal_dict, path, value)
     bad = write(tmp_path, cal_dict)
     res = run("release", bad, "--value", 1, "--ledger", tmp_path / "l.sqlite", "--budget", 1)
     one_line_error(res, field, str(bad))
