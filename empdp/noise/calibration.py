@@ -145,8 +145,27 @@ class SignedFile(ABC):
         return self
 
 
+@dataclass(kw_only=True)
+class Provenance:
+    """What every calibration file records besides its mechanism (keyword-only): how private the
+    released density was verified to be, the panel's sizes, and the query it was computed from
+    (``source``, ``id``, ``by``, ``where``; the statistic itself is each class's own)."""
+
+    verified_eps_max: float
+    n_individuals: int
+    n_sole_contributors: int
+    n_databases: int
+    source: str | None = None
+    source_description: str | None = None
+    id: str | None = None
+    by: str | None = None
+    where: str | None = None
+    seconds: float = 0.0
+    warnings: list = field(default_factory=list)
+
+
 @dataclass
-class Calibration(SignedFile):
+class Calibration(SignedFile, Provenance):
     """A calibrated release mechanism z = f(X) + y, y ~ h (docs/method.md#8-calibration-and-release).
 
     The attribute names are a contract (the audit of docs/method.md#94-release-audit reads them):
@@ -162,22 +181,11 @@ class Calibration(SignedFile):
     curator_kernel: dict
     noise: dict
     expected_abs_noise: float
-    verified_eps_max: float
-    n_individuals: int
-    n_sole_contributors: int
-    n_databases: int
     deconvolution: dict = field(default_factory=dict)
-    source: str | None = None
-    source_description: str | None = None
-    id: str | None = None
-    by: str | None = None
     query: str | None = None
-    where: str | None = None
     sql: str | None = None
     query_description: str | None = None
     n_bisected: int = 0
-    seconds: float = 0.0
-    warnings: list = field(default_factory=list)
 
     # ------------------------------------------------------------- JSON
     def _fields(self) -> dict:

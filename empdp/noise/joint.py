@@ -20,7 +20,7 @@ import math
 import numbers
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from .calibration import (
     MAX_SCALE,
     Calibration,
     Progress,
+    Provenance,
     SignedFile,
     _number,
     no_progress,
@@ -55,7 +56,7 @@ _CLASSICAL_NONE = "infinite for a fixed database: no noise is added, the exact v
 
 
 @dataclass
-class JointCalibration(SignedFile):
+class JointCalibration(SignedFile, Provenance):
     """A calibrated joint release mechanism of d = 2 or 3 statistics (docs/method.md#102-joint-queries-planned).
 
     Matrices and vectors are plain lists (what the JSON holds); :attr:`whitening`,
@@ -82,21 +83,10 @@ class JointCalibration(SignedFile):
     curator_model: dict
     noise: dict
     expected_abs_noise: list
-    verified_eps_max: float
     curator_eps_max: float
-    n_individuals: int
-    n_sole_contributors: int
-    n_databases: int
-    source: str | None = None
-    source_description: str | None = None
-    id: str | None = None
-    by: str | None = None
     query: list | None = None
     sql: list | None = None
-    where: str | None = None
     n_evaluated: int = 0
-    seconds: float = 0.0
-    warnings: list = field(default_factory=list)
 
     # ---------------------------------------------------------------- arrays
     @property
