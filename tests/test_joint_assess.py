@@ -80,6 +80,9 @@ def test_the_sweep_skips_only_what_cannot_change_the_summary(monkeypatch):
     np.testing.assert_array_equal(np.nan_to_num(part, nan=0.0).max(axis=0), full.max(axis=0))
     assert not skipped[:, 0].any()
     assert np.all(full[skipped] > 0) and np.all(full[skipped] <= full.max(axis=0)[np.nonzero(skipped)[1]])
+    # blocks planned from the blocks before the last LAG: the same cells left out in any number of threads
+    threaded = ja.sweep(model, S, eps, np.arange(40), e, threads=3)[1]
+    np.testing.assert_array_equal(threaded, part)
 
 
 def effects_table(n_ind=160, n_db=24, seed=1):

@@ -9,6 +9,9 @@ The command: ``empdp assess FILE --id id --by db --query "mean(x)" --query "mean
 the installed ``empdp`` executable, paired with a baseline run just before it: DuckDB's ``GROUP BY
 db, id`` of the same file (the query alone, as in ``assess_bench.py``). Targets (issue 19): the
 median of the paired ratios ≤ 10× for d = 2 and ≤ 30× for d = 3. Peak RSS as in ``assess_bench.py``.
+A run slower than --timeout seconds (default 1800) is killed and counted as failing: the exact d = 3
+evaluation costs seconds per individual at risk (n = 100), and the bounded panel puts every
+individual at risk at the sweep's low end.
 
 Panels (written once under --data-dir, one row per individual and database; e1, e2, e3 independent
 N(0, 1) per row):
@@ -21,9 +24,12 @@ N(0, 1) per row):
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,6 +78,31 @@ def make_panel(path: Path, n_ind: int, n_db: int, shape: str, seed: int = 1) -> 
     return True
 
 
+def run_empdp(args: list[str], timeout: float) -> tuple[float, float, dict | None]:
+    """As ``assess_bench.run_empdp`` (wall s, peak RSS GB, JSON summary), but the run is killed after
+    ``timeout`` seconds: then the summary is None and the wall time is the timeout."""
+    cmd = [assess_bench.EMPDP, "assess", *args, "--json"]
+    t = time.perf_counter()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        peak = 0
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            peak = max(peak, assess_bench._tree_rss(proc.pid))
+            if time.perf_counter() - t > timeout:
+                proc.kill()
+                proc.wait()
+                return timeout, peak / 1024**3, None
+            time.sleep(0.05)
+        wall = time.perf_counter() - t
+        out.seek(0), err.seek(0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"empdp failed ({' '.join(cmd)}): {err.read().decode()[-2000:]}")
+        return wall, max(peak, usage.ru_maxrss * 1024) / 1024**3, json.loads(out.read())
+
+
 def command(path: Path, d: int) -> list[str]:
     return [str(path), "--id", "id", "--by", "db", *[a for c in "xyz"[:d] for a in ("--query", f"mean({c})")],
             "-q"]
@@ -86,6 +117,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--data-dir", default="bench_data")
     ap.add_argument("--generate-only", action="store_true")
+    ap.add_argument("--timeout", type=float, default=1800.0,
+                    help="seconds after which an empdp run is killed and reported as slower than that")
     ap.add_argument("--empdp", default=None, help="the empdp executable (default: the installed one)")
     opt = ap.parse_args()
     n_db = opt.databases
@@ -113,15 +146,21 @@ def main() -> int:
             walls, bases, rsss, summary = [], [], [], None
             for r in range(opt.runs):
                 bases.append(assess_bench.baseline(paths[s]))
-                w, rss, summary = assess_bench.run_empdp(cmd)
+                w, rss, summary = run_empdp(cmd, opt.timeout)
                 walls.append(w), rsss.append(rss)
-                print(f"   run {r + 1}: baseline {bases[-1]:.2f} s, empdp {w:.2f} s = {w / bases[-1]:.2f}×, "
-                      f"peak RSS {rss:.2f} GB, load {os.getloadavg()[0]:.2f}", flush=True)
+                print(f"   run {r + 1}: baseline {bases[-1]:.2f} s, empdp {'>' if summary is None else ''}{w:.2f} s = "
+                      f"{w / bases[-1]:.2f}×, peak RSS {rss:.2f} GB, load {os.getloadavg()[0]:.2f}", flush=True)
+                if summary is None:
+                    break
             paired = statistics.median(w / b for w, b in zip(walls, bases))
             med, b_med = statistics.median(walls), statistics.median(bases)
-            low = summary["sweep"][0]
-            ok = paired <= TARGET[d]
+            ok = summary is not None and paired <= TARGET[d]
             failed += not ok
+            if summary is None:
+                print(f"   FAIL  killed after {opt.timeout:.0f} s (> {opt.timeout / b_med:.0f}× the baseline)")
+                table.append((s, d, med, b_med, paired, max(rsss), -1, -1))
+                continue
+            low = summary["sweep"][0]
             print(f"   eps_all {summary['eps_all']:.4g}; {low['n_at_risk']:,} of {summary['n_individuals']:,} at "
                   f"risk at eps = {low['epsilon']:.4g}")
             print(f"   {assess_bench.verdict(ok)}  median {med:.2f} s over median baseline {b_med:.2f} s; median of "
@@ -130,7 +169,8 @@ def main() -> int:
     print(f"\nsummary ({n_ind:,} × {n_db} rows; median of {opt.runs}; load average after {os.getloadavg()}):")
     print("   shape    d  empdp s  baseline s  paired ratio  target  peak GB  at risk (low end)")
     for s, d, med, b_med, paired, rss, risk, n in table:
-        print(f"   {s:8s} {d} {med:8.2f} {b_med:11.2f} {paired:12.2f}× {TARGET[d]:6g}× {rss:8.2f}  {risk:,}/{n:,}")
+        at_risk = f"{risk:,}/{n:,}" if n >= 0 else "killed"
+        print(f"   {s:8s} {d} {med:8.2f} {b_med:11.2f} {paired:12.2f}× {TARGET[d]:6g}× {rss:8.2f}  {at_risk}")
     print("all targets PASS" if not failed else f"{failed} target(s) FAIL")
     return 1 if failed else 0
 
