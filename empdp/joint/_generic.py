@@ -307,21 +307,26 @@ def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_e
     cells_shape = Lmin.shape
     flat_min, flat_max = Lmin.ravel(), Lmax.ravel()
     fa, fb = mA.ravel(), mB.ravel()
+    # only cells whose L reaches ± min ε matter at any level (a small part of the grid)
+    lowest = float(eps.min()) if E else np.inf
+    up = np.flatnonzero(flat_max > lowest)
+    down = np.flatnonzero(flat_min < -lowest)
     # inside sums for every ε: cells with all vertices ≥ ε (plus side) or ≤ −ε (minus side)
-    o1 = np.argsort(-flat_min)
-    cA1, cB1 = np.cumsum(fa[o1]), np.cumsum(fb[o1])
+    sel = up[flat_min[up] >= lowest]
+    o1 = sel[np.argsort(-flat_min[sel], kind="stable")]
+    cA1, cB1 = np.r_[0.0, np.cumsum(fa[o1])], np.r_[0.0, np.cumsum(fb[o1])]  # sums of the first k cells
     k1 = np.searchsorted(-flat_min[o1], -eps, side="right")
-    o2 = np.argsort(flat_max)
-    cA2, cB2 = np.cumsum(fa[o2]), np.cumsum(fb[o2])
+    sel = down[flat_max[down] <= -lowest]
+    o2 = sel[np.argsort(flat_max[sel], kind="stable")]
+    cA2, cB2 = np.r_[0.0, np.cumsum(fa[o2])], np.r_[0.0, np.cumsum(fb[o2])]
     k2 = np.searchsorted(flat_max[o2], -eps, side="right")
-    take = lambda c, k: np.where(k > 0, c[np.maximum(k - 1, 0)], 0.0)  # noqa: E731
-    plus_in = take(cA1, k1) - ee * take(cB1, k1)
-    minus_in = take(cB2, k2) - ee * take(cA2, k2)
+    plus_in = cA1[k1] - ee * cB1[k1]
+    minus_in = cB2[k2] - ee * cA2[k2]
     # cut cells: gather every (cell, ε, side) once, coefficients per distinct cell
     cut_cells, cut_eps, cut_side = [], [], []
     for e_idx, e in enumerate(eps):
-        for side, lev in ((0, e), (1, -e)):
-            c = np.flatnonzero((flat_min < lev) & (flat_max > lev))
+        for side, lev, pool in ((0, e, up), (1, -e, down)):
+            c = pool[(flat_min[pool] < lev) & (flat_max[pool] > lev)]
             cut_cells.append(c)
             cut_eps.append(np.full(len(c), e_idx))
             cut_side.append(np.full(len(c), side))
