@@ -268,17 +268,17 @@ def _pos_integral(C: np.ndarray, w: np.ndarray, nodes: int) -> np.ndarray:
 
 
 def _corner_stats(L: np.ndarray):
-    """(min, max) of L over each cell's 2^d vertices; cells with a non-finite vertex get (−∞, ∞)."""
-    d = L.ndim
-    views = []
-    for corner in np.ndindex(*(2,) * d):
-        views.append(L[tuple(slice(c, L.shape[k] - 1 + c) for k, c in enumerate(corner))])
-    V = np.stack(views)
-    finite = np.isfinite(V).all(0)
-    with np.errstate(invalid="ignore"):
-        lo = np.where(finite, V.min(0), -np.inf)
-        hi = np.where(finite, V.max(0), np.inf)
-    return lo, hi
+    """(min, max) of L over each cell's 2^d vertices; cells with a non-finite vertex get (−∞, ∞).
+
+    One axis at a time (neighbours along axis k, then along the next): 2d passes, no 2^d copies."""
+    lo = hi = L
+    finite = np.isfinite(L)
+    for k in range(L.ndim):
+        first = tuple(slice(None, -1) if i == k else slice(None) for i in range(L.ndim))
+        second = tuple(slice(1, None) if i == k else slice(None) for i in range(L.ndim))
+        lo, hi = np.fmin(lo[first], lo[second]), np.fmax(hi[first], hi[second])
+        finite = finite[first] & finite[second]
+    return np.where(finite, lo, -np.inf), np.where(finite, hi, np.inf)
 
 
 def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_error: bool):
