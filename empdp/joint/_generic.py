@@ -256,15 +256,14 @@ def _pos_integral(C: np.ndarray, w: np.ndarray, nodes: int) -> np.ndarray:
         wt[pure] = 0.0
         wt[pure_minus, 0] = -np.expm1(-wl[pure_minus])
         wt[pure_plus, 0] = np.expm1(np.minimum(wl[pure_plus], 700))
-    Q = t.shape[1]
-    shape = (K, Q) + (1,) * (d - 1)
+    # nodes of empty pieces (absent edge roots sit at 0) have weight 0: only the others recurse
+    cell, node = np.nonzero(wt)
+    tn = t[cell, node].reshape((-1,) + (1,) * (d - 1))
     with np.errstate(over="ignore", invalid="ignore"):
-        Cr = (plus[:, None] * np.exp(np.minimum(t, 700)).reshape(shape)
-              + minus[:, None] * np.exp(-t).reshape(shape)).reshape((K * Q,) + (2,) * (d - 1))
+        Cr = plus[cell] * np.exp(np.minimum(tn, 700)) + minus[cell] * np.exp(-tn)
     Cr = np.nan_to_num(Cr, nan=0.0, posinf=0.0, neginf=0.0)
-    wr = np.repeat(w[:, :-1], Q, axis=0)
-    vals = _pos_integral(Cr, wr, nodes).reshape(K, Q)
-    return (vals * wt).sum(1)
+    vals = _pos_integral(Cr, w[cell, :-1], nodes)
+    return np.bincount(cell, weights=vals * wt[cell, node], minlength=K)
 
 
 def _corner_stats(L: np.ndarray):
