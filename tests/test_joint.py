@@ -297,6 +297,20 @@ def test_d3_with_a_constant_statistic_reduces_to_d2():
     np.testing.assert_allclose(d3, d2, atol=1e-6)
 
 
+def test_d3_cut_cells_in_chunks_give_the_same_delta(monkeypatch):
+    """The cut cells' coefficients are formed a chunk of cells at a time: chunks of 7 cells (many
+    boundaries, a last partial chunk) give the same δ_i as one chunk."""
+    from empdp.joint import _generic
+
+    q, S = random_panel(4, 6, 3, 2, size=0.7)
+    model = select_joint_model(q)
+    eps = np.array([0.05, 0.2, 0.5])
+    whole = joint_risk(model, S, eps)[1]
+    monkeypatch.setattr(_generic, "COEF_CELLS", 7)
+    np.testing.assert_array_equal(joint_risk(model, S, eps)[1], whole)
+    assert whole.max() > 0
+
+
 def test_d3_matches_monte_carlo_and_the_vertex_reference():
     rng = np.random.default_rng(9)
     q = rng.normal(size=(5, 3))
