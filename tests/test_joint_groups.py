@@ -138,7 +138,7 @@ def brute_force_panel(table: pl.DataFrame, groups: str):
 
 def vertex_eps(model, shifts):
     """sup |log p̂ − log p̂_i| over every vertex of the kink grid in scaled coordinates (where the sup is
-    attained, docs/method.md#102-joint-queries-planned) and points far beyond, evaluated by logpdf."""
+    attained, docs/method.md#102-joint-queries) and points far beyond, evaluated by logpdf."""
     T = model.transform
     a, b = model.points @ T.T, (model.points - shifts) @ T.T
     axes = [np.r_[a[:, k], b[:, k], a[:, k].min() - 60, a[:, k].max() + 60] for k in range(model.d)]

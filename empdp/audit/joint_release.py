@@ -1,4 +1,4 @@
-"""Audit of a joint release of 2–3 statistics (docs/method.md#94-release-audit, #102-joint-queries-planned).
+"""Audit of a joint release of 2–3 statistics (docs/method.md#94-release-audit, #102-joint-queries).
 
 The joint release law (empirical sense) is r = P̂ ⋆ k ⋆ h in d dimensions: pick a database j
 uniformly, add the curator's product Laplace kernel on each whitened axis (scales b_k), add the

@@ -132,7 +132,7 @@ def arrow_batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 1 << 20,
 
 def group_cells(panel, column: str, where: str | None = None) -> tuple[list, int]:
     """The groups of ``column`` in every database of ``panel`` (a :class:`empdp.data.Panel`), on the
-    rows ``where`` keeps (grouped statistics, docs/method.md#102-joint-queries-planned).
+    rows ``where`` keeps (grouped statistics, docs/method.md#102-joint-queries).
 
     Returns ``(cells, n_null)``: one ``(text, value, database index, rows)`` per group present in a
     database, ordered by the group's value (its text, ``CAST(column AS VARCHAR)``, names the group

@@ -1,4 +1,4 @@
-"""Joint queries: d = 2 or 3 statistics released together (docs/method.md#102-joint-queries-planned, issue 19).
+"""Joint queries: d = 2 or 3 statistics released together (docs/method.md#102-joint-queries, issue 19).
 
 Numerical core, arrays in and out: :mod:`.model` (the whitened product Laplace density),
 :mod:`.risk` (exact ε_i, δ_i(ε); :mod:`._cells` for d = 2, :mod:`._generic` for d = 3) and

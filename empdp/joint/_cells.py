@@ -1,4 +1,4 @@
-"""Exact ε_i and δ_i(ε) for two statistics on the grid of kink lines (docs/method.md#102-joint-queries-planned).
+"""Exact ε_i and δ_i(ε) for two statistics on the grid of kink lines (docs/method.md#102-joint-queries).
 
 Scaled coordinates u = T x (each kernel is ¼ e^{−|u − a_j|_1}). For one individual, the kink
 lines of axis k are the 2n coordinates a_jk and b_jk = a_jk − s_jk, sorted: x_k,0 ≤ … ≤ x_k,J−1.
@@ -102,7 +102,7 @@ def eps_rows(a: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Exact ε_i for scaled points ``a`` (n, 2) and scaled shifts ``s`` (C, n, 2), and ``ok`` (C,).
 
     sup L is attained at a vertex whose coordinates are kinks of p̂ (or the outermost kinks, beyond
-    which L is flat) and inf L at kinks of p̂_i (docs/method.md#102-joint-queries-planned), so two
+    which L is flat) and inf L at kinks of p̂_i (docs/method.md#102-joint-queries), so two
     (n + 2)² vertex sets suffice. Each factor e^{−|x − p|} is min(e^{x−c} e^{c−p}, e^{c−x} e^{p−c})
     about the row's centre c: products instead of exponentials, exact while every coordinate is
     within :data:`FAST_SPAN` of c (``ok`` False otherwise: the caller uses the log-space path).

@@ -1,4 +1,4 @@
-"""Exact integrals over one cut cell of the d = 2 grid (docs/method.md#102-joint-queries-planned).
+"""Exact integrals over one cut cell of the d = 2 grid (docs/method.md#102-joint-queries).
 
 On a cell [0, w1] × [0, w2] the integrand p̂ − e^ε p̂_i is four terms D e^{±t1 ± t2}. For fixed t2 it
 is α e^{−t1} + β e^{−(w1−t1)} along t1, whose positive part integrates in closed form

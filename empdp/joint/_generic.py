@@ -1,4 +1,4 @@
-"""Exact ε_i and δ_i(ε) for any d ≤ 3, one individual at a time (docs/method.md#102-joint-queries-planned).
+"""Exact ε_i and δ_i(ε) for any d ≤ 3, one individual at a time (docs/method.md#102-joint-queries).
 
 The general path: d = 3, and the d = 2 rows the matrix form of :mod:`._cells` cannot certify.
 Everything runs in scaled coordinates u = T x, where each kernel is 2^{−d} exp(−|u − a_j|_1).
@@ -216,7 +216,7 @@ def _edge_root(gamma, eta, w):
 
 
 def _pos_integral(C: np.ndarray, w: np.ndarray, nodes: int) -> np.ndarray:
-    """∫_{[0,w]} (Σ_σ C_σ e^{σ·t})_+ dt for K cells: C (K, 2, …, 2), w (K, d) (docs/method.md#102-joint-queries-planned).
+    """∫_{[0,w]} (Σ_σ C_σ e^{σ·t})_+ dt for K cells: C (K, 2, …, 2), w (K, d) (docs/method.md#102-joint-queries).
 
     Exact along axis 1; Gauss–Legendre along the others, on pieces split where h vanishes on the
     edges parallel to that axis (closed form), so that each piece's integrand is analytic. An axis

@@ -1,4 +1,4 @@
-"""Assess a joint release of 2–3 statistics from a table (docs/method.md#102-joint-queries-planned, issue 19).
+"""Assess a joint release of 2–3 statistics from a table (docs/method.md#102-joint-queries, issue 19).
 
 Thin I/O over :mod:`empdp.joint`: the query values and shifts (:func:`.panel.read_joint`), the
 joint model, then ε_all and δ_i(ε) over a sweep, exact, evaluating only the individuals they need

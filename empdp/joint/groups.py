@@ -1,5 +1,5 @@
 """Grouped statistics: one statistic per group of a column and database, e.g. mean(x) by region each
-year (docs/method.md#102-joint-queries-planned, issue 19).
+year (docs/method.md#102-joint-queries, issue 19).
 
 The release is the vector (f(X^j ∩ g))_g of the G groups. An individual changes only the groups
 their rows are in (k of them):

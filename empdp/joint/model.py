@@ -1,4 +1,4 @@
-"""The joint density model of d = 2 or 3 statistics (docs/method.md#102-joint-queries-planned, issue 19).
+"""The joint density model of d = 2 or 3 statistics (docs/method.md#102-joint-queries, issue 19).
 
 Product Laplace kernels in whitened coordinates y = W x,
 
@@ -43,7 +43,7 @@ class SingularCovarianceError(InputError):
 
 @dataclass
 class JointModel(Selection):
-    """Product Laplace KDE of d statistics in whitened coordinates (docs/method.md#102-joint-queries-planned).
+    """Product Laplace KDE of d statistics in whitened coordinates (docs/method.md#102-joint-queries).
 
     Attributes
     ----------
@@ -176,7 +176,7 @@ def _loo_loglik(absdiff: np.ndarray, scales: np.ndarray) -> float:
 
 
 def select_joint_model(q, bandwidth="auto", n_scales: int = 41, names=None) -> JointModel:
-    """Fit the joint density model of the (n, d) query values (docs/method.md#102-joint-queries-planned).
+    """Fit the joint density model of the (n, d) query values (docs/method.md#102-joint-queries).
 
     Parameters
     ----------

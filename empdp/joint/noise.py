@@ -1,4 +1,4 @@
-"""Calibration of a joint release: noise per whitened axis (docs/method.md#102-joint-queries-planned).
+"""Calibration of a joint release: noise per whitened axis (docs/method.md#102-joint-queries).
 
 The released density is the product Laplace(λ_k) KDE of the whitened points, λ_k = t b_k; the least
 t that makes every individual ε-private is found by bisection and verified exactly.
@@ -19,7 +19,7 @@ from .risk import exact_eps, joint_bound
 
 @dataclass(frozen=True)
 class JointNoise:
-    """Release noise for a joint query (docs/method.md#102-joint-queries-planned): independent per whitened axis k,
+    """Release noise for a joint query (docs/method.md#102-joint-queries): independent per whitened axis k,
 
         z_k ~ w_k δ_0 + (1 − w_k) Laplace(λ_k),   noise = W^{−1} z   (statistics' units).
 
@@ -93,7 +93,7 @@ def joint_eps_at(model: JointModel, shifts, t: float) -> np.ndarray:
 
 def joint_minimal_lambda(model: JointModel, shifts, epsilon: float, *, rtol: float = 1e-10,
                          max_steps: int = 400) -> JointLambda:
-    """Least t with max_i ε_i(t) ≤ ε for the released densities at scales λ_k = t b_k (docs/method.md#102-joint-queries-planned).
+    """Least t with max_i ε_i(t) ≤ ε for the released densities at scales λ_k = t b_k (docs/method.md#102-joint-queries).
 
     ε_i(t) is non-increasing in t (per axis ℓ_{t b} = ℓ_{t' b} ⋆ ((t'/t)² δ_0 + (1 − (t'/t)²) ℓ_{t b})
     for t' < t, and convolving both densities with one probability law cannot raise their

@@ -1,4 +1,4 @@
-"""Read a joint query's values and leave-one-out shifts from a table (docs/method.md#102-joint-queries-planned).
+"""Read a joint query's values and leave-one-out shifts from a table (docs/method.md#102-joint-queries).
 
 One leave-one-out engine per statistic (:func:`empdp.loo.open_engine`); the d-dimensional query
 values q_j and shifts Δ_ij aligned by database and individual. Shared by the joint assessment, the
@@ -136,7 +136,7 @@ def _positions(ids: pl.Series, some: pl.Series) -> np.ndarray:
 @dataclass(kw_only=True)
 class GroupPanel(Statistics):
     """One statistic per group of a column and database, and each individual's shifts in the groups
-    their rows touch (docs/method.md#102-joint-queries-planned).
+    their rows touch (docs/method.md#102-joint-queries).
 
     labels : the databases' labels (n); group_by : the group column; groups : the groups' values (G),
     ordered by value; names : each group's statistic, described (G); q : ndarray (n, G);

@@ -1,4 +1,4 @@
-"""Exact per-individual risk of a joint query (docs/method.md#41-per-individual-risk and #102-joint-queries-planned).
+"""Exact per-individual risk of a joint query (docs/method.md#41-per-individual-risk and #102-joint-queries).
 
 One statistic: the closed form of :mod:`empdp.risk.onescale` (the scaled model is one Laplace scale).
 Two statistics: the matrix form on the grid of kink lines, :mod:`._cells`. Three statistics, and the
@@ -25,7 +25,7 @@ def _onescale():
 
 
 def joint_bound(model: JointModel, shifts) -> np.ndarray:
-    """Screening bound M_i = max_j Σ_k |(T Δ_ij)_k| ≥ ε_i, so δ_i(ε) = 0 for ε ≥ M_i (docs/method.md#102-joint-queries-planned)."""
+    """Screening bound M_i = max_j Σ_k |(T Δ_ij)_k| ≥ ε_i, so δ_i(ε) = 0 for ε ≥ M_i (docs/method.md#102-joint-queries)."""
     s = _check_shifts(model, shifts)
     T = model.transform
     total = np.zeros(s.shape[:2])

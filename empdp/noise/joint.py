@@ -1,4 +1,4 @@
-"""Calibrate and release 2–3 statistics together (docs/method.md#102-joint-queries-planned, issue 19).
+"""Calibrate and release 2–3 statistics together (docs/method.md#102-joint-queries, issue 19).
 
 The joint release adds noise on each *whitened* axis of the curator's model y = W x,
 
@@ -57,7 +57,7 @@ _CLASSICAL_NONE = "infinite for a fixed database: no noise is added, the exact v
 
 @dataclass
 class JointCalibration(SignedFile, Provenance):
-    """A calibrated joint release mechanism of d = 2 or 3 statistics (docs/method.md#102-joint-queries-planned).
+    """A calibrated joint release mechanism of d = 2 or 3 statistics (docs/method.md#102-joint-queries).
 
     Matrices and vectors are plain lists (what the JSON holds); :attr:`whitening`,
     :attr:`unwhitening`, :attr:`curator_scales`, :attr:`noise_weights` and :attr:`noise_scales`

@@ -1,5 +1,5 @@
 """The joint density p̂ and p̂_i on a grid over two statistics, for the joint report's contour plots
-(docs/method.md#102-joint-queries-planned, issue 19).
+(docs/method.md#102-joint-queries, issue 19).
 
 For d = 2 the grid holds the model density itself; for d = 3 it holds the 2-D margin of the pair,
 the third statistic integrated out in closed form: along a line x_c ↦ x the scaled coordinates are

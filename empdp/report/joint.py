@@ -1,4 +1,4 @@
-"""The report's sections on a joint release of 2–3 statistics (docs/method.md#102-joint-queries-planned,
+"""The report's sections on a joint release of 2–3 statistics (docs/method.md#102-joint-queries,
 issue 19): summary, the risk curves and sweep, the riskiest individuals, and the joint density with
 and without the riskiest individual (contours)."""
 

@@ -179,11 +179,13 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def run_empdp(args: list[str]) -> tuple[float, float, dict]:
+def run_empdp(args: list[str], timeout: float | None = None) -> tuple[float, float, dict | None]:
     """Wall seconds, peak RSS in GB and the JSON summary of one ``empdp assess ... --json`` process.
 
     The peak is the largest sum of the resident sizes of the process and its worker processes,
-    sampled every 50 ms, and at least the process's own ru_maxrss from ``os.wait4``."""
+    sampled every 50 ms, and at least the process's own ru_maxrss from ``os.wait4``. With
+    ``timeout`` the run is killed after that many seconds: the summary is then None and the wall
+    time the timeout."""
     cmd = [EMPDP, "assess", *args, "--json"]
     t = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -194,6 +196,10 @@ def run_empdp(args: list[str]) -> tuple[float, float, dict]:
             if pid:
                 break
             peak = max(peak, _tree_rss(proc.pid))
+            if timeout is not None and time.perf_counter() - t > timeout:
+                proc.kill()
+                proc.wait()
+                return timeout, peak / 1024**3, None
             time.sleep(0.05)
         wall = time.perf_counter() - t
         proc.returncode = os.waitstatus_to_exitcode(status)

@@ -24,12 +24,9 @@ N(0, 1) per row):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -78,31 +75,6 @@ def make_panel(path: Path, n_ind: int, n_db: int, shape: str, seed: int = 1) -> 
     return True
 
 
-def run_empdp(args: list[str], timeout: float) -> tuple[float, float, dict | None]:
-    """As ``assess_bench.run_empdp`` (wall s, peak RSS GB, JSON summary), but the run is killed after
-    ``timeout`` seconds: then the summary is None and the wall time is the timeout."""
-    cmd = [assess_bench.EMPDP, "assess", *args, "--json"]
-    t = time.perf_counter()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
-        peak = 0
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            peak = max(peak, assess_bench._tree_rss(proc.pid))
-            if time.perf_counter() - t > timeout:
-                proc.kill()
-                proc.wait()
-                return timeout, peak / 1024**3, None
-            time.sleep(0.05)
-        wall = time.perf_counter() - t
-        out.seek(0), err.seek(0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"empdp failed ({' '.join(cmd)}): {err.read().decode()[-2000:]}")
-        return wall, max(peak, usage.ru_maxrss * 1024) / 1024**3, json.loads(out.read())
-
-
 def command(path: Path, d: int) -> list[str]:
     return [str(path), "--id", "id", "--by", "db", *[a for c in "xyz"[:d] for a in ("--query", f"mean({c})")],
             "-q"]
@@ -146,7 +118,7 @@ def main() -> int:
             walls, bases, rsss, summary = [], [], [], None
             for r in range(opt.runs):
                 bases.append(assess_bench.baseline(paths[s]))
-                w, rss, summary = run_empdp(cmd, opt.timeout)
+                w, rss, summary = assess_bench.run_empdp(cmd, opt.timeout)
                 walls.append(w), rsss.append(rss)
                 print(f"   run {r + 1}: baseline {bases[-1]:.2f} s, empdp {'>' if summary is None else ''}{w:.2f} s = "
                       f"{w / bases[-1]:.2f}×, peak RSS {rss:.2f} GB, load {os.getloadavg()[0]:.2f}", flush=True)
