@@ -93,25 +93,12 @@ class JointCalibration(SignedFile, Provenance):
     def d(self) -> int:
         return len(self.statistics)
 
-    @property
-    def whitening(self) -> np.ndarray:
-        return np.asarray(self.curator_model["whitening"], dtype=np.float64)
-
-    @property
-    def unwhitening(self) -> np.ndarray:
-        return np.asarray(self.curator_model["unwhitening"], dtype=np.float64)
-
-    @property
-    def curator_scales(self) -> np.ndarray:
-        return np.asarray(self.curator_model["scales"], dtype=np.float64)
-
-    @property
-    def noise_weights(self) -> np.ndarray:
-        return np.asarray(self.noise["weights"], dtype=np.float64)
-
-    @property
-    def noise_scales(self) -> np.ndarray:
-        return np.asarray(self.noise["scales"], dtype=np.float64)
+    #: the JSON's matrices and vectors as float arrays: W, W^{−1}, b_k, w_k and λ_k
+    whitening = property(lambda self: _floats(self.curator_model["whitening"]))
+    unwhitening = property(lambda self: _floats(self.curator_model["unwhitening"]))
+    curator_scales = property(lambda self: _floats(self.curator_model["scales"]))
+    noise_weights = property(lambda self: _floats(self.noise["weights"]))
+    noise_scales = property(lambda self: _floats(self.noise["scales"]))
 
     @property
     def noise_added(self) -> bool:
@@ -219,6 +206,10 @@ class JointCalibration(SignedFile, Provenance):
 
 
 # ----------------------------------------------------------------------------- file checks
+def _floats(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64)
+
+
 def _real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) and abs(x) <= MAX_SCALE
 
