@@ -251,24 +251,28 @@ def joint_statistics(query: tuple, sql: tuple) -> dict:
     return {"queries": list(query)} if query else {"sql": list(sql)}
 
 
-def parse_joint_bandwidth(value: str, d: int):
-    """``auto`` or one positive Laplace scale per statistic, ``B1,B2[,B3]`` in each statistic's own units."""
+def parse_joint_bandwidth(value: str, d: int | None):
+    """``auto`` or one positive Laplace scale per statistic, ``B1,B2[,B3]`` in each statistic's own units.
+
+    ``d`` None (``--group-by``): one scale for every group or one per group, a count the library checks
+    once it knows the groups; a single scale is returned as a number."""
     if value == "auto":
         return value
-    form = ",".join(f"B{k + 1}" for k in range(d))
+    form = ",".join(f"B{k + 1}" for k in range(d)) if d else "B1,B2,..."
+    what = f"{d} statistics" if d else "grouped statistics"
     if value == "variable":
-        raise InputError(f"--bandwidth variable (Abramson variable bandwidths) is for one statistic; for {d} "
-                         f"statistics give auto or one scale per statistic, {form}")
+        raise InputError(f"--bandwidth variable (Abramson variable bandwidths) is for one statistic; for {what} "
+                         f"give auto or one scale per {'statistic' if d else 'group'}, {form}")
     try:
         scales = [float(b) for b in value.split(",")]
     except ValueError:
-        raise InputError(f"--bandwidth must be auto or {d} positive numbers {form}; got {value!r}") from None
-    if len(scales) != d:
+        raise InputError(f"--bandwidth must be auto or positive numbers {form}; got {value!r}") from None
+    if d and len(scales) != d:
         raise InputError(f"--bandwidth gives {len(scales)} scale(s) for {d} statistics: give one per statistic "
                          f"in its own units, {form}, or auto")
     if not all(0 < b < float("inf") for b in scales):
         raise InputError(f"--bandwidth scales must be positive numbers; got {value!r}")
-    return scales
+    return scales[0] if d is None and len(scales) == 1 else scales
 
 
 def _refuse_joint_options(p: dict, d: int) -> None:

@@ -14,28 +14,10 @@ from empdp.io import load_hash_key, output_batch
 from empdp.textfmt import fmt
 
 from ._common import emit_json, engine_settings, log, progress_bars, write_table
-from .assess import _out_rows, _show_id, _write, check_outputs
+from .assess import _out_rows, _show_id, _write, check_outputs, parse_joint_bandwidth
 
 #: the --out columns of a grouped assessment
 OUT_COLUMNS = ["eps_i", "eps_bound", "delta", "n_databases", "groups", "epsilon", "sole_contributor"]
-
-
-def parse_grouped_bandwidth(value: str):
-    """``auto``, or fixed Laplace scales in the statistic's units: one for every group, or one per group
-    (``B1,B2,...``; the library checks the count against the groups it finds)."""
-    if value == "auto":
-        return value
-    if value == "variable":
-        raise InputError("--bandwidth variable (Abramson variable bandwidths) is for one statistic without "
-                         "--group-by; give auto, one scale, or one scale per group B1,B2,...")
-    try:
-        scales = [float(b) for b in value.split(",")]
-    except ValueError:
-        raise InputError(f"--bandwidth must be auto, one positive number, or one per group B1,B2,...; "
-                         f"got {value!r}") from None
-    if not all(0 < b < float("inf") for b in scales):
-        raise InputError(f"--bandwidth scales must be positive numbers; got {value!r}")
-    return scales[0] if len(scales) == 1 else scales
 
 
 def refuse_grouped_options(p: dict) -> None:
@@ -73,7 +55,7 @@ def assess_grouped_command(p: dict) -> None:
     from empdp.joint.groups import assess_grouped
 
     refuse_grouped_options(p)
-    bandwidth = parse_grouped_bandwidth(p["bandwidth"])
+    bandwidth = parse_joint_bandwidth(p["bandwidth"], None)
     engine_settings(p["source"], p["engine"], p["spark_master"], p["spark_remote"], p["table"])
     out = p["out"]
     check_outputs(p["source"], out, None, None, False)
