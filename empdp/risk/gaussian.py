@@ -62,7 +62,7 @@ def direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray):
 class SeriesPlan:
     """The shared part of the series form on one grid: the unshifted kernels' columns.
 
-    ``p``, ``pr``, ``F``: p̂ on the grid (shared by every row); :meth:`values` gives p̂_i.
+    ``p``, ``pr``, ``F``: p̂ on the grid (shared by every row); :func:`series_nodes` gives p̂_i.
     """
 
     def __init__(self, points: np.ndarray, bandwidths: np.ndarray, grid: np.ndarray):
@@ -73,36 +73,41 @@ class SeriesPlan:
         self.p = (self.phi / bandwidths[:, None]).sum(axis=0) / n
         self.pr = (-self.z * self.phi / bandwidths[:, None] ** 2).sum(axis=0) / n
         self.F = ndtr(self.z).sum(axis=0) / n
-        self._columns: dict = {}
+        self._B = self._J = None
 
     def columns(self, K: int):
-        """(n(K + 1), G) columns φ(z_j)(−z_j)^k / n and ∫_{−∞}^{z_j} (−s)^k φ(s) ds / n, j-major."""
-        if K not in self._columns:
+        """(K + 1, n, G) columns, k-major: φ(z_j)(−z_j)^k / (n b_j) and ∫_{−∞}^{z_j} (−s)^k φ(s) ds / n
+        (the first k + 1 of them serve any K' = k)."""
+        if self._B is None or len(self._B) <= K:
             n, G = self.z.shape
-            B = np.empty((n, K + 1, G))
-            J = np.empty((n, K + 1, G))
+            B = np.empty((K + 1, n, G))
+            J = np.empty((K + 1, n, G))
             mz = -self.z
-            B[:, 0] = self.phi
+            B[0] = self.phi / (n * self.b[:, None])
             for k in range(1, K + 1):
-                B[:, k] = B[:, k - 1] * mz
+                B[k] = B[k - 1] * mz
             # I_k = ∫_{−∞}^z s^k φ = −z^{k−1} φ + (k − 1) I_{k−2}; J_k = (−1)^k I_k
-            J[:, 0] = ndtr(self.z)
+            J[0] = ndtr(self.z) / n
             if K >= 1:
-                J[:, 1] = self.phi  # −I_1 = φ
+                J[1] = self.phi / n  # −I_1 = φ
             for k in range(2, K + 1):
-                # (−1)^k(−z^{k−1}φ) = (−z)^{k−1}φ = B_{k−1}; (−1)^k (k−1) I_{k−2} = (k−1) J_{k−2}
-                J[:, k] = B[:, k - 1] + (k - 1) * J[:, k - 2]
-            self._columns[K] = (B.reshape(n * (K + 1), G) / n, J.reshape(n * (K + 1), G) / n)
-        return self._columns[K]
+                # (−1)^k(−z^{k−1}φ) = (−z)^{k−1}φ = B_{k−1} b_j n / n; (−1)^k (k−1) I_{k−2} = (k−1) J_{k−2}
+                J[k] = B[k - 1] * self.b[:, None] + (k - 1) * J[k - 2]
+            self._B, self._J = B, J
+        return self._B, self._J
 
     def certified(self, M: np.ndarray):
-        """Terms K and the grid points where K terms do not certify p̂_i within :data:`SERIES_TOL`
-        for rows with |Δ_ij|/b_j ≤ M_j (``M``, (n,)); None when the direct evaluation is cheaper.
+        """The series' tiers for rows with |Δ_ij|/b_j ≤ M_j (``M``, (n,)): ``(tiers, bad, Kcdf)``
+        with ``tiers`` a list of (K, points) whose p̂_i (and slope) K terms certify within
+        :data:`SERIES_TOL`, ``bad`` the points evaluated directly, ``Kcdf`` the CDF's terms
+        (:func:`cdf_terms`); None when the direct evaluation is cheaper.
 
         Per term, |error| ≤ φ(z)/b (M|z|)^K/K! e^{M|z|} and the exact term is at least
         φ(z)/b e^{−M|z| − M²/2}: their sums over j bound the relative error of p̂_i at each
-        point; the slope's error has an extra factor (|z| + M)/b per term (relative to 1/b_min).
-        K is chosen for the least work: the product's columns, and the points evaluated directly.
+        point; the slope's error has an extra factor (|z| + 2M)/b per term (relative to 1/b_min:
+        the slope's series keeps its term K, see :func:`coefficients`). Each point gets the
+        fewest terms that certify it; points are grouped in a few tiers of one K each, chosen
+        for the least work (:func:`_tiers`).
         """
         M = np.asarray(M, dtype=float)[:, None]
         b = self.b[:, None]
@@ -110,90 +115,183 @@ class SeriesPlan:
         t = M * az
         w = self.phi / b
         low = (w * np.exp(-t - 0.5 * M * M)).sum(axis=0)
-        slope = (az + M) / b * self.b.min()
+        slope = (az + 2 * M) / b * self.b.min()
         G = az.shape[1]
-        best = None
-        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            logt = np.log(t)
-            for K in range(max(2, cdf_terms(float(M.max()))), MAX_TERMS + 1):
-                wr = w * np.exp(K * logt - _LOG_FACT[K] + t)  # φ/b (M|z|)^K/K! e^{M|z|}
+        need = np.full(G, MAX_TERMS + 1)
+        open_ = np.ones(G, dtype=bool)
+        with np.errstate(over="ignore", invalid="ignore"):
+            wr = w * np.exp(t) * t * t / 2  # φ/b (M|z|)^K/K! e^{M|z|} at K = 2
+            for K in range(2, MAX_TERMS + 1):
+                if K > 2:
+                    wr *= t / K
                 err = np.maximum(wr.sum(axis=0), (wr * slope).sum(axis=0))
-                bad = ~((err <= SERIES_TOL * low) | (err == 0))
-                cost = (K + 1) * G * PRODUCT_COST + bad.sum() * DIRECT_COST
-                if best is None or cost < best[0]:
-                    best = (cost, K, bad)
-                if not bad.any():
+                ok = open_ & ((err <= SERIES_TOL * low) | (err == 0))
+                need[ok] = K
+                open_ &= ~ok
+                if not open_.any():
                     break
-        cost, K, bad = best
-        return None if cost >= G * DIRECT_COST else (K, bad)
+        Kcdf = cdf_terms(float(M.max()))
+        tiers, bad, cost = _tiers(need)
+        if cost + Kcdf * G * CDF_COST >= G * DIRECT_COST:
+            return None
+        return tiers, bad, Kcdf
 
 
-#: relative work per row and term of one series column (three products, ~6 flops) and of one directly
-#: evaluated point (an exp and an ndtr: ~20 ns each, hundreds of BLAS flops), for choosing the series. length
-PRODUCT_COST = 6.0
+    def curvature(self, M: np.ndarray) -> np.ndarray:
+        """K (G − 1,) with L'' ≥ −K on every grid cell, for rows with |Δ_ij|/b_j ≤ M_j (``M``, (n,)).
+
+        For a Gaussian mixture f = Σ a_l φ(z_l)/b_l, (log f)'' = Var_v(s) − E_v[1/b²] with weights
+        v_l ∝ a_l φ(z_l)/b_l and slopes s_l = z_l/b_l. So L'' = (log p̂)'' − (log p̂_i)'' ≥
+        −Var_v(s) − (1/b_min² − 1/b_max²) with p̂_i's weights, and Var_v(s) ≤ E_v[(s − c)²] for
+        any c (here p̂'s mean slope −p̂'/p̂ at the cell's middle). Over the cell and every shift,
+        z_l = (x − q_l + Δ_l)/b_l lies in [z_l(a) − M_l, z_l(c) + M_l]: each numerator term is
+        taken at its largest value there and each denominator term at its smallest.
+        """
+        M = np.asarray(M, dtype=float)[:, None]
+        b = self.b[:, None]
+        lo, hi = self.z[:, :-1] - M, self.z[:, 1:] + M
+        near = np.where((lo <= 0) & (hi >= 0), 0.0, np.minimum(np.abs(lo), np.abs(hi)))
+        far = np.maximum(np.abs(lo), np.abs(hi))
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            mid = 0.5 * (self.grid[:-1] + self.grid[1:])
+            c = np.interp(mid, self.grid, np.where(self.p > 0, -self.pr / self.p, 0.0))
+            spread = np.maximum((lo / b - c) ** 2, (hi / b - c) ** 2)
+            num = (np.exp(-0.5 * near * near) / b * spread).sum(axis=0)
+            den = (np.exp(-0.5 * far * far) / b).sum(axis=0)
+            K = num / den + (1.0 / self.b.min() ** 2 - 1.0 / self.b.max() ** 2)
+        return np.where(np.isfinite(K), K, np.inf)
+
+#: relative work per row of one series term at one point (value and slope products: ~4 flops), of its CDF
+#: term (~2 flops), of one directly evaluated point (an exp and an ndtr per kernel: ~20 ns each, hundreds of
+#: BLAS flops), and of one more tier (a product call, gathered columns, scattered results)
+PRODUCT_COST = 4.0
+CDF_COST = 2.0
 DIRECT_COST = 400.0
+TIER_COST = 400.0
+#: most tiers of one K in a block's series
+MAX_TIERS = 3
+
+
+def _tiers(need: np.ndarray):
+    """Group points needing ``need`` terms (MAX_TERMS + 1: evaluated directly) into at most
+    :data:`MAX_TIERS` tiers of one K each (a point goes to the tier of the smallest K ≥ its need),
+    for the least cost. Returns (list of (K, points), direct points, cost per row)."""
+    bad = np.flatnonzero(need > MAX_TERMS)
+    ks, counts = np.unique(need[need <= MAX_TERMS], return_counts=True)
+    base = len(bad) * DIRECT_COST
+    if not len(ks):
+        return [], bad, base
+    cum = np.r_[0, np.cumsum(counts)]
+
+    def cost(tops):  # tops: indices into ks, ascending, the last is len(ks) − 1
+        c, lo = 0.0, 0
+        for t in tops:
+            c += (cum[t + 1] - cum[lo]) * (2 * int(ks[t]) + 1) * PRODUCT_COST / 2 + TIER_COST
+            lo = t + 1
+        return c
+    last = len(ks) - 1
+    best = (cost([last]), [last])
+    for a in range(last):
+        best = min(best, (cost([a, last]), [a, last]))
+        if MAX_TIERS >= 3:
+            for c in range(a + 1, last):
+                best = min(best, (cost([a, c, last]), [a, c, last]))
+    tiers, lo = [], 0
+    for t in best[1]:
+        K = int(ks[t])
+        tiers.append((K, np.flatnonzero((need <= K) & (need > (int(ks[lo - 1]) if lo else 0)))))
+        lo = t + 1
+    return tiers, bad, base + best[0]
 
 
 def cdf_terms(M: float) -> int:
     """Terms after which the series' CDF is within :data:`CDF_TOL` for max_j |δ_ij| ≤ M.
 
-    ∫ |R| ≤ M^K/K! E[|Z|^K e^{M|Z|}] ≤ M^K/K! · 2 e^{M²/2} E|Z + M|^K
-    ≤ M^K/K! · 2^K e^{M²/2} (E|Z|^K + M^K), with E|Z|^K = 2^{K/2} Γ((K+1)/2)/√π.
+    ∫ |R| ≤ M^K/K! E[|Z|^K e^{M|Z|}] = M^K/K! · 2 e^{M²/2} E[(Z + M)^K; Z > −M]
+    ≤ M^K/K! · 2 e^{M²/2} Σ_m C(K, m) M^{K−m} E|Z|^m, with E|Z|^m = 2^{m/2} Γ((m+1)/2)/√π.
     """
+    if M == 0:
+        return 1
+    mom = [2 ** (m / 2) * math.gamma((m + 1) / 2) / math.sqrt(math.pi) for m in range(MAX_TERMS + 1)]
     for K in range(1, MAX_TERMS + 1):
-        mom = 2 ** (K / 2) * math.gamma((K + 1) / 2) / math.sqrt(math.pi)
-        if M == 0 or M ** K / math.factorial(K) * 2 ** K * math.exp(M * M / 2) * (mom + M ** K) <= CDF_TOL:
+        moment = sum(math.comb(K, m) * M ** (K - m) * mom[m] for m in range(K + 1))
+        if M ** K / math.factorial(K) * 2 * math.exp(M * M / 2) * moment <= CDF_TOL:
             return K
     return MAX_TERMS
 
 
-def coefficients(delta: np.ndarray, K: int):
-    """Rows of the series (C, n(K + 1)), j-major: c_k = δ^k e^{−δ²/2}/k! (k ≤ K; c_K = 0 in the
-    value, whose series stops at K − 1 terms) and the slope's combination c_{k−1} − δ c_k."""
+def coefficients(delta: np.ndarray, b: np.ndarray, K: int):
+    """Rows of the series (C, K + 1, n), k-major: c_k = δ^k e^{−δ²/2}/k! (value and CDF: the first
+    K' of them give K' terms) and the slope's s_k = (c_{k−1} − δ c_k)/b_j (its first K' + 1 are the
+    derivative of the value's K' terms, with c_{K'} kept: the term −δ c_{K'} is inside the
+    certified bound, see :meth:`SeriesPlan.certified`)."""
     C, n = delta.shape
-    c = np.empty((C, n, K + 1))
-    c[:, :, 0] = np.exp(-0.5 * delta * delta)
+    c = np.empty((C, K + 1, n))
+    c[:, 0] = np.exp(-0.5 * delta * delta)
     for k in range(1, K + 1):
-        c[:, :, k] = c[:, :, k - 1] * delta / k
-    c[:, :, K] = 0.0  # the value's series has K terms (k < K)
-    slope = -delta[:, :, None] * c
-    slope[:, :, 1:] += c[:, :, :-1]
+        np.multiply(c[:, k - 1], delta, out=c[:, k])
+        c[:, k] *= 1.0 / k
+    slope = c * -delta[:, None, :]
+    slope[:, 1:] += c[:, :-1]
+    slope /= b
     return c, slope
 
 
-def series_values(plan: SeriesPlan, shifts: np.ndarray, K: int):
-    """p̂_i, its slope and CDF on the plan's grid for each row of ``shifts`` (C, n), by the series."""
+#: rows of one series product: the tiers are certified for the largest shifts of these rows
+SERIES_ROWS = 1024
+
+
+def series_values(plan: SeriesPlan, shifts: np.ndarray, cert=None):
+    """p̂_i, its slope and CDF on the plan's grid for each row of ``shifts`` (C, n), by the series
+    of :meth:`SeriesPlan.certified` (``cert``: its result for these rows), directly at the
+    points it does not certify; directly throughout when that is cheaper."""
     b = plan.b
+    C, G = len(shifts), len(plan.grid)
     delta = shifts / b[None, :]
-    C, n = delta.shape
-    c, slope = coefficients(delta, K)
+    if cert is None:
+        cert = plan.certified(np.abs(delta).max(axis=0, initial=0.0))
+    if cert is None:
+        return direct(np.broadcast_to(plan.grid, (C, G)), plan.q[None, :] - shifts, b)
+    tiers, bad, Kcdf = cert
+    K = max([Kcdf] + [k for k, _ in tiers])
+    c, slope = coefficients(delta, b, K)
     B, J = plan.columns(K)
-    val = (c / b[None, :, None]).reshape(C, -1) @ B
-    der = (slope / (b * b)[None, :, None]).reshape(C, -1) @ B
-    cdf = c.reshape(C, -1) @ J  # the integral of the value's series (its k = 0 column is Φ)
+    n = len(b)
+    val, der = np.empty((C, G)), np.empty((C, G))
+    cdf = c[:, :Kcdf].reshape(C, Kcdf * n) @ J[:Kcdf].reshape(Kcdf * n, G)
+    for k, pts in tiers:
+        if len(pts) == G:
+            Bt = B[:k + 1].reshape((k + 1) * n, G)
+            val[:] = c[:, :k].reshape(C, k * n) @ Bt[:k * n]
+            der[:] = slope[:, :k + 1].reshape(C, (k + 1) * n) @ Bt
+            continue
+        Bt = B[:k + 1, :, pts].reshape((k + 1) * n, len(pts))
+        val[:, pts] = c[:, :k].reshape(C, k * n) @ Bt[:k * n]
+        der[:, pts] = slope[:, :k + 1].reshape(C, (k + 1) * n) @ Bt
+    if len(bad):
+        v, d, _ = direct(np.broadcast_to(plan.grid[bad], (C, len(bad))), plan.q[None, :] - shifts, b)
+        val[:, bad], der[:, bad] = v, d  # the CDF's error is bounded over the whole line
     return val, der, cdf
 
 
-def series_nodes(plan: SeriesPlan, shifts: np.ndarray) -> dict | None:
-    """The node fields of :class:`empdp.risk._Nodes` on the plan's grid for rows of ``shifts``,
-    by the series (and directly at the grid points it does not certify); None when the rows'
-    shifts need the direct evaluation throughout."""
-    C = shifts.shape[0]
-    cert = plan.certified((np.abs(shifts) / plan.b[None, :]).max(axis=0, initial=0.0))
-    if cert is None:
-        return None
-    K, bad = cert
-    val, der, cdf = series_values(plan, shifts, K)
-    if bad.any():
-        xs = np.broadcast_to(plan.grid[bad], (C, int(bad.sum())))
-        v, d, _ = direct(xs, plan.q[None, :] - shifts, plan.b)
-        val[:, bad], der[:, bad] = v, d  # the CDF's error is bounded over the whole line
-    G = len(plan.grid)
+def series_nodes(plan: SeriesPlan, shifts: np.ndarray, curvature: bool = False) -> dict:
+    """The node fields of :class:`empdp.risk.nodes._Nodes` on the plan's grid for rows of ``shifts``,
+    by the series in chunks of :data:`SERIES_ROWS` rows (the caller sorts rows by their largest
+    shift: each chunk's tiers fit its own rows). With ``curvature``, also ``K`` (C, G − 1): L'' ≥ −K
+    on each grid cell of each row (:meth:`SeriesPlan.curvature` for the row's chunk)."""
+    C, G = shifts.shape[0], len(plan.grid)
+    val, der, cdf = np.empty((C, G)), np.empty((C, G)), np.empty((C, G))
+    K = np.empty((C, G - 1)) if curvature else None
+    for r in range(0, C, SERIES_ROWS):
+        s = slice(r, r + SERIES_ROWS)
+        val[s], der[s], cdf[s] = series_values(plan, shifts[s])
+        if curvature:
+            K[s] = plan.curvature((np.abs(shifts[s]) / plan.b).max(axis=0, initial=0.0))
 
     def shared(a):
         return np.broadcast_to(a, (C, G))
     return dict(x=shared(plan.grid), p=shared(plan.p), pr=shared(plan.pr), pl=shared(plan.pr), F=shared(plan.F),
-                pi=val, pir=der, pil=der, Fi=cdf)
+                pi=val, pir=der, pil=der, Fi=cdf, K=K)
 
 
 # ------------------------------------------------------------------ ε_i at a tolerance

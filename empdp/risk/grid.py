@@ -52,7 +52,7 @@ def _check_grid(model: DensityModel, pts: np.ndarray, nodes: int, budget: float 
 
 def base_grid(model: DensityModel, extra_points: np.ndarray | None = None, budget: float | None = None,
               labels=None) -> np.ndarray:
-    """Shared nodes: every q_j, spacing b/6 where kernels carry mass, geometric in the tails.
+    """Shared nodes: every q_j (Laplace kernels: their kinks), spacing b/6 where kernels carry mass, geometric in the tails.
 
     ``extra_points``: kinks that may need nodes, flat, or (rows, n) with column j the kinks of
     term j (q_j − Δ_ij): then a kink within 3 b_min of its own q_j is left out at once (its
@@ -95,6 +95,8 @@ def base_grid(model: DensityModel, extra_points: np.ndarray | None = None, budge
     cum = np.r_[0.0, np.cumsum(np.diff(prov) * 0.5 * (dens[1:] + dens[:-1]))]
     _check_grid(model, pts, int(min(cum[-1], 2.0**62)) + 3 + len(q), budget, labels)
     nodes = np.interp(np.arange(0, np.floor(cum[-1]) + 1), cum, prov)
+    if model.kernel != "laplace":  # a Gaussian kernel has no kink at its q_j: the spacing suffices
+        return np.unique(np.r_[nodes, prov[0], prov[-1]])
     return np.unique(np.r_[nodes, prov[0], prov[-1], q])
 
 

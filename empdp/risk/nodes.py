@@ -160,16 +160,23 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
     C = shifts.shape[0]
     rows = np.arange(C)
     K_grid = certified = None
-    series = _gaussian.series_nodes(plan, shifts) if isinstance(plan, _gaussian.SeriesPlan) else None
-    if series is not None:
+    curvature_at = None
+    if isinstance(plan, _gaussian.SeriesPlan):
+        # without ε_i, only extrema that may cross a level count: certified by L'' ≥ −K per cell
+        series = _gaussian.series_nodes(plan, shifts, curvature=not need_eps_i and levels is not None)
         nd = _Nodes(**series)
+        if series["K"] is not None:
+            K_cells = series["K"]
+
+            def curvature_at(r, k):
+                return K_cells[r, k]  # the nodes are the grid's: interval k is cell k
         kinks = model.points[None, :] - shifts
 
         def evaluate_at(r, xe):
             e = _evaluate(model, xe[:, None], kinks[r])
             return [getattr(e, f)[:, 0] for f in _Nodes.FIELDS[1:]]
         L, Lr, Ll = _log_ratio(nd)
-    elif plan is not None and not isinstance(plan, _gaussian.SeriesPlan):
+    elif plan is not None:
         values, rows, K_grid = _laplace.node_values(plan, shifts, levels, clear_below, need_eps_i, sup_levels)
         nd = _Nodes(**values)
         L, Lr, Ll = values["L"], values["Lr"], values["Ll"]
@@ -194,7 +201,6 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
             e = _evaluate(model, xe[:, None], kinks[r])
             return [getattr(e, f)[:, 0] for f in _Nodes.FIELDS[1:]]
         L, Lr, Ll = _log_ratio(nd)
-    curvature_at = None
     if model.kernel == "laplace":
         b = model.bandwidths
         if K_grid is None:
