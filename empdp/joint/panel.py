@@ -1,7 +1,9 @@
 """Read a joint query's values and leave-one-out shifts from a table (docs/method.md#102-joint-queries).
 
-One leave-one-out engine per statistic (:func:`empdp.loo.open_engine`); the d-dimensional query
-values q_j and shifts Δ_ij aligned by database and individual. Shared by the joint assessment, the
+Decomposable statistics (count, sum, mean, var, std, ratio) are read together, one scan for all
+(:class:`empdp.loo.DecomposableSet`); other forms one leave-one-out engine per statistic
+(:func:`empdp.loo.open_engine`). The d-dimensional query values q_j and shifts Δ_ij aligned by
+database and individual. Shared by the joint assessment, the
 joint calibration and release, and the grouped statistics (one statistic per group of a column,
 :func:`read_grouped`).
 """
@@ -17,7 +19,7 @@ import polars as pl
 from ..data import open_panel
 from ..data.sql import group_cells, group_filter, shorten
 from ..errors import InputError
-from ..loo import _replace_db, open_engine
+from ..loo import _replace_db, open_decomposable_set, open_engine
 from .model import MAX_DIM
 
 #: the most groups a grouped statistic may have: each group is one leave-one-out pass over the table
@@ -100,11 +102,20 @@ def read_joint(source: Any, *, id: str, by: str, queries=None, sql=None, where: 
                threads: int | None = None) -> JointPanel:
     """The :class:`JointPanel` of 1–3 statistics (``queries`` or ``sql``, one per statistic) of ``source``."""
     stats = statistics(queries, sql)
+    opened = dict(id=id, by=by, where=where, drop_null_ids=drop_null_ids, memory_limit=memory_limit, threads=threads)
+    shared = open_decomposable_set(source, queries=[st["query"] for st in stats], **opened) if queries else None
+    if shared is not None:
+        try:
+            q = shared.values()
+            ids, shifts, present, undefined = shared.read()
+        finally:
+            shared.close()
+        return JointPanel(labels=list(shared.panel.labels), names=[e.query.describe() for e in shared.engines],
+                          q=q, ids=ids, shifts=shifts, sole=undefined.any(axis=1), present=present)
     engines = []
     try:
         for st in stats:
-            engines.append(open_engine(source, id=id, by=by, where=where, drop_null_ids=drop_null_ids,
-                                       memory_limit=memory_limit, threads=threads, **st))
+            engines.append(open_engine(source, **opened, **st))
         labels = list(engines[0].panel.labels)
         for e in engines[1:]:
             if list(e.panel.labels) != labels:

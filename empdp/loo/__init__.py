@@ -24,16 +24,16 @@ from ..data import open_panel
 from ..errors import InputError
 from ..query import DECOMPOSABLE, ORDER_STATISTICS, Query, parse_query
 from .base import MAX_MAGNITUDE, DuckDBEngine, LooEngine, Screen
-from .decomposable import DENSE_CELLS, DecomposableEngine
+from .decomposable import DENSE_CELLS, DecomposableEngine, DecomposableSet
 from .order import OrderStatisticEngine
 from .sql import (
     SqlEngine,
     _replace_db,  # noqa: F401 - imported by empdp.spark
 )
 
-__all__ = ["DENSE_CELLS", "ENGINES", "MAX_MAGNITUDE", "DecomposableEngine", "DuckDBEngine", "LooEngine",
-           "LooResult", "OrderStatisticEngine", "Screen", "SqlEngine", "engine_for", "leave_one_out",
-           "make_engine"]
+__all__ = ["DENSE_CELLS", "ENGINES", "MAX_MAGNITUDE", "DecomposableEngine", "DecomposableSet", "DuckDBEngine",
+           "LooEngine", "LooResult", "OrderStatisticEngine", "Screen", "SqlEngine", "engine_for", "leave_one_out",
+           "make_engine", "open_decomposable_set"]
 
 #: query form → the engine class of its strategy
 ENGINES: dict[str, type[DuckDBEngine]] = {
@@ -75,6 +75,27 @@ def make_engine(source: Any, *, id: str, by: str, query: str | None = None, wher
     panel = open_panel(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit,
                        threads=threads)
     return engine_for(panel, parsed)
+
+
+def open_decomposable_set(source: Any, *, id: str, by: str, queries: list, where: str | None = None,
+                          memory_limit: str | None = None, drop_null_ids: bool = False,
+                          threads: int | None = None) -> DecomposableSet | None:
+    """Open ``source`` once for several statistics read in one scan (:class:`DecomposableSet`), or
+    None when some query is not a decomposable form or does not parse (then one engine each, which
+    also reports the error)."""
+    try:
+        parsed = [parse_query(q, where=where) for q in queries]
+    except InputError:
+        return None
+    if not all(q.is_decomposable for q in parsed):
+        return None
+    panel = open_panel(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit,
+                       threads=threads)
+    try:
+        return DecomposableSet(panel, parsed)
+    except BaseException:
+        panel.close()
+        raise
 
 
 def leave_one_out(source: Any, *, id: str, by: str, query: str | None = None, where: str | None = None,

@@ -17,7 +17,7 @@ from ..data import quote_ident
 from ..data import shorten as short
 from ..errors import InputError
 from .base import DuckDBEngine, Screen
-from .forms import CENTRED_PARTIALS, FORMS, partials_sql
+from .forms import FORMS, bind, centred_partials, partials_sql
 
 #: largest number of (individual, database) cells held as one dense Δ matrix (8 bytes each); it
 #: must also fit in a third of DuckDB's memory limit, so that a low --memory-limit stays low
@@ -27,22 +27,37 @@ DENSE_CELLS = 100_000_000
 class DecomposableEngine(DuckDBEngine):
     """count, sum, mean, var, std and sum(a)/sum(b): closed-form Δ_ij from partial moments in SQL."""
 
-    def __init__(self, panel, query):
+    def __init__(self, panel, query, tag: str = ""):
         super().__init__(panel, query)
         self.form = FORMS[query.form]
+        #: suffix of the engine's partial-moment columns and totals table: the engines of a
+        #: :class:`DecomposableSet` share one panel and one scan, and tell their moments apart by it
+        self.tag = tag
         self._screened = False
+        self._read_totals: pl.DataFrame | None = None  # the totals a DecomposableSet read for it
 
     def _base_sql(self) -> str:
         return self.panel.base_sql(self.query.columns, self.query.where)
 
     # ------------------------------------------------------------------ values
+    def _totals_columns(self) -> list:
+        """The per-database aggregates of :meth:`_values`, named with the engine's tag."""
+        q, tag = self.query, self.tag
+        cols = partials_sql(q.form, q.columns, tag)
+        if self.form.centred:
+            cols.append(f"coalesce(avg({quote_ident(q.columns[0])}::DOUBLE), 0) AS m{tag}")
+        cols.append(f"{self._null_count()} AS __null{tag}")
+        return cols
+
     def _values(self) -> np.ndarray:
         q, n = self.query, len(self.panel.labels)
-        cols = partials_sql(q.form, q.columns)
-        if self.form.centred:
-            cols.append(f"coalesce(avg({quote_ident(q.columns[0])}::DOUBLE), 0) AS m")
-        cols.append(f"{self._null_count()} AS __null")
-        tot = pl.from_arrow(self._arrow(f"SELECT __j, {', '.join(cols)} FROM ({self._base_sql()}) GROUP BY __j"))
+        tot = self._read_totals
+        if tot is None:
+            tot = pl.from_arrow(self._arrow(totals_sql([self])))
+        if self.tag:  # this engine's columns, untagged
+            tot = tot.select("__j", *(pl.col(c).alias(c[:-len(self.tag)]) for c in tot.columns
+                                      if c.endswith(self.tag)))
+        self._read_totals = None
         self.n_null_values = int(tot["__null"].sum())
         tot = tot.drop("__null")
         # databases with no row passing the filter get zero totals
@@ -57,43 +72,36 @@ class DecomposableEngine(DuckDBEngine):
             bad = [str(self.panel.labels[k]) for k in np.flatnonzero(~ok)[:5]]
             raise InputError(f"query {short(q.describe())} is undefined on database(s) {', '.join(bad)} "
                              f"(no usable rows); filter those databases out")
-        self.panel.temp_table("__totals", tot.with_columns(pl.Series("f", val)).to_arrow())
+        self.panel.temp_table(f"__totals{self.tag}", tot.with_columns(pl.Series("f", val)).to_arrow())
         return val
 
     def _centred_totals(self, tot: pl.DataFrame) -> pl.DataFrame:
         """Add the sums ``s1``, ``ss`` of x − m about each database's mean m (accurate for 1e9 + noise)."""
-        self.panel.temp_table("__totals", tot.to_arrow())
+        self.panel.temp_table(f"__totals{self.tag}", tot.to_arrow())
         x = quote_ident(self.query.columns[0])
         cen = pl.from_arrow(self._arrow(
             f"SELECT b.__j, coalesce(sum(b.{x}::DOUBLE - t.m), 0) AS s1, "
             f"coalesce(sum((b.{x}::DOUBLE - t.m) * (b.{x}::DOUBLE - t.m)), 0) AS ss "
-            f"FROM ({self._base_sql()}) b JOIN __totals t USING (__j) GROUP BY b.__j"
+            f"FROM ({self._base_sql()}) b JOIN __totals{self.tag} t USING (__j) GROUP BY b.__j"
         )).with_columns(pl.col("__j").cast(pl.Int32))
         return tot.join(cen, on="__j", how="left").with_columns(pl.exclude("__j").fill_null(0.0)).sort("__j")
 
     def _delta_sql(self, id_filter: str = "") -> str:
         """SQL of (__i, __j, delta, undef) for every (individual, database) pair present."""
-        q = self.query
-        parts = partials_sql(q.form, q.columns)
-        base = self._base_sql()
-        if id_filter:
-            base = f"SELECT * FROM ({base}) WHERE __i IN ({id_filter})"
-        if self.form.centred:
-            x = quote_ident(q.columns[0])
-            base = f"SELECT b.*, b.{x}::DOUBLE - t.m AS __xc FROM ({base}) b JOIN __totals t USING (__j)"
-            parts = CENTRED_PARTIALS
-        return (f"SELECT p.__i, p.__j, ({self.form.delta})::DOUBLE AS delta, ({self.form.undefined}) AS undef "
-                f"FROM (SELECT __j, __i, {', '.join(parts)} FROM ({base}) GROUP BY __j, __i) p "
-                f"JOIN __totals t USING (__j)")
+        return delta_sql([self], id_filter)
 
     # ---------------------------------------------------------------- screening
-    def _screen(self, scale: np.ndarray) -> Screen:
-        self._dense = None
-        # codes: the individuals with rows the query reads, in id order
+    def _codes(self) -> pl.Series:
+        """The table ``__ids`` (__i, __code): the individuals with rows the query reads, coded in id
+        order; returns their ids."""
         self._execute(f"CREATE OR REPLACE TEMP TABLE __ids AS "
                       f"SELECT __i, (row_number() OVER (ORDER BY __i) - 1)::BIGINT AS __code "
                       f"FROM (SELECT DISTINCT __i FROM ({self._base_sql()}))")
-        ids = pl.from_arrow(self._arrow("SELECT __i FROM __ids ORDER BY __code"))["__i"].rename(self.panel.id)
+        return pl.from_arrow(self._arrow("SELECT __i FROM __ids ORDER BY __code"))["__i"].rename(self.panel.id)
+
+    def _screen(self, scale: np.ndarray) -> Screen:
+        self._dense = None
+        ids = self._codes()
         m, n = len(ids), len(self.panel.labels)
         self._screened = True
         if m * n <= min(DENSE_CELLS, self.memory_limit_bytes() // (3 * 8)):
@@ -120,33 +128,11 @@ class DecomposableEngine(DuckDBEngine):
     def _dense_screen(self, ids: pl.Series, scale: np.ndarray) -> Screen:
         """Every Δ_ij in one streamed pass into a dense (m, n) matrix kept for :meth:`shifts`;
         the screening table is then computed from it (no second scan of the table)."""
-        m, n = len(ids), len(self.panel.labels)
-        dense = np.zeros((m, n))
-        flat_out = dense.reshape(-1)
-        n_present = np.zeros(m, dtype=np.int64)
-        undefined = np.zeros(m, dtype=bool)
-        sql = (f"SELECT (c.__code * {n} + d.__j)::BIGINT AS flat, d.delta, d.undef "
-               f"FROM ({self._delta_sql()}) d JOIN __ids c USING (__i)")
-        for batch in self.panel.batches(sql, where=self.query.where):
-            flat = batch.column(0).to_numpy()
-            undef = batch.column(2).to_numpy(zero_copy_only=False)
-            n_present += np.bincount(flat // n, minlength=m)
-            if undef.any():
-                undefined[flat[undef] // n] = True
-                flat, delta = flat[~undef], batch.column(1).to_numpy()[~undef]
-            else:
-                delta = batch.column(1).to_numpy()
-            np.put(flat_out, flat, delta)
-        inv = 1.0 / scale
-        max_abs, bound = np.empty(m), np.empty(m)
-        step = max(1, (1 << 22) // max(n, 1))  # row blocks: no temporary the size of the matrix
-        for a in range(0, m, step):
-            part = np.abs(dense[a:a + step])
-            max_abs[a:a + step] = part.max(axis=1, initial=0.0)
-            part *= inv
-            bound[a:a + step] = part.max(axis=1, initial=0.0)
+        dense, n_present, undefined = read_dense([self], len(ids))
+        dense = dense[:, :, 0]
+        max_abs, bound = _row_maxima(dense, 1.0 / scale)
         self._dense = dense
-        return Screen(ids=ids, n_present=n_present, undefined=undefined, max_abs_shift=max_abs, bound=bound)
+        return Screen(ids=ids, n_present=n_present, undefined=undefined[:, 0], max_abs_shift=max_abs, bound=bound)
 
     # ------------------------------------------------------------------- shifts
     def shifts(self, codes: np.ndarray, presence: bool = False):
@@ -188,3 +174,121 @@ class DecomposableEngine(DuckDBEngine):
 
     def _arrow(self, sql: str) -> pa.Table:
         return self.panel.arrow(sql, where=self.query.where)
+
+
+# ------------------------------------------------------------ several statistics, one scan
+class DecomposableSet:
+    """Several decomposable statistics of one panel with one filter, read in one scan each for the
+    totals and the shifts: the GROUP BY __j of :meth:`values` and the GROUP BY (__j, __i) of
+    :meth:`read` aggregate every statistic's partial moments at once. Each statistic is a
+    :class:`DecomposableEngine` (tag ``_k<k>_``) whose values, checks and shifts are exactly those it
+    has alone.
+    """
+
+    def __init__(self, panel, queries):
+        self.panel = panel
+        self.engines = [DecomposableEngine(panel, q, tag=f"_k{k}_") for k, q in enumerate(queries)]
+        if len({q.where for q in queries}) > 1:
+            raise ValueError("the statistics of one scan share their filter")
+
+    def close(self) -> None:
+        """Release the panel (its connection and spill folder)."""
+        self.panel.close()
+
+    def values(self) -> np.ndarray:
+        """f_k(X^j) of every database and statistic, (n, d), each checked as by :meth:`LooEngine.values`."""
+        if self.engines[0]._q is None:
+            tot = pl.from_arrow(self.engines[0]._arrow(totals_sql(self.engines)))
+            for e in self.engines:
+                e._read_totals = tot
+        return np.column_stack([e.values() for e in self.engines])
+
+    def read(self) -> tuple:
+        """(ids, shifts, n_present, undefined) of every individual with rows the statistics read
+        (sorted ids, m); shifts (m, n, d), Δ_ijk as each engine's :meth:`~LooEngine.shifts` gives
+        them (0 where absent or undefined); n_present (m,) databases; undefined (m, d) bool, the
+        sole contributors to some database by statistic. Refuses shifts out of range as
+        :meth:`LooEngine.screen` does."""
+        self.values()
+        e0 = self.engines[0]
+        ids = e0._codes()
+        shifts, n_present, undefined = read_dense(self.engines, len(ids))
+        ones = np.ones(len(self.panel.labels))
+        for k, e in enumerate(self.engines):
+            e._require_in_range(_row_maxima(shifts[:, :, k], ones)[0], ids)
+        return ids, shifts, n_present, undefined
+
+
+def _columns(engines: list) -> list:
+    """The value columns of ``engines``, each once."""
+    return list(dict.fromkeys(c for e in engines for c in e.query.columns))
+
+
+def totals_sql(engines: list) -> str:
+    """SQL of the per-database totals (``__j`` and each engine's tagged aggregates) of ``engines``,
+    which share a panel and a filter."""
+    e0 = engines[0]
+    cols = ", ".join(c for e in engines for c in e._totals_columns())
+    return f"SELECT __j, {cols} FROM ({e0.panel.base_sql(_columns(engines), e0.query.where)}) GROUP BY __j"
+
+
+def delta_sql(engines: list, id_filter: str = "") -> str:
+    """SQL of (__i, __j, and per engine delta<tag>, undef<tag>) for every (individual, database)
+    pair present: one GROUP BY (__j, __i) of every engine's partial moments, joined to each
+    engine's totals ``__totals<tag>`` (written by its :meth:`~DecomposableEngine._values`)."""
+    e0 = engines[0]
+    base = e0.panel.base_sql(_columns(engines), e0.query.where)
+    if id_filter:
+        base = f"SELECT * FROM ({base}) WHERE __i IN ({id_filter})"
+    centred = [e for e in engines if e.form.centred]
+    if centred:
+        xc = ", ".join(f"b.{quote_ident(e.query.columns[0])}::DOUBLE - t{e.tag}.m AS __xc{e.tag}" for e in centred)
+        joins = " ".join(f"JOIN __totals{e.tag} t{e.tag} USING (__j)" for e in centred)
+        base = f"SELECT b.*, {xc} FROM ({base}) b {joins}"
+    parts = [c for e in engines for c in (centred_partials(e.tag) if e.form.centred
+                                         else partials_sql(e.query.form, e.query.columns, e.tag))]
+    out = ", ".join(f"({bind(e.form.delta, e.tag)})::DOUBLE AS delta{e.tag}, "
+                    f"({bind(e.form.undefined, e.tag)}) AS undef{e.tag}" for e in engines)
+    joins = " ".join(f"JOIN __totals{e.tag} t{e.tag} USING (__j)" for e in engines)
+    return f"SELECT p.__i, p.__j, {out} FROM (SELECT __j, __i, {', '.join(parts)} FROM ({base}) GROUP BY __j, __i) p {joins}"
+
+
+def read_dense(engines: list, m: int) -> tuple:
+    """Every Δ_ij of ``engines`` (sharing a panel, after their values and the codes ``__ids`` of the
+    m individuals) streamed in one pass into a dense (m, n, d) array: (shifts, n_present (m,),
+    undefined (m, d)); undefined cells hold 0."""
+    e0, d = engines[0], len(engines)
+    n = len(e0.panel.labels)
+    shifts = np.zeros((m, n, d))
+    flat_out = shifts.reshape(-1)
+    n_present = np.zeros(m, dtype=np.int64)
+    undefined = np.zeros((m, d), dtype=bool)
+    cols = ", ".join(f"d.delta{e.tag}, d.undef{e.tag}" for e in engines)
+    sql = f"SELECT (c.__code * {n} + d.__j)::BIGINT AS flat, {cols} FROM ({delta_sql(engines)}) d JOIN __ids c USING (__i)"
+    for batch in e0.panel.batches(sql, where=e0.query.where):
+        flat = batch.column(0).to_numpy()
+        n_present += np.bincount(flat // n, minlength=m)
+        at = flat * d if d > 1 else flat
+        for k in range(d):
+            delta = batch.column(1 + 2 * k).to_numpy()
+            undef = batch.column(2 + 2 * k).to_numpy(zero_copy_only=False)
+            if undef.any():
+                undefined[flat[undef] // n, k] = True
+                np.put(flat_out, at[~undef] + k, delta[~undef])
+            else:
+                np.put(flat_out, at + k if k else at, delta)
+    return shifts, n_present, undefined
+
+
+def _row_maxima(dense: np.ndarray, inv: np.ndarray) -> tuple:
+    """max_j |Δ_ij| and max_j |Δ_ij| · inv_j of each row of ``dense`` (m, n), in row blocks: no
+    temporary the size of the matrix."""
+    m, n = dense.shape
+    max_abs, bound = np.empty(m), np.empty(m)
+    step = max(1, (1 << 22) // max(n, 1))
+    for a in range(0, m, step):
+        part = np.abs(dense[a:a + step])
+        max_abs[a:a + step] = part.max(axis=1, initial=0.0)
+        part *= inv
+        bound[a:a + step] = part.max(axis=1, initial=0.0)
+    return max_abs, bound

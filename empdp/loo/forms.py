@@ -10,6 +10,7 @@ and its name in :data:`empdp.query.DECOMPOSABLE`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -56,8 +57,12 @@ def _ratio_partials(cols: tuple) -> list:
             f"count({b})::DOUBLE AS cb", f"coalesce(sum({b}::DOUBLE), 0) AS sb"]
 
 
-#: partial moments of the centred values ``__xc`` = x − t.m (forms with ``centred``)
-CENTRED_PARTIALS = ["count(__xc)::DOUBLE AS c", "coalesce(sum(__xc), 0) AS s", "coalesce(sum(__xc * __xc), 0) AS ss"]
+def centred_partials(tag: str = "") -> list:
+    """The partial moments of the centred values ``__xc`` = x − t.m (forms with ``centred``), each
+    name and ``__xc`` ending in ``tag`` (:func:`partials_sql`)."""
+    xc = f"__xc{tag}"
+    return [f"count({xc})::DOUBLE AS c{tag}", f"coalesce(sum({xc}), 0) AS s{tag}",
+            f"coalesce(sum({xc} * {xc}), 0) AS ss{tag}"]
 
 
 def _mean(t: dict) -> tuple:
@@ -103,6 +108,19 @@ FORMS: dict[str, Form] = {
 }
 
 
-def partials_sql(form: str, columns: tuple) -> list:
-    """The partial-moment aggregates of ``form`` over the (unquoted) value ``columns``."""
-    return FORMS[form].partials(tuple(quote_ident(c) for c in columns))
+def partials_sql(form: str, columns: tuple, tag: str = "") -> list:
+    """The partial-moment aggregates of ``form`` over the (unquoted) value ``columns``, each named
+    ``AS <name><tag>``: statistics read in one scan tell their moments apart by the tag."""
+    return [f"{sql}{tag}" for sql in FORMS[form].partials(tuple(quote_ident(c) for c in columns))]
+
+
+_TOTAL = re.compile(r"(?<![\w.])t\.(\w+)")
+_PARTIAL = re.compile(r"(?<![\w.])p\.(\w+)")
+
+
+def bind(sql: str, tag: str) -> str:
+    """A form's ``delta`` or ``undefined`` SQL for the statistic tagged ``tag``: its totals are the
+    table aliased ``t<tag>`` and its partials the columns ``p.<name><tag>`` (unchanged for tag "")."""
+    if not tag:
+        return sql
+    return _PARTIAL.sub(rf"p.\1{tag}", _TOTAL.sub(rf"t{tag}.\1", sql))

@@ -1,0 +1,131 @@
+"""read_joint reads decomposable statistics in one scan (empdp.loo.DecomposableSet): its values, shifts,
+ids, sole contributors and presence are bit-identical to one leave-one-out engine per statistic, on a
+panel with NULL values, NULL ids, individuals absent from databases or filtered out entirely, a WHERE
+filter and sole contributors; a misaligned statistic (swapped columns, shifted rows) fails here."""
+
+import numpy as np
+import polars as pl
+import pytest
+
+from empdp.errors import InputError
+from empdp.joint import panel as joint_panel
+from empdp.joint.panel import read_joint
+from empdp.loo import DecomposableSet
+
+WHERE = "g <> 'drop'"
+
+
+def random_panel(seed: int, string_ids: bool = False) -> pl.DataFrame:
+    """40 individuals with 0-3 rows in each of 6 databases; x, y, w with NULLs; rows with g = 'drop'
+    are filtered out by WHERE. Individual 3 is the only one left in database 0 after WHERE (2 rows);
+    in database 1 only individual 5 has x (2 rows); individual 39's rows are all dropped."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(40):
+        for j in range(6):
+            for _ in range(rng.choice(4, p=[0.3, 0.4, 0.2, 0.1])):
+                rows.append((i, j, rng.normal(10, 3), rng.normal(-2, 5), rng.uniform(1, 2),
+                             "drop" if i == 39 or rng.uniform() < 0.1 else "keep"))
+    df = pl.DataFrame(rows, schema=["id", "db", "x", "y", "w", "g"], orient="row")
+    k = rng.uniform(size=len(df))
+    df = df.with_columns(
+        g=pl.when(pl.col("db") == 0).then(pl.lit("drop")).otherwise(pl.col("g")),
+        x=pl.when(pl.Series(k < 0.1) | (pl.col("db") == 1)).then(None).otherwise(pl.col("x")),
+        y=pl.when(pl.Series((k > 0.5) & (k < 0.6))).then(None).otherwise(pl.col("y")),
+    )
+    df = pl.concat([df, pl.DataFrame([(3, 0, 7.0, 1.5, 1.2, "keep"), (3, 0, 9.0, 2.5, 1.1, "keep"),
+                                      (5, 1, 12.0, 0.5, 1.3, "keep"), (5, 1, 8.0, -1.0, 1.4, "keep")],
+                                     schema=df.schema, orient="row")])
+    if string_ids:
+        df = df.with_columns(id=pl.format("p{}", pl.col("id")))
+    return df.sample(fraction=1.0, shuffle=True, seed=seed)
+
+
+def both_paths(monkeypatch, source, queries, **kw):
+    """read_joint through the one-scan set and through one engine per statistic."""
+    taken = []
+    real = joint_panel.open_decomposable_set
+
+    def spy(*a, **k):
+        taken.append(real(*a, **k))
+        return taken[-1]
+
+    with monkeypatch.context() as m:
+        m.setattr(joint_panel, "open_decomposable_set", spy)
+        shared = read_joint(source, id="id", by="db", queries=queries, **kw)
+    assert [type(t) for t in taken] == [DecomposableSet]
+    with monkeypatch.context() as m:
+        m.setattr(joint_panel, "open_decomposable_set", lambda *a, **k: None)
+        single = read_joint(source, id="id", by="db", queries=queries, **kw)
+    return shared, single
+
+
+def assert_identical(a, b):
+    assert a.labels == b.labels and a.names == b.names
+    assert a.ids.equals(b.ids, check_dtypes=True, check_names=True)
+    for field in ("q", "shifts", "sole", "present"):
+        x, y = getattr(a, field), getattr(b, field)
+        assert x.dtype == y.dtype and x.shape == y.shape, field
+        np.testing.assert_array_equal(x, y, err_msg=field, strict=True)
+    assert a.shifts.flags.c_contiguous
+
+
+@pytest.mark.parametrize("queries", [
+    ["mean(x)", "mean(y)"],
+    ["count(*)", "sum(x)", "var(y)"],
+    ["std(x)", "sum(x)/sum(w)", "mean(y)"],
+    ["var(x)", "std(y)", "count(y)"],
+    ["sum(y)/sum(w)", "mean(x)"],
+    ["mean(x)"],
+])
+@pytest.mark.parametrize("where", [WHERE, None])
+def test_one_scan_equals_one_engine_per_statistic(monkeypatch, tmp_path, queries, where):
+    path = tmp_path / "panel.parquet"
+    random_panel(len(queries) + (where is None)).write_parquet(path)
+    shared, single = both_paths(monkeypatch, str(path), queries, where=where)
+    assert_identical(shared, single)
+    assert shared.d == len(queries) and shared.shifts.any(axis=(0, 1)).all()
+    if where:  # the panel's designed cases are there: a sole contributor, a filtered-out individual
+        ids = shared.ids.to_list()
+        assert shared.sole[ids.index(3)] and 39 not in ids
+        assert shared.present.min() >= 1 and (shared.present < len(shared.labels)).any()
+    if where and "mean(x)" in queries:  # only individual 5 has x in database 1
+        assert shared.sole[shared.ids.to_list().index(5)]
+
+
+def test_one_scan_equals_one_engine_per_statistic_with_null_and_string_ids(monkeypatch):
+    frame = random_panel(7, string_ids=True)
+    frame = pl.concat([frame, frame.head(5).with_columns(id=pl.lit(None, dtype=pl.String))])
+    shared, single = both_paths(monkeypatch, frame, ["mean(y)", "var(x)", "sum(x)/sum(w)"], where=WHERE,
+                                drop_null_ids=True)
+    assert_identical(shared, single)
+
+
+def test_mixed_forms_keep_one_engine_per_statistic(monkeypatch, tmp_path):
+    path = tmp_path / "panel.parquet"
+    random_panel(3).write_parquet(path)
+    taken = []
+    real = joint_panel.open_decomposable_set
+    monkeypatch.setattr(joint_panel, "open_decomposable_set", lambda *a, **k: taken.append(real(*a, **k)))
+    out = read_joint(str(path), id="id", by="db", queries=["mean(x)", "median(y)"])
+    assert taken == [None] and out.names == ["mean(x)", "median(y)"]
+
+
+@pytest.mark.parametrize("queries,what", [
+    (["mean(x)", "sum(big)"], "overflows"),
+    (["mean(x)", "mean(word)"], "not a number"),
+    (["mean(x)", "mean(nope)"], "not found"),
+    (["mean(x)", "bogus(y)"], "bogus"),
+])
+def test_one_scan_refuses_as_one_engine_per_statistic(monkeypatch, tmp_path, queries, what):
+    path = tmp_path / "panel.parquet"
+    random_panel(4).with_columns(big=pl.col("w") * 1e200, word=pl.lit("a")).write_parquet(path)
+    errors = []
+    for patch in (False, True):
+        with monkeypatch.context() as m:
+            if patch:
+                m.setattr(joint_panel, "open_decomposable_set", lambda *a, **k: None)
+            with pytest.raises(InputError) as exc:
+                read_joint(str(path), id="id", by="db", queries=queries)
+        errors.append(str(exc.value))
+    assert errors[0] == errors[1] and what in errors[0]
