@@ -73,41 +73,48 @@ class SeriesPlan:
         self.p = (self.phi / bandwidths[:, None]).sum(axis=0) / n
         self.pr = (-self.z * self.phi / bandwidths[:, None] ** 2).sum(axis=0) / n
         self.F = ndtr(self.z).sum(axis=0) / n
-        self._B = self._J = None
+        self._W = None
 
-    def columns(self, K: int):
-        """(K + 1, n, G) columns, k-major: φ(z_j)(−z_j)^k / (n b_j) and ∫_{−∞}^{z_j} (−s)^k φ(s) ds / n
-        (the first k + 1 of them serve any K' = k)."""
-        if self._B is None or len(self._B) <= K:
+    def columns(self, T: int) -> np.ndarray:
+        """(T', n, 3, G) columns (T' ≥ T; the first T serve T terms), k-major: per term k and
+        kernel j, the value's V_k = φ(z_j)(−z_j)^k/(k! n b_j), its slope D_k = ((k + 1) V_{k+1} −
+        V_{k−1})/b_j (the x-derivative of V_k) and its CDF ∫_{−∞}^{z_j} (−s)^k φ(s) ds/(k! n)."""
+        if self._W is None or len(self._W) < T:
             n, G = self.z.shape
-            B = np.empty((K + 1, n, G))
-            J = np.empty((K + 1, n, G))
+            b = self.b[:, None]
+            V = np.empty((T + 1, n, G))
             mz = -self.z
-            B[0] = self.phi / (n * self.b[:, None])
-            for k in range(1, K + 1):
-                B[k] = B[k - 1] * mz
-            # I_k = ∫_{−∞}^z s^k φ = −z^{k−1} φ + (k − 1) I_{k−2}; J_k = (−1)^k I_k
+            V[0] = self.phi / (n * b)
+            for k in range(1, T + 1):
+                V[k] = V[k - 1] * mz * (1.0 / k)
+            W = np.empty((T, n, 3, G))
+            W[:, :, 0] = V[:T]
+            W[:, :, 1] = V[1:T + 1] * np.arange(1, T + 1)[:, None, None]
+            W[1:, :, 1] -= V[:T - 1]
+            W[:, :, 1] /= b
+            # I_k = ∫_{−∞}^z s^k φ = −z^{k−1} φ + (k − 1) I_{k−2}; J_k = (−1)^k I_k/(k! n) = (V_{k−1} b_j + J_{k−2})/k
+            J = W[:, :, 2]
             J[0] = ndtr(self.z) / n
-            if K >= 1:
+            if T > 1:
                 J[1] = self.phi / n  # −I_1 = φ
-            for k in range(2, K + 1):
-                # (−1)^k(−z^{k−1}φ) = (−z)^{k−1}φ = B_{k−1} b_j n / n; (−1)^k (k−1) I_{k−2} = (k−1) J_{k−2}
-                J[k] = B[k - 1] * self.b[:, None] + (k - 1) * J[k - 2]
-            self._B, self._J = B, J
-        return self._B, self._J
+            for k in range(2, T):
+                J[k] = (V[k - 1] * b + J[k - 2]) * (1.0 / k)
+            self._W = W
+        return self._W
 
     def certified(self, M: np.ndarray):
-        """The series' tiers for rows with |Δ_ij|/b_j ≤ M_j (``M``, (n,)): ``(tiers, bad, Kcdf)``
-        with ``tiers`` a list of (K, points) whose p̂_i (and slope) K terms certify within
-        :data:`SERIES_TOL`, ``bad`` the points evaluated directly, ``Kcdf`` the CDF's terms
-        (:func:`cdf_terms`); None when the direct evaluation is cheaper.
+        """The series' tiers for rows with |Δ_ij|/b_j ≤ M_j (``M``, (n,)): ``(tiers, bad)`` with
+        ``tiers`` a list of (T, points) whose p̂_i and slope T terms certify within
+        :data:`SERIES_TOL`, and its CDF within :data:`CDF_TOL` (T ≥ :func:`cdf_terms`), and
+        ``bad`` the points evaluated directly; None when the direct evaluation is cheaper.
 
-        Per term, |error| ≤ φ(z)/b (M|z|)^K/K! e^{M|z|} and the exact term is at least
-        φ(z)/b e^{−M|z| − M²/2}: their sums over j bound the relative error of p̂_i at each
-        point; the slope's error has an extra factor (|z| + 2M)/b per term (relative to 1/b_min:
-        the slope's series keeps its term K, see :func:`coefficients`). Each point gets the
-        fewest terms that certify it; points are grouped in a few tiers of one K each, chosen
-        for the least work (:func:`_tiers`).
+        After T terms the value's error is at most φ(z)/b (M|z|)^T/T! e^{M|z|} (the exponential
+        series' Lagrange remainder) and the exact term is at least φ(z)/b e^{−M|z| − M²/2}: their
+        sums over j bound the relative error of p̂_i at each point. The slope is the derivative
+        of the T terms, whose error, from d/dz of the remainder, is at most
+        φ(z)/b² e^{M|z|} (|z| (M|z|)^T/T! + M (M|z|)^{T−1}/(T − 1)!) (relative to 1/b_min).
+        Each point gets the fewest terms that certify it; points are grouped in a few tiers of
+        one T each, chosen for the least work (:func:`_tiers`).
         """
         M = np.asarray(M, dtype=float)[:, None]
         b = self.b[:, None]
@@ -115,27 +122,24 @@ class SeriesPlan:
         t = M * az
         w = self.phi / b
         low = (w * np.exp(-t - 0.5 * M * M)).sum(axis=0)
-        slope = (az + 2 * M) / b * self.b.min()
+        scale = self.b.min() / b
         G = az.shape[1]
         need = np.full(G, MAX_TERMS + 1)
         open_ = np.ones(G, dtype=bool)
         with np.errstate(over="ignore", invalid="ignore"):
-            wr = w * np.exp(t) * t * t / 2  # φ/b (M|z|)^K/K! e^{M|z|} at K = 2
-            for K in range(2, MAX_TERMS + 1):
-                if K > 2:
-                    wr *= t / K
-                err = np.maximum(wr.sum(axis=0), (wr * slope).sum(axis=0))
+            prev = w * np.exp(t) * t  # φ/b (M|z|)^T/T! e^{M|z|} at T = 1
+            for T in range(2, MAX_TERMS + 1):
+                wr = prev * t / T
+                err = np.maximum(wr.sum(axis=0), ((wr * az + prev * M) * scale).sum(axis=0))
                 ok = open_ & ((err <= SERIES_TOL * low) | (err == 0))
-                need[ok] = K
+                need[ok] = T
                 open_ &= ~ok
+                prev = wr
                 if not open_.any():
                     break
-        Kcdf = cdf_terms(float(M.max()))
+        need[need <= MAX_TERMS] = np.maximum(need[need <= MAX_TERMS], cdf_terms(float(M.max())))
         tiers, bad, cost = _tiers(need)
-        if cost + Kcdf * G * CDF_COST >= G * DIRECT_COST:
-            return None
-        return tiers, bad, Kcdf
-
+        return None if cost >= G * DIRECT_COST else (tiers, bad)
 
     def curvature(self, M: np.ndarray) -> np.ndarray:
         """K (G − 1,) with L'' ≥ −K on every grid cell, for rows with |Δ_ij|/b_j ≤ M_j (``M``, (n,)).
@@ -161,14 +165,13 @@ class SeriesPlan:
             K = num / den + (1.0 / self.b.min() ** 2 - 1.0 / self.b.max() ** 2)
         return np.where(np.isfinite(K), K, np.inf)
 
-#: relative work per row of one series term at one point (value and slope products: ~4 flops), of its CDF
-#: term (~2 flops), of one directly evaluated point (an exp and an ndtr per kernel: ~20 ns each, hundreds of
-#: BLAS flops), and of one more tier (a product call, gathered columns, scattered results)
-PRODUCT_COST = 4.0
-CDF_COST = 2.0
+#: relative work per row of one series term at one point (value, slope and CDF products: ~6 flops), of one
+#: directly evaluated point (an exp and an ndtr per kernel: ~20 ns each, hundreds of BLAS flops), and of one
+#: more tier (a product call, gathered columns, scattered results)
+PRODUCT_COST = 6.0
 DIRECT_COST = 400.0
 TIER_COST = 400.0
-#: most tiers of one K in a block's series
+#: most tiers of one T (terms) in a block's series
 MAX_TIERS = 3
 
 
@@ -186,7 +189,7 @@ def _tiers(need: np.ndarray):
     def cost(tops):  # tops: indices into ks, ascending, the last is len(ks) − 1
         c, lo = 0.0, 0
         for t in tops:
-            c += (cum[t + 1] - cum[lo]) * (2 * int(ks[t]) + 1) * PRODUCT_COST / 2 + TIER_COST
+            c += (cum[t + 1] - cum[lo]) * int(ks[t]) * PRODUCT_COST + TIER_COST
             lo = t + 1
         return c
     last = len(ks) - 1
@@ -220,21 +223,15 @@ def cdf_terms(M: float) -> int:
     return MAX_TERMS
 
 
-def coefficients(delta: np.ndarray, b: np.ndarray, K: int):
-    """Rows of the series (C, K + 1, n), k-major: c_k = δ^k e^{−δ²/2}/k! (value and CDF: the first
-    K' of them give K' terms) and the slope's s_k = (c_{k−1} − δ c_k)/b_j (its first K' + 1 are the
-    derivative of the value's K' terms, with c_{K'} kept: the term −δ c_{K'} is inside the
-    certified bound, see :meth:`SeriesPlan.certified`)."""
+def coefficients(delta: np.ndarray, T: int) -> np.ndarray:
+    """Rows of the series (C, T, n), k-major: c_k = δ^k e^{−δ²/2} (the 1/k! is in the columns); the first
+    T' of them give T' terms."""
     C, n = delta.shape
-    c = np.empty((C, K + 1, n))
+    c = np.empty((C, T, n))
     c[:, 0] = np.exp(-0.5 * delta * delta)
-    for k in range(1, K + 1):
+    for k in range(1, T):
         np.multiply(c[:, k - 1], delta, out=c[:, k])
-        c[:, k] *= 1.0 / k
-    slope = c * -delta[:, None, :]
-    slope[:, 1:] += c[:, :-1]
-    slope /= b
-    return c, slope
+    return c
 
 
 #: rows of one series product: the tiers are certified for the largest shifts of these rows
@@ -243,8 +240,8 @@ SERIES_ROWS = 1024
 
 def series_values(plan: SeriesPlan, shifts: np.ndarray, cert=None):
     """p̂_i, its slope and CDF on the plan's grid for each row of ``shifts`` (C, n), by the series
-    of :meth:`SeriesPlan.certified` (``cert``: its result for these rows), directly at the
-    points it does not certify; directly throughout when that is cheaper."""
+    of :meth:`SeriesPlan.certified` (``cert``: its result for these rows), one product per tier,
+    directly at the points it does not certify; directly throughout when that is cheaper."""
     b = plan.b
     C, G = len(shifts), len(plan.grid)
     delta = shifts / b[None, :]
@@ -252,25 +249,24 @@ def series_values(plan: SeriesPlan, shifts: np.ndarray, cert=None):
         cert = plan.certified(np.abs(delta).max(axis=0, initial=0.0))
     if cert is None:
         return direct(np.broadcast_to(plan.grid, (C, G)), plan.q[None, :] - shifts, b)
-    tiers, bad, Kcdf = cert
-    K = max([Kcdf] + [k for k, _ in tiers])
-    c, slope = coefficients(delta, b, K)
-    B, J = plan.columns(K)
+    tiers, bad = cert
     n = len(b)
-    val, der = np.empty((C, G)), np.empty((C, G))
-    cdf = c[:, :Kcdf].reshape(C, Kcdf * n) @ J[:Kcdf].reshape(Kcdf * n, G)
-    for k, pts in tiers:
-        if len(pts) == G:
-            Bt = B[:k + 1].reshape((k + 1) * n, G)
-            val[:] = c[:, :k].reshape(C, k * n) @ Bt[:k * n]
-            der[:] = slope[:, :k + 1].reshape(C, (k + 1) * n) @ Bt
-            continue
-        Bt = B[:k + 1, :, pts].reshape((k + 1) * n, len(pts))
-        val[:, pts] = c[:, :k].reshape(C, k * n) @ Bt[:k * n]
-        der[:, pts] = slope[:, :k + 1].reshape(C, (k + 1) * n) @ Bt
+    val, der, cdf = np.empty((C, G)), np.empty((C, G)), np.empty((C, G))
+    if tiers:
+        c = coefficients(delta, max(T for T, _ in tiers))
+        W = plan.columns(max(T for T, _ in tiers))
+    for T, pts in tiers:
+        P = len(pts)
+        rows = c[:, :T].reshape(C, T * n)
+        if P == G:
+            out = rows @ W[:T].reshape(T * n, 3 * G)
+            val[:], der[:], cdf[:] = out[:, :G], out[:, G:2 * G], out[:, 2 * G:]
+        else:
+            out = rows @ W[:T, :, :, pts].reshape(T * n, 3 * P)
+            val[:, pts], der[:, pts], cdf[:, pts] = out[:, :P], out[:, P:2 * P], out[:, 2 * P:]
     if len(bad):
-        v, d, _ = direct(np.broadcast_to(plan.grid[bad], (C, len(bad))), plan.q[None, :] - shifts, b)
-        val[:, bad], der[:, bad] = v, d  # the CDF's error is bounded over the whole line
+        val[:, bad], der[:, bad], cdf[:, bad] = direct(np.broadcast_to(plan.grid[bad], (C, len(bad))),
+                                                       plan.q[None, :] - shifts, b)
     return val, der, cdf
 
 
@@ -290,8 +286,9 @@ def series_nodes(plan: SeriesPlan, shifts: np.ndarray, curvature: bool = False) 
 
     def shared(a):
         return np.broadcast_to(a, (C, G))
-    return dict(x=shared(plan.grid), p=shared(plan.p), pr=shared(plan.pr), pl=shared(plan.pr), F=shared(plan.F),
-                pi=val, pir=der, pil=der, Fi=cdf, K=K)
+    pr = shared(plan.pr)  # one slope: the left slopes are the same arrays
+    return dict(x=shared(plan.grid), p=shared(plan.p), pr=pr, pl=pr, F=shared(plan.F), pi=val, pir=der, pil=der,
+                Fi=cdf, K=K)
 
 
 # ------------------------------------------------------------------ ε_i at a tolerance

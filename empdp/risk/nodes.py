@@ -47,6 +47,10 @@ def _take_rows(nd: _Nodes, rows) -> _Nodes:
 
 
 def _log_ratio(nd: _Nodes):
+    if nd.pl is nd.pr and nd.pil is nd.pir:  # one slope (Gaussian kernels): computed once
+        with np.errstate(divide="ignore", invalid="ignore"):
+            slope = nd.pr / nd.p - nd.pir / nd.pi
+            return _laplace.finite_log_ratio(np.log(nd.p) - np.log(nd.pi), slope, slope)
     return _laplace.log_ratio(nd.p, nd.pi, nd.pr, nd.pir, nd.pl, nd.pil)
 
 
@@ -125,11 +129,19 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
     part, rows = np.unique(rows, return_inverse=True)  # the rows with extrema, renumbered
     if len(part) > EXTREMA_SHARE * C:  # many rows: insert into all of them
         part, rows = np.arange(C), part[rows]
+    # one slope (Gaussian kernels: the left slopes are the right ones) is inserted once
+    alias = {"pl": "pr", "pil": "pir", "Ll": "Lr"} if nd.pl is nd.pr and nd.pil is nd.pir else {}
+    if alias:
+        values["pl"], values["pil"] = values["pr"], values["pir"]
     values.update(zip(("L", "Lr", "Ll"), _log_ratio(_Nodes(**values))))
     base = {f: getattr(nd, f) for f in _Nodes.FIELDS} | {"L": L, "Lr": Lr, "Ll": Ll}
+    base = {f: a for f, a in base.items() if f not in alias}
     if len(part) < C:
         base = {f: a[part] for f, a in base.items()}
+    # fields shared by every row (broadcast views) are inserted from their one row
+    base = {f: a[0] if a.ndim == 2 and a.strides[0] == 0 else a for f, a in base.items()}
     merged = _cells.insert_after(base, len(part), rows, ks, values)
+    merged.update({f: merged[g] for f, g in alias.items()})
     ext = _Nodes(**merged)
     ext.Lr, ext.Ll = merged["Lr"], merged["Ll"]
     if len(part) == C:
