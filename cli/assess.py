@@ -318,9 +318,11 @@ def _assess_joint(p: dict) -> None:
     check_outputs(p["source"], out, report, saved, p["without_shifts"])
     key = load_hash_key(p["hash_key_file"]) if p["hash_ids"] or p["hash_key_file"] else None
     started = time.perf_counter()
-    result = assess_joint(p["source"], id=p["id_col"], by=p["by"], **stats, where=p["where"],
-                          epsilon=list(p["epsilon"]) or None, bandwidth=bandwidth, drop_null_ids=p["drop_null_ids"],
-                          memory_limit=p["memory_limit"], threads=p["threads"], exact_all=bool(out))
+    with progress_bars(not (p["as_json"] or p["quiet"]), log) as progress:
+        result = assess_joint(p["source"], id=p["id_col"], by=p["by"], **stats, where=p["where"],
+                              epsilon=list(p["epsilon"]) or None, bandwidth=bandwidth,
+                              drop_null_ids=p["drop_null_ids"], memory_limit=p["memory_limit"], threads=p["threads"],
+                              exact_all=bool(out), progress=progress)
     log_joint_summary(result, time.perf_counter() - started)
     with progress_bars(not (p["as_json"] or p["quiet"]), log) as progress, output_batch():
         if out:

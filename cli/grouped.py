@@ -62,9 +62,11 @@ def assess_grouped_command(p: dict) -> None:
     key = load_hash_key(p["hash_key_file"]) if p["hash_ids"] or p["hash_key_file"] else None
     statistic = {"query": p["query"][0]} if p["query"] else {"sql": p["sql"][0]}
     started = time.perf_counter()
-    result = assess_grouped(p["source"], id=p["id_col"], by=p["by"], group_by=p["group_by"], **statistic,
-                            where=p["where"], epsilon=list(p["epsilon"]) or None, bandwidth=bandwidth,
-                            drop_null_ids=p["drop_null_ids"], memory_limit=p["memory_limit"], threads=p["threads"])
+    with progress_bars(not (p["as_json"] or p["quiet"]), log) as progress:
+        result = assess_grouped(p["source"], id=p["id_col"], by=p["by"], group_by=p["group_by"], **statistic,
+                                where=p["where"], epsilon=list(p["epsilon"]) or None, bandwidth=bandwidth,
+                                drop_null_ids=p["drop_null_ids"], memory_limit=p["memory_limit"],
+                                threads=p["threads"], progress=progress)
     log.info("%s by %s of %s: %d groups (%s), %d databases, %d individuals, %d bounded only; eps_all %.6g; "
              "assessed in %.2f s", result.query, result.group_by, result.source, len(result.groups),
              "one joint query" if result.joint else "each individual on the groups their rows are in",

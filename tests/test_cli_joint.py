@@ -3,6 +3,7 @@ JSON, ``--out``, the terminal summary, and one ``--query`` staying the one-stati
 
 import io
 import json
+import re
 
 import polars as pl
 import pytest
@@ -155,12 +156,15 @@ def test_out_has_every_eps_i_exact(tmp_path):
 
 
 def test_hashed_ids_and_the_log(paper, tmp_path):
-    """--hash-ids reaches the joint --out table; -v logs the sizes, model and eps_all to stderr."""
+    """--hash-ids reaches the joint --out table; -v logs the sizes, model and eps_all to stderr, and each
+    stage (reading, the eps_all search, the sweep) with its items and time."""
     path, K = paper
     out = tmp_path / "risk.csv"
     res = run("assess", path, *PANEL, "--query", "sum(x)", "--query", "sum(x_not_k)", "-e", "20", "-v",
               "--hash-ids", "--out", out, env={"EMPDP_HASH_KEY": "k" * 40})
     assert res.exit_code == 0, res.output
     assert "joint model: product Laplace kernels on whitened axes" in res.output
+    for stage in ("reading and leave-one-out", "eps_all", "delta_i"):
+        assert re.search(rf"INFO [\d:.]* ?empdp\.cli: {stage}: [\d,]+/[\d,]+, done in \d+\.\d\d s", res.output), stage
     ids = pl.read_csv(out)["id"].to_list()
     assert len(set(ids)) == 30 and str(K) not in ids and all(len(v) == 16 for v in ids)

@@ -138,3 +138,45 @@ def test_the_results_do_not_depend_on_the_thread_count(lazy_and_full):
     for f in ("delta", "total_risk", "n_at_risk"):
         np.testing.assert_array_equal(getattr(one, f), getattr(lazy, f))
     assert one.individuals.equals(lazy.individuals)
+
+
+def _recorder():
+    calls = []
+    return calls, lambda stage, done, total: calls.append((stage, done, total))
+
+
+def test_a_joint_assessment_reports_its_progress_stage_by_stage():
+    """Reading, the ε_all search, the sweep and (for --out) the remaining exact ε_i each report done ≤ total
+    and end with done = total (the CLI's bars and -v stage log come from these calls)."""
+    from empdp.progress import READING
+
+    table = effects_table()
+    lazy = assess_joint(table, id="id", by="db", queries=["mean(x)", "mean(y)"])
+    calls, progress = _recorder()
+    joint = assess_joint(table, id="id", by="db", queries=["mean(x)", "mean(y)"], progress=progress, exact_all=True)
+    stages = [c[0] for c in calls]
+    assert [s for k, s in enumerate(stages) if k == 0 or s != stages[k - 1]] == [READING, "eps_all", "delta_i", "eps_i"]
+    for stage in (READING, "eps_all", "delta_i", "eps_i"):
+        mine = [c for c in calls if c[0] == stage]
+        assert all(0 <= done <= total for _, done, total in mine)
+        assert mine[-1][1] == mine[-1][2] > 0
+    ind = joint.individuals
+    need = (ind["eps_bound"].to_numpy() > joint.epsilons[0]) & ~ind["sole_contributor"].to_numpy()
+    assert [c for c in calls if c[0] == "delta_i"][-1][1] == int(need.sum())  # each swept individual, once
+    assert [c for c in calls if c[0] == "eps_i"][-1][1] == lazy.individuals["eps_i"].null_count() > 0
+
+
+def test_the_public_assess_passes_its_progress_to_joint_and_grouped_assessments():
+    from test_joint_groups import grouped_table
+
+    from empdp import assess
+
+    table, _ = paper_table()
+    calls, progress = _recorder()
+    assess(table, id="id", by="db", query=["sum(x)", "sum(x_not_k)"], epsilon=[0.5], progress=progress)
+    assert {"eps_all", "delta_i"} <= {c[0] for c in calls}
+    calls.clear()
+    assess(grouped_table(), id="id", by="year", group_by="region", query="mean(x)", epsilon=[0.5], progress=progress)
+    assert {"eps_i", "delta_i"} <= {c[0] for c in calls}
+    final = [c for c in calls if c[0] == "delta_i"][-1]
+    assert final[1] == final[2] > 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -20,14 +20,11 @@ from .. import risk
 from ..density import DEFAULT_KERNEL, DensityModel, select_density
 from ..errors import InputError
 from ..loo import LooEngine, open_engine
+from ..progress import READING, Progress, no_progress
 from . import checks
 from .evaluation import FETCH_CELLS, Evaluation, default_epsilons, on_spark
 from .parallel import WORKERS, available_cores
 from .ranking import Ranking, eps_all_code
-
-Progress = Callable[[str, int, int], None]
-def _no_progress(stage: str, done: int, total: int) -> None:
-    return None
 
 
 def _check_threads(threads) -> int:
@@ -300,11 +297,13 @@ def assess(source: Any, *, id: str, by: str, query: str | list | None = None, wh
                 raise InputError("group_by computes one statistic per group: give one query or one sql")
             from ..joint.groups import assess_grouped
 
-            return assess_grouped(source, group_by=group_by, query=query, sql=sql, **common)
+            return assess_grouped(source, group_by=group_by, query=query, sql=sql, progress=progress or no_progress,
+                                  **common)
         from ..joint.assess import assess_joint
 
-        return assess_joint(source, queries=query, sql=sql, exact_all=exact_all, **common)
-    progress = progress or _no_progress
+        return assess_joint(source, queries=query, sql=sql, exact_all=exact_all, progress=progress or no_progress,
+                            **common)
+    progress = progress or no_progress
     eps = None if epsilon is None else _check_epsilons(epsilon)
     threads = _check_threads(threads)
     if workers not in WORKERS:
@@ -403,13 +402,13 @@ def _assess(engine: LooEngine, *, eps, kernel, bandwidth, exact_all, screening, 
             progress) -> Assessment:
     """The plain assessment in its named stages: model, screening, ε_all search, δ_i, summary."""
     checks.preload()  # the summary's trend test needs scipy.stats: imported while the table is read
-    progress("reading and leave-one-out", 0, 3)
+    progress(READING, 0, 3)
     q = engine.values()
-    progress("reading and leave-one-out", 1, 3)
+    progress(READING, 1, 3)
     model = select_density(q, kernel=kernel, bandwidth=bandwidth)
-    progress("reading and leave-one-out", 2, 3)
+    progress(READING, 2, 3)
     screen = engine.screen(model.bandwidths)
-    progress("reading and leave-one-out", 3, 3)
+    progress(READING, 3, 3)
     if len(screen) == 0:
         raise InputError("no individual has rows the query uses (check --where and NULL values)")
     ev = Evaluation(engine, model, screen, eps, screening=screening, threads=threads, stack=stack,

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from ..progress import Progress, no_progress
 from .model import JointModel
 from .risk import joint_risk
 
@@ -51,12 +52,13 @@ def exact_eps(model: JointModel, shifts: np.ndarray, rows: np.ndarray, threads: 
 
 
 def search_eps_all(model: JointModel, shifts: np.ndarray, rows: np.ndarray, bound: np.ndarray,
-                   threads: int) -> tuple[np.ndarray, float]:
+                   threads: int, progress: Progress = no_progress) -> tuple[np.ndarray, float]:
     """ε_all = max ε_i over ``rows``, exactly, and the exact ε_i of the rows it evaluated (NaN for the others).
 
     Rows go in decreasing order of ``bound`` (M_i ≥ ε_i); a batch stops at the last bound above
     the largest ε_i so far, and the search stops when the next bound is at or below it: no row after
-    that point can raise the maximum.
+    that point can raise the maximum. ``progress("eps_all", done, total)``: total is the rows whose
+    bound exceeds the largest ε_i so far (it shrinks as the search goes).
     """
     eps_i = np.full(len(bound), np.nan)
     order = rows[np.argsort(-bound[rows], kind="stable")]
@@ -65,14 +67,17 @@ def search_eps_all(model: JointModel, shifts: np.ndarray, rows: np.ndarray, boun
     while pos < len(order) and bound[order[pos]] > best:
         live = int(np.searchsorted(falling, -best, side="left"))  # rows with bound > best
         todo = order[pos:min(pos + batch, live)]
+        progress("eps_all", pos, live)
         eps_i[todo] = exact_eps(model, shifts, todo, threads)
         best = max(best, float(eps_i[todo].max()))
         pos, batch = pos + len(todo), 2 * batch
+    progress("eps_all", pos, pos)
     return eps_i, best
 
 
-class _Summary:
-    """Running max δ_i(ε) and Σ log(1 − δ_i(ε)) over the blocks added so far."""
+class Summary:
+    """Running max δ_i(ε) and Σ log(1 − δ_i(ε)) over the blocks added so far (one sweep, or several
+    sweeps of one release, e.g. the sets of groups of a grouped statistic)."""
 
     def __init__(self, E: int):
         self.largest = np.zeros(E)
@@ -92,7 +97,8 @@ class _Summary:
 
 
 def sweep(model: JointModel, shifts: np.ndarray, eps: np.ndarray, rows: np.ndarray, key: np.ndarray,
-          threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+          threads: int = 1, progress: Progress = no_progress,
+          summary: Summary | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact ε_i (R,) and δ_i(ε) (R, E) of ``rows``, NaN where δ_i is positive but not needed.
 
     Rows are evaluated in decreasing order of ``key`` (a bound on ε_i: the riskiest first, so the
@@ -101,19 +107,27 @@ def sweep(model: JointModel, shifts: np.ndarray, eps: np.ndarray, rows: np.ndarr
     the next blocks need δ_i(ε) only where its chord bound exceeds the largest so far (``only`` and
     ``cap`` of :func:`empdp.joint.joint_risk`); δ_i at the smallest ε is always computed (it is
     reported per individual), and whether δ_i > 0 is known from the exact ε_i.
+
+    ``summary`` carries the running totals in from other rows of the same release (and is updated);
+    ``progress("delta_i", done, len(rows))`` after each block.
     """
     E = len(eps)
     eps_i, out = np.full(len(rows), np.nan), np.zeros((len(rows), E))
     order = np.argsort(-key[rows], kind="stable")
-    summary = _Summary(E)
+    summary = Summary(E) if summary is None else summary
+    done = 0
 
     def take(at, result):
+        nonlocal done
         eps_i[at], out[at] = result[0], result[1]
         summary.add(result[1])
+        done += len(at)
+        progress("delta_i", done, len(rows))
 
     def run(at, only, cap):
         return joint_risk(model, shifts[rows[at]], eps, only=only, cap=cap)
 
+    progress("delta_i", 0, len(rows))
     with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(max(1, threads)) as pool:
         pending = deque()
         for k, at in enumerate(_chunks(order, SWEEP_ROWS)):

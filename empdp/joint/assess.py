@@ -18,6 +18,7 @@ from ..assessment import checks
 from ..assessment.assess import RiskSweep
 from ..assessment.parallel import available_cores
 from ..errors import InputError
+from ..progress import READING, Progress, no_progress
 from . import JointModel, joint_bound, select_joint_model
 from ._evaluation import exact_eps, search_eps_all, sweep
 from .panel import read_joint
@@ -116,7 +117,7 @@ def _default_epsilons(eps_all: float, count: int = 50) -> np.ndarray:
 def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = None, sql: list[str] | None = None,
                  where: str | None = None, epsilon=None, bandwidth="auto", drop_null_ids: bool = False,
                  memory_limit: str | None = None, threads: int | None = None,
-                 exact_all: bool = False) -> JointAssessment:
+                 exact_all: bool = False, progress: Progress = no_progress) -> JointAssessment:
     """Per-individual empirical risk of releasing 1–3 statistics of each database together.
 
     Parameters
@@ -136,14 +137,18 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
     exact_all
         Exact ε_i for every individual (``--out`` needs them); otherwise only where ε_all and the
         sweep need them (see :class:`JointAssessment`).
+    progress
+        ``progress(stage, done, total)`` after each piece of work (:mod:`empdp.progress`).
 
     Raises
     ------
     empdp.joint.SingularCovarianceError
         A statistic is constant or an exact linear function of the others over the databases.
     """
+    progress(READING, 0, 1)
     panel = read_joint(source, id=id, by=by, queries=queries, sql=sql, where=where, drop_null_ids=drop_null_ids,
                        memory_limit=memory_limit, threads=threads)
+    progress(READING, 1, 1)
     labels, q, names, ids, shifts, sole = panel.labels, panel.q, panel.names, panel.ids, panel.shifts, panel.sole
     m, d = len(ids), panel.d
     cores = available_cores() if threads is None else max(1, int(threads))
@@ -151,18 +156,21 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
     ok = np.flatnonzero(~sole)
     bound = np.full(m, np.inf)
     bound[ok] = joint_bound(model, shifts[ok])
-    eps_i, eps_all = search_eps_all(model, shifts, ok, bound, cores)
+    eps_i, eps_all = search_eps_all(model, shifts, ok, bound, cores, progress)
     eps = _default_epsilons(eps_all) if epsilon is None else np.sort(np.atleast_1d(np.asarray(epsilon, float)))
     if not np.all(np.isfinite(eps) & (eps >= 0)):
         raise InputError(f"epsilon must be finite and >= 0, got {epsilon!r}")
     delta = np.ones((m, len(eps)))
     delta[ok] = 0.0  # δ_i(ε) = 0 for ε ≥ M_i ≥ ε_i
     need = ok[bound[ok] > eps[0]]
-    swept, delta[need] = sweep(model, shifts, eps, need, bound, cores)
+    swept, delta[need] = sweep(model, shifts, eps, need, bound, cores, progress)
     eps_i[need] = np.where(np.isnan(eps_i[need]), swept, eps_i[need])  # the search's, where it has one
     if exact_all:
         rest = ok[np.isnan(eps_i[ok])]
-        eps_i[rest] = exact_eps(model, shifts, rest, cores)
+        if len(rest):
+            progress("eps_i", 0, len(rest))
+            eps_i[rest] = exact_eps(model, shifts, rest, cores)
+            progress("eps_i", len(rest), len(rest))
     eps_i[sole] = np.inf
     known = np.nan_to_num(delta, nan=0.0)  # NaN: positive, below the largest δ_i where δ* is 1.0
     with np.errstate(divide="ignore"):

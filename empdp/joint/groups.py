@@ -27,8 +27,11 @@ import polars as pl
 from ..assessment import checks
 from ..assessment.assess import RiskSweep
 from ..assessment.evaluation import default_epsilons
+from ..assessment.parallel import available_cores
 from ..errors import InputError
+from ..progress import READING, Progress, no_progress
 from . import JointModel, joint_bound, joint_risk, select_joint_model
+from ._evaluation import Summary, exact_eps, sweep
 from .model import MAX_DIM
 from .panel import GroupPanel, read_grouped
 
@@ -122,11 +125,6 @@ class GroupedAssessment(RiskSweep):
         }
 
 
-#: individuals per call of the joint risk core in the sweep: the saturation test runs between calls
-SWEEP_ROWS = 64
-#: Σ log(1 − δ_i(ε)) at or below which δ*(ε) = −expm1(·) is 1.0 in float64 (from about −38)
-SATURATED = -60.0
-
 
 def _num(v):
     v = float(v)
@@ -185,13 +183,14 @@ def _subsets(panel: GroupPanel, rows: np.ndarray) -> list:
 def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | None = None,
                    sql: str | None = None, where: str | None = None, epsilon=None, bandwidth="auto",
                    drop_null_ids: bool = False, memory_limit: str | None = None,
-                   threads: int | None = None) -> GroupedAssessment:
+                   threads: int | None = None, progress: Progress = no_progress) -> GroupedAssessment:
     """Per-individual empirical risk of releasing one statistic per group of ``group_by`` and database.
 
     Parameters
     ----------
-    source, id, by, where, drop_null_ids, memory_limit, threads
-        As for :func:`empdp.assessment.assess`.
+    source, id, by, where, drop_null_ids, memory_limit, threads, progress
+        As for :func:`empdp.assessment.assess`; the exact evaluation runs in ``threads`` (default: the
+        available cores; the results do not depend on it).
     group_by
         The group column (e.g. region): the release is the statistic of each group's rows. Every
         group must have rows in every database, and no row the statistic reads may have a NULL group.
@@ -216,13 +215,16 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
         raise InputError(f"epsilon must be finite and >= 0, got {epsilon!r}")
     if not (isinstance(bandwidth, str) and bandwidth == "auto"):
         _fixed_scales(bandwidth, np.size(bandwidth))  # a malformed value is refused before the table is read
+    progress(READING, 0, 1)
     panel = read_grouped(source, id=id, by=by, group_by=group_by, query=query, sql=sql, where=where,
                          drop_null_ids=drop_null_ids, memory_limit=memory_limit, threads=threads,
                          check=lambda G: _fixed_scales(bandwidth, G))  # the count, before the groups are read
+    progress(READING, 1, 1)
+    cores = available_cores() if threads is None else max(1, int(threads))
     models = _Models(panel, _fixed_scales(bandwidth, panel.n_groups))
-    rows = _Rows.evaluate(panel, models)
+    rows = _Rows.evaluate(panel, models, cores, progress)
     eps = default_epsilons(rows.eps_all) if epsilon is None else given
-    delta = rows.sweep(eps)
+    delta = rows.sweep(eps, cores, progress)
     unresolved = np.isnan(delta) & rows.bounded[:, None]  # below a bounded individual's bound
     known = np.nan_to_num(delta, nan=0.0)  # NaN elsewhere: positive, below the largest δ_i where δ* is 1.0
     with np.errstate(divide="ignore"):
@@ -261,18 +263,22 @@ class _Rows:
     per_group: list
 
     @classmethod
-    def evaluate(cls, panel: GroupPanel, models: _Models) -> "_Rows":
+    def evaluate(cls, panel: GroupPanel, models: _Models, threads: int = 1,
+                 progress: Progress = no_progress) -> "_Rows":
         G, sole, k = panel.n_groups, panel.sole, panel.touched.sum(axis=1)
         exact = ~sole & ((k <= MAX_DIM) | (G <= MAX_DIM))
         bounded = ~sole & ~exact
         eps_i = np.where(bounded, np.nan, np.inf)
         bound = np.where(sole, np.inf, 0.0)
-        parts = []
+        parts, done, total = [], 0, int(exact.sum())
+        progress("eps_i", 0, total)
         for groups, rows in _subsets(panel, np.flatnonzero(exact)):
             model, shifts = models(groups), panel.stack(rows, groups)
-            eps_i[rows] = joint_risk(model, shifts)[0]
+            eps_i[rows] = exact_eps(model, shifts, np.arange(len(rows)), threads)
             bound[rows] = joint_bound(model, shifts)
             parts.append((model, rows, shifts))
+            done += len(rows)
+            progress("eps_i", done, total)
         per_group = []
         for g in range(G) if bounded.any() else ():
             rows = np.flatnonzero(bounded & panel.touched[:, g])
@@ -285,32 +291,34 @@ class _Rows:
     def eps_all(self) -> float:
         return float(self.eps_i[self.exact].max(initial=0.0))
 
-    def sweep(self, eps: np.ndarray) -> np.ndarray:
+    def sweep(self, eps: np.ndarray, threads: int = 1, progress: Progress = no_progress) -> np.ndarray:
         """δ_i(ε) (m, E): exact; 1 for sole contributors; for the bounded 0 from their bound on, NaN below.
 
-        One-group models first (closed form, all rows at once), then the joint ones in blocks, riskiest
-        first. Once Σ log(1 − δ_i(ε)) ≤ :data:`SATURATED`, δ*(ε) is 1.0 whatever the rest are, and
-        the next blocks need δ_i(ε) only where it can exceed the largest so far (``only``/``cap`` of
-        :func:`empdp.joint.joint_risk`; NaN elsewhere, positive); δ_i at the smallest ε is always computed.
+        One-group models first (closed form, all rows at once), then each set of groups by
+        :func:`empdp.joint._evaluation.sweep` (riskiest ε_i first, blocks in ``threads``), all
+        sharing one running total: once Σ log(1 − δ_i(ε)) ≤ :data:`empdp.joint._evaluation.SATURATED`, δ*(ε) is 1.0 whatever
+        the rest are, and the next blocks need δ_i(ε) only where it can exceed the largest so far
+        (NaN elsewhere, positive); δ_i at the smallest ε is always computed.
         """
         delta = np.zeros((len(self.eps_i), len(eps)))
         delta[self.panel.sole] = 1.0
-        largest = delta.max(axis=0, initial=0.0)
-        with np.errstate(divide="ignore"):
-            survive = np.log1p(-delta).sum(axis=0, dtype=np.longdouble)
-        for model, rows, shifts in sorted(self.parts, key=lambda part: part[0].d):
+        summary = Summary(len(eps))
+        summary.add(delta[self.panel.sole])
+        parts = sorted(self.parts, key=lambda part: part[0].d)
+        total = sum(int((self.bound[rows] > eps[0]).sum()) for _, rows, _ in parts)
+        done = 0
+        for model, rows, shifts in parts:
             need = np.flatnonzero(self.bound[rows] > eps[0])  # δ_i(ε) = 0 for ε ≥ M_i
-            need = need[np.argsort(-self.eps_i[rows[need]], kind="stable")]
-            for block in [need] if model.d == 1 else [need[k:k + SWEEP_ROWS] for k in range(0, len(need), SWEEP_ROWS)]:
-                saturated = survive <= SATURATED
-                saturated[0] = False
-                only, cap = (~saturated, largest.copy()) if saturated.any() and model.d > 1 else (None, None)
-                d = joint_risk(model, shifts[block], eps, only=only, cap=cap)[1]
-                delta[rows[block]] = d
-                known = np.nan_to_num(d, nan=0.0)
-                largest = np.maximum(largest, known.max(axis=0, initial=0.0))
-                with np.errstate(divide="ignore"):
-                    survive += np.log1p(-known).sum(axis=0, dtype=np.longdouble)
+            if model.d == 1:  # closed form, all rows at once
+                d = joint_risk(model, shifts[need], eps)[1]
+                summary.add(d)
+            else:
+                def shown(stage, k, _, base=done):
+                    progress(stage, base + k, total)
+                d = sweep(model, shifts, eps, need, self.eps_i[rows], threads, shown, summary)[1]
+            delta[rows[need]] = d
+            done += len(need)
+            progress("delta_i", done, total)
         delta[self.bounded] = np.where(eps[None, :] < self.bound[self.bounded, None], np.nan, 0.0)
         return delta
 

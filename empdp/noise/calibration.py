@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import InputError
 from ..io import read_json, write_text
 from ..keys import KEY_ENV, key_id, mac, same
+from ..progress import Progress, no_progress
 from ..textfmt import fmt
 from .deconv import KERNELS
 from .exact import MAX_EPSILON
@@ -35,12 +36,6 @@ FORMAT = "empdp-calibration/1"
 #: the format of a joint calibration (:mod:`empdp.noise.joint`), named here so one-statistic readers can say so
 JOINT_FORMAT = "empdp-joint-calibration/1"
 log = logging.getLogger(__name__)
-Progress = Callable[[str, int, int], None]
-
-
-def no_progress(stage: str, done: int, total: int) -> None:
-    """The progress callback that shows nothing."""
-    return None
 
 
 GUARANTEE = ("empirical differential privacy with respect to the distribution of the query over the "

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InputError
+from ..progress import READING, Progress, no_progress
 from ..textfmt import fmt
-from .calibration import Calibration, Progress, no_progress
+from .calibration import Calibration
 from .deconv import NoiseSpec, fourier_deconvolve, gaussian_fallback, laplace_closed_form
 from .exact import LambdaSearch, laplace_kde_eps, minimal_lambda
 
@@ -261,11 +262,11 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | lis
 
     progress = progress or no_progress
     t0 = time.perf_counter()
-    progress("reading and leave-one-out", 0, 0)
+    progress(READING, 0, 0)
     spark = dict(engine=engine, spark_master=spark_master, spark_remote=spark_remote, table=table)
     loo = loo_result(open_engine(source, id=id, by=by, query=query, where=where, sql=sql,
                                  memory_limit=memory_limit, drop_null_ids=drop_null_ids, **spark))
-    progress("reading and leave-one-out", 1, 1)
+    progress(READING, 1, 1)
     log.info("read %s: %d databases, %d individuals (%d sole contributors), query %s, in %.2f s", loo.source,
              loo.q.size, len(loo.shifts), int(np.sum(loo.undefined)), loo.query, time.perf_counter() - t0)
     if adversary or adversary_sql:

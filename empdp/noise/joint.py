@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..progress import READING, Progress, no_progress
 from ..textfmt import fmt
 from .calibration import (
     _FIX,
@@ -34,11 +35,9 @@ from .calibration import (
     JOINT_FORMAT,
     MAX_SCALE,
     Calibration,
-    Progress,
     Provenance,
     SignedFile,
     _number,
-    no_progress,
     read_calibration_file,
     record_release,
 )
@@ -397,10 +396,10 @@ def calibrate_joint(source: Any, *, id: str, by: str, epsilon: float, queries=No
 
     progress = progress or no_progress
     t0 = time.perf_counter()
-    progress("reading and leave-one-out", 0, 0)
+    progress(READING, 0, 0)
     panel = read_joint(source, id=id, by=by, queries=queries, sql=sql, where=where, drop_null_ids=drop_null_ids,
                        memory_limit=memory_limit, threads=threads)
-    progress("reading and leave-one-out", 1, 1)
+    progress(READING, 1, 1)
     log.info("read %s: %d databases, %d individuals, %d statistics, in %.2f s", source, len(panel.labels),
              len(panel.ids), panel.d, time.perf_counter() - t0)
     cal = calibrate_joint_values(panel.q, panel.shifts, epsilon=epsilon, bandwidth=bandwidth, undefined=panel.sole,
