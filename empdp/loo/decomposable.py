@@ -274,9 +274,9 @@ def read_dense(engines: list, m: int) -> tuple:
             undef = batch.column(2 + 2 * k).to_numpy(zero_copy_only=False)
             if undef.any():
                 undefined[flat[undef] // n, k] = True
-                np.put(flat_out, at[~undef] + k, delta[~undef])
-            else:
-                np.put(flat_out, at + k if k else at, delta)
+                flat_out[at[~undef] + k] = delta[~undef]
+            else:  # (an index assignment: np.put took twice as long on 10^7 scattered cells)
+                flat_out[at + k if k else at] = delta
     return shifts, n_present, undefined
 
 
