@@ -80,6 +80,7 @@ class SeriesPlan:
         kernel j, the value's V_k = φ(z_j)(−z_j)^k/(k! n b_j), its slope D_k = ((k + 1) V_{k+1} −
         V_{k−1})/b_j (the x-derivative of V_k) and its CDF ∫_{−∞}^{z_j} (−s)^k φ(s) ds/(k! n)."""
         if self._W is None or len(self._W) < T:
+            T = max(T, min(MAX_TERMS, T + 3))  # a margin: the next chunks' shifts may need a few more
             n, G = self.z.shape
             b = self.b[:, None]
             V = np.empty((T + 1, n, G))
@@ -369,6 +370,14 @@ class _Intervals:
         self.D = (D[g, kk], D[g, kk + 1], hh * sD[g, kk], hh * sD[g, kk + 1])
         self.Sa = Sa[rr, kk]
         self.Sc = Sc[rr, kk]
+        # an interval wholly inside {S > ε} is integrated at the same Gauss points for every ε: its
+        # ∫ e^A and ∫ e^D once, and where the model's A − D ≥ ε at every point (no clipping), its
+        # mass is ∫ e^A − e^ε ∫ e^D
+        with np.errstate(over="ignore"):
+            a = _hermite(*(v[:, None] for v in self.A), _GL_T[None, :])
+            d = _hermite(*(v[:, None] for v in self.D), _GL_T[None, :])
+            self.smin, self.dmax = (a - d).min(axis=1, initial=np.inf), d.max(axis=1, initial=-np.inf)
+            self.IA, self.ID = np.exp(a) @ _GL_W, np.exp(d) @ _GL_W
 
     def delta(self, eps, rows=None):
         """δ(ε) and dδ/dε = −e^ε ∫_{S>ε} e^D for the ``rows`` (all: None) at their ε."""
@@ -393,7 +402,11 @@ class _Intervals:
             rising = (lc > la)[cut]
             t0[cut] = np.where(rising, r, 0.0)
             t1[cut] = np.where(rising, 1.0, r)
-        live = t1 > t0
+        quick = inside & (e <= self.smin[sel]) & (e + self.dmax[sel] <= 700.0)
+        whole = self.hh[sel][quick]
+        grow = np.exp(e[quick])
+        qmass, qdmass, qrr = whole * (self.IA[sel][quick] - grow * self.ID[sel][quick]), whole * grow * self.ID[sel][quick], rr[quick]
+        live = (t1 > t0) & ~quick
         t = t0[live, None] + (t1 - t0)[live, None] * _GL_T[None, :]
         a = _hermite(*(v[live, None] for v in A), t)
         dd = _hermite(*(v[live, None] for v in D), t)
@@ -403,7 +416,8 @@ class _Intervals:
         scale = (self.hh[sel] * (t1 - t0))[live]
         mass = (f @ _GL_W) * scale
         dmass = (g @ _GL_W) * scale
-        rr = rr[live]
+        rr = np.r_[rr[live], qrr]
+        mass, dmass = np.r_[mass, qmass], np.r_[dmass, qdmass]
         return np.bincount(rr, weights=mass, minlength=R), -np.bincount(rr, weights=dmass, minlength=R)
 
 
