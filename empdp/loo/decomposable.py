@@ -265,7 +265,7 @@ def read_dense(engines: list, m: int) -> tuple:
     undefined = np.zeros((m, d), dtype=bool)
     cols = ", ".join(f"d.delta{e.tag}, d.undef{e.tag}" for e in engines)
     sql = f"SELECT (c.__code * {n} + d.__j)::BIGINT AS flat, {cols} FROM ({delta_sql(engines)}) d JOIN __ids c USING (__i)"
-    for batch in e0.panel.batches(sql, where=e0.query.where):
+    for batch in e0.panel.batches(sql, rows=1 << 18, where=e0.query.where):
         flat = batch.column(0).to_numpy()
         n_present += np.bincount(flat // n, minlength=m)
         at = flat * d if d > 1 else flat
