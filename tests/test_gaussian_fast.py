@@ -179,3 +179,108 @@ def test_absent_individual_and_large_shifts():
     assert e_fast[0] == 0 and np.all(d_fast[0] == 0)
     np.testing.assert_allclose(d_fast, d_slow, atol=1e-10, rtol=0)
     np.testing.assert_allclose(e_fast, e_slow, rtol=1e-8)
+
+
+# ------------------------------------------------------------------ the series' tiers and certified bounds
+def wide_panel(seed, rows, variable):
+    """Query values spread over ~30 bandwidths (as on a 10^7-row panel) and small shifts: the outer
+    grid points need more terms than the inner ones."""
+    rng = np.random.default_rng(seed)
+    n = 40
+    q = np.sort(rng.normal(scale=6.0, size=n))
+    bw = _bandwidths("gaussian", q, 1.0, 0.5 if variable else 0.0)
+    model = DensityModel("gaussian", 1.0, 0.5 if variable else 0.0, q, bw, loglik=0.0)
+    shifts = rng.normal(size=(rows, n)) * 0.03 * bw[None, :] * rng.uniform(0.5, 2.0, size=(rows, 1))
+    return model, shifts
+
+
+@pytest.mark.parametrize("variable", [False, True])
+def test_series_tiers_match_direct(variable):
+    """Each grid point's tier (fewest terms that certify it) gives p̂_i, its slope and CDF within the
+    certified tolerances of the direct sums; the tiers differ (the outer points need more terms)."""
+    model, shifts = wide_panel(7, 50, variable)
+    grid = risk.base_grid(model, model.points[None, :] - shifts)
+    plan = risk.grid_plan(model, grid)
+    tiers, bad = plan.certified((np.abs(shifts) / model.bandwidths).max(axis=0))
+    assert len(tiers) >= 2 and tiers[0][0] < tiers[-1][0]
+    assert sorted(np.concatenate([pts for _, pts in tiers] + [bad]).tolist()) == list(range(len(grid)))
+    val, der, cdf = _gaussian.series_values(plan, shifts)
+    v, d, c = _gaussian.direct(np.broadcast_to(grid, (len(shifts), len(grid))), model.points[None, :] - shifts,
+                               model.bandwidths)
+    # certified within 1e-14 (relative; slopes relative to p̂_i / b_min; CDF absolute), plus the rounding of
+    # the alternating series where |δ z| ~ 1 (far tails, where the slope is ~|z| p̂_i / b) and of the direct sums
+    np.testing.assert_allclose(val, v, rtol=1e-13, atol=0)
+    assert np.all(np.abs(der - d) <= 1e-12 * v / model.bandwidths.min())
+    np.testing.assert_allclose(cdf, c, rtol=0, atol=2e-14)
+    # two terms fewer than the inner tier's fail somewhere in it: its T is not padded
+    T, pts = tiers[0]
+    W = plan.columns(T)
+    coef = _gaussian.coefficients(shifts / model.bandwidths, T)
+    short = coef[:, :T - 2].reshape(len(shifts), -1) @ W[:T - 2, :, 0][:, :, pts].reshape(-1, len(pts))
+    assert np.max(np.abs(short - v[:, pts]) / v[:, pts]) > 1e-13
+
+
+@pytest.mark.parametrize("variable", [False, True])
+def test_curvature_bound_holds(variable):
+    """L'' ≥ −K on every grid cell (SeriesPlan.curvature) for shifts up to M, at many points of each cell,
+    with L'' from the direct sums: (log f)'' = f''/f − (f'/f)²."""
+    model, shifts = wide_panel(8, 6, variable)
+    grid = risk.base_grid(model, model.points[None, :] - shifts)
+    plan = risk.grid_plan(model, grid)
+    M = (np.abs(shifts) / model.bandwidths).max(axis=0)
+    K = plan.curvature(M)
+    t = np.linspace(0.0, 1.0, 9)
+    x = (grid[:-1, None] + np.diff(grid)[:, None] * t[None, :]).ravel()
+    b = model.bandwidths
+
+    def d2log(centers):
+        z = (x[:, None] - centers[None, :]) / b
+        phi = np.exp(-0.5 * z * z) / b
+        f, f1, f2 = phi.sum(1), (-z / b * phi).sum(1), ((z * z - 1) / b ** 2 * phi).sum(1)
+        return f2 / f - (f1 / f) ** 2, f
+    base, f = d2log(model.points)
+    alive = f > 1e-250 * f.max()  # where both densities are representable
+    for row in shifts:
+        Lpp = (base - d2log(model.points - row)[0]).reshape(len(grid) - 1, len(t))
+        ok = (Lpp >= -K[:, None] * (1 + 1e-9) - 1e-9 / b.min() ** 2) | ~alive.reshape(Lpp.shape)
+        assert ok.all()
+    inner = (grid[:-1] > model.points.min()) & (grid[1:] < model.points.max())
+    assert np.all(np.isfinite(K[inner]))
+
+
+def test_delta_without_eps_i_needs_only_the_extrema_that_cross():
+    """δ_i at a sweep without ε_i (extrema of L inserted only where a level may cross their cell) equals
+    δ_i with every extremum inserted, and fewer nodes are inserted."""
+    model, shifts = wide_panel(9, 40, False)
+    eps = np.geomspace(0.01, 0.5, 30)
+    grid = risk.base_grid(model, model.points[None, :] - shifts)
+    plan = risk.grid_plan(model, grid)
+    order = np.argsort((np.abs(shifts) / model.bandwidths).max(axis=1), kind="stable")
+    shifts = shifts[order]
+    _, every = risk.evaluate(model, shifts, eps, grid=grid, plan=plan, need_eps_i=True)
+    _, some = risk.evaluate(model, shifts, eps, grid=grid, plan=plan, need_eps_i=False)
+    # (with ε_i, δ_i is reported 0 from ε_i(τ) on, where it is at most τ)
+    np.testing.assert_allclose(np.where(some <= TAU, 0.0, some), np.where(every <= TAU, 0.0, every), rtol=0, atol=1e-14)
+    assert np.count_nonzero(every) > 100
+    levels = np.unique(np.r_[-eps, eps])
+    nodes_some = sum(nd.x.shape[1] * (len(nd.x)) for nd, _, _ in
+                     risk.node_values(model, shifts, grid, plan, levels, None, False)[0])
+    nodes_every = sum(nd.x.shape[1] * (len(nd.x)) for nd, _, _ in
+                      risk.node_values(model, shifts, grid, plan, levels, None, True)[0])
+    assert nodes_some < nodes_every
+
+
+def test_tolerance_eps_whole_intervals_once(monkeypatch):
+    """ε_i(τ) with the whole intervals' Gauss-point integrals taken once per floor equals ε_i(τ) with
+    every interval integrated at each Newton step."""
+    model, shifts = panel(10, 15, 6, np.array([0.02, 0.05, 0.1, 0.2, 0.4, 0.8]), True)
+    fast, _ = risk.evaluate(model, shifts)
+    init = _gaussian._Intervals.__init__
+
+    def slow_init(self, *args):
+        init(self, *args)
+        self.smin = np.full_like(self.smin, -np.inf)  # no interval takes the shortcut
+    monkeypatch.setattr(_gaussian._Intervals, "__init__", slow_init)
+    slow, _ = risk.evaluate(model, shifts)
+    np.testing.assert_allclose(fast, slow, rtol=1e-9, atol=0)
+    assert np.all(fast > 0)
