@@ -1,7 +1,8 @@
 """read_joint reads decomposable statistics in one scan (empdp.loo.DecomposableSet): its values, shifts,
 ids, sole contributors and presence are bit-identical to one leave-one-out engine per statistic, on a
 panel with NULL values, NULL ids, individuals absent from databases or filtered out entirely, a WHERE
-filter and sole contributors; a misaligned statistic (swapped columns, shifted rows) fails here."""
+filter and sole contributors; a misaligned statistic (swapped columns, shifted rows) fails here.
+read_grouped opens the source once for all groups and equals a fresh engine per group."""
 
 import numpy as np
 import polars as pl
@@ -9,8 +10,8 @@ import pytest
 
 from empdp.errors import InputError
 from empdp.joint import panel as joint_panel
-from empdp.joint.panel import read_joint
-from empdp.loo import DecomposableSet
+from empdp.joint.panel import read_grouped, read_joint
+from empdp.loo import DecomposableSet, leave_one_out
 
 WHERE = "g <> 'drop'"
 
@@ -129,3 +130,30 @@ def test_one_scan_refuses_as_one_engine_per_statistic(monkeypatch, tmp_path, que
                 read_joint(str(path), id="id", by="db", queries=queries)
         errors.append(str(exc.value))
     assert errors[0] == errors[1] and what in errors[0]
+
+
+@pytest.mark.parametrize("query", ["mean(x)", "var(y)", "sum(x)/sum(w)", "median(y)"])
+@pytest.mark.parametrize("where", ["y > -6", None])
+def test_grouped_statistics_on_one_panel_equal_one_engine_per_group(tmp_path, query, where):
+    """read_grouped opens the source once and reads each group's presence from the held shifts: the
+    same values, shifts, rows and presence as a fresh engine on each group's rows (leave_one_out,
+    which reads presence from the table)."""
+    path = tmp_path / "panel.parquet"
+    random_panel(5).with_columns(  # x in database 1 for every group, so that each group's mean(x) is defined
+        x=pl.when(pl.col("db") == 1).then(pl.col("w") * 3).otherwise(pl.col("x")), region=pl.col("id") % 3,
+    ).write_parquet(path)
+    grouped = read_grouped(str(path), id="id", by="db", group_by="region", query=query, where=where)
+    assert grouped.groups == [0, 1, 2]
+    inside = np.zeros((len(grouped.ids), len(grouped.labels)), dtype=bool)
+    for g, value in enumerate(grouped.groups):
+        cond = f"CAST(region AS VARCHAR) = '{value}'"
+        ref = leave_one_out(str(path), id="id", by="db", query=query, where=f"({where}) AND {cond}" if where else cond)
+        rows = grouped.rows[g]
+        assert grouped.ids.gather(rows).equals(ref.ids, check_names=True, check_dtypes=True)
+        np.testing.assert_array_equal(grouped.q[:, g], ref.q, strict=True)
+        np.testing.assert_array_equal(grouped.shifts[g], ref.shifts, strict=True)
+        assert (grouped.sole[rows] >= ref.undefined).all() and grouped.touched[rows, g].all()
+        assert grouped.touched[:, g].sum() == len(rows)
+        inside[rows] |= ref.present
+    np.testing.assert_array_equal(grouped.present, inside.sum(axis=1), strict=True)
+    assert (inside.sum(axis=1) < len(grouped.labels)).any()  # some individuals are absent from databases

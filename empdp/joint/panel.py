@@ -19,7 +19,8 @@ import polars as pl
 from ..data import open_panel
 from ..data.sql import group_cells, group_filter, shorten
 from ..errors import InputError
-from ..loo import _replace_db, open_decomposable_set, open_engine
+from ..loo import _replace_db, engine_for, open_decomposable_set, open_engine
+from ..query import parse_query
 from .model import MAX_DIM
 
 #: the most groups a grouped statistic may have: each group is one leave-one-out pass over the table
@@ -79,6 +80,7 @@ class StatisticShifts:
 
 def read_statistic(engine, *, presence: bool = False) -> StatisticShifts:
     """The values and every individual's shifts of an open leave-one-out engine (one statistic)."""
+    engine.hold_presence = presence
     q = engine.values()
     s = engine.screen(np.ones(len(q)))
     codes = np.arange(len(s))
@@ -185,6 +187,7 @@ def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | N
     """The :class:`GroupPanel` of one statistic (``query`` with ``where``, or ``sql`` over ``db``) per
     group of column ``group_by``: one leave-one-out engine per group, its rows filtered to the group.
     ``check`` is called with the number of groups before any group is read (options that depend on it).
+    The source is opened and checked once; the groups' engines share it, one after the other.
 
     Raises :class:`InputError` (one line) when the group column is missing or has NULLs on the rows
     the query reads, when a group has no rows in some database (the released vector would differ
@@ -204,28 +207,23 @@ def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | N
     try:
         labels = list(base.labels)
         cells, n_null = group_cells(base, group_by, where)
+        if n_null:
+            raise InputError(f"{n_null:,} rows have a NULL group in column {shorten(group_by)}; every row the "
+                             f"statistic reads must be in a group: fill them, or filter them out with --where")
+        groups = _groups(cells, labels, group_by, where)
+        if check is not None:
+            check(len(groups))
+        read = []
+        for gtext, value in groups:
+            cond = group_filter(group_by, gtext)
+            st = ({"query": query, "where": f"({where}) AND {cond}" if where else cond} if query is not None
+                  else {"sql": _replace_db(sql, f"(SELECT * FROM db WHERE {cond}) AS db")})
+            try:  # each group's engine on the one panel: opened and checked once, not once a group
+                read.append(read_statistic(engine_for(base, parse_query(**st)), presence=True))
+            except InputError as exc:
+                raise InputError(f"group {shorten(value)} of {shorten(group_by)}: {exc}") from None
     finally:
         base.close()
-    if n_null:
-        raise InputError(f"{n_null:,} rows have a NULL group in column {shorten(group_by)}; every row the "
-                         f"statistic reads must be in a group: fill them, or filter them out with --where")
-    groups = _groups(cells, labels, group_by, where)
-    if check is not None:
-        check(len(groups))
-    read = []
-    for gtext, value in groups:
-        cond = group_filter(group_by, gtext)
-        st = ({"query": query, "where": f"({where}) AND {cond}" if where else cond} if query is not None
-              else {"sql": _replace_db(sql, f"(SELECT * FROM db WHERE {cond}) AS db")})
-        try:
-            engine = open_engine(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit,
-                                 threads=threads, **st)
-            try:
-                read.append(read_statistic(engine, presence=True))
-            finally:
-                engine.close()
-        except InputError as exc:
-            raise InputError(f"group {shorten(value)} of {shorten(group_by)}: {exc}") from None
     ids = pl.concat([r.ids for r in read]).unique().sort()
     m, n, G = len(ids), len(labels), len(read)
     touched = np.zeros((m, G), dtype=bool)

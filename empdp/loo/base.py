@@ -73,6 +73,7 @@ class LooEngine(ABC):
         self.n_null_values = 0
         self._q: np.ndarray | None = None
         self._dense: np.ndarray | None = None  # every Δ row, when screen() could hold them
+        self._inside: np.ndarray | None = None  # with ``hold_presence``: where each held row's individual is
 
     def close(self) -> None:
         """Release the panel (its connection and spill folder)."""
@@ -96,9 +97,14 @@ class LooEngine(ABC):
         """True when :meth:`screen` kept every Δ row in memory (then :meth:`shifts` reads no table)."""
         return self._dense is not None
 
+    #: set before :meth:`screen` when :meth:`shifts` will be asked for ``presence``: an engine
+    #: that holds every Δ row then holds the databases each individual is in too (m × n bools)
+    #: and answers from memory instead of reading the table again
+    hold_presence = False
+
     def release_shifts(self) -> None:
         """Drop the held Δ matrix; later :meth:`shifts` calls fetch their rows again."""
-        self._dense = None
+        self._dense = self._inside = None
 
     def values(self) -> np.ndarray:
         """f(X^j) for every database, in label order.
@@ -130,8 +136,8 @@ class LooEngine(ABC):
         databases in which each individual has rows.
         """
         codes = np.asarray(codes, dtype=np.int64)
-        if self._dense is not None and not presence:
-            return self._dense[codes]
+        if self._dense is not None and (not presence or self._inside is not None):
+            return (self._dense[codes], self._inside[codes]) if presence else self._dense[codes]
         n = len(self.panel.labels)
         out = np.zeros((len(codes), n))
         present = np.zeros((len(codes), n), dtype=bool)

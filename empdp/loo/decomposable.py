@@ -100,7 +100,7 @@ class DecomposableEngine(DuckDBEngine):
         return pl.from_arrow(self._arrow("SELECT __i FROM __ids ORDER BY __code"))["__i"].rename(self.panel.id)
 
     def _screen(self, scale: np.ndarray) -> Screen:
-        self._dense = None
+        self._dense = self._inside = None
         ids = self._codes()
         m, n = len(ids), len(self.panel.labels)
         self._screened = True
@@ -128,7 +128,7 @@ class DecomposableEngine(DuckDBEngine):
     def _dense_screen(self, ids: pl.Series, scale: np.ndarray) -> Screen:
         """Every Δ_ij in one streamed pass into a dense (m, n) matrix kept for :meth:`shifts`;
         the screening table is then computed from it (no second scan of the table)."""
-        dense, n_present, undefined = read_dense([self], len(ids))
+        dense, n_present, undefined, self._inside = read_dense([self], len(ids), presence=self.hold_presence)
         dense = dense[:, :, 0]
         max_abs, bound = _row_maxima(dense, 1.0 / scale)
         self._dense = dense
@@ -212,7 +212,7 @@ class DecomposableSet:
         self.values()
         e0 = self.engines[0]
         ids = e0._codes()
-        shifts, n_present, undefined = read_dense(self.engines, len(ids))
+        shifts, n_present, undefined, _ = read_dense(self.engines, len(ids))
         ones = np.ones(len(self.panel.labels))
         for k, e in enumerate(self.engines):
             e._require_in_range(_row_maxima(shifts[:, :, k], ones)[0], ids)
@@ -253,21 +253,25 @@ def delta_sql(engines: list, id_filter: str = "") -> str:
     return f"SELECT p.__i, p.__j, {out} FROM (SELECT __j, __i, {', '.join(parts)} FROM ({base}) GROUP BY __j, __i) p {joins}"
 
 
-def read_dense(engines: list, m: int) -> tuple:
+def read_dense(engines: list, m: int, presence: bool = False) -> tuple:
     """Every Δ_ij of ``engines`` (sharing a panel, after their values and the codes ``__ids`` of the
     m individuals) streamed in one pass into a dense (m, n, d) array: (shifts, n_present (m,),
-    undefined (m, d)); undefined cells hold 0."""
+    undefined (m, d), inside); undefined cells hold 0; with ``presence``, inside (m, n) bool marks the
+    databases each individual is in (else None)."""
     e0, d = engines[0], len(engines)
     n = len(e0.panel.labels)
     shifts = np.zeros((m, n, d))
     flat_out = shifts.reshape(-1)
     n_present = np.zeros(m, dtype=np.int64)
     undefined = np.zeros((m, d), dtype=bool)
+    inside = np.zeros((m, n), dtype=bool) if presence else None
     cols = ", ".join(f"d.delta{e.tag}, d.undef{e.tag}" for e in engines)
     sql = f"SELECT (c.__code * {n} + d.__j)::BIGINT AS flat, {cols} FROM ({delta_sql(engines)}) d JOIN __ids c USING (__i)"
     for batch in e0.panel.batches(sql, rows=1 << 18, where=e0.query.where):
         flat = batch.column(0).to_numpy()
         n_present += np.bincount(flat // n, minlength=m)
+        if presence:
+            inside.reshape(-1)[flat] = True
         at = flat * d if d > 1 else flat
         for k in range(d):
             delta = batch.column(1 + 2 * k).to_numpy()
@@ -277,7 +281,7 @@ def read_dense(engines: list, m: int) -> tuple:
                 flat_out[at[~undef] + k] = delta[~undef]
             else:  # (an index assignment: np.put took twice as long on 10^7 scattered cells)
                 flat_out[at + k if k else at] = delta
-    return shifts, n_present, undefined
+    return shifts, n_present, undefined, inside
 
 
 def _row_maxima(dense: np.ndarray, inv: np.ndarray) -> tuple:
