@@ -188,7 +188,6 @@ class Evaluation:
             want = np.union1d(want, self.candidates(self.eps[0])[:self.cache.capacity])
         if not on_spark(self.engine):  # Spark keeps the rows on the executors
             self.cache.prefetch(want)
-        self._start_workers()
         eps_all, pos, batch = 0.0, 0, SEARCH_BATCH
         falling = -eps_bound[order]  # ascending
         while pos < len(order) and (exhaustive or eps_bound[order[pos]] > eps_all):
@@ -205,19 +204,6 @@ class Evaluation:
         if self.eps is None:
             self.eps = default_epsilons(eps_all)
             self.acc = _Accumulator(len(eps_i), self.model.kernel, len(self.eps))
-
-    def _start_workers(self) -> None:
-        """Start the worker processes now when the δ stage will surely use them: they import the library
-        (~0.6 s each) while the ε_all search runs in threads. ε_all ≤ the largest bound, so that stage has
-        at least the candidates at 1/20 of it (:func:`default_epsilons`) or at the smallest ε asked."""
-        if on_spark(self.engine) or not len(self.definable):
-            return
-        eps_min = self.eps[0] if self.eps is not None else float(np.max(self.eps_bound[self.definable])) / 20
-        rows = len(self.candidates(eps_min))
-        if self.executors.uses_processes(rows):
-            empty = np.zeros((1, self.n))  # an individual absent everywhere: evaluated at once
-            for _ in range(self.executors.threads):
-                self.executors.submit(rows, lambda: empty, None, True, None, None)
 
     def delta_stage(self, exact_all: bool) -> None:
         """δ_i for the remaining individuals whose δ_i can be positive in the requested range.
