@@ -2,7 +2,7 @@
 
 Decomposable statistics (count, sum, mean, var, std, ratio) are read together, one scan for all
 (:class:`empdp.loo.DecomposableSet`); other forms one leave-one-out engine per statistic
-(:func:`empdp.loo.open_engine`). The d-dimensional query values q_j and shifts Δ_ij aligned by
+(:func:`empdp.loo.open_engine`) on the one opened source. The d-dimensional query values q_j and shifts Δ_ij aligned by
 database and individual. Shared by the joint assessment, the
 joint calibration and release, and the grouped statistics (one statistic per group of a column,
 :func:`read_grouped`).
@@ -19,8 +19,7 @@ import polars as pl
 from ..data import open_panel
 from ..data.sql import group_cells, group_filter, shorten
 from ..errors import InputError
-from ..loo import _replace_db, engine_for, open_decomposable_set, open_engine
-from ..query import parse_query
+from ..loo import _replace_db, open_decomposable_set, open_engine
 from .model import MAX_DIM
 
 #: the most groups a grouped statistic may have: each group is one leave-one-out pass over the table
@@ -104,8 +103,9 @@ def read_joint(source: Any, *, id: str, by: str, queries=None, sql=None, where: 
                threads: int | None = None) -> JointPanel:
     """The :class:`JointPanel` of 1–3 statistics (``queries`` or ``sql``, one per statistic) of ``source``."""
     stats = statistics(queries, sql)
-    opened = dict(id=id, by=by, where=where, drop_null_ids=drop_null_ids, memory_limit=memory_limit, threads=threads)
-    shared = open_decomposable_set(source, queries=[st["query"] for st in stats], **opened) if queries else None
+    opened = dict(id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit, threads=threads)
+    shared = (open_decomposable_set(source, queries=[st["query"] for st in stats], where=where, **opened)
+              if queries else None)
     if shared is not None:
         try:
             q = shared.values()
@@ -114,18 +114,12 @@ def read_joint(source: Any, *, id: str, by: str, queries=None, sql=None, where: 
             shared.close()
         return JointPanel(labels=list(shared.panel.labels), names=[e.query.describe() for e in shared.engines],
                           q=q, ids=ids, shifts=shifts, sole=undefined.any(axis=1), present=present)
-    engines = []
-    try:
-        for st in stats:
-            engines.append(open_engine(source, **opened, **st))
-        labels = list(engines[0].panel.labels)
-        for e in engines[1:]:
-            if list(e.panel.labels) != labels:
-                raise InputError("the statistics see different databases; check the query filters")
-        read = [read_statistic(e) for e in engines]
+    panel = open_panel(source, **opened)
+    try:  # one engine per statistic on the one panel, one after the other
+        labels = list(panel.labels)
+        read = [read_statistic(open_engine(source, panel=panel, where=where, **opened, **st)) for st in stats]
     finally:
-        for e in engines:
-            e.close()
+        panel.close()
     ids = pl.concat([r.ids for r in read]).unique().sort()
     m, n, d = len(ids), len(labels), len(read)
     shifts = np.zeros((m, n, d))
@@ -219,7 +213,9 @@ def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | N
             st = ({"query": query, "where": f"({where}) AND {cond}" if where else cond} if query is not None
                   else {"sql": _replace_db(sql, f"(SELECT * FROM db WHERE {cond}) AS db")})
             try:  # each group's engine on the one panel: opened and checked once, not once a group
-                read.append(read_statistic(engine_for(base, parse_query(**st)), presence=True))
+                engine = open_engine(source, panel=base, id=id, by=by, drop_null_ids=drop_null_ids,
+                                     memory_limit=memory_limit, threads=threads, **st)
+                read.append(read_statistic(engine, presence=True))
             except InputError as exc:
                 raise InputError(f"group {shorten(value)} of {shorten(group_by)}: {exc}") from None
     finally:

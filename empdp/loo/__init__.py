@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ..data import open_panel
+from ..data import Panel, open_panel
 from ..errors import InputError
 from ..query import DECOMPOSABLE, ORDER_STATISTICS, Query, parse_query
 from .base import MAX_MAGNITUDE, DuckDBEngine, LooEngine, Screen
@@ -69,11 +69,16 @@ def engine_for(panel, query: Query) -> DuckDBEngine:
 
 def make_engine(source: Any, *, id: str, by: str, query: str | None = None, where: str | None = None,
                 sql: str | None = None, memory_limit: str | None = None,
-                drop_null_ids: bool = False, threads: int | None = None) -> DuckDBEngine:
-    """Open ``source`` and parse the query into the engine of its strategy (a :class:`LooEngine`)."""
+                drop_null_ids: bool = False, threads: int | None = None, panel: Panel | None = None) -> DuckDBEngine:
+    """Open ``source`` and parse the query into the engine of its strategy (a :class:`LooEngine`).
+
+    With ``panel`` (``source`` opened already), the engine reads it instead: engines of several
+    statistics share one opened source, one after the other, and the caller closes it.
+    """
     parsed = parse_query(query, where=where, sql=sql)
-    panel = open_panel(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit,
-                       threads=threads)
+    if panel is None:
+        panel = open_panel(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit,
+                           threads=threads)
     return engine_for(panel, parsed)
 
 
