@@ -113,14 +113,20 @@ def test_mixed_forms_keep_one_engine_per_statistic(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("queries,what", [
-    (["mean(x)", "sum(big)"], "overflows"),
+    (["mean(x)", "sum(big)"], "overflows: its value"),
+    (["mean(y)", "sum(huge)", "mean(x)"], "overflows: its largest leave-one-out shift"),
     (["mean(x)", "mean(word)"], "not a number"),
     (["mean(x)", "mean(nope)"], "not found"),
     (["mean(x)", "bogus(y)"], "bogus"),
 ])
 def test_one_scan_refuses_as_one_engine_per_statistic(monkeypatch, tmp_path, queries, what):
     path = tmp_path / "panel.parquet"
-    random_panel(4).with_columns(big=pl.col("w") * 1e200, word=pl.lit("a")).write_parquet(path)
+    frame = random_panel(4).with_row_index("row")
+    first = frame.filter(pl.col("db") == 2).unique("id", keep="first", maintain_order=True)["row"][:2]
+    frame.with_columns(  # huge: +1e160 and -1e160 on rows of two individuals in database 2, which sums to 0
+        big=pl.col("w") * 1e200, word=pl.lit("a"),
+        huge=pl.when(pl.col("row") == first[0]).then(1e160).when(pl.col("row") == first[1]).then(-1e160).otherwise(0.0),
+    ).write_parquet(path)
     errors = []
     for patch in (False, True):
         with monkeypatch.context() as m:

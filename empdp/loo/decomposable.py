@@ -16,7 +16,7 @@ import pyarrow as pa
 from ..data import quote_ident
 from ..data import shorten as short
 from ..errors import InputError
-from .base import DuckDBEngine, Screen
+from .base import MAX_MAGNITUDE, DuckDBEngine, Screen
 from .forms import FORMS, bind, centred_partials, partials_sql
 
 #: largest number of (individual, database) cells held as one dense Δ matrix (8 bytes each); it
@@ -213,9 +213,10 @@ class DecomposableSet:
         e0 = self.engines[0]
         ids = e0._codes()
         shifts, n_present, undefined, _ = read_dense(self.engines, len(ids))
-        ones = np.ones(len(self.panel.labels))
-        for k, e in enumerate(self.engines):
-            e._require_in_range(_row_maxima(shifts[:, :, k], ones)[0], ids)
+        if not (len(ids) == 0 or -MAX_MAGNITUDE <= shifts.min() and shifts.max() <= MAX_MAGNITUDE):  # NaN too
+            ones = np.ones(len(self.panel.labels))  # some statistic is out of range: which, and who
+            for k, e in enumerate(self.engines):
+                e._require_in_range(_row_maxima(shifts[:, :, k], ones)[0], ids)
         return ids, shifts, n_present, undefined
 
 
