@@ -96,7 +96,7 @@ _P = ("p", "pr", "pl", "F")
 _PI = ("pi", "pir", "pil", "Fi")
 
 
-def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=None, count=None):
+def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=None, count=None, masses=None):
     """∫ (num − e^ε den) over the part of each cut interval where sign·L > ε, summed by row and level.
 
     Interval j (row ``rr[j]``, interval ``kk[j]``) is cut by the levels ``first[j]``, …,
@@ -104,6 +104,7 @@ def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=None,
     On each, the cut point is the root of the cubic Hermite model of sign·L, and the masses
     left of it come from the quartic-corrected Hermite models of both densities. The models'
     coefficients are formed once per interval and shared by the levels that cut it.
+    ``masses`` ({fields: (rows, N − 1) interval masses}), when given, replaces the CDF differences.
     Returns the sums, (rows, len(eps)).
     """
     C, N = L.shape
@@ -120,7 +121,7 @@ def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=None,
     def poly(f):
         """The mass inside the region as c0 + k1 t + … + k5 t⁵ (t the root), and the whole mass."""
         v, dr, dl, F = (getattr(nd, g).ravel() for g in f)
-        mass = np.clip(F[a + 1] - F[a], 0, None)
+        mass = np.clip(F[a + 1] - F[a], 0, None) if masses is None else masses[f][rr, kk]
         k = _mass_poly(hh, v[a], v[a + 1], dr[a], dl[a + 1], mass)
         return (np.where(rising, mass, 0.0), *(flip * c for c in k), mass)
 
