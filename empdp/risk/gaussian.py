@@ -5,12 +5,14 @@
     φ(z + δ)/b = φ(z) e^{−δz − δ²/2}/b = φ(z)/b · e^{−δ²/2} Σ_{k<K} (−δz)^k/k!  + R,
 
 |R| ≤ φ(z)/b · |δz|^K/K! · e^{|δz|} (the exponential series' Lagrange remainder). So on a grid
-shared by a block of individuals, p̂_i, its slope and its CDF are rows of ``coeffs @ columns``:
-the rows hold δ_ij^k e^{−δ_ij²/2}/k! (individuals × n(K + 1)), the columns φ(z_j)(−z_j)^k and
-their integrals ∫_{−∞}^z (−s)^k φ(s) ds (n(K + 1) × grid). The remainder is certified grid point
-by grid point for a whole block (:meth:`SeriesPlan.certified`); where it is too large the values
-are computed directly. Rows with large shifts (max_j |δ_ij| > :data:`MAX_SHIFT`) are evaluated
-directly throughout.
+shared by a block of individuals, p̂_i, its slope (the derivative of the same K terms) and its CDF
+are rows of ``coeffs @ columns``: the rows hold δ_ij^k e^{−δ_ij²/2} (individuals × nK), the columns
+φ(z_j)(−z_j)^k/k!, their x-derivatives and their integrals (nK × grid). The remainder is certified
+grid point by grid point (:meth:`SeriesPlan.certified`) for chunks of :data:`SERIES_ROWS` rows of
+like shifts: each point gets the fewest terms that certify it, in a few tiers of one K, one
+product per tier (the inner points of a 10^7-row panel need ~10 terms, the outer tails up to
+~20); where no K ≤ :data:`MAX_TERMS` does, the values are computed directly. Rows with large
+shifts (max_j |δ_ij| > :data:`MAX_SHIFT`) are evaluated directly throughout.
 
 **ε_i at a tolerance.** The log-ratio L = log p̂ − log p̂_i of Gaussian mixtures is unbounded,
 so ε_i is the smallest ε with δ_i(ε) ≤ τ (:func:`tolerance_eps`): a root of a non-increasing
