@@ -1,10 +1,10 @@
 """Read a joint query's values and leave-one-out shifts from a table (docs/method.md#102-joint-queries).
 
 Decomposable statistics (count, sum, mean, var, std, ratio) are read together, one scan for all
-(:class:`empdp.loo.DecomposableSet`); other forms one leave-one-out engine per statistic
-(:func:`empdp.loo.open_engine`) on the one opened source. The d-dimensional query values q_j and shifts Δ_ij aligned by
-database and individual. Shared by the joint assessment, the
-joint calibration and release, and the grouped statistics (one statistic per group of a column,
+(:class:`empdp.loo.DecomposableSet`); other forms through one leave-one-out engine per statistic
+(:func:`empdp.loo.open_engine`) on the one opened source. The d-dimensional query values q_j and
+shifts Δ_ij aligned by database and individual. Shared by the joint assessment, the joint
+calibration and release, and the grouped statistics (one statistic per group of a column,
 :func:`read_grouped`).
 """
 

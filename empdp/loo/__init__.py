@@ -5,7 +5,8 @@ One engine per strategy, all answering the protocol of :class:`LooEngine` (``val
 ``screen``, ``shifts``); :func:`make_engine` picks the engine for the query's form:
 
 * :mod:`.decomposable` — count, sum, mean, var, std, sum(a)/sum(b): partial moments in one
-  DuckDB GROUP BY and closed forms, one entry per form in :data:`.forms.FORMS`;
+  DuckDB GROUP BY and closed forms, one entry per form in :data:`.forms.FORMS`; several such
+  statistics with one filter share that GROUP BY (:class:`DecomposableSet`, joint queries);
 * :mod:`.order` — min, max, median, quantile: rank arithmetic on each database's sorted values;
 * :mod:`.sql` — ``--sql``: one correlated query per database.
 

@@ -186,10 +186,10 @@ class DecomposableSet:
     """
 
     def __init__(self, panel, queries):
-        self.panel = panel
-        self.engines = [DecomposableEngine(panel, q, tag=f"_k{k}_") for k, q in enumerate(queries)]
         if len({q.where for q in queries}) > 1:
             raise ValueError("the statistics of one scan share their filter")
+        self.panel = panel
+        self.engines = [DecomposableEngine(panel, q, tag=f"_k{k}_") for k, q in enumerate(queries)]
 
     def close(self) -> None:
         """Release the panel (its connection and spill folder)."""
