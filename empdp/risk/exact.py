@@ -19,6 +19,8 @@ BLOCK_CELLS = 8_000_000
 #: the same for Gaussian kernels: their many (rows × nodes) temporaries stay small enough to be reused
 #: (fresh pages cost more than the arithmetic there: 8192 rows at once took 93 µs a row of system time)
 GAUSSIAN_BLOCK_CELLS = 600_000
+#: Gaussian rows shifted by more than this many scales are evaluated on twice the nodes (see evaluate_on_grid)
+FINE_SHIFT = 4.0
 
 
 def grid_plan(model: DensityModel, grid: np.ndarray):
@@ -101,21 +103,24 @@ def evaluate_on_grid(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | 
     eps_i[same] = 0.0
     if delta is not None:
         delta[same] = 0.0
-    # rows of Gaussian kernels evaluated directly (shifts of more than MAX_SHIFT scales) get the q_j and
-    # the grid's midpoints among their nodes: where p̂_i's kernels sit many scales from p̂'s, the
-    # densities change by up to e^{M/6} across a node interval, too fast for the cut intervals' Hermite
-    # models (at M = 16, 1.3e-7 of δ_i off on the t3 panel without the q_j, 1.5e-6 at ε = 90 with them;
-    # 1e-9 at half the spacing). Those rows are few: the series takes shifts up to MAX_SHIFT.
-    direct_grid = np.union1d(np.r_[grid, 0.5 * (grid[1:] + grid[:-1])], model.points) if gaussian else grid
-    for rows, use in ((np.flatnonzero(fast & ~same), plan), (np.flatnonzero(~fast & ~same), None)):
-        width = max(n * n, len(grid) + n) if use is not None and not gaussian else len(grid) + n
+    # rows of Gaussian kernels evaluated directly (shifts of more than MAX_SHIFT scales) get the q_j among
+    # their nodes, and beyond FINE_SHIFT scales also the grid's midpoints: where p̂_i's kernels sit many
+    # scales from p̂'s, the densities change by up to e^{M/6} across a node interval, too fast for the
+    # cut intervals' Hermite models (at M = 16, 1.3e-7 of δ_i off on the t3 panel without the q_j,
+    # 1.5e-6 at ε = 90 with them; 1e-9 at half the spacing; at M = 4, 3e-10 with the q_j)
+    groups = [(fast & ~same, plan, grid), (~fast & ~same, None, grid)]
+    if gaussian:
+        far = scaled > FINE_SHIFT
+        groups[1:] = [(~fast & ~same & ~far, None, np.union1d(grid, model.points)),
+                      (~fast & ~same & far, None, np.union1d(np.r_[grid, 0.5 * (grid[1:] + grid[:-1])], model.points))]
+    for rows, use, nodes_at in ((np.flatnonzero(m), u, g) for m, u, g in groups):
+        width = max(n * n, len(grid) + n) if use is not None and not gaussian else len(nodes_at) + n
         if gaussian and use is not None:
             rows = rows[np.argsort(scaled[rows], kind="stable")]  # blocks of like shifts: fewer terms
         step = max(1, (GAUSSIAN_BLOCK_CELLS if gaussian else BLOCK_CELLS) // width)
         for k in range(0, len(rows), step):
             r = rows[k:k + step]
-            parts, kept = node_values(model, shifts[r], grid if use is not None else direct_grid, use, levels, clear,
-                                      need_eps_i, sup_levels)
+            parts, kept = node_values(model, shifts[r], nodes_at, use, levels, clear, need_eps_i, sup_levels)
             if len(kept) < len(r):  # certified sup |L| ≤ min ε: ε_i not computed, δ_i = 0
                 eps_i[r], delta[r], exact[r] = np.nan, 0.0, False
                 r = r[kept]

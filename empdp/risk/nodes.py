@@ -14,6 +14,8 @@ from . import laplace as _laplace
 from .bounds import EPS_TOLERANCE, gaussian_eps_bound
 from .cuts import _P, _PI, _cut_sums
 
+_SQRT2PI = float(np.sqrt(2 * np.pi))
+
 
 class _Nodes:
     """Densities on each row's nodes: x, and for p̂ and p̂_i value, one-sided slopes, CDF."""
@@ -38,10 +40,19 @@ def _evaluate(model: DensityModel, x: np.ndarray, kinks: np.ndarray, survival: b
     acc = {f: np.zeros(x.shape) for f in _Nodes.FIELDS[1:] + (("S", "Si") if survival else ())}
     for j in range(len(q)):
         for names, u in ((("p", "pr", "pl", "F", "S"), x - q[j]), (("pi", "pir", "pil", "Fi", "Si"), x - kinks[:, j:j + 1])):
-            for name, term in zip(names, kernel_terms(kern, u, b[j])):
-                acc[name] += term
+            if survival:  # one ndtr for both tails: the smaller one, Φ(−|z|), to full relative precision
+                z = u / b[j]
+                val = np.exp(-0.5 * z * z) / (b[j] * _SQRT2PI)
+                tail = ndtr(-np.abs(z))
+                left = z < 0
+                terms = (val, -z / b[j] * val, None, np.where(left, tail, 1.0 - tail), np.where(left, 1.0 - tail, tail))
+            else:
+                terms = kernel_terms(kern, u, b[j])
+            for name, term in zip(names, terms):
+                if term is not None:
+                    acc[name] += term
             if survival:
-                acc[names[4]] += ndtr(-u / b[j])
+                acc["pl" if names[0] == "p" else "pil"] += terms[1]
     n = len(q)
     return _Nodes(x=x, **{f: a / n for f, a in acc.items()})
 
