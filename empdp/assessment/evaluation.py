@@ -13,7 +13,6 @@ import math
 import sys
 from collections import deque
 from contextlib import ExitStack
-from typing import Callable
 
 import numpy as np
 import polars as pl
@@ -21,11 +20,10 @@ import polars as pl
 from .. import risk
 from ..density import DensityModel
 from ..loo import LooEngine
+from ..progress import Progress
 from ..risk import onescale as _onescale
 from . import checks
 from .parallel import Executors
-
-Progress = Callable[[str, int, int], None]
 
 #: the memory limit when DuckDB's cannot be read (bytes)
 DEFAULT_MEMORY_LIMIT = 4 * 10**9
