@@ -125,7 +125,6 @@ class GroupedAssessment(RiskSweep):
         }
 
 
-
 def _num(v):
     v = float(v)
     return v if math.isfinite(v) else None
