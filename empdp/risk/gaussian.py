@@ -168,6 +168,7 @@ class SeriesPlan:
             K = num / den + (1.0 / self.b.min() ** 2 - 1.0 / self.b.max() ** 2)
         return np.where(np.isfinite(K), K, np.inf)
 
+
 #: relative work per row of one series term at one point (value, slope and CDF products: ~6 flops), of one
 #: directly evaluated point (an exp and an ndtr per kernel: ~20 ns each, hundreds of BLAS flops), and of one
 #: more tier (a product call, gathered columns, scattered results)
