@@ -202,8 +202,15 @@ def test_series_tiers_match_direct(variable):
     model, shifts = wide_panel(7, 50, variable)
     grid = risk.base_grid(model, model.points[None, :] - shifts)
     plan = risk.grid_plan(model, grid)
-    tiers, bad = plan.certified((np.abs(shifts) / model.bandwidths).max(axis=0))
+    cert = plan.certified((np.abs(shifts) / model.bandwidths).max(axis=0))
+    tiers, bad = cert.tiers, cert.bad
     assert len(tiers) >= 2 and tiers[0][0] < tiers[-1][0]
+    # the segments leave far kernels out of the product, some of them below the points (their CDF counts 1/n)
+    n = len(model.points)
+    assert min(j1 - j0 for _, _, _, j0, j1, _ in cert.segments) < n // 2
+    assert max(int(left.max()) for *_, left in cert.segments) > 0
+    assert sorted(g for _, g0, g1, *_ in cert.segments for g in range(g0, g1)) == sorted(
+        np.concatenate([pts for _, pts in tiers]).tolist())
     assert sorted(np.concatenate([pts for _, pts in tiers] + [bad]).tolist()) == list(range(len(grid)))
     val, der, cdf = _gaussian.series_values(plan, shifts)
     v, d, c = _gaussian.direct(np.broadcast_to(grid, (len(shifts), len(grid))), model.points[None, :] - shifts,
@@ -216,7 +223,7 @@ def test_series_tiers_match_direct(variable):
     # two terms fewer than the inner tier's fail somewhere in it: its T is not padded
     T, pts = tiers[0]
     W = plan.columns(T)
-    coef = _gaussian.coefficients(shifts / model.bandwidths, T)
+    coef = _gaussian.coefficients(shifts[:, plan.order] / plan.b, T)
     short = coef[:, :T - 2].reshape(len(shifts), -1) @ W[:T - 2, :, 0][:, :, pts].reshape(-1, len(pts))
     assert np.max(np.abs(short - v[:, pts]) / v[:, pts]) > 1e-13
 
