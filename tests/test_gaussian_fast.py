@@ -310,3 +310,24 @@ def test_large_shifts_against_quadrature():
         want[want <= TAU] = 0.0
         np.testing.assert_allclose(delta[r], want, atol=1e-7, rtol=0)
     assert delta[:, -1].min() > 1e-3
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_eps_floor_skips_only_the_rows_below_it(direct):
+    """With ``eps_floor``, ε_i(τ) is NaN exactly where it is at most the floor, and the same value elsewhere
+    (on the series path and the direct path)."""
+    model, shifts = panel(11, 15, 12, np.geomspace(0.01, 0.9, 12), True)
+    keep = _gaussian.MAX_SHIFT
+    try:
+        if direct:
+            _gaussian.MAX_SHIFT = -1.0
+        full, _ = risk.evaluate(model, shifts)
+        floor = float(np.median(full))
+        part, _ = risk.evaluate(model, shifts, eps_floor=floor)
+    finally:
+        _gaussian.MAX_SHIFT = keep
+    below = full <= floor
+    assert 0 < below.sum() < len(full)
+    assert np.all(np.isnan(part[below])) and not np.isnan(part[~below]).any()
+    # (the search's bracket may start at the floor: the same root within its relative width 1e-10)
+    np.testing.assert_allclose(part[~below], full[~below], rtol=1e-9, atol=0)

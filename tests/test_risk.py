@@ -156,7 +156,7 @@ def test_screening_off_changes_nothing(sample_path, kernel):
     np.testing.assert_allclose(a.individuals["delta"].to_numpy(), b.individuals["delta"].to_numpy(), **same)
     ev = a.individuals["eps_i"].to_numpy()
     ok = np.isfinite(ev)
-    assert ok.sum() > 100
+    assert ok.sum() >= 50  # the search's rows: its first batch at least
     np.testing.assert_allclose(ev[ok], b.individuals["eps_i"].to_numpy()[ok], rtol=rel_eps, atol=0)
 
 

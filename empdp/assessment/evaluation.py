@@ -37,6 +37,9 @@ MIN_EVAL_ROWS = 128
 #: individuals fetched for the ε_all search up front, and the search's first batch
 SEARCH_PREFETCH = 32768
 SEARCH_BATCH = 256
+#: the same for Gaussian kernels, whose exact ε_i(τ) costs a search each: after the first batch,
+#: only rows that can raise ε_all get it (see search_eps_all), so a smaller first batch pays less
+GAUSSIAN_SEARCH_BATCH = 64
 #: blocks in flight between a block's results and their use in planning others (_Accumulator.needed)
 LAG_BLOCKS = 8
 #: Σ log(1 − δ_i(ε)) at or below which δ*(ε) = −expm1(·) is 1.0 in float64 (it is from about −38)
@@ -186,7 +189,12 @@ class Evaluation:
             want = np.union1d(want, self.candidates(self.eps[0])[:self.cache.capacity])
         if not on_spark(self.engine):  # Spark keeps the rows on the executors
             self.cache.prefetch(want)
-        eps_all, pos, batch = 0.0, 0, SEARCH_BATCH
+        eps_all, pos = 0.0, 0
+        batch = GAUSSIAN_SEARCH_BATCH if self.model.kernel == "gaussian" else SEARCH_BATCH
+        # with the default sweep the search's rows get their δ_i later, and ε_i only matters where it
+        # can raise ε_all: rows whose ε_i is at most ε_all so far may keep NaN (Gaussian kernels: no
+        # search for ε_i(τ) there, ~90% of the rows on a 10^7-row panel)
+        floors = self.eps is None and not exhaustive
         falling = -eps_bound[order]  # ascending
         while pos < len(order) and (exhaustive or eps_bound[order[pos]] > eps_all):
             # a batch stops at the last bound above ε_all so far: the rows after it cannot raise ε_all
@@ -195,7 +203,8 @@ class Evaluation:
             end = min(pos + batch, live)
             todo = order[pos:end]
             # one bar for the whole search: done so far out of the rows that can still raise ε_all
-            self.run(todo[np.isnan(eps_i[todo])], self.eps is not None, "eps_all", shown=(pos, live))
+            self.run(todo[np.isnan(eps_i[todo])], self.eps is not None, "eps_all", shown=(pos, live),
+                     eps_floor=eps_all if floors else 0.0)
             eps_all = max(eps_all, float(np.nanmax(eps_i[order[:end]], initial=0.0)))
             pos, batch = end, batch * 2
         self.eps_all = eps_all
@@ -233,11 +242,12 @@ class Evaluation:
 
     # ------------------------------------------------------------ evaluation
     def run(self, codes: np.ndarray, with_delta: bool, stage: str, release: bool = False,
-            need_eps_i: bool = True, shown: tuple[int, int] | None = None) -> None:
+            need_eps_i: bool = True, shown: tuple[int, int] | None = None, eps_floor: float = 0.0) -> None:
         """Exact ε_i (and δ_i at ``eps``) for ``codes``: one scan per fetch chunk, one grid per batch.
 
         With ``need_eps_i=False`` only δ_i is computed (ε_i stays NaN), and only for the
-        individuals whose bounds do not certify ε_i ≤ min(eps). ``shown`` = (rows done before,
+        individuals whose bounds do not certify ε_i ≤ min(eps); ``eps_floor`` > 0 computes ε_i only
+        above it (NaN where certified ≤ it; :func:`empdp.risk.evaluate`). ``shown`` = (rows done before,
         rows in the whole stage) when ``codes`` is one batch of a longer stage.
         """
         cache, done = self.cache, 0
@@ -265,16 +275,18 @@ class Evaluation:
                     done = self._add(b, res.result(), with_delta, stage, done, offset, total)
                 needed = self.acc.needed() if with_delta else None  # the δ_i this block needs
                 # the cache is only read while blocks are evaluated
-                pending.append((k, block, self._submit(len(codes), block, with_delta, need_eps_i, needed)))
+                pending.append((k, block, self._submit(len(codes), block, with_delta, need_eps_i, needed,
+                                                       eps_floor)))
             for _, b, res in pending:
                 done = self._add(b, res.result(), with_delta, stage, done, offset, total)
             if release:
                 cache.keep(codes[a + cache.capacity:])
 
-    def _submit(self, rows: int, block: np.ndarray, with_delta: bool, need_eps_i: bool, needed):
+    def _submit(self, rows: int, block: np.ndarray, with_delta: bool, need_eps_i: bool, needed,
+                eps_floor: float = 0.0):
         only, cap = needed or (None, None)
         return self.executors.submit(rows, lambda: self.cache.take(block), self.eps if with_delta else None,
-                                     need_eps_i, only, cap)
+                                     need_eps_i, only, cap, eps_floor)
 
     def _add(self, block: np.ndarray, result, with_delta: bool, stage: str, done: int, offset: int,
              total: int) -> int:

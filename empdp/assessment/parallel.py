@@ -35,15 +35,16 @@ def available_cores() -> int:
 
 
 def _evaluate_block(model: DensityModel, shifts: np.ndarray, eps, need_eps_i: bool, only, cap,
-                    grid_budget: GridBudget | None = None):
-    """Exact ε_i, δ_i and the exact-evaluation flags of one block of shift rows, on its own grid
-    (refused, InputError, when it would not fit in ``grid_budget``)."""
+                    grid_budget: GridBudget | None = None, eps_floor: float = 0.0):
+    """Exact ε_i (above ``eps_floor``, see :func:`empdp.risk.evaluate`), δ_i and the exact-evaluation
+    flags of one block of shift rows, on its own grid (refused, InputError, when it would not fit in
+    ``grid_budget``)."""
     if _onescale.applies(model):  # no grid: the closed form needs none (see empdp.risk.onescale)
         return risk.evaluate(model, shifts, eps, need_eps_i=need_eps_i, return_exact=True, only=only, cap=cap)
     budget, labels = grid_budget or (None, None)
     grid = risk.base_grid(model, model.points[None, :] - shifts, budget=budget, labels=labels)
     return risk.evaluate(model, shifts, eps, grid=grid, plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i,
-                         return_exact=True, only=only, cap=cap)
+                         return_exact=True, only=only, cap=cap, eps_floor=eps_floor)
 
 
 _WORKER: dict = {}
@@ -56,8 +57,9 @@ def _start_worker(model: DensityModel, grid_budget: GridBudget | None = None) ->
     _WORKER["blas"] = threadpool_limits(limits=1, user_api="blas")
 
 
-def _evaluate_in_worker(shifts: np.ndarray, eps, need_eps_i: bool, only, cap):
-    return _evaluate_block(_WORKER["model"], shifts, eps, need_eps_i, only, cap, _WORKER.get("grid_budget"))
+def _evaluate_in_worker(shifts: np.ndarray, eps, need_eps_i: bool, only, cap, eps_floor: float = 0.0):
+    return _evaluate_block(_WORKER["model"], shifts, eps, need_eps_i, only, cap, _WORKER.get("grid_budget"),
+                           eps_floor)
 
 
 class _Done:
@@ -98,7 +100,8 @@ class Executors:
         # GIL: threads beat processes, which pay for shipping every shift row (10^7 rows: 4.4 s vs 6.0 s)
         return rows >= PROCESS_ROWS and not _onescale.applies(self.model)
 
-    def submit(self, rows: int, take: Callable[[], np.ndarray], eps, need_eps_i: bool, only, cap):
+    def submit(self, rows: int, take: Callable[[], np.ndarray], eps, need_eps_i: bool, only, cap,
+               eps_floor: float = 0.0):
         """Evaluate the block whose shift rows ``take()`` returns (a stage of ``rows`` individuals)."""
         if self.uses_processes(rows):
             if self.procs is None:
@@ -106,8 +109,9 @@ class Executors:
                 self.procs = self.stack.enter_context(ProcessPoolExecutor(
                     self.threads, mp_context=ctx, initializer=_start_worker,
                     initargs=(self.model, self.grid_budget)))
-            return self.procs.submit(_evaluate_in_worker, take(), eps, need_eps_i, only, cap)
+            return self.procs.submit(_evaluate_in_worker, take(), eps, need_eps_i, only, cap, eps_floor)
         budget = self.grid_budget
         if self.pool is not None:  # the rows are read in the thread that evaluates them
-            return self.pool.submit(lambda: _evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget))
-        return _Done(_evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget))
+            return self.pool.submit(lambda: _evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget,
+                                                            eps_floor))
+        return _Done(_evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget, eps_floor))

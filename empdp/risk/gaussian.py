@@ -392,12 +392,16 @@ def _hermite(ya, yc, ma, mc, t):
     return ya + t * (ma + t * ((3 * d - 2 * ma - mc) + t * (ma + mc - 2 * d)))
 
 
-def tolerance_eps(x, p, pr, pi, pir, upper: np.ndarray, tol: float) -> np.ndarray:
+def tolerance_eps(x, p, pr, pi, pir, upper: np.ndarray, tol: float, floor: float = 0.0) -> np.ndarray:
     """Smallest ε with δ_i(ε) ≤ ``tol`` for each row of nodes ``x`` (C, N) carrying the values and
     slopes of p̂ (``p``, ``pr``) and of p̂_i (``pi``, ``pir``); ``upper``: certified upper bounds
     (δ_i(upper) ≤ tol). Between nodes, log p̂ and log p̂_i are cubic Hermite interpolants (the
     nodes hold every extremum of L, so L is monotone between them). The result ε satisfies
     δ_i(ε) ≤ tol < δ_i(ε (1 − 1e-9)) on that model, or is 0 when δ_i(0) ≤ tol.
+
+    With ``floor`` > 0 only the ε above it are wanted: rows with δ_i(floor) ≤ tol get NaN
+    (their ε is at most ``floor``) without the search (in the search for ε_all, ~90% of the
+    rows on a 10^7-row panel, whose ε_i(τ) cannot raise it).
     """
     with np.errstate(divide="ignore", invalid="ignore"):
         lp = np.maximum(np.log(p), _LOG_FLOOR)
@@ -405,36 +409,42 @@ def tolerance_eps(x, p, pr, pi, pir, upper: np.ndarray, tol: float) -> np.ndarra
         sp = np.where(p > 0, pr / p, 0.0)
         spi = np.where(pi > 0, pir / pi, 0.0)
     h = np.diff(x, axis=1)
-    out = np.zeros(x.shape[0])
-    for num, snum, den, sden in ((lp, sp, lpi, spi), (lpi, spi, lp, sp)):
-        out = np.maximum(out, _one_side(h, num, snum, den, sden, upper, tol))
-    return out
+    sides = [_one_side(h, num, snum, den, sden, upper, tol, floor)
+             for num, snum, den, sden in ((lp, sp, lpi, spi), (lpi, spi, lp, sp))]
+    out = np.fmax(*sides)
+    # NaN (at most ``floor``) on one side and at most ``floor`` on the other: at most ``floor``
+    return np.where(np.isnan(sides[0]) | np.isnan(sides[1]), np.where(out > floor, out, np.nan), out)
 
 
-def _one_side(h, A, sA, D, sD, upper, tol):
-    """ε where ∫_{A−D>ε} (e^A − e^{ε+D}) falls to ``tol`` (A, D: log-densities at the nodes)."""
+def _one_side(h, A, sA, D, sD, upper, tol, least=0.0):
+    """ε where ∫_{A−D>ε} (e^A − e^{ε+D}) falls to ``tol`` (A, D: log-densities at the nodes);
+    NaN where that ε is at most ``least`` > 0."""
     C, N = A.shape
     S = A - D  # the log-ratio at the nodes
     top = S.max(axis=1)  # δ = 0 on the model from here on (S is monotone between nodes)
     out = np.zeros(C)
-    rows = np.flatnonzero(top > 0)
+    if least > 0:
+        out[top <= least] = np.nan
+    rows = np.flatnonzero(top > max(least, 0.0))
     if not len(rows):
         return out
     hi = top[rows].copy()
     guess = np.minimum(np.broadcast_to(np.asarray(upper, dtype=float), (C,))[rows], hi)
     # intervals that can meet {S > ε} for ε ≥ a floor: a coarse floor first (the region at τ is
-    # small), lowered for the rows where δ at the floor is below τ
-    floor = 0.5 * guess
+    # small), lowered for the rows where δ at the floor is below τ, down to ``least``
+    floor = np.maximum(0.5 * guess, least)
     while len(rows):
-        last = floor <= 1e-3 * guess
-        floor = np.where(last, 0.0, floor)  # the last try: every interval where S > 0
+        last = (floor <= 1e-3 * guess) | (floor <= least)
+        floor = np.where(last, least, floor)  # the last try: every interval where S > least
         ivl = _Intervals(h, A, sA, D, sD, S, rows, floor)
         d, _ = ivl.delta(floor)
         ok = d > tol  # a bracket [floor, hi]
         out[rows[ok]] = _newton(ivl, floor, hi, guess, tol, ok)[ok]
+        if least > 0:
+            out[rows[~ok & last]] = np.nan  # δ(least) ≤ tol: at most ``least``
         keep = ~ok & ~last  # (δ(0) ≤ tol: ε = 0)
         rows, hi, guess = rows[keep], np.minimum(hi, floor)[keep], np.minimum(guess, floor)[keep]
-        floor = 0.25 * floor[keep]
+        floor = np.maximum(0.25 * floor[keep], least)
     return out
 
 

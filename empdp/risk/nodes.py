@@ -248,15 +248,16 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
                            sup_levels), rows
 
 
-def individual_eps(model: DensityModel, nd: _Nodes, L: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+def individual_eps(model: DensityModel, nd: _Nodes, L: np.ndarray, shifts: np.ndarray,
+                   floor: float = 0.0) -> np.ndarray:
     """ε_i = sup_x |log p̂ − log p̂_i| (Laplace kernels), or ε_i(τ), the smallest ε with δ_i(ε) ≤ τ
-    (Gaussian kernels; see the module docstring)."""
+    (Gaussian kernels; see the module docstring), there NaN where ε_i(τ) ≤ ``floor`` (> 0)."""
     if model.kernel == "laplace":
         absL = np.abs(L)
         return np.maximum(absL.max(axis=1), _cells._tail_limits(model.points, model.bandwidths, shifts))
     b = model.bandwidths
     upper = gaussian_eps_bound((np.abs(shifts) / b).max(axis=1), np.count_nonzero(shifts, axis=1) / len(b))
-    return _gaussian.tolerance_eps(nd.x, nd.p, nd.pr, nd.pi, nd.pir, upper, EPS_TOLERANCE)
+    return _gaussian.tolerance_eps(nd.x, nd.p, nd.pr, nd.pi, nd.pir, upper, EPS_TOLERANCE, floor)
 
 
 def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
