@@ -13,14 +13,11 @@ from contextlib import ExitStack
 from typing import Callable
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
-from .. import risk
 from ..density import DensityModel
 from ..risk import onescale as _onescale
+from ..risk.blocks import GridBudget, evaluate_block, evaluate_in_worker, start_worker
 
-#: (bytes one evaluation's grid may take, the databases' names) for risk.base_grid
-GridBudget = tuple[float, list]
 #: individuals of one evaluation stage from which ``workers="auto"`` evaluates in processes
 PROCESS_ROWS = 100_000
 WORKERS = ("threads", "processes", "auto")
@@ -32,34 +29,6 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-
-
-def _evaluate_block(model: DensityModel, shifts: np.ndarray, eps, need_eps_i: bool, only, cap,
-                    grid_budget: GridBudget | None = None, eps_floor: float = 0.0):
-    """Exact ε_i (above ``eps_floor``, see :func:`empdp.risk.evaluate`), δ_i and the exact-evaluation
-    flags of one block of shift rows, on its own grid (refused, InputError, when it would not fit in
-    ``grid_budget``)."""
-    if _onescale.applies(model):  # no grid: the closed form needs none (see empdp.risk.onescale)
-        return risk.evaluate(model, shifts, eps, need_eps_i=need_eps_i, return_exact=True, only=only, cap=cap)
-    budget, labels = grid_budget or (None, None)
-    grid = risk.base_grid(model, model.points[None, :] - shifts, budget=budget, labels=labels)
-    return risk.evaluate(model, shifts, eps, grid=grid, plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i,
-                         return_exact=True, only=only, cap=cap, eps_floor=eps_floor)
-
-
-_WORKER: dict = {}
-
-
-def _start_worker(model: DensityModel, grid_budget: GridBudget | None = None) -> None:
-    """Worker process set-up: the density model, and single-threaded BLAS (as in the threads)."""
-    _WORKER["model"] = model
-    _WORKER["grid_budget"] = grid_budget
-    _WORKER["blas"] = threadpool_limits(limits=1, user_api="blas")
-
-
-def _evaluate_in_worker(shifts: np.ndarray, eps, need_eps_i: bool, only, cap, eps_floor: float = 0.0):
-    return _evaluate_block(_WORKER["model"], shifts, eps, need_eps_i, only, cap, _WORKER.get("grid_budget"),
-                           eps_floor)
 
 
 class _Done:
@@ -107,11 +76,11 @@ class Executors:
             if self.procs is None:
                 ctx = multiprocessing.get_context("spawn")
                 self.procs = self.stack.enter_context(ProcessPoolExecutor(
-                    self.threads, mp_context=ctx, initializer=_start_worker,
+                    self.threads, mp_context=ctx, initializer=start_worker,
                     initargs=(self.model, self.grid_budget)))
-            return self.procs.submit(_evaluate_in_worker, take(), eps, need_eps_i, only, cap, eps_floor)
+            return self.procs.submit(evaluate_in_worker, take(), eps, need_eps_i, only, cap, eps_floor)
         budget = self.grid_budget
         if self.pool is not None:  # the rows are read in the thread that evaluates them
-            return self.pool.submit(lambda: _evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget,
+            return self.pool.submit(lambda: evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget,
                                                             eps_floor))
-        return _Done(_evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget, eps_floor))
+        return _Done(evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget, eps_floor))

@@ -1,6 +1,6 @@
 """Per-individual risk (docs/method.md#4-risk): δ_i(ε), ε_i, screening bounds.
 
-Modules: :mod:`.bounds` (screening bounds, τ), :mod:`.exact` (:func:`evaluate`: which path), :mod:`.onescale` (the default model, in closed form), and the general path: :mod:`.grid` (nodes), :mod:`.laplace` and :mod:`.gaussian` (densities on them), :mod:`.cells` (certified bounds within cells), :mod:`.nodes` (extrema, ε_i, the sweep) and :mod:`.cuts` (partial integrals).
+Modules: :mod:`.bounds` (screening bounds, τ), :mod:`.exact` (:func:`evaluate`: which path), :mod:`.blocks` (one block, in a worker process too), :mod:`.onescale` (the default model, in closed form), and the general path: :mod:`.grid` (nodes), :mod:`.laplace` and :mod:`.gaussian` (densities on them), :mod:`.cells` (certified bounds within cells), :mod:`.nodes` (extrema, ε_i, the sweep) and :mod:`.cuts` (partial integrals).
 
 The general path:
 
