@@ -10,10 +10,9 @@ from __future__ import annotations
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from .. import risk  # through the package: tests count its calls (risk.evaluate)
 from ..density import DensityModel
 from . import onescale as _onescale
-from .exact import evaluate, grid_plan
-from .grid import base_grid
 
 #: (bytes one evaluation's grid may take, the databases' names) for risk.base_grid
 GridBudget = tuple[float, list]
@@ -25,11 +24,11 @@ def evaluate_block(model: DensityModel, shifts: np.ndarray, eps, need_eps_i: boo
     flags of one block of shift rows, on its own grid (refused, InputError, when it would not fit in
     ``grid_budget``)."""
     if _onescale.applies(model):  # no grid: the closed form needs none (see empdp.risk.onescale)
-        return evaluate(model, shifts, eps, need_eps_i=need_eps_i, return_exact=True, only=only, cap=cap)
+        return risk.evaluate(model, shifts, eps, need_eps_i=need_eps_i, return_exact=True, only=only, cap=cap)
     budget, labels = grid_budget or (None, None)
-    grid = base_grid(model, model.points[None, :] - shifts, budget=budget, labels=labels)
-    return evaluate(model, shifts, eps, grid=grid, plan=grid_plan(model, grid), need_eps_i=need_eps_i,
-                    return_exact=True, only=only, cap=cap, eps_floor=eps_floor)
+    grid = risk.base_grid(model, model.points[None, :] - shifts, budget=budget, labels=labels)
+    return risk.evaluate(model, shifts, eps, grid=grid, plan=risk.grid_plan(model, grid), need_eps_i=need_eps_i,
+                         return_exact=True, only=only, cap=cap, eps_floor=eps_floor)
 
 
 _WORKER: dict = {}
@@ -40,6 +39,10 @@ def start_worker(model: DensityModel, grid_budget: GridBudget | None = None) -> 
     _WORKER["model"] = model
     _WORKER["grid_budget"] = grid_budget
     _WORKER["blas"] = threadpool_limits(limits=1, user_api="blas")
+
+
+def ready() -> None:
+    """A task that only makes a worker process start (see Executors.prestart)."""
 
 
 def evaluate_in_worker(shifts: np.ndarray, eps, need_eps_i: bool, only, cap, eps_floor: float = 0.0):
