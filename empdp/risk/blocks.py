@@ -41,10 +41,6 @@ def start_worker(model: DensityModel, grid_budget: GridBudget | None = None) -> 
     _WORKER["blas"] = threadpool_limits(limits=1, user_api="blas")
 
 
-def ready() -> None:
-    """A task that only makes a worker process start (see Executors.prestart)."""
-
-
 def evaluate_in_worker(shifts: np.ndarray, eps, need_eps_i: bool, only, cap, eps_floor: float = 0.0):
     """:func:`evaluate_block` in a worker process set up by :func:`start_worker`."""
     return evaluate_block(_WORKER["model"], shifts, eps, need_eps_i, only, cap, _WORKER.get("grid_budget"),
