@@ -226,6 +226,13 @@ def test_series_tiers_match_direct(variable):
     coef = _gaussian.coefficients(shifts[:, plan.order] / plan.b, T)
     short = coef[:, :T - 2].reshape(len(shifts), -1) @ W[:T - 2, :, 0][:, :, pts].reshape(-1, len(pts))
     assert np.max(np.abs(short - v[:, pts]) / v[:, pts]) > 1e-13
+    # the same kernels in another order (the plan sorts them by q): the same values
+    perm = np.random.default_rng(1).permutation(len(model.points))
+    shuffled = DensityModel("gaussian", 1.0, model.sensitivity, model.points[perm], model.bandwidths[perm],
+                            loglik=0.0)
+    again = _gaussian.series_values(risk.grid_plan(shuffled, grid), shifts[:, perm])
+    for got, want in zip(again, (val, der, cdf)):
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("variable", [False, True])
@@ -331,3 +338,24 @@ def test_eps_floor_skips_only_the_rows_below_it(direct):
     assert np.all(np.isnan(part[below])) and not np.isnan(part[~below]).any()
     # (the search's bracket may start at the floor: the same root within its relative width 1e-10)
     np.testing.assert_allclose(part[~below], full[~below], rtol=1e-9, atol=0)
+
+
+def test_far_outlying_database_keeps_the_series():
+    """A database ~2,500 scales from the others (its kernel underflows where e^{M|z|} overflows) leaves the
+    series certified on the bulk's grid points, with the direct sums' values there."""
+    rng = np.random.default_rng(0)
+    n = 50
+    q = np.r_[rng.normal(size=n - 1), 1000.0]
+    bw = _bandwidths("gaussian", q, 0.4, 0.0)
+    model = DensityModel("gaussian", 0.4, 0.0, q, bw, loglik=0.0)
+    shifts = rng.uniform(-0.1, 0.1, size=(20, n)) * bw
+    shifts[:, -1] = 0.5 * bw[-1]
+    grid = risk.base_grid(model, model.points[None, :] - shifts)
+    plan = risk.grid_plan(model, grid)
+    cert = plan.certified((np.abs(shifts) / bw).max(axis=0))
+    bulk = np.flatnonzero((grid > q[:-1].min()) & (grid < q[:-1].max()))
+    assert len(bulk) > 20 and not np.isin(bulk, cert.bad).any()
+    val, der, cdf = _gaussian.series_values(plan, shifts)
+    v, d, c = _gaussian.direct(np.broadcast_to(grid, (len(shifts), len(grid))), model.points[None, :] - shifts, bw)
+    np.testing.assert_allclose(val[:, bulk], v[:, bulk], rtol=1e-13, atol=0)
+    np.testing.assert_allclose(cdf[:, bulk], c[:, bulk], rtol=0, atol=2e-14)

@@ -162,7 +162,9 @@ class SeriesPlan:
         need = np.full(G, MAX_TERMS + 1)
         open_ = np.ones(G, dtype=bool)
         with np.errstate(over="ignore", invalid="ignore"):
-            whole = w * np.exp(t)  # φ/b e^{M|z|}: bounds the kernel's shifted value and every partial sum
+            # φ/b e^{M|z|}, in one exponent (φ underflows to 0 where e^{M|z|} overflows, > 709 scales
+            # away): it bounds the kernel's shifted value and every partial sum of its series
+            whole = np.exp(t - 0.5 * self.z * self.z) / (_SQRT2PI * b)
             prev = whole * t  # φ/b (M|z|)^T/T! e^{M|z|} at T = 1
             for T in range(2, MAX_TERMS + 1):
                 wr = prev * t / T
