@@ -95,9 +95,12 @@ class Assessment(RiskSweep):
         never be protected (ε_i = ∞) and are counted in ``sole_contributors``.
     individuals : polars.DataFrame
         One row per individual: the id column, ``eps_i`` (exact for every
-        individual with ``exact_all`` or without screening; otherwise for those
-        evaluated exactly, which with the default one-scale Laplace model is every
-        individual whose δ_i was computed; else null), ``eps_bound`` (M_i-based upper bound on ε_i),
+        individual with ``exact_all`` or without screening; otherwise where the
+        ε_all search needed it, and with the default one-scale Laplace model for
+        every individual whose δ_i was computed; else null: with Gaussian kernels
+        and the default sweep, the search gives ε_i(τ) only to individuals that can
+        raise ε_all; :meth:`riskiest` computes it for its rows), ``eps_bound``
+        (M_i-based upper bound on ε_i),
         ``delta`` (δ_i at the smallest ε), ``n_databases``, ``max_abs_shift``,
         ``sole_contributor``.
     """
