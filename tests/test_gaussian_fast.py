@@ -359,3 +359,30 @@ def test_far_outlying_database_keeps_the_series():
     v, d, c = _gaussian.direct(np.broadcast_to(grid, (len(shifts), len(grid))), model.points[None, :] - shifts, bw)
     np.testing.assert_allclose(val[:, bulk], v[:, bulk], rtol=1e-13, atol=0)
     np.testing.assert_allclose(cdf[:, bulk], c[:, bulk], rtol=0, atol=2e-14)
+
+
+def test_plan_cache_shares_a_plan_and_changes_no_bit():
+    """Blocks on the same grid share one plan (its series columns built once), with the same results
+    as a plan of their own; a block on another grid gets a new plan; a plan's columns for fewer terms
+    are the first rows of those for more (so threads sharing it may use whichever array they got)."""
+    from empdp.risk import blocks
+
+    model, shifts = wide_panel(11, 60, False)
+    eps = np.geomspace(0.01, 0.5, 12)
+    a, b = shifts[:30], shifts[30:]
+    grid = risk.base_grid(model, model.points[None, :] - a)
+    assert np.array_equal(grid, risk.base_grid(model, model.points[None, :] - b))
+    plans = blocks.PlanCache(model)
+    blocks.evaluate_block(model, a, eps, False, None, None, plans=plans)
+    shared = plans.plan(grid)
+    cached = blocks.evaluate_block(model, b, eps, False, None, None, plans=plans)
+    assert plans.plan(grid) is shared
+    own = blocks.evaluate_block(model, b, eps, False, None, None)
+    for got, want in zip(cached, own):
+        np.testing.assert_array_equal(got, want)
+    far = b.copy()
+    far[0, 0] = 40.0 * model.bandwidths[0]  # a kink far from every point: a node of its own
+    assert plans.plan(risk.base_grid(model, model.points[None, :] - far)) is not shared
+    fresh = risk.grid_plan(model, grid)
+    few, many = fresh.columns(5), shared.columns(20)
+    np.testing.assert_array_equal(many[:len(few)], few)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..density import DensityModel
 from ..risk import onescale as _onescale
-from ..risk.blocks import GridBudget, evaluate_block, evaluate_in_worker, start_worker
+from ..risk.blocks import GridBudget, PlanCache, evaluate_block, evaluate_in_worker, start_worker
 
 #: individuals of one evaluation stage from which ``workers="auto"`` evaluates in processes
 PROCESS_ROWS = 100_000
@@ -59,6 +59,7 @@ class Executors:
         if threads > 1:
             self.pool = stack.enter_context(ThreadPoolExecutor(threads, thread_name_prefix="empdp-eval"))
         self.procs = None
+        self.plans = PlanCache(model)  # blocks evaluated here share a plan while their grid is the same
 
     def uses_processes(self, rows: int) -> bool:
         if self.threads < 2 or self.workers == "threads":
@@ -82,5 +83,5 @@ class Executors:
         budget = self.grid_budget
         if self.pool is not None:  # the rows are read in the thread that evaluates them
             return self.pool.submit(lambda: evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget,
-                                                            eps_floor))
-        return _Done(evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget, eps_floor))
+                                                            eps_floor, self.plans))
+        return _Done(evaluate_block(self.model, take(), eps, need_eps_i, only, cap, budget, eps_floor, self.plans))

@@ -105,7 +105,8 @@ class SeriesPlan:
         """(T', n, 3, G) columns (T' ≥ T; the first T serve T terms), k-major: per term k and
         kernel j, the value's V_k = φ(z_j)(−z_j)^k/(k! n b_j), its slope D_k = ((k + 1) V_{k+1} −
         V_{k−1})/b_j (the x-derivative of V_k) and its CDF ∫_{−∞}^{z_j} (−s)^k φ(s) ds/(k! n)."""
-        if self._W is None or len(self._W) < T:
+        W = self._W  # one read: threads may share the plan (each uses the array it got, of ≥ T terms)
+        if W is None or len(W) < T:
             T = max(T, min(MAX_TERMS, T + 3))  # a margin: the next chunks' shifts may need a few more
             n, G = self.z.shape
             b = self.b[:, None]
@@ -126,8 +127,9 @@ class SeriesPlan:
                 J[1] = self.phi / n  # −I_1 = φ
             for k in range(2, T):
                 J[k] = (V[k - 1] * b + J[k - 2]) * (1.0 / k)
-            self._W = W
-        return self._W
+            if self._W is None or len(self._W) < len(W):
+                self._W = W
+        return W
 
     def certified(self, M: np.ndarray) -> "Certificate | None":
         """The series' tiers and bands for rows with |Δ_ij|/b_j ≤ M_j (``M``, (n,), the model's order).
