@@ -97,8 +97,8 @@ def query_options(f=None, *, joint: bool = False):
               help="Threads for reading and for the exact evaluation (default: every core).")
 @click.option("--workers", type=click.Choice(["auto", "threads", "processes"]), default="auto", show_default=True,
               help="Evaluate individuals in threads or in worker processes (auto: threads for the default "
-                   "model, processes when there are many individuals for the others, about 15% faster there on "
-                   "two cores). Same results either way.")
+                   "model, processes when there are many individuals for the others, a few percent faster there "
+                   "on two cores). Same results either way.")
 @click.option("--drop-null-ids", is_flag=True, help="Drop rows whose id is NULL instead of failing.")
 @click.option("--no-screening", is_flag=True, help="Evaluate every individual exactly (slower; same results).")
 @output_options

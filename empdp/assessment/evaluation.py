@@ -182,6 +182,7 @@ class Evaluation:
         first fetch brings the candidates too, so the table is scanned as few times as possible.
         """
         eps_i, eps_bound, definable = self.eps_i, self.eps_bound, self.definable
+        self.executors.prepare(len(definable))  # worker processes for the δ stage start meanwhile
         order = definable[np.argsort(-eps_bound[definable], kind="stable")]
         exhaustive = not self.screening and self.eps is None  # every exact ε_i, not only those left open
         want = order[:SEARCH_PREFETCH]

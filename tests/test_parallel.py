@@ -1,0 +1,55 @@
+"""Where blocks run (empdp.assessment.parallel): worker processes start from a fork server that has
+imported the evaluation module, started while the stages before theirs run, and only when a stage
+will use processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+from contextlib import ExitStack
+
+import numpy as np
+import pytest
+
+from empdp.assessment import parallel
+from empdp.density import DensityModel
+
+
+def _model(kernel: str, bandwidths) -> DensityModel:
+    q = np.linspace(0.0, 1.0, 5)
+    return DensityModel(kernel, 0.3, 0.0, q, np.asarray(bandwidths, dtype=float), loglik=0.0)
+
+
+@pytest.fixture
+def started(monkeypatch):
+    calls = []
+    from multiprocessing import forkserver
+
+    monkeypatch.setattr(forkserver, "ensure_running", lambda: calls.append(1))
+    return calls
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server here")
+@pytest.mark.parametrize("kernel,bandwidths,workers,threads,rows,starts", [
+    ("gaussian", [0.3] * 5, "auto", 2, parallel.PROCESS_ROWS, True),
+    ("gaussian", [0.3] * 5, "auto", 2, parallel.PROCESS_ROWS - 1, False),  # a stage too small for processes
+    ("gaussian", [0.3] * 5, "threads", 2, 10**6, False),
+    ("gaussian", [0.3] * 5, "auto", 1, 10**6, False),
+    ("laplace", [0.3] * 5, "auto", 2, 10**6, False),  # one Laplace scale: the closed form, in threads
+    ("laplace", [0.2, 0.3, 0.3, 0.3, 0.4], "auto", 2, 10**6, True),  # variable scales: the grid path
+    ("gaussian", [0.3] * 5, "processes", 2, 10, True),
+])
+def test_fork_server_starts_only_for_stages_in_processes(started, kernel, bandwidths, workers, threads, rows, starts):
+    with ExitStack() as stack:
+        ex = parallel.Executors(stack, threads, workers, _model(kernel, bandwidths))
+        ex.prepare(rows)
+        assert bool(started) == starts
+        assert ex.uses_processes(rows) == starts
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server here")
+def test_workers_come_from_a_fork_server_that_preloads_the_evaluation():
+    ctx = parallel._context()
+    assert ctx.get_start_method() == "forkserver"
+    from multiprocessing import forkserver
+
+    assert "empdp.risk.blocks" in forkserver._forkserver._preload_modules
