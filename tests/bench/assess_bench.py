@@ -179,6 +179,35 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
+def _descendants(pid: int) -> list[int]:
+    """The process and all its descendants (worker processes, a fork server and its children), from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):  # the process ended meanwhile
+            continue
+    return out
+
+
+def sample_tree_cpu(pid: int, seen: dict) -> None:
+    """Record in ``seen`` each process's own CPU seconds (user + system) so far, for the process and all
+    its descendants: a fork server's workers are not the command's children, so ``RUSAGE_CHILDREN``
+    misses them. Their sum is the tree's CPU time, short of at most one sampling interval per process."""
+    tick = os.sysconf("SC_CLK_TCK")
+    for p in _descendants(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        seen[p] = max(seen.get(p, 0.0), (int(fields[11]) + int(fields[12])) / tick)  # utime, stime
+
+
 def run_empdp(args: list[str], timeout: float | None = None) -> tuple[float, float, dict | None]:
     """Wall seconds, peak RSS in GB and the JSON summary of one ``empdp assess ... --json`` process.
 

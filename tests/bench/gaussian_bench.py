@@ -11,9 +11,9 @@ The commands, on the same file, each a fresh process of the installed ``empdp`` 
     B: empdp assess FILE --id id --by db --query "mean(x)" --kernel laplace -q
 
 run in turn, A B A B ... (the machine drifts: each ratio A/B is taken pair by pair). Printed per
-panel: the median, min and max of wall and CPU seconds (user + system, the process and the worker
-processes it waited for) and peak RSS (as in ``assess_bench.py``) of each command, and the median of
-the paired ratios. Target: the median paired wall ratio ≤ 1.5 on both panels. Exit status 1 if a
+panel: the median, min and max of wall and CPU seconds (user + system of the process and of every
+descendant, worker processes and a fork server included, sampled from /proc every 50 ms) and peak
+RSS (as in ``assess_bench.py``) of each command, and the median of the paired ratios. Target: the median paired wall ratio ≤ 1.5 on both panels. Exit status 1 if a
 target fails.
 
 Panels: ``assess_bench.py``'s, written once under --data-dir (reused if present): t3 (a few
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -42,14 +41,15 @@ TARGET = 1.5
 def run(exe: str, path: Path, kernel: str, timeout: float) -> tuple[float, float, float]:
     """Wall seconds, CPU seconds and peak RSS (GB) of one ``empdp assess ... --kernel KERNEL -q``."""
     cmd = [exe, "assess", str(path), "--id", "id", "--by", "db", "--query", "mean(x)", "--kernel", kernel, "-q"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
-        peak = 0
+        peak, seen = 0, {}
         while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
+            ended = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            assess_bench.sample_tree_cpu(proc.pid, seen)  # (an ended command is a zombie: its final times)
+            if ended is not None:
+                pid, status, usage = os.wait4(proc.pid, 0)
                 break
             peak = max(peak, assess_bench._tree_rss(proc.pid))
             if time.perf_counter() - t > timeout:
@@ -61,8 +61,9 @@ def run(exe: str, path: Path, kernel: str, timeout: float) -> tuple[float, float
         if os.waitstatus_to_exitcode(status):
             err.seek(0)
             raise SystemExit(f"empdp failed ({' '.join(cmd)}): {err.read().decode()[-2000:]}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    # each process's own CPU as last sampled (every 50 ms; the command's at its end): a fork server's
+    # workers are not the command's children, so RUSAGE_CHILDREN would miss them
+    cpu = sum(seen.values())
     return wall, cpu, max(peak, usage.ru_maxrss * 1024) / 1024**3
 
 
