@@ -165,15 +165,11 @@ EMPDP = "empdp"
 
 def _tree_rss(pid: int) -> int:
     """Resident bytes of a process and all its descendants (worker processes included), from /proc."""
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
+    total = 0
+    for p in _descendants(pid):
         try:
             with open(f"/proc/{p}/status") as f:
                 total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
         except (OSError, ValueError):  # the process ended meanwhile
             continue
     return total
