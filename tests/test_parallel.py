@@ -53,3 +53,14 @@ def test_workers_come_from_a_fork_server_that_preloads_the_evaluation():
     from multiprocessing import forkserver
 
     assert "empdp.risk.blocks" in forkserver._forkserver._preload_modules
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server here")
+def test_spawn_when_the_fork_server_cannot_start(monkeypatch):
+    from multiprocessing import forkserver
+
+    def refuse():
+        raise OSError("no Unix socket here")
+
+    monkeypatch.setattr(forkserver, "ensure_running", refuse)
+    assert parallel._context().get_start_method() == "spawn"

@@ -39,12 +39,19 @@ def _context():
     may be running threads in it). 'forkserver' where the platform has it: one server process
     imports :mod:`empdp.risk.blocks` once and forks each worker from itself, so the workers start
     without an interpreter or imports of their own (0.41 s and 0.8 CPU-s for two spawned workers
-    on this machine); else 'spawn'. The server also preloads the main module, as 'spawn' imports
-    it in each worker."""
+    on this machine); else 'spawn', also when the server cannot start (it needs a Unix socket in
+    the temporary directory). The server also preloads the main module, as 'spawn' imports it in
+    each worker. Starts the server if it is not running."""
     if "forkserver" in multiprocessing.get_all_start_methods():
+        from multiprocessing import forkserver
+
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["__main__", _blocks.__name__])
-        return ctx
+        try:
+            forkserver.ensure_running()
+            return ctx
+        except OSError:
+            pass
     return multiprocessing.get_context("spawn")
 
 
@@ -82,11 +89,7 @@ class Executors:
         """Start the fork server now when a stage of up to ``rows`` individuals will run in worker
         processes: it imports while the stages before it run (the ε_all search, in threads)."""
         if self.procs is None and self.uses_processes(rows):
-            ctx = _context()
-            if ctx.get_start_method() == "forkserver":
-                from multiprocessing import forkserver
-
-                forkserver.ensure_running()
+            _context()
 
     def uses_processes(self, rows: int) -> bool:
         if self.threads < 2 or self.workers == "threads":
