@@ -64,3 +64,63 @@ def test_spawn_when_the_fork_server_cannot_start(monkeypatch):
 
     monkeypatch.setattr(forkserver, "ensure_running", refuse)
     assert parallel._context().get_start_method() == "spawn"
+
+
+_OWNER = """
+import sys, time
+from contextlib import ExitStack
+import numpy as np
+from empdp.assessment import parallel
+from empdp.density import DensityModel
+
+if __name__ == "__main__":
+    q = np.linspace(0.0, 1.0, 5)
+    model = DensityModel("gaussian", 0.3, 0.0, q, np.full(5, 0.3), loglik=0.0)
+    with ExitStack() as stack:
+        ex = parallel.Executors(stack, 2, "processes", model)
+        futures = [ex.submit(10, lambda: np.full((3, 5), 0.01), np.array([0.1]), False, None, None)
+                   for _ in range(4)]
+        [f.result() for f in futures]
+        print(" ".join(str(p) for p in ex.procs._processes), flush=True)
+        time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/stat"), reason="reads /proc")
+def test_workers_end_when_the_assessing_process_is_killed(tmp_path):
+    """SIGKILL leaves a pool no chance to stop its workers (they hold both ends of their task pipes and
+    would wait forever, keeping a fork server alive): each worker watches its owner and ends."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "owner.py"
+    script.write_text(_OWNER)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    workers = []
+    try:
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        assert len(workers) == 2
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and _running(p) for p in workers):
+            time.sleep(0.2)
+        assert not any(os.path.exists(f"/proc/{p}") and _running(p) for p in workers)
+    finally:
+        proc.kill()
+        for p in workers:  # (after a failure: leave nothing behind)
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -108,7 +108,7 @@ class Executors:
                 ctx = _context()
                 self.procs = self.stack.enter_context(ProcessPoolExecutor(
                     self.threads, mp_context=ctx, initializer=start_worker,
-                    initargs=(self.model, self.grid_budget)))
+                    initargs=(self.model, self.grid_budget, os.getpid())))
             return self.procs.submit(evaluate_in_worker, take(), eps, need_eps_i, only, cap, eps_floor)
         budget = self.grid_budget
         if self.pool is not None:  # the rows are read in the thread that evaluates them

@@ -7,7 +7,9 @@ stages evaluated in processes start sooner (:mod:`empdp.assessment.parallel`).
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -62,12 +64,43 @@ def evaluate_block(model: DensityModel, shifts: np.ndarray, eps, need_eps_i: boo
 _WORKER: dict = {}
 
 
-def start_worker(model: DensityModel, grid_budget: GridBudget | None = None) -> None:
-    """Worker process set-up: the density model, its plan cache, and single-threaded BLAS (as in the threads)."""
+#: seconds between a worker's checks that the process it works for is still there
+WATCH_INTERVAL = 0.5
+
+
+def start_worker(model: DensityModel, grid_budget: GridBudget | None = None, owner: int | None = None) -> None:
+    """Worker process set-up: the density model, its plan cache, single-threaded BLAS (as in the
+    threads), and with ``owner`` (the assessing process's id) a watch that ends this worker when
+    that process is gone. A process killed outright (SIGKILL) cannot stop its pool, and the
+    workers would wait for work forever: they, and a fork server they keep alive, hold both ends
+    of their task pipes."""
     _WORKER["model"] = model
     _WORKER["grid_budget"] = grid_budget
     _WORKER["plans"] = PlanCache(model)
     _WORKER["blas"] = threadpool_limits(limits=1, user_api="blas")
+    if owner is not None:
+        threading.Thread(target=_watch, args=(owner,), daemon=True, name="empdp-owner-watch").start()
+
+
+def _watch(owner: int) -> None:
+    while _alive(owner):
+        time.sleep(WATCH_INTERVAL)
+    os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (an ended process not yet reaped by its parent does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (not Linux): the signal test above decides
+        return True
 
 
 def evaluate_in_worker(shifts: np.ndarray, eps, need_eps_i: bool, only, cap, eps_floor: float = 0.0):
