@@ -19,8 +19,11 @@ BLOCK_CELLS = 8_000_000
 #: the same for Gaussian kernels: their many (rows × nodes) temporaries stay small enough to be reused
 #: (fresh pages cost more than the arithmetic there: 8192 rows at once took 93 µs a row of system time)
 GAUSSIAN_BLOCK_CELLS = 600_000
-#: Gaussian rows shifted by M scales are evaluated on ⌈M / FINE_SHIFT⌉ times the nodes (see evaluate_on_grid)
+#: Gaussian rows shifted by M scales are evaluated on ⌈M / FINE_SHIFT⌉ times the nodes (see evaluate_on_grid),
+#: at most MAX_PARTS times: beyond M = 256 the densities are so far apart that δ_i ≈ 1 up to ε ≈ M²/2,
+#: far beyond the cap of L (±700), and a grid proportional to M would only cost memory
 FINE_SHIFT = 4.0
+MAX_PARTS = 64
 
 
 def grid_plan(model: DensityModel, grid: np.ndarray):
@@ -115,7 +118,7 @@ def evaluate_on_grid(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | 
     groups = [(fast & ~same, plan, grid), (~fast & ~same, None, grid)]
     if gaussian:
         direct = ~fast & ~same
-        parts = np.where(direct, np.ceil(scaled / FINE_SHIFT), 0).astype(np.int64)
+        parts = np.where(direct, np.minimum(np.ceil(scaled / FINE_SHIFT), MAX_PARTS), 0).astype(np.int64)
         groups[1:] = [(direct & (parts == k), None, _subdivided(grid, int(k), model.points))
                       for k in np.unique(parts[direct])]
     for rows, use, nodes_at in ((np.flatnonzero(m), u, g) for m, u, g in groups):
