@@ -67,6 +67,21 @@ def test_delta_and_eps_i_against_quadrature(seed):
         assert np.all(delta[i][eps >= eps_i[i]] == 0)
 
 
+@pytest.mark.parametrize("direction", [-1.0, 1.0])
+def test_far_kernel_at_large_eps_against_quadrature(direction):
+    """A kernel shifted 30 scales: near ε_i ≈ 28.6, e^ε times p̂'s mass is of order 1 where p̂_i's far
+    kernel sits. Each cut interval's positive part is a square without cancellation; as the whole
+    interval minus its negative part (both ~e^ε) it was off by 1.8e-4 at ε = 27 (shift to the right)."""
+    q, b = np.array([0.0, 0.3, -0.2]), 1.0
+    shift = np.array([0.0, 0.0, 30.0 * direction])
+    eps_i, _ = _onescale.evaluate(q, b, shift[None, :], None)
+    eps = np.array([0.5, 0.9, 0.95, 0.97, 0.995]) * eps_i[0]
+    _, delta = _onescale.evaluate(q, b, shift[None, :], eps)
+    want = [quadrature_delta(q, b, shift, e) for e in eps]
+    assert min(want) > 0.02
+    np.testing.assert_allclose(delta[0], want, rtol=1e-12, atol=1e-15)
+
+
 def test_log_ratio_is_monotone_between_nodes():
     """The property the closed form rests on (δ_i cuts at most one root per piece)."""
     rng = np.random.default_rng(7)
