@@ -405,3 +405,25 @@ def test_far_shifted_row_matches_brute_force():
     want = np.array(brute_force_risk(model, shifts[0], eps)[0])
     assert want[-1] > 0.01  # every level is well inside the risky range
     np.testing.assert_allclose(delta[0], want, rtol=0, atol=2e-8)
+
+
+def test_outlying_database_gap_matches_brute_force():
+    """One database 56 scales from the others: between them the CDF stays at the share of the kernels
+    on one side, and differences of F (or of 1 − F) lost every digit that e^ε multiplies (5e-3 of
+    δ_i at ε = 44 for an individual shifting the other databases by ~10 scales; 4.4e-7 at ε = 34 for
+    one moving the outlier by 5). The directly evaluated nodes carry each kernel's smaller tail."""
+    from reference import brute_force_risk
+
+    q = np.array([1.9678720123876419, 10.551392166585341, 6.265913883235744, 4.405681564477476,
+                  4.398320988594126, 3.706636440224794, 5.830111903128308, 79.65042447385278])
+    b = 1.235769754779552
+    model = DensityModel("gaussian", b, 0.0, q, np.full(8, b), loglik=0.0)
+    shifts = np.array([[0, 0, 0, 0, 0, 0, 0, -6.17884877389776],
+                       [-12.26345471157591, -11.94458531466214, -12.230667320859393, 0,
+                        -11.956885662593946, -11.698019652773622, -12.002081530916628, 0]])
+    eps = np.array([34.17044347442015, 44.193773560250065])
+    _, delta = risk.evaluate(model, shifts, eps, need_eps_i=False)
+    for r in range(2):
+        want = np.array(brute_force_risk(model, shifts[r], eps)[0])
+        np.testing.assert_allclose(delta[r], want, rtol=1e-6, atol=1e-10)
+    assert delta[1, 1] > 0.07

@@ -27,25 +27,34 @@ class _Nodes:
             setattr(self, f, arrays[f])
         # slopes of L once known (set by node_values)
         self.Lr, self.Ll = arrays.get("Lr"), arrays.get("Ll")
-        # Gaussian kernels evaluated directly: 1 − F and 1 − Fi to full relative precision, for the
-        # masses of intervals where the CDFs are near 1 (see _masses)
-        self.S, self.Si = arrays.get("S"), arrays.get("Si")
+        # Gaussian kernels evaluated directly: the CDFs as tails, G = F − K (K: the share of the
+        # kernels centred at or left of the node), to full relative precision where the nodes' masses
+        # are tiny, for p̂ (G, K) and p̂_i (Gi, Ki) (see _masses)
+        self.G, self.K, self.Gi, self.Ki = (arrays.get(f) for f in TAILS)
+
+
+#: the tail fields of directly evaluated Gaussian nodes (see _Nodes)
+TAILS = ("G", "K", "Gi", "Ki")
 
 
 def _evaluate(model: DensityModel, x: np.ndarray, kinks: np.ndarray, survival: bool = False) -> _Nodes:
     """Exact p̂, p̂_i, slopes and CDFs at x (C, G); ``kinks`` (C, n) = q_j − Δ_ij. With ``survival``
-    (Gaussian kernels), also 1 − F and 1 − Fi as sums of the kernels' upper tails (``S``, ``Si``)."""
+    (Gaussian kernels), also the CDFs as tails: G = Σ_{c > x} Φ((x − c)/b) − Σ_{c ≤ x} Φ̄((x − c)/b),
+    each kernel's smaller tail, and K the share of the centres c ≤ x, so that F = G + K (for p̂:
+    ``G``, ``K``; for p̂_i: ``Gi``, ``Ki``)."""
     q, b, kern = model.points, model.bandwidths, model.kernel
     survival = survival and kern == "gaussian"
-    acc = {f: np.zeros(x.shape) for f in _Nodes.FIELDS[1:] + (("S", "Si") if survival else ())}
+    acc = {f: np.zeros(x.shape) for f in _Nodes.FIELDS[1:] + (TAILS if survival else ())}
     for j in range(len(q)):
-        for names, u in ((("p", "pr", "pl", "F", "S"), x - q[j]), (("pi", "pir", "pil", "Fi", "Si"), x - kinks[:, j:j + 1])):
+        for names, u in ((("p", "pr", "pl", "F", "G", "K"), x - q[j]),
+                         (("pi", "pir", "pil", "Fi", "Gi", "Ki"), x - kinks[:, j:j + 1])):
             if survival:  # one ndtr for both tails: the smaller one, Φ(−|z|), to full relative precision
                 z = u / b[j]
                 val = np.exp(-0.5 * z * z) / (b[j] * _SQRT2PI)
                 tail = ndtr(-np.abs(z))
-                left = z < 0
-                terms = (val, -z / b[j] * val, None, np.where(left, tail, 1.0 - tail), np.where(left, 1.0 - tail, tail))
+                left = z < 0  # the centre lies right of the node
+                terms = (val, -z / b[j] * val, None, np.where(left, tail, 1.0 - tail), np.where(left, tail, -tail),
+                         ~left)
             else:
                 terms = kernel_terms(kern, u, b[j])
             for name, term in zip(names, terms):
@@ -62,8 +71,8 @@ def _take_rows(nd: _Nodes, rows) -> _Nodes:
     out = _Nodes(**{f: getattr(nd, f)[rows] for f in _Nodes.FIELDS})
     if nd.Lr is not None:
         out.Lr, out.Ll = nd.Lr[rows], nd.Ll[rows]
-    if nd.S is not None:
-        out.S, out.Si = nd.S[rows], nd.Si[rows]
+    if nd.G is not None:
+        out.G, out.K, out.Gi, out.Ki = (getattr(nd, f)[rows] for f in TAILS)
     return out
 
 
@@ -146,7 +155,7 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
         return [(nd, L, None)]
     t = _hermite_extremum(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks])
     xe = nd.x[rows, ks] + t * h[rows, ks]
-    values = dict(zip(_Nodes.FIELDS + ("S", "Si"), (xe, *evaluate_at(rows, xe))))
+    values = dict(zip(_Nodes.FIELDS + TAILS, (xe, *evaluate_at(rows, xe))))
     part, rows = np.unique(rows, return_inverse=True)  # the rows with extrema, renumbered
     if len(part) > EXTREMA_SHARE * C:  # many rows: insert into all of them
         part, rows = np.arange(C), part[rows]
@@ -156,8 +165,8 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
         values["pl"], values["pil"] = values["pr"], values["pir"]
     values.update(zip(("L", "Lr", "Ll"), _log_ratio(_Nodes(**values))))
     base = {f: getattr(nd, f) for f in _Nodes.FIELDS} | {"L": L, "Lr": Lr, "Ll": Ll}
-    if nd.S is not None:
-        base |= {"S": nd.S, "Si": nd.Si}
+    if nd.G is not None:
+        base |= {f: getattr(nd, f) for f in TAILS}
     base = {f: a for f, a in base.items() if f not in alias}
     if len(part) < C:
         base = {f: a[part] for f, a in base.items()}
@@ -166,7 +175,7 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
     merged = _cells.insert_after(base, len(part), rows, ks, values)
     merged.update({f: merged[g] for f, g in alias.items()})
     ext = _Nodes(**merged)
-    ext.Lr, ext.Ll = merged["Lr"], merged["Ll"]  # (and S, Si when given)
+    ext.Lr, ext.Ll = merged["Lr"], merged["Ll"]  # (and the tails when given)
     if len(part) == C:
         return [(ext, merged["L"], None)]
     nd.Lr, nd.Ll = Lr, Ll
@@ -234,7 +243,7 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
 
         def evaluate_at(r, xe):
             e = _evaluate(model, xe[:, None], kinks[r], survival=True)
-            extra = [e.S[:, 0], e.Si[:, 0]] if e.S is not None else []
+            extra = [getattr(e, f)[:, 0] for f in TAILS] if e.G is not None else []
             return [getattr(e, f)[:, 0] for f in _Nodes.FIELDS[1:]] + extra
         L, Lr, Ll = _log_ratio(nd)
     if model.kernel == "laplace":
@@ -294,8 +303,8 @@ def _sweep(nd: _Nodes, L, Lr, Ll, eps):
     E = len(eps)
     h = np.diff(nd.x, axis=1)
     # masses of the intervals, then of the two tails
-    w_p, w_pi = _masses(nd.F, nd.S), _masses(nd.Fi, nd.Si)
-    masses = None if nd.S is None else {_P: w_p[:, :-2], _PI: w_pi[:, :-2]}
+    w_p, w_pi = _masses(nd.F, nd.G, nd.K), _masses(nd.Fi, nd.Gi, nd.Ki)
+    masses = None if nd.G is None else {_P: w_p[:, :-2], _PI: w_pi[:, :-2]}
     # L is clipped to ±700, so e^ε beyond e^700 changes nothing (and must not overflow)
     growth = np.exp(np.minimum(eps, 700.0))
     if E == 1:
@@ -345,12 +354,15 @@ def _sweep(nd: _Nodes, L, Lr, Ll, eps):
     return np.clip(np.maximum(*out), 0.0, 1.0)
 
 
-def _masses(F: np.ndarray, S: np.ndarray | None) -> np.ndarray:
+def _masses(F: np.ndarray, G: np.ndarray | None = None, K: np.ndarray | None = None) -> np.ndarray:
     """Masses (C, N + 1) of the N − 1 node intervals, then of the tails left and right, from the
-    CDF ``F`` at the nodes, and where F is above 1/2 from the survival function ``S`` = 1 − F
-    (when given, to full relative precision): there differences of F lose the digits that e^ε
-    multiplies (a mass of 1e-37 under e^77: 1.4e-3 of δ_i lost on the t3 panel at 16 scales)."""
-    if S is None:
+    CDF ``F`` at the nodes, or when given from its tails F = G + K (see :func:`_evaluate`): an
+    interval's mass is ΔG + ΔK, where G sums only the kernels' tails, small wherever the mass is.
+    Differences of F lose the digits that e^ε multiplies: near F = 1 (a mass of 1e-37 under e^77,
+    1.4e-3 of δ_i on the t3 panel at 16 scales), and in a gap between the points' clusters, where
+    F stays at the share of the kernels on one side (an outlying database 56 scales away: 5e-3 of
+    δ_i at ε = 44, whether F or 1 − F was differenced)."""
+    if G is None:
         return np.concatenate([np.clip(np.diff(F, axis=1), 0, None), F[:, :1], 1 - F[:, -1:]], axis=1)
-    inner = np.where(F[:, :-1] > 0.5, S[:, :-1] - S[:, 1:], np.diff(F, axis=1))
-    return np.concatenate([np.clip(inner, 0, None), F[:, :1], S[:, -1:]], axis=1)
+    inner = np.diff(G, axis=1) + np.diff(K, axis=1)
+    return np.concatenate([np.clip(inner, 0, None), F[:, :1], (1.0 - K[:, -1:]) - G[:, -1:]], axis=1)
