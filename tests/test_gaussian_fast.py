@@ -427,3 +427,21 @@ def test_outlying_database_gap_matches_brute_force():
         want = np.array(brute_force_risk(model, shifts[r], eps)[0])
         np.testing.assert_allclose(delta[r], want, rtol=1e-6, atol=1e-10)
     assert delta[1, 1] > 0.07
+
+
+def test_variable_bandwidths_grid_reaches_the_widest_shifted_kernel():
+    """Variable bandwidths and every kernel shifted 40 units: the grid must reach 12 of its own
+    scales beyond each shifted kernel, not 12 of the narrowest (the grid stopped 8 units short of the
+    widest one's tail: ε_i(τ) was 431.7 instead of 449.18, and δ_i(440) 7e-15 instead of 1.0e-10)."""
+    rng = np.random.default_rng(0)
+    n = 10
+    q = np.sort(rng.normal(size=n) * 8.0)
+    b = rng.uniform(0.5, 2.0, n)
+    model = DensityModel("gaussian", 1.0, 0.5, q, b, loglik=0.0)
+    shifts = np.full((1, n), -40.0)
+    ref = Reference(model, shifts[0])
+    eps_i, _ = risk.evaluate(model, shifts)
+    assert eps_i[0] == pytest.approx(ref.eps_tol(), rel=1e-6)
+    eps = np.array([400.0, 440.0])
+    _, delta = risk.evaluate(model, shifts, eps, need_eps_i=False)
+    np.testing.assert_allclose(delta[0], [ref.delta(e) for e in eps], rtol=1e-6)

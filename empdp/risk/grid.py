@@ -68,16 +68,29 @@ def base_grid(model: DensityModel, extra_points: np.ndarray | None = None, budge
     pts, bws = q, b
     if extra_points is not None and np.size(extra_points):
         # only kinks outside the finely gridded neighbourhood of the q_j need nodes of their own
+        # (each kink keeps its own term's bandwidth where known: its kernel's tails reach that far)
         g = b.min() * _STEP
         extra = np.asarray(extra_points, dtype=float)
         if extra.ndim == 2 and extra.shape[1] == len(q):
-            extra = extra[np.abs(extra - q[None, :]) > 3.0 * b.min()]
-        extra = extra.ravel()
+            keep = np.abs(extra - q[None, :]) > 3.0 * b.min()
+            eb, extra = np.broadcast_to(b, extra.shape)[keep], extra[keep]
+        else:
+            extra = extra.ravel()
+            eb = np.full(len(extra), b.min())
         qs = np.argsort(q)
         k = np.clip(np.searchsorted(q[qs], extra), 1, len(q) - 1)
         near = np.minimum(np.abs(extra - q[qs][k - 1]) / b[qs][k - 1], np.abs(q[qs][k] - extra) / b[qs][k])
-        extra = np.unique(np.round(extra[near > 3.0] / g) * g)
-        pts, bws = np.r_[q, extra], np.r_[b, np.full(len(extra), b.min())]
+        far = near > 3.0
+        if len(extra):  # the outermost kinks too where their kernels reach 3 of their scales past the points'
+            reach = _REACH[model.kernel]
+            lo, hi = np.argmin(extra - reach * eb), np.argmax(extra + reach * eb)
+            far[lo] |= extra[lo] - reach * eb[lo] < (q - reach * b).min() - 3.0 * eb[lo]
+            far[hi] |= extra[hi] + reach * eb[hi] > (q + reach * b).max() + 3.0 * eb[hi]
+        key, eb = np.round(extra[far] / g) * g, eb[far]
+        order = np.lexsort((-eb, key))  # one node per rounded kink, with the widest bandwidth there
+        key, eb = key[order], eb[order]
+        first = np.r_[True, np.diff(key) != 0] if len(key) else np.zeros(0, dtype=bool)
+        pts, bws = np.r_[q, key[first]], np.r_[b, eb[first]]
     order = np.argsort(pts)
     pts, bws = pts[order], bws[order]
     reach = _REACH[model.kernel]
