@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from empdp import risk
-from empdp.density import select_density
+from empdp.density import DensityModel, select_density
 from empdp.risk import cells as _cells
 from empdp.risk import laplace as _laplace
 
@@ -314,3 +314,48 @@ def test_clearing_decides_as_bounding_every_cell(kind):
         np.testing.assert_array_equal(fast, full)
         cleared.append(full.mean())
     assert min(cleared) < 0.5 < max(cleared)  # the levels test both outcomes
+
+
+def _quad_delta(q, b, shift, eps):
+    """max over both directions of ∫ (p − e^ε p_i)_+ for Laplace kernels of bandwidths ``b``, by quad
+    on the pieces between the kinks and the integrand's roots."""
+    from scipy.integrate import quad
+    from scipy.optimize import brentq
+
+    def density(c):
+        return lambda x: (np.exp(-np.abs(x - c) / b) / (2 * b)).sum() / len(q)
+
+    p, pi = density(q), density(q - shift)
+    nodes = np.unique(np.r_[q, q - shift])
+    out = []
+    for a, c in ((p, pi), (pi, p)):
+        def g(x):
+            return a(x) - np.exp(eps) * c(x)
+
+        total = sum(max(quad(g, lo, hi, epsabs=1e-15, epsrel=1e-13)[0], 0.0)
+                    for lo, hi in ((-np.inf, nodes[0]), (nodes[-1], np.inf)))
+        for x0, x1 in zip(nodes[:-1], nodes[1:]):
+            g0, g1 = g(x0), g(x1)
+            if g0 >= 0 and g1 >= 0:
+                total += quad(g, x0, x1, epsabs=1e-15, epsrel=1e-13)[0]
+            elif g0 > 0 or g1 > 0:
+                r = brentq(g, x0, x1, xtol=1e-15, rtol=1e-15)
+                total += quad(g, *((x0, r) if g0 > 0 else (r, x1)), epsabs=1e-15, epsrel=1e-13)[0]
+        out.append(total)
+    return max(out)
+
+
+@pytest.mark.parametrize("shift", [-36.0, 30.0])
+def test_far_kernel_variable_bandwidths_against_quadrature(shift):
+    """Variable bandwidths, one kernel shifted ~28 of its scales (the direct path): near ε_i ≈ 28 the
+    masses of p̂ where p̂_i's far kernel sits are multiplied by e^ε. From differences of a CDF near 1
+    they lost 6.5e-5 of δ_i (shift to the right); from each kernel's tail they keep 1e-10."""
+    q, b = np.array([0.0, 0.3, -0.2]), np.array([1.0, 0.7, 1.3])
+    model = DensityModel("laplace", 1.0, 0.5, q, b, loglik=0.0)
+    shifts = np.array([[0.0, 0.0, shift]])
+    eps_i, _ = risk.evaluate(model, shifts)
+    eps = np.array([0.9, 0.95, 0.98, 0.995]) * eps_i[0]
+    _, delta = risk.evaluate(model, shifts, eps, need_eps_i=False)
+    want = [_quad_delta(q, b, shifts[0], e) for e in eps]
+    assert min(want) > 1e-3
+    np.testing.assert_allclose(delta[0], want, rtol=0, atol=1e-9)

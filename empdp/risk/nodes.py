@@ -38,17 +38,20 @@ TAILS = ("G", "K", "Gi", "Ki")
 
 
 def _evaluate(model: DensityModel, x: np.ndarray, kinks: np.ndarray, survival: bool = False) -> _Nodes:
-    """Exact p̂, p̂_i, slopes and CDFs at x (C, G); ``kinks`` (C, n) = q_j − Δ_ij. With ``survival``
-    (Gaussian kernels), also the CDFs as tails: G = Σ_{c > x} Φ((x − c)/b) − Σ_{c ≤ x} Φ̄((x − c)/b),
+    """Exact p̂, p̂_i, slopes and CDFs at x (C, G); ``kinks`` (C, n) = q_j − Δ_ij. With ``survival``,
+    also the CDFs as tails: G = Σ_{c > x} Φ((x − c)/b) − Σ_{c ≤ x} Φ̄((x − c)/b),
     each kernel's smaller tail, and K the share of the centres c ≤ x, so that F = G + K (for p̂:
     ``G``, ``K``; for p̂_i: ``Gi``, ``Ki``)."""
     q, b, kern = model.points, model.bandwidths, model.kernel
-    survival = survival and kern == "gaussian"
     acc = {f: np.zeros(x.shape) for f in _Nodes.FIELDS[1:] + (TAILS if survival else ())}
     for j in range(len(q)):
         for names, u in ((("p", "pr", "pl", "F", "G", "K"), x - q[j]),
                          (("pi", "pir", "pil", "Fi", "Gi", "Ki"), x - kinks[:, j:j + 1])):
-            if survival:  # one ndtr for both tails: the smaller one, Φ(−|z|), to full relative precision
+            if survival and kern == "laplace":  # the smaller tail is b times the value: ½ e^{−|u|/b}
+                terms = kernel_terms(kern, u, b[j])
+                tail = terms[0] * b[j]
+                terms = (*terms, np.where(u < 0, tail, -tail), u >= 0)
+            elif survival:  # one ndtr for both tails: the smaller one, Φ(−|z|), to full relative precision
                 z = u / b[j]
                 val = np.exp(-0.5 * z * z) / (b[j] * _SQRT2PI)
                 tail = ndtr(-np.abs(z))
@@ -60,7 +63,7 @@ def _evaluate(model: DensityModel, x: np.ndarray, kinks: np.ndarray, survival: b
             for name, term in zip(names, terms):
                 if term is not None:
                     acc[name] += term
-            if survival:
+            if survival and kern != "laplace":
                 acc["pl" if names[0] == "p" else "pil"] += terms[1]
     n = len(q)
     return _Nodes(x=x, **{f: a / n for f, a in acc.items()})
