@@ -422,3 +422,24 @@ def test_noise_deconvolves_the_curator_kernel_per_whitened_axis():
     for k in range(2):  # kernel ⋆ noise is Laplace(λ_k) on each whitened axis
         assert stats.kstest(y[:, k], "laplace", args=(0, noise.scales[k])).pvalue > 1e-3
     assert joint_noise(model, model.scales * 0.5).kind == "none"
+
+
+def test_any_gauss_node_count_in_the_adaptive_cells():
+    """``nodes`` is any count (a rule outside the cached 2, 3, 4, 6, 8 raised KeyError where a cut
+    cell needs refinement); a count below 1 is refused."""
+    from empdp.joint import _cutcell
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(5.0, 2.0, size=(30, 20))
+    K = 7
+    x[K] = 5.0 + rng.normal(0, 0.05, size=20)
+    q = np.c_[x.sum(0), x.sum(0) - x[K]]
+    S = np.stack([x, x], axis=-1)
+    S[K, :, 1] = 0.0
+    model = select_joint_model(q)
+    eps = np.array([1.0, 5.0])
+    _, d4 = joint_risk(model, S[K:K + 1], eps, nodes=4)
+    _, d10 = joint_risk(model, S[K:K + 1], eps, nodes=10)
+    np.testing.assert_allclose(d10, d4, rtol=0, atol=1e-9)
+    with pytest.raises(ValueError, match="nodes"):
+        _cutcell._rule(0)

@@ -24,6 +24,15 @@ SAFE_DISTANCE = 3.0
 _GL = {q: np.polynomial.legendre.leggauss(q) for q in (2, 3, 4, 6, 8)}
 
 
+def _rule(nodes: int):
+    """Gauss–Legendre nodes and weights for ``nodes`` points (any count ≥ 1; the usual ones cached)."""
+    if nodes not in _GL:
+        if int(nodes) != nodes or nodes < 1:
+            raise ValueError(f"nodes must be a whole number >= 1, got {nodes!r}")
+        _GL[int(nodes)] = np.polynomial.legendre.leggauss(int(nodes))
+    return _GL[nodes]
+
+
 def pos_1d(alpha, beta, f):
     """∫_0^w (α e^{−t} + β e^{−(w−t)})_+ dt with f = e^{−w}: exact (one root at most).
 
@@ -126,7 +135,7 @@ def _fixed_rule(D, f1, w2, lo, hi, parts, inside, positive):
     ia = dmm[:, None] * down + dmp[:, None] * up          # ∫ α
     ib = dpm[:, None] * down + dpp[:, None] * up          # ∫ β
     out = np.where(whole, (ia + ib) * (1.0 - f1[:, None]), 0.0).sum(axis=1)
-    x, wt = _GL[FAST_NODES]
+    x, wt = _rule(FAST_NODES)
     h = L / parts
     cnt = np.where(inside & (L > 0), parts, 0).ravel()
     at = np.repeat(np.arange(cnt.size), cnt)  # one entry per (cell, interval, part) the root crosses
@@ -167,7 +176,7 @@ def _adaptive(dmm, dpm, dmp, dpp, f1, w2, bps, nodes, tol):
 
 
 def _gauss_rows(dmm, dpm, dmp, dpp, f1, w2, bps, m, nodes):
-    x, wt = _GL[nodes]
+    x, wt = _rule(nodes)
     # pieces: each of the 3 intervals between breakpoints cut into m equal parts
     lo, hi = bps[:, :-1], bps[:, 1:]  # (N, 3)
     frac = np.arange(m + 1) / m
