@@ -192,35 +192,38 @@ def _runs(starts: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
 
 
 def _cut_integral(alpha, beta, f):
-    """∫_0^h (α e^{−t/b} + β e^{−(h−t)/b})_+ dt / b with f = e^{−h/b}: exact, one square root.
+    """∫_0^h (α e^{−t/b} + β e^{−(h−t)/b})_+ dt / b with f = e^{−h/b}: exact.
 
-    Where α and β have opposite signs the integrand changes sign at t* with e1 = e^{−t*/b} =
-    √(f·(−β/α)); with the root inside the interval (f < e1 < 1) the positive side is, with P the
-    positive and N the negative coefficient,
+    The integrand changes sign at most once. Where it does inside the interval (its values at the
+    ends, α + β f and α f + β, differ in sign) the positive side is, with P the positive and N the
+    negative one of α and β,
 
         (√P − √(−f N))²,
 
     a square with no cancellation between large terms. (As the whole interval's (α + β)(1 − f)
     minus the negative side it lost e^ε × 1e-16 when e^ε q̂ made both huge: 1.8e-4 of δ_i at
-    ε = 27 for a kernel shifted 30 scales.) With the root outside, or α and β of one sign, the
-    integrand keeps one sign: the whole interval or nothing.
+    ε = 27 for a kernel shifted 30 scales.) Otherwise the integrand keeps one sign: the whole
+    interval or nothing.
     """
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        r = np.divide(beta, alpha)
-        np.negative(r, out=r)
-        r *= f  # e1², where the signs differ
-        # (where e^{−h/b} underflows, h > 745 b, the positive end's term is all there is)
-        inside = (alpha * beta < 0) & (r < 1.0) & ((r > f * f) | (f == 0.0))
-        pos = np.maximum(alpha, beta)
-        neg = np.minimum(alpha, beta)
-        np.multiply(neg, -f, out=neg)
-        np.sqrt(np.maximum(pos, 0.0), out=pos)
-        np.sqrt(np.maximum(neg, 0.0), out=neg)
-        pos -= neg
-        np.square(pos, out=pos)
-    total = alpha + beta
-    total *= 1.0 - f
-    # the root outside (or no root): positive throughout when the integrand is positive at both
-    # ends (α e^{0} + β f > 0 at t = 0 and α f + β > 0 at t = h), else nothing
-    whole = (alpha + beta * f > 0) & (alpha * f + beta > 0)
-    return np.where(inside, pos, np.where(whole, np.maximum(total, 0.0), 0.0))
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = beta * f
+        out += alpha  # the integrand at t = 0
+        other = alpha * f
+        other += beta  # at t = h
+        positive = out > 0
+        same = other > 0
+        np.equal(same, positive, out=same)  # no sign change inside
+        np.maximum(alpha, beta, out=out)  # P
+        np.minimum(alpha, beta, out=other)
+        other *= f
+        np.negative(other, out=other)  # −f N, below P where the sign changes inside
+        out += other
+        other *= out - other  # (−f N) P
+        np.sqrt(other, out=other)  # (NaN where both are negative: replaced below)
+        other += other
+        out -= other  # P + (−f N) − 2 √(−f N P) = (√P − √(−f N))², to rounding of P
+    np.copyto(out, 0.0, where=same)
+    whole = np.flatnonzero(np.logical_and(positive, same, out=positive))  # positive throughout (few)
+    if len(whole):
+        out[whole] = (alpha[whole] + beta[whole]) * (1.0 - f[whole])
+    return out
