@@ -445,3 +445,24 @@ def test_variable_bandwidths_grid_reaches_the_widest_shifted_kernel():
     eps = np.array([400.0, 440.0])
     _, delta = risk.evaluate(model, shifts, eps, need_eps_i=False)
     np.testing.assert_allclose(delta[0], [ref.delta(e) for e in eps], rtol=1e-6)
+
+
+@pytest.mark.filterwarnings("error")
+def test_eps_beyond_double_precision_is_said_to_be_a_lower_bound():
+    """One individual dominating every database (~100 bandwidths): its ε_i(τ) is in the thousands, past
+    where e^ε and the densities' ratio fit in a float64 (Gaussian log-densities floor at −745). The
+    assessment says that ε_all and such ε_i are lower bounds, and no numpy overflow warning escapes
+    (e^ε ∫ e^D is one exponential: e^ε alone overflowed beyond ε = 709)."""
+    import polars as pl
+
+    import empdp
+
+    rng = np.random.default_rng(3)
+    frames = []
+    for db in range(30):
+        x = rng.normal(10, 1, size=40)
+        x[0] = 400.0
+        frames.append(pl.DataFrame({"db": db, "id": np.arange(40), "x": x}))
+    a = empdp.assess(pl.concat(frames), id="id", by="db", query="mean(x)", kernel="gaussian")
+    assert a.eps_all >= 700
+    assert any("lower bounds" in w and "700" in w for w in a.warnings)

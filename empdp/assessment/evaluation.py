@@ -142,6 +142,11 @@ class _Accumulator:
         return ~saturated, self.max_delta.copy()
 
 
+#: ε_i from which the log-ratio and e^ε leave double precision (|L| is capped at 700; Gaussian log-densities
+#: are floored at −745): ε_i and ε_all there are lower bounds, said in the warnings
+EPS_LIMIT = 700.0
+
+
 class Evaluation:
     """The exact evaluation of one assessment: which individuals, in which blocks, and the running summary.
 
@@ -328,6 +333,12 @@ class Evaluation:
         null_values = getattr(engine, "null_values_warning", None)  # a property of the engine
         if null_values:
             warnings.append(null_values)
+        beyond = np.isfinite(self.eps_i) & (self.eps_i >= EPS_LIMIT)
+        if self.eps_all >= EPS_LIMIT:
+            warnings.append(f"{max(1, int(beyond.sum()))} individual(s) have eps_i of {EPS_LIMIT:g} or more, where "
+                            f"e^eps and the densities' ratio leave double precision: eps_all = {self.eps_all:.6g} "
+                            f"and their eps_i are lower bounds, and the sweep does not resolve their risk above "
+                            f"eps = {EPS_LIMIT:g}")
         individuals = pl.DataFrame({
             engine.panel.id: screen.ids,
             "eps_i": pl.Series(self.eps_i, dtype=pl.Float64, nan_to_null=True),

@@ -502,8 +502,9 @@ class _Intervals:
             t1[cut] = np.where(rising, 1.0, r)
         quick = inside & (e <= self.smin[sel]) & (e + self.dmax[sel] <= 700.0)
         whole = self.hh[sel][quick]
-        grow = np.exp(e[quick])
-        qmass, qdmass, qrr = whole * (self.IA[sel][quick] - grow * self.ID[sel][quick]), whole * grow * self.ID[sel][quick], rr[quick]
+        with np.errstate(divide="ignore"):  # e^ε ∫ e^D as one exponential: e^ε alone overflows beyond ε = 709
+            grown = np.exp(e[quick] + np.log(self.ID[sel][quick]))
+        qmass, qdmass, qrr = whole * (self.IA[sel][quick] - grown), whole * grown, rr[quick]
         live = (t1 > t0) & ~quick
         t = t0[live, None] + (t1 - t0)[live, None] * _GL_T[None, :]
         a = _hermite(*(v[live, None] for v in A), t)
