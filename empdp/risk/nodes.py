@@ -27,13 +27,13 @@ class _Nodes:
             setattr(self, f, arrays[f])
         # slopes of L once known (set by node_values)
         self.Lr, self.Ll = arrays.get("Lr"), arrays.get("Ll")
-        # Gaussian kernels evaluated directly: the CDFs as tails, G = F − K (K: the share of the
+        # nodes evaluated directly (no plan): the CDFs as tails, G = F − K (K: the share of the
         # kernels centred at or left of the node), to full relative precision where the nodes' masses
         # are tiny, for p̂ (G, K) and p̂_i (Gi, Ki) (see _masses)
         self.G, self.K, self.Gi, self.Ki = (arrays.get(f) for f in TAILS)
 
 
-#: the tail fields of directly evaluated Gaussian nodes (see _Nodes)
+#: the tail fields of directly evaluated nodes (see _Nodes)
 TAILS = ("G", "K", "Gi", "Ki")
 
 
