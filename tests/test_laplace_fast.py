@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from reference import laplace_quadrature_delta
 
 from empdp import risk
 from empdp.density import DensityModel, select_density
@@ -316,35 +317,6 @@ def test_clearing_decides_as_bounding_every_cell(kind):
     assert min(cleared) < 0.5 < max(cleared)  # the levels test both outcomes
 
 
-def _quad_delta(q, b, shift, eps):
-    """max over both directions of ∫ (p − e^ε p_i)_+ for Laplace kernels of bandwidths ``b``, by quad
-    on the pieces between the kinks and the integrand's roots."""
-    from scipy.integrate import quad
-    from scipy.optimize import brentq
-
-    def density(c):
-        return lambda x: (np.exp(-np.abs(x - c) / b) / (2 * b)).sum() / len(q)
-
-    p, pi = density(q), density(q - shift)
-    nodes = np.unique(np.r_[q, q - shift])
-    out = []
-    for a, c in ((p, pi), (pi, p)):
-        def g(x):
-            return a(x) - np.exp(eps) * c(x)
-
-        total = sum(max(quad(g, lo, hi, epsabs=1e-15, epsrel=1e-13)[0], 0.0)
-                    for lo, hi in ((-np.inf, nodes[0]), (nodes[-1], np.inf)))
-        for x0, x1 in zip(nodes[:-1], nodes[1:]):
-            g0, g1 = g(x0), g(x1)
-            if g0 >= 0 and g1 >= 0:
-                total += quad(g, x0, x1, epsabs=1e-15, epsrel=1e-13)[0]
-            elif g0 > 0 or g1 > 0:
-                r = brentq(g, x0, x1, xtol=1e-15, rtol=1e-15)
-                total += quad(g, *((x0, r) if g0 > 0 else (r, x1)), epsabs=1e-15, epsrel=1e-13)[0]
-        out.append(total)
-    return max(out)
-
-
 @pytest.mark.parametrize("shift", [-36.0, 30.0])
 def test_far_kernel_variable_bandwidths_against_quadrature(shift):
     """Variable bandwidths, one kernel shifted ~28 of its scales (the direct path): near ε_i ≈ 28 the
@@ -356,6 +328,6 @@ def test_far_kernel_variable_bandwidths_against_quadrature(shift):
     eps_i, _ = risk.evaluate(model, shifts)
     eps = np.array([0.9, 0.95, 0.98, 0.995]) * eps_i[0]
     _, delta = risk.evaluate(model, shifts, eps, need_eps_i=False)
-    want = [_quad_delta(q, b, shifts[0], e) for e in eps]
+    want = [laplace_quadrature_delta(q, b, shifts[0], e) for e in eps]
     assert min(want) > 1e-3
     np.testing.assert_allclose(delta[0], want, rtol=0, atol=1e-9)

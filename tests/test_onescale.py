@@ -3,8 +3,7 @@ adaptive quadrature split at every kink and at every root, and the general grid 
 
 import numpy as np
 import pytest
-from scipy.integrate import quad
-from scipy.optimize import brentq
+from reference import laplace_quadrature_delta
 
 from empdp import risk
 from empdp.density import DensityModel
@@ -14,37 +13,6 @@ from empdp.risk import onescale as _onescale
 def one_scale(q, b) -> DensityModel:
     return DensityModel(kernel="laplace", scale=b, sensitivity=0.0, points=np.asarray(q, dtype=float),
                         bandwidths=np.full(len(q), float(b)), loglik=0.0, selected_by="fixed")
-
-
-def quadrature_delta(q, b, shift, eps):
-    """max over both directions of ∫ (p − e^ε p_i)_+, by quad on the pieces between the kinks
-    and the roots (brentq) of the integrand: independent of the closed form."""
-    n = len(q)
-    kinks = q - shift
-
-    def density(centres):
-        return lambda x: np.exp(-np.abs(x - centres) / b).sum() / (2 * b * n)
-
-    p, pi = density(q), density(kinks)
-    nodes = np.unique(np.r_[q, kinks])
-    out = []
-    for a, c in ((p, pi), (pi, p)):
-        def g(x):
-            return a(x) - np.exp(eps) * c(x)
-
-        total = 0.0
-        for lo, hi in ((-np.inf, nodes[0]), (nodes[-1], np.inf)):  # tails: one sign each
-            total += max(quad(g, lo, hi, epsabs=1e-15, epsrel=1e-13)[0], 0.0)
-        for x0, x1 in zip(nodes[:-1], nodes[1:]):
-            g0, g1 = g(x0), g(x1)
-            if g0 >= 0 and g1 >= 0:
-                total += quad(g, x0, x1, epsabs=1e-15, epsrel=1e-13)[0]
-            elif g0 > 0 or g1 > 0:  # one sign change on the piece (one-signed exponential sum)
-                r = brentq(g, x0, x1, xtol=1e-15, rtol=1e-15)
-                lo, hi = (x0, r) if g0 > 0 else (r, x1)
-                total += quad(g, lo, hi, epsabs=1e-15, epsrel=1e-13)[0]
-        out.append(total)
-    return max(out)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -57,7 +25,7 @@ def test_delta_and_eps_i_against_quadrature(seed):
     eps = np.array([0.0, 0.03, 0.2, 0.6, 1.5])
     eps_i, delta = _onescale.evaluate(q, b, shifts, eps)
     for i in range(len(shifts)):
-        ref = [quadrature_delta(q, b, shifts[i], e) for e in eps]
+        ref = [laplace_quadrature_delta(q, b, shifts[i], e) for e in eps]
         np.testing.assert_allclose(delta[i], ref, rtol=0, atol=1e-12)
         # ε_i = sup |L|, taken at a node (L is monotone between nodes): check it on a dense grid
         x = np.unique(np.r_[np.linspace(q.min() - 3, q.max() + 3, 20001), q, q - shifts[i]])
@@ -77,7 +45,7 @@ def test_far_kernel_at_large_eps_against_quadrature(direction):
     eps_i, _ = _onescale.evaluate(q, b, shift[None, :], None)
     eps = np.array([0.5, 0.9, 0.95, 0.97, 0.995]) * eps_i[0]
     _, delta = _onescale.evaluate(q, b, shift[None, :], eps)
-    want = [quadrature_delta(q, b, shift, e) for e in eps]
+    want = [laplace_quadrature_delta(q, b, shift, e) for e in eps]
     assert min(want) > 0.02
     np.testing.assert_allclose(delta[0], want, rtol=1e-12, atol=1e-15)
 
@@ -127,7 +95,7 @@ def test_ties_absences_and_far_kinks():
     eps_i, delta = _onescale.evaluate(q, b, shifts, eps)
     assert np.all(np.isfinite(eps_i)) and np.all((delta >= 0) & (delta <= 1))
     for i in range(2):
-        ref = [quadrature_delta(q, b, shifts[i], e) for e in eps]
+        ref = [laplace_quadrature_delta(q, b, shifts[i], e) for e in eps]
         np.testing.assert_allclose(delta[i], ref, atol=1e-12)
     # the far kink moves 1/6 of the mass out of reach: δ = 1/6 whatever ε (to double precision)
     np.testing.assert_allclose(delta[2], 1 / 6, rtol=1e-12)

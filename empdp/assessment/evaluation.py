@@ -333,9 +333,9 @@ class Evaluation:
         null_values = getattr(engine, "null_values_warning", None)  # a property of the engine
         if null_values:
             warnings.append(null_values)
-        beyond = np.isfinite(self.eps_i) & (self.eps_i >= EPS_LIMIT)
         if self.eps_all >= EPS_LIMIT:
-            warnings.append(f"{max(1, int(beyond.sum()))} individual(s) have eps_i of {EPS_LIMIT:g} or more, where "
+            beyond = max(1, int(np.count_nonzero(self.eps_i[np.isfinite(self.eps_i)] >= EPS_LIMIT)))
+            warnings.append(f"{beyond} individual(s) have eps_i of {EPS_LIMIT:g} or more, where "
                             f"e^eps and the densities' ratio leave double precision: eps_all = {self.eps_all:.6g} "
                             f"and their eps_i are lower bounds, and the sweep does not resolve their risk above "
                             f"eps = {EPS_LIMIT:g}")

@@ -13,8 +13,8 @@ The commands, on the same file, each a fresh process of the installed ``empdp`` 
 run in turn, A B A B ... (the machine drifts: each ratio A/B is taken pair by pair). Printed per
 panel: the median, min and max of wall and CPU seconds (user + system of the process and of every
 descendant, worker processes and a fork server included, sampled from /proc every 50 ms) and peak
-RSS (as in ``assess_bench.py``) of each command, and the median of the paired ratios. Target: the median paired wall ratio ≤ 1.5 on both panels. Exit status 1 if a
-target fails.
+RSS (as in ``assess_bench.py``) of each command, and the median of the paired ratios. Target: the
+median paired wall ratio ≤ 1.5 on both panels. Exit status 1 if a target fails.
 
 Panels: ``assess_bench.py``'s, written once under --data-dir (reused if present): t3 (a few
 individuals far out, few at risk) and bounded (nearly everyone at risk at the sweep's low end),
