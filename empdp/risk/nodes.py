@@ -219,9 +219,12 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
                 return K_cells[r, k]  # the nodes are the grid's: interval k is cell k
         kinks = model.points[None, :] - shifts
 
-        def evaluate_at(r, xe):
-            e = _evaluate(model, xe[:, None], kinks[r])
-            return [getattr(e, f)[:, 0] for f in _Nodes.FIELDS[1:]]
+        def evaluate_at(r, xe):  # every kernel at once (a loop over kernels costs a numpy call per kernel)
+            x = xe[:, None]
+            p, pr, F = _gaussian.direct(x, np.broadcast_to(model.points, (len(xe), n)), model.bandwidths)
+            pi, pir, Fi = _gaussian.direct(x, kinks[r], model.bandwidths)
+            return [v[:, 0] for v in (p, pr, pr, F, pi, pir, pir, Fi)]
+        n = len(model.points)
         L, Lr, Ll = _log_ratio(nd)
     elif plan is not None:
         values, rows, K_grid = _laplace.node_values(plan, shifts, levels, clear_below, need_eps_i, sup_levels)
