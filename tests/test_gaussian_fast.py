@@ -159,6 +159,47 @@ def test_certified_bound_covers_eps_i():
     assert np.all(risk.eps_upper_bound(model, (np.abs(shifts) / model.bandwidths).max(axis=1)) >= bound)
 
 
+
+def test_eps_bound_is_the_smallest_certified_eps():
+    """The screening bound: share · δ_Gauss(ε; μ) ≤ τ at it and > τ just below it (Newton's result),
+    over tiny to huge shifts and shares; 0 for no shift, ∞ for an infinite one."""
+    rng = np.random.default_rng(7)
+    mu = np.r_[np.geomspace(1e-9, 300, 400), rng.uniform(0.01, 0.2, 200), 0.0, np.inf]
+    share = np.r_[rng.uniform(0.01, 1.0, 600), 1.0, 1.0]
+    eps = risk.gaussian_eps_bound(mu, share)
+    assert eps[-2] == 0.0 and eps[-1] == np.inf
+    m, w, e = mu[:-2], share[:-2], eps[:-2]
+    assert np.all(w * risk.term_delta("gaussian", e, m) <= TAU)
+    # (below μ ~ 1e-6 the curve's τ = 1e-12 is the difference of two terms near 1/2: rounding decides)
+    sharp = m > 1e-5
+    assert np.all(w[sharp] * risk.term_delta("gaussian", e[sharp] * (1 - 1e-9), m[sharp]) > TAU)
+    # and it grows with the shift (one share)
+    assert np.all(np.diff(risk.gaussian_eps_bound(np.geomspace(1e-3, 50, 100))) > 0)
+
+
+def test_term_by_term_bound_covers_delta_and_clears_rows_below_the_floor():
+    """(1/n) Σ_j δ_Gauss(ε; |Δ_ij|/b_j) bounds δ_i(ε) and is at most the M_i bound; rows it clears in
+    the search for ε_all (``eps_floor``) are those whose ε_i(τ) is at most the floor."""
+    model, shifts = panel(6, 25, 30, np.geomspace(0.005, 0.8, 30), True)
+    scaled = np.abs(shifts) / model.bandwidths
+    eps = np.array([0.0, 0.05, 0.3, 1.0])
+    _, delta = risk.evaluate(model, shifts, eps)
+    for k, e in enumerate(eps):
+        terms = risk.bounds.delta_terms_bound("gaussian", e, scaled)
+        assert np.all(delta[:, k] <= terms + 1e-12)
+        upper = risk.delta_upper_bound("gaussian", e, scaled.max(axis=1), np.count_nonzero(shifts, axis=1),
+                                       len(model.points))
+        assert np.all(terms <= upper * (1 + 1e-12))
+    eps_i, _ = risk.evaluate(model, shifts)
+    floor = float(np.median(eps_i))
+    got, _, exact = risk.evaluate(model, shifts, eps_floor=floor, return_exact=True)
+    cleared = ~exact
+    assert cleared.any() and not cleared.all()
+    assert np.all(np.isnan(got[cleared])) and np.all(eps_i[cleared] <= floor)
+    above = eps_i > floor
+    np.testing.assert_allclose(got[above], eps_i[above], rtol=1e-9)  # (the search starts from the floor)
+
+
 def test_series_values_match_direct():
     """The series' p̂_i, slope and CDF on a grid against the direct sums, with certified points."""
     model, shifts = panel(5, 30, 40, np.geomspace(0.001, 0.1, 40), True)

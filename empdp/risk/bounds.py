@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import log_ndtr, ndtr
+from scipy.special import log_ndtr, ndtr, ndtri
 
 from ..density import DensityModel
 
@@ -61,21 +61,44 @@ def eps_upper_bound(model: DensityModel, bound: np.ndarray, n_present=None) -> n
 
 
 def gaussian_eps_bound(bound, share=1.0, tol: float = EPS_TOLERANCE) -> np.ndarray:
-    """Smallest ε with share · δ_Gauss(ε; μ) ≤ tol, per μ = M_i (bisection on the monotone curve,
-    returning the upper end: the bound holds there). ∞ where μ is ∞."""
+    """Smallest ε with share · δ_Gauss(ε; μ) ≤ tol, per μ = M_i, to a relative 1e-12 (the upper end
+    of the final bracket is returned: the bound holds there). ∞ where μ is ∞.
+
+    Newton's method on log δ, safeguarded by bisection, from the bracket [0, μ(μ/2 + z)] with
+    Φ(−z) = tol (δ ≤ Φ(μ/2 − ε/μ) ≤ tol at its upper end): ~7 evaluations of the curve a row
+    instead of bisection's ~40 (0.2 s at 10^5 individuals, before the first exact evaluation)."""
     mu, share = np.broadcast_arrays(np.asarray(bound, dtype=float), np.asarray(share, dtype=float))
     out = np.zeros(mu.shape)
     finite = np.isfinite(mu)
     out[~finite] = np.inf
     pos = finite & (mu > 0) & (share > tol)
     m, w = mu[pos], share[pos]
-    # δ(ε; μ) ≤ Φ(μ/2 − ε/μ) ≤ tol once ε ≥ μ(μ/2 + 7.1) (Φ(−7.2) < 1e-12): a valid upper end
-    lo, hi = np.zeros(len(m)), m * (m / 2 + 7.2) + 1e-300
-    for _ in range(80):
-        mid = 0.5 * (lo + hi)
-        over = w * term_delta("gaussian", mid, m) > tol
-        lo, hi = np.where(over, mid, lo), np.where(over, hi, mid)
-        if np.all(hi - lo <= 1e-12 * hi):
+    z = -float(ndtri(tol)) + 1e-6
+    lo, hi = np.zeros(len(m)), m * (m / 2 + z) + 1e-300
+    eps = hi.copy()
+    side = np.zeros(len(m))  # +1: the last point was above tol, −1: at or below
+    log_tol = np.log(tol / w)
+    rows = np.arange(len(m))
+    for _ in range(200):
+        e, mm = eps[rows], m[rows]
+        a, b = mm / 2 - e / mm, -mm / 2 - e / mm
+        grown = np.exp(e + log_ndtr(b))  # e^ε Φ(b): the slope is −e^ε Φ(b)
+        d = np.clip(ndtr(a) - grown, 0.0, 1.0)
+        above = w[rows] * d > tol
+        low, up = np.where(above, e, lo[rows]), np.where(above, hi[rows], e)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = (np.log(d) - log_tol[rows]) * d / -grown
+        sgn = np.where(above, 1.0, -1.0)
+        step = np.where(side[rows] == sgn, 2.0 * step, step)  # log δ may be convex: do not creep
+        nxt = e - step
+        small = np.abs(step) <= 0.25e-12 * up  # too small to cut the bracket: step over the root
+        nxt = np.where(small, e + sgn * 0.25e-12 * up, nxt)
+        ok = np.isfinite(nxt) & (nxt > low) & (nxt < up)
+        nxt = np.where(ok, nxt, 0.5 * (low + up))
+        side[rows] = np.where(ok, sgn, 0.0)
+        lo[rows], hi[rows], eps[rows] = low, up, nxt
+        rows = rows[up - low > 1e-12 * up]
+        if not len(rows):
             break
     out[pos] = hi
     return out
