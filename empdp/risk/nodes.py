@@ -282,37 +282,54 @@ def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
 
     both directions from one pass over the intervals ({L < −ε} is {−L > ε}). Whole
     intervals and the tails (L frozen at the end nodes) add exact CDF differences, binned by
-    the first level that no longer covers them; the intervals a level cuts add
-    :func:`_cut_sums`.
+    the first level that no longer covers them (in cache-sized chunks of rows); the intervals a
+    level cuts add :func:`_cut_sums`, all rows' at once (a chunk's ~3,000 cuts would pay its
+    hundred numpy calls each time).
     """
     Lr, Ll = nd.Lr, nd.Ll
     if Lr is None:
         _, Lr, Ll = _log_ratio(nd)
     C, N = L.shape
+    E = len(eps)
+    # L is clipped to ±700, so e^ε beyond e^700 changes nothing (and must not overflow)
+    growth = np.exp(np.minimum(eps, 700.0))
     step = max(1, SWEEP_CELLS // N)
-    if C <= step:
-        return _sweep(nd, L, Lr, Ll, eps)
-    out = np.empty((C, len(eps)))
+    whole = [np.empty((C, E)), np.empty((C, E))]  # per direction: the intervals and tails inside
+    cuts = [[], []]  # per direction: (rows, intervals, first level, levels) of the cut intervals
     for r in range(0, C, step):  # cache-sized row chunks (contiguous views)
         rows = slice(r, r + step)
-        out[rows] = _sweep(_take_rows(nd, rows), L[rows], Lr[rows], Ll[rows], eps)
-    return out
+        part = nd if C <= step else _take_rows(nd, rows)
+        for k, (d, cut) in enumerate(_binned(part, L[rows], eps, growth)):
+            whole[k][rows] = d
+            cuts[k].append((cut[0] + r, *cut[1:]))
+    h = np.diff(nd.x, axis=1)
+    masses = None
+    if nd.G is not None:  # the intervals' masses from the tails (see _masses)
+        masses = {_P: _masses(nd.F, nd.G, nd.K)[:, :-2], _PI: _masses(nd.Fi, nd.Gi, nd.Ki)[:, :-2]}
+    for k, (sign, num, den) in enumerate(((1.0, _P, _PI), (-1.0, _PI, _P))):
+        rr, kk = (np.concatenate(v) for v in list(zip(*cuts[k]))[:2])
+        first = count = None
+        if E > 1:
+            first, count = (np.concatenate(v) for v in list(zip(*cuts[k]))[2:])
+        if len(rr):
+            whole[k] += _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=first, count=count,
+                                  masses=masses)
+    return np.clip(np.maximum(*whole), 0.0, 1.0)
 
 
-#: nodes per row chunk of :func:`sweep_delta`: its dozens of (rows × nodes) temporaries stay in cache
+#: nodes per row chunk of :func:`sweep_delta`'s binning: its dozens of (rows × nodes) temporaries stay in cache
 SWEEP_CELLS = 32_768
 
 
-def _sweep(nd: _Nodes, L, Lr, Ll, eps):
-    """:func:`sweep_delta` on one chunk of rows."""
+def _binned(nd: _Nodes, L, eps, growth):
+    """For one chunk of rows, per direction (+: {L > ε}, −: {L < −ε}): the sums over the intervals and
+    tails wholly inside the region at each ε, and the intervals the levels cut (rows, intervals,
+    index of the first level, number of levels)."""
     C, N = L.shape
     E = len(eps)
     h = np.diff(nd.x, axis=1)
     # masses of the intervals, then of the two tails
     w_p, w_pi = _masses(nd.F, nd.G, nd.K), _masses(nd.Fi, nd.Gi, nd.Ki)
-    masses = None if nd.G is None else {_P: w_p[:, :-2], _PI: w_pi[:, :-2]}
-    # L is clipped to ±700, so e^ε beyond e^700 changes nothing (and must not overflow)
-    growth = np.exp(np.minimum(eps, 700.0))
     if E == 1:
         # one level: masks instead of the binning below (the same sums)
         e0 = float(eps[0])
@@ -326,21 +343,17 @@ def _sweep(nd: _Nodes, L, Lr, Ll, eps):
         down = ends < -e0
         d1 = np.sum(w_p, axis=1, where=up) - growth[0] * np.sum(w_pi, axis=1, where=up)
         d2 = np.sum(w_pi, axis=1, where=down) - growth[0] * np.sum(w_p, axis=1, where=down)
-        out = [d1[:, None], d2[:, None]]
-        cuts = [np.nonzero((lo_v <= e0) & (hi_v > e0) & (h > 0)),
-                np.nonzero((lo_v < -e0) & (hi_v >= -e0) & (h > 0))]
-        for k, (sign, num, den) in enumerate(((1.0, _P, _PI), (-1.0, _PI, _P))):
-            rr, kk = cuts[k]
-            if len(rr):
-                out[k] = out[k] + _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, masses=masses)
-        return np.clip(np.maximum(*out), 0.0, 1.0)
+        out = []
+        for d, cut in ((d1, (lo_v <= e0) & (hi_v > e0) & (h > 0)), (d2, (lo_v < -e0) & (hi_v >= -e0) & (h > 0))):
+            rr, kk = np.nonzero(cut)
+            out.append((d[:, None], (rr, kk, None, None)))
+        return out
     # the levels ±ε in one ascending list: one search serves both directions, and since
     # searchsorted is monotone, an interval's range of levels is that of its end nodes
     at = np.searchsorted(np.r_[-eps[::-1], eps], L, side="left")
     rows = np.arange(C)[:, None] * (E + 1)
     out = []
-    for sign, num, den, wn, wd, idx in ((1.0, _P, _PI, w_p, w_pi, np.maximum(at - E, 0)),
-                                        (-1.0, _PI, _P, w_pi, w_p, E - np.minimum(at, E))):
+    for wn, wd, idx in ((w_p, w_pi, np.maximum(at - E, 0)), (w_pi, w_p, E - np.minimum(at, E))):
         # idx: the number of levels below sign·L at each node (ties go either way: an interval
         # whose end sits on a level adds the same mass whole or cut)
         start, stop = np.minimum(idx[:, :-1], idx[:, 1:]), np.maximum(idx[:, :-1], idx[:, 1:])
@@ -353,11 +366,8 @@ def _sweep(nd: _Nodes, L, Lr, Ll, eps):
         # intervals cut by the levels start ≤ e < stop
         cnt = np.where(h > 0, stop - start, 0)
         rr, kk = np.nonzero(cnt)
-        if len(rr):
-            d += _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth,
-                           first=start[rr, kk], count=cnt[rr, kk], masses=masses)
-        out.append(d)
-    return np.clip(np.maximum(*out), 0.0, 1.0)
+        out.append((d, (rr, kk, start[rr, kk], cnt[rr, kk])))
+    return out
 
 
 def _masses(F: np.ndarray, G: np.ndarray | None = None, K: np.ndarray | None = None) -> np.ndarray:
