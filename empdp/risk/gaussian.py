@@ -314,17 +314,6 @@ def cdf_terms(M: float) -> int:
     return MAX_TERMS
 
 
-def coefficients(delta: np.ndarray, T: int) -> np.ndarray:
-    """Rows of the series (C, T, n), k-major: c_k = δ^k e^{−δ²/2} (the 1/k! is in the columns); the first
-    T' of them give T' terms."""
-    C, n = delta.shape
-    c = np.empty((C, T, n))
-    c[:, 0] = np.exp(-0.5 * delta * delta)
-    for k in range(1, T):
-        np.multiply(c[:, k - 1], delta, out=c[:, k])
-    return c
-
-
 #: rows of one series product: the tiers are certified for the largest shifts of these rows
 SERIES_ROWS = 1024
 
@@ -344,12 +333,19 @@ def series_values(plan: SeriesPlan, shifts: np.ndarray, cert: Certificate | None
     n = len(b)
     val, der, cdf = np.empty((C, G)), np.empty((C, G)), np.empty((C, G))
     if cert.tiers:
-        c = coefficients(delta, max(T for T, _ in cert.tiers))
         W = plan.columns(max(T for T, _ in cert.tiers))
+        head = np.exp(-0.5 * delta * delta)
+        buf = np.empty(C * max(T * (j1 - j0) for T, _, _, j0, j1, _ in cert.segments))
     for T, g0, g1, j0, j1, left in cert.segments:
-        P = g1 - g0
-        rows = c[:, :T, j0:j1].reshape(C, T * (j1 - j0))  # a copy: the run of kernels, k-major
-        out = rows @ W[:T, j0:j1, :, g0:g1].reshape(T * (j1 - j0), 3 * P)
+        P, J = g1 - g0, j1 - j0
+        # the rows' coefficients δ^k e^{−δ²/2} (the 1/k! is in the columns) of the run of kernels, k-major,
+        # built in place: as cheap as copying them from an array of all kernels, which is not needed then
+        rows = buf[:C * T * J].reshape(C, T, J)
+        rows[:, 0] = head[:, j0:j1]
+        run = delta[:, j0:j1]
+        for k in range(1, T):
+            np.multiply(rows[:, k - 1], run, out=rows[:, k])
+        out = rows.reshape(C, T * J) @ W[:T, j0:j1, :, g0:g1].reshape(T * J, 3 * P)
         val[:, g0:g1], der[:, g0:g1] = out[:, :P], out[:, P:2 * P]
         cdf[:, g0:g1] = out[:, 2 * P:] + left / n
     if len(cert.bad):
