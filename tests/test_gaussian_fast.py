@@ -305,26 +305,36 @@ def test_curvature_bound_holds(variable):
     assert np.all(np.isfinite(K[inner]))
 
 
-def test_delta_without_eps_i_needs_only_the_extrema_that_cross():
-    """δ_i at a sweep without ε_i (extrema of L inserted only where a level may cross their cell) equals
-    δ_i with every extremum inserted, and fewer nodes are inserted."""
-    model, shifts = wide_panel(9, 40, False)
+@pytest.mark.parametrize("variable", [False, True])
+def test_delta_without_eps_i_integrates_the_extrema_in_their_intervals(variable):
+    """δ_i at a sweep without ε_i (the extrema of L that a level may cross are not nodes: their
+    intervals' cuts come from each side's models, cuts._turn_sums) equals δ_i with every extremum a
+    node, at many levels and at one, and the quadrature reference; no node is inserted."""
+    model, shifts = wide_panel(9, 40, variable)
     eps = np.geomspace(0.01, 0.5, 30)
     grid = risk.base_grid(model, model.points[None, :] - shifts)
     plan = risk.grid_plan(model, grid)
     order = np.argsort((np.abs(shifts) / model.bandwidths).max(axis=1), kind="stable")
     shifts = shifts[order]
+    levels = np.unique(np.r_[-eps, eps])
+    parts, _ = risk.node_values(model, shifts, grid, plan, levels, None, False)
+    turns = parts[0][0].turns
+    assert len(parts) == 1 and parts[0][0].x.shape[1] == len(grid)  # no node inserted
+    assert len(turns[0]) > 100 and np.any(turns[3] > 0) and np.any(turns[3] < 0)  # extrema of both signs
     _, every = risk.evaluate(model, shifts, eps, grid=grid, plan=plan, need_eps_i=True)
     _, some = risk.evaluate(model, shifts, eps, grid=grid, plan=plan, need_eps_i=False)
     # (with ε_i, δ_i is reported 0 from ε_i(τ) on, where it is at most τ)
-    np.testing.assert_allclose(np.where(some <= TAU, 0.0, some), np.where(every <= TAU, 0.0, every), rtol=0, atol=1e-14)
+    np.testing.assert_allclose(np.where(some <= TAU, 0.0, some), np.where(every <= TAU, 0.0, every), rtol=0, atol=3e-13)
     assert np.count_nonzero(every) > 100
-    levels = np.unique(np.r_[-eps, eps])
-    nodes_some = sum(nd.x.shape[1] * (len(nd.x)) for nd, _, _ in
-                     risk.node_values(model, shifts, grid, plan, levels, None, False)[0])
-    nodes_every = sum(nd.x.shape[1] * (len(nd.x)) for nd, _, _ in
-                      risk.node_values(model, shifts, grid, plan, levels, None, True)[0])
-    assert nodes_some < nodes_every
+    for k in (0, 12, 29):  # one level at a time: the sweep's single-level path
+        _, one = risk.evaluate(model, shifts, eps[k:k + 1], grid=grid, plan=plan, need_eps_i=False)
+        np.testing.assert_allclose(one[:, 0], some[:, k], rtol=0, atol=3e-13)
+    worst = np.argsort(np.abs(some - every).max(axis=1))[-3:]
+    for r in worst:  # as close to the reference as with the extrema as nodes (whose error here is 3.5e-11)
+        ref = Reference(model, shifts[r])
+        for k in (0, 10, 20):
+            q = ref.delta(eps[k])
+            assert abs(some[r, k] - q) <= abs(every[r, k] - q) + 3e-13 and abs(some[r, k] - q) < 1e-10
 
 
 def test_tolerance_eps_whole_intervals_once(monkeypatch):

@@ -8,7 +8,9 @@ For a chunk of individuals (rows of a dense shift matrix D) we evaluate, on
 nodes that contain every kink of both densities, p̂ and p̂_i with their
 one-sided derivatives and CDFs, exactly. Between consecutive nodes both
 densities are smooth; interior extrema of L = log p̂ − log p̂_i are located
-and added as nodes, so L is monotone on every interval. Then
+and added as nodes, so L is monotone on every interval (for Gaussian rows
+without ε_i they stay inside their intervals, integrated on both sides:
+:func:`empdp.risk.cuts._turn_sums`). Then
 
     δ_i(ε) = max( ∫_{L>ε} (p̂ − e^ε p̂_i),  ∫_{L<−ε} (p̂_i − e^ε p̂) )
 

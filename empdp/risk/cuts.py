@@ -160,3 +160,95 @@ def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=None,
         contrib[c0:c1] = part(*pc[5:12]) - growth[e[c0:c1]] * part(*pc[12:19])
     at = rr if j is None else rr[j]
     return np.bincount(at * E + e, weights=contrib, minlength=C * E).reshape(C, E)
+
+
+def _turn_sums(nd, L, Lr, Ll, h, turns, cuts, sign, num, den, eps, growth, masses=None):
+    """∫ (num − e^ε den) where sign·L > ε on the intervals that hold an extremum of L which is not
+    a node (δ_i only, see :func:`empdp.risk.nodes._insert_extrema`), at the levels that cross
+    them, summed by row and level: (rows, len(eps)).
+
+    ``turns`` = (rows, intervals, t, L, L', densities), in row-major order: the extremum of the
+    interval's cubic Hermite model of L at t ∈ (0, 1), and the exact L, slope and densities'
+    values and slopes there ({"p", "pr", "pi", "pir"}). ``cuts`` = (rows, intervals,
+    first, count) of the binning's cut list (as in :func:`_cut_sums`; None: ``eps[0]``) for these
+    intervals: the levels between the two end values of sign·L, which cross it once. Levels from the
+    nearer end value to the extremum's cross it twice, r1 < t < r2; the binning counts the
+    interval whole below both end values (so also there at a minimum of sign·L) and not at all
+    above them. Every root is that of the cubic Hermite model of its side, [0, t] or [t, 1], from
+    the exact values and slopes at its ends (as with the extremum a node). So are the densities'
+    models (quartic-corrected, as in :func:`_cut_sums`), each side's matched to its share of the
+    interval's exact mass: its cubic Hermite integral plus the rest, shared in proportion to the
+    sides' lengths⁵ as the integrals' errors are. (The models on the whole interval put δ_i off by
+    up to 3e-12 on a bounded 10^7-row panel, against ~5e-13 with the extremum a node.)
+    """
+    rr, kk, te, Le, Se, at_e = turns
+    C, N = L.shape
+    E = len(eps)
+    la, lc, top = sign * L[rr, kk], sign * L[rr, kk + 1], sign * Le
+    peak = top > np.maximum(la, lc)
+    valley = top < np.minimum(la, lc)
+    # the levels crossed twice: from the higher end value up to a maximum, or from a minimum up to the
+    # lower end value (counted the binning's way: levels below sign·L; ties go either way)
+    side = "left" if sign > 0 else "right"
+    lo = np.searchsorted(eps, np.where(peak, np.maximum(la, lc), top), side=side)
+    hi = np.searchsorted(eps, np.where(peak, top, np.minimum(la, lc)), side=side)
+    twice = np.where(peak | valley, np.maximum(hi - lo, 0), 0)
+    j2, e2 = _cells.expand_ranges(lo, twice)
+    # the levels crossed once, from the cut list: on the side of the lower end value at a maximum, of
+    # the higher one at a minimum
+    crr, ckk, first, count = cuts
+    j1 = np.searchsorted(rr * N + kk, crr * N + ckk)
+    if count is None:
+        e1 = np.zeros(len(j1), dtype=np.intp)
+    else:
+        owner, e1 = _cells.expand_ranges(first, count)
+        j1 = j1[owner]
+    hh = h[rr, kk]
+    w0, w1 = te * hh, (1.0 - te) * hh
+    sides = ((la, top, w0 * sign * Lr[rr, kk], w0 * sign * Se), (top, lc, w1 * sign * Se, w1 * sign * Ll[rr, kk + 1]))
+
+    def root(k, j, level):
+        """t of the crossing of ``level`` on side k (0: [0, t_e], 1: [t_e, 1]) of turns j."""
+        y0, y1, m0, m1 = (v[j] for v in sides[k])
+        d = y1 - y0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            u0 = np.nan_to_num(np.clip((level - y0) / d, 0, 1), nan=0.5)
+        u = _cubic_root(y0 - level, m0, 3 * d - 2 * m0 - m1, m0 + m1 - 2 * d, d, u0)
+        return te[j] * u if k == 0 else te[j] + (1.0 - te[j]) * u
+
+    # once: the side and the root there; the region lies right of it on a rising side, else left
+    left = np.where(peak, la < lc, la > lc)
+    on_left, lev1 = left[j1], eps[e1]
+    r = np.where(on_left, root(0, j1, lev1), root(1, j1, lev1))
+    rising = np.where(left, top > la, lc > top)[j1]
+    r1, r2 = root(0, j2, eps[e2]), root(1, j2, eps[e2])
+    j, e = np.r_[j1, j2], np.r_[e1, e2]
+    start, stop = np.r_[np.where(rising, r, 0.0), r1], np.r_[np.where(rising, 1.0, r), r2]
+    # at a minimum the binning counted the whole interval: it loses (r1, r2)
+    weight = np.r_[np.ones(len(j1)), np.where(peak[j2], 1.0, -1.0)]
+
+    def part(f):
+        """Each density's mass on (start, stop): the interval's split at t_e, each side's quartic-corrected
+        Hermite model matched to its share of the exact mass (see the docstring)."""
+        v, dr, dl, F = (getattr(nd, g) for g in f)
+        mass = np.clip(F[rr, kk + 1] - F[rr, kk], 0, None) if masses is None else masses[f][rr, kk]
+        ends = ((w0, v[rr, kk], at_e[f[0]], dr[rr, kk], at_e[f[1]]), (w1, at_e[f[0]], v[rr, kk + 1], at_e[f[1]],
+                                                                      dl[rr, kk + 1]))
+        # each side's cubic Hermite integral, then the rest of the exact mass shared as their errors
+        # (∝ length⁵) would be
+        simple = [0.5 * w * (va + vc) + w * w / 12 * (da - dc) for w, va, vc, da, dc in ends]
+        tail = np.minimum(te, 1.0 - te) ** 5 / (te ** 5 + (1.0 - te) ** 5)
+        left = simple[0] + (mass - simple[0] - simple[1]) * np.where(te < 0.5, tail, 1.0 - tail)
+        shares = (np.clip(left, 0, mass), np.clip(mass - left, 0, mass))
+        out = 0.0
+        for k, ((w, va, vc, da, dc), share) in enumerate(zip(ends, shares)):
+            c = [q[j] for q in _mass_poly(w, va, vc, da, dc, share)]
+            t0, span = (0.0, te[j]) if k == 0 else (te[j], 1.0 - te[j])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                u0, u1 = (np.nan_to_num(np.clip((x - t0) / span, 0, 1)) for x in (start, stop))
+            for u, sgn in ((u1, 1.0), (u0, -1.0)):
+                out = out + sgn * u * (c[0] + u * (c[1] + u * (c[2] + u * (c[3] + u * c[4]))))
+        return np.clip(out, 0, mass[j])
+
+    contrib = weight * (part(num) - growth[e] * part(den))
+    return np.bincount(rr[j] * E + e, weights=contrib, minlength=C * E).reshape(C, E)

@@ -59,16 +59,23 @@ _LOG_FACT = np.r_[0.0, np.cumsum(np.log(np.arange(1.0, MAX_TERMS + 2)))]
 DIRECT_CELLS = 200_000
 
 
-def direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray):
-    """Value, slope and CDF of (1/n) Σ_l φ_{b_l}(x − c_l), directly: ``x`` (C, m), ``centers`` (C, n)."""
+def direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray, cdf: bool = True):
+    """Value, slope and CDF of (1/n) Σ_l φ_{b_l}(x − c_l), directly: ``x`` (C, m), ``centers`` (C, n).
+    Without ``cdf``, value and slope only (an exp per kernel, no ndtr)."""
     C, m = x.shape
     n = centers.shape[1]
-    out = [np.empty((C, m)) for _ in range(3)]
+    out = [np.empty((C, m)) for _ in range(3 if cdf else 2)]
     step = max(1, DIRECT_CELLS // max(1, m * n))
     for r in range(0, C, step):
         s = slice(r, r + step)
-        val, der, _, cdf = kernel_terms("gaussian", x[s, :, None] - centers[s, None, :], b)
-        for o, v in zip(out, (val, der, cdf)):
+        u = x[s, :, None] - centers[s, None, :]
+        if cdf:
+            val, der, _, F = kernel_terms("gaussian", u, b)
+        else:
+            z = u / b
+            val = np.exp(-0.5 * z * z) / (b * _SQRT2PI)
+            der, F = -z / b * val, None
+        for o, v in zip(out, (val, der, F)):
             o[s] = v.sum(axis=2) / n
     return out
 

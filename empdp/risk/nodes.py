@@ -12,7 +12,7 @@ from . import cells as _cells
 from . import gaussian as _gaussian
 from . import laplace as _laplace
 from .bounds import EPS_TOLERANCE, gaussian_eps_bound
-from .cuts import _P, _PI, _cut_sums
+from .cuts import _P, _PI, _cut_sums, _turn_sums
 
 _SQRT2PI = float(np.sqrt(2 * np.pi))
 
@@ -31,6 +31,8 @@ class _Nodes:
         # kernels centred at or left of the node), to full relative precision where the nodes' masses
         # are tiny, for p̂ (G, K) and p̂_i (Gi, Ki) (see _masses)
         self.G, self.K, self.Gi, self.Ki = (arrays.get(f) for f in TAILS)
+        # extrema of L left inside their intervals (rows, intervals, t, value; see _insert_extrema)
+        self.turns = None
 
 
 #: the tail fields of directly evaluated nodes (see _Nodes)
@@ -119,7 +121,7 @@ EXTREMA_SHARE = 0.25
 def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
                     levels: np.ndarray | None = None,
                     need_eps_i: bool = True, certified: np.ndarray | None = None,
-                    sup_levels: np.ndarray | None = None) -> list:
+                    sup_levels: np.ndarray | None = None, modelled=None) -> list:
     """Add the interior extrema of L as nodes (L is then monotone between nodes).
 
     Returns a list of parts ``(nodes, L, rows)`` (the nodes carry L's slopes
@@ -138,6 +140,14 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
     At ``sup_levels`` only whether sup |L| exceeds them counts (:func:`empdp._cells.matters`).
     Intervals starting at a node where ``certified`` is True were shown by the
     same bounds not to matter (see :func:`empdp.risk.laplace.node_values`).
+
+    With ``modelled`` (δ_i only: ``need_eps_i`` False, no ``sup_levels``; ``modelled(rows, x)``
+    gives L, L' and the densities' values and slopes at x, exactly) the extrema that matter are
+    not inserted as nodes: the nodes keep them as ``turns`` (rows, intervals, the extremum's place
+    t ∈ (0, 1) on the interval's cubic Hermite model of L, and those values there), and
+    :func:`sweep_delta` integrates these intervals' cuts apart (:func:`empdp.risk.cuts._turn_sums`).
+    Without the CDFs at the extrema (an ndtr per kernel) and the rebuilt node arrays, ~8 µs a row
+    less on a bounded 10^7-row panel.
     """
     C = nd.x.shape[0]
     h = np.diff(nd.x, axis=1)
@@ -157,6 +167,9 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
         nd.Lr, nd.Ll = Lr, Ll
         return [(nd, L, None)]
     t = _hermite_extremum(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks])
+    if modelled:  # L, the densities and their slopes there, exactly (no CDFs: the interval is not split)
+        nd.Lr, nd.Ll, nd.turns = Lr, Ll, (rows, ks, t, *modelled(rows, nd.x[rows, ks] + t * h[rows, ks]))
+        return [(nd, L, None)]
     xe = nd.x[rows, ks] + t * h[rows, ks]
     values = dict(zip(_Nodes.FIELDS + TAILS, (xe, *evaluate_at(rows, xe))))
     part, rows = np.unique(rows, return_inverse=True)  # the rows with extrema, renumbered
@@ -207,7 +220,7 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
     C = shifts.shape[0]
     rows = np.arange(C)
     K_grid = certified = None
-    curvature_at = None
+    curvature_at = modelled = None
     if isinstance(plan, _gaussian.SeriesPlan):
         # without ε_i, only extrema that may cross a level count: certified by L'' ≥ −K per cell
         series = _gaussian.series_nodes(plan, shifts, curvature=not need_eps_i and levels is not None)
@@ -219,12 +232,21 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
                 return K_cells[r, k]  # the nodes are the grid's: interval k is cell k
         kinks = model.points[None, :] - shifts
 
-        def evaluate_at(r, xe):  # every kernel at once (a loop over kernels costs a numpy call per kernel)
+        def evaluate_at(r, xe, cdf=True):  # every kernel at once (a loop over kernels: a numpy call each)
             x = xe[:, None]
-            p, pr, F = _gaussian.direct(x, np.broadcast_to(model.points, (len(xe), n)), model.bandwidths)
-            pi, pir, Fi = _gaussian.direct(x, kinks[r], model.bandwidths)
-            return [v[:, 0] for v in (p, pr, pr, F, pi, pir, pir, Fi)]
+            p = _gaussian.direct(x, np.broadcast_to(model.points, (len(xe), n)), model.bandwidths, cdf)
+            pi = _gaussian.direct(x, kinks[r], model.bandwidths, cdf)
+            if not cdf:  # L, L' and the densities' values and slopes
+                p, pr, pi, pir = (v[:, 0] for v in (*p, *pi))
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    slope = pr / p - pir / pi
+                    Le, Se = _laplace.finite_log_ratio(np.log(p) - np.log(pi), slope, slope)[:2]
+                return Le, Se, dict(p=p, pr=pr, pi=pi, pir=pir)
+            return [v[:, 0] for v in (p[0], p[1], p[1], p[2], pi[0], pi[1], pi[1], pi[2])]
         n = len(model.points)
+        if not need_eps_i and sup_levels is None:
+            def modelled(r, xe):
+                return evaluate_at(r, xe, cdf=False)
         L, Lr, Ll = _log_ratio(nd)
     elif plan is not None:
         values, rows, K_grid = _laplace.node_values(plan, shifts, levels, clear_below, need_eps_i, sup_levels)
@@ -260,7 +282,7 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
         def curvature_at(r, k):
             return _interval_curvature(r, nd.x[r, k], nd.x[r, k + 1], grid, K_grid, 1.0 / b.min() ** 2)
     return _insert_extrema(nd, L, Lr, Ll, evaluate_at, curvature_at, levels, need_eps_i, certified,
-                           sup_levels), rows
+                           sup_levels, modelled), rows
 
 
 def individual_eps(model: DensityModel, nd: _Nodes, L: np.ndarray, shifts: np.ndarray,
@@ -306,11 +328,19 @@ def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
     masses = None
     if nd.G is not None:  # the intervals' masses from the tails (see _masses)
         masses = {_P: _masses(nd.F, nd.G, nd.K)[:, :-2], _PI: _masses(nd.Fi, nd.Gi, nd.Ki)[:, :-2]}
+    turns = None if nd.turns is None else nd.turns[0] * N + nd.turns[1]  # intervals holding an extremum
     for k, (sign, num, den) in enumerate(((1.0, _P, _PI), (-1.0, _PI, _P))):
         rr, kk = (np.concatenate(v) for v in list(zip(*cuts[k]))[:2])
         first = count = None
         if E > 1:
             first, count = (np.concatenate(v) for v in list(zip(*cuts[k]))[2:])
+        if turns is not None:  # their cuts and the levels they cross twice: from the models of their sides
+            at = np.isin(rr * N + kk, turns)
+            whole[k] += _turn_sums(nd, L, Lr, Ll, h, nd.turns, (rr[at], kk[at]) + ((None, None) if E == 1 else
+                                   (first[at], count[at])), sign, num, den, eps, growth, masses=masses)
+            rr, kk = rr[~at], kk[~at]
+            if E > 1:
+                first, count = first[~at], count[~at]
         if len(rr):
             whole[k] += _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=first, count=count,
                                   masses=masses)
