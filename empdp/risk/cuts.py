@@ -108,6 +108,16 @@ _P = ("p", "pr", "pl", "F")
 _PI = ("pi", "pir", "pil", "Fi")
 
 
+def _ends(field: np.ndarray, rr: np.ndarray, kk: np.ndarray):
+    """A node field (rows × nodes) at the left and right ends of intervals (rows ``rr``, intervals
+    ``kk``); a field shared by every row (a broadcast view: p̂ on a series grid) from its one row,
+    not from the copy of every row that ravel() would make."""
+    if field.strides[0] == 0:
+        return field[0, kk], field[0, kk + 1]
+    flat, a = field.ravel(), rr * field.shape[1] + kk
+    return flat[a], flat[a + 1]
+
+
 def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=None, count=None, masses=None):
     """∫ (num − e^ε den) over the part of each cut interval where sign·L > ε, summed by row and level.
 
@@ -132,9 +142,9 @@ def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=None,
 
     def poly(f):
         """The mass inside the region as c0 + k1 t + … + k5 t⁵ (t the root), and the whole mass."""
-        v, dr, dl, F = (getattr(nd, g).ravel() for g in f)
-        mass = np.clip(F[a + 1] - F[a], 0, None) if masses is None else masses[f][rr, kk]
-        k = _mass_poly(hh, v[a], v[a + 1], dr[a], dl[a + 1], mass)
+        v, dr, dl, F = (_ends(getattr(nd, g), rr, kk) for g in f)
+        mass = np.clip(F[1] - F[0], 0, None) if masses is None else masses[f][rr, kk]
+        k = _mass_poly(hh, v[0], v[1], dr[0], dl[1], mass)
         return (np.where(rising, mass, 0.0), *(flip * c for c in k), mass)
 
     # per interval: la, d, then the cubic's a1..a3, then both densities' mass polynomials
@@ -230,10 +240,9 @@ def _turn_sums(nd, L, Lr, Ll, h, turns, cuts, sign, num, den, eps, growth, masse
     def part(f):
         """Each density's mass on (start, stop): the interval's split at t_e, each side's quartic-corrected
         Hermite model matched to its share of the exact mass (see the docstring)."""
-        v, dr, dl, F = (getattr(nd, g) for g in f)
-        mass = np.clip(F[rr, kk + 1] - F[rr, kk], 0, None) if masses is None else masses[f][rr, kk]
-        ends = ((w0, v[rr, kk], at_e[f[0]], dr[rr, kk], at_e[f[1]]), (w1, at_e[f[0]], v[rr, kk + 1], at_e[f[1]],
-                                                                      dl[rr, kk + 1]))
+        v, dr, dl, F = (_ends(getattr(nd, g), rr, kk) for g in f)
+        mass = np.clip(F[1] - F[0], 0, None) if masses is None else masses[f][rr, kk]
+        ends = ((w0, v[0], at_e[f[0]], dr[0], at_e[f[1]]), (w1, at_e[f[0]], v[1], at_e[f[1]], dl[1]))
         # each side's cubic Hermite integral, then the rest of the exact mass shared as their errors
         # (∝ length⁵) would be
         simple = [0.5 * w * (va + vc) + w * w / 12 * (da - dc) for w, va, vc, da, dc in ends]

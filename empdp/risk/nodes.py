@@ -328,14 +328,17 @@ def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
     masses = None
     if nd.G is not None:  # the intervals' masses from the tails (see _masses)
         masses = {_P: _masses(nd.F, nd.G, nd.K)[:, :-2], _PI: _masses(nd.Fi, nd.Gi, nd.Ki)[:, :-2]}
-    turns = None if nd.turns is None else nd.turns[0] * N + nd.turns[1]  # intervals holding an extremum
+    turns = None
+    if nd.turns is not None:  # intervals holding an extremum
+        turns = np.zeros((C, N), dtype=bool)
+        turns[nd.turns[0], nd.turns[1]] = True
     for k, (sign, num, den) in enumerate(((1.0, _P, _PI), (-1.0, _PI, _P))):
         rr, kk = (np.concatenate(v) for v in list(zip(*cuts[k]))[:2])
         first = count = None
         if E > 1:
             first, count = (np.concatenate(v) for v in list(zip(*cuts[k]))[2:])
         if turns is not None:  # their cuts and the levels they cross twice: from the models of their sides
-            at = np.isin(rr * N + kk, turns)
+            at = turns[rr, kk]
             whole[k] += _turn_sums(nd, L, Lr, Ll, h, nd.turns, (rr[at], kk[at]) + ((None, None) if E == 1 else
                                    (first[at], count[at])), sign, num, den, eps, growth, masses=masses)
             rr, kk = rr[~at], kk[~at]
