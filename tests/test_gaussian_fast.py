@@ -256,9 +256,10 @@ def test_series_tiers_match_direct(variable):
     val, der, cdf = _gaussian.series_values(plan, shifts)
     v, d, c = _gaussian.direct(np.broadcast_to(grid, (len(shifts), len(grid))), model.points[None, :] - shifts,
                                model.bandwidths)
-    # certified within 1e-14 (relative; slopes relative to p̂_i / b_min; CDF absolute), plus the rounding of
-    # the alternating series where |δ z| ~ 1 (far tails, where the slope is ~|z| p̂_i / b) and of the direct sums
-    np.testing.assert_allclose(val, v, rtol=1e-13, atol=0)
+    # certified within SERIES_TOL = 1e-13 (relative; slopes relative to p̂_i / b_min) and CDF_TOL = 1e-14
+    # (absolute), plus the rounding of the alternating series where |δ z| ~ 1 (far tails, where the slope
+    # is ~|z| p̂_i / b) and of the direct sums
+    np.testing.assert_allclose(val, v, rtol=2e-13, atol=0)
     assert np.all(np.abs(der - d) <= 1e-12 * v / model.bandwidths.min())
     np.testing.assert_allclose(cdf, c, rtol=0, atol=2e-14)
     # two terms fewer than the inner tier's fail somewhere in it: its T is not padded
@@ -267,7 +268,7 @@ def test_series_tiers_match_direct(variable):
     delta = shifts[:, plan.order] / plan.b
     coef = delta[:, None, :] ** np.arange(T)[None, :, None] * np.exp(-0.5 * delta * delta)[:, None, :]  # δ^k e^{−δ²/2}
     short = coef[:, :T - 2].reshape(len(shifts), -1) @ W[:T - 2, :, 0][:, :, pts].reshape(-1, len(pts))
-    assert np.max(np.abs(short - v[:, pts]) / v[:, pts]) > 1e-13
+    assert np.max(np.abs(short - v[:, pts]) / v[:, pts]) > 2e-13
     # the same kernels in another order (the plan sorts them by q): the same values
     perm = np.random.default_rng(1).permutation(len(model.points))
     shuffled = DensityModel("gaussian", 1.0, model.sensitivity, model.points[perm], model.bandwidths[perm],
