@@ -103,6 +103,21 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def warm_worker(terms: int = 16) -> None:
+    """In a worker set up by :func:`start_worker`, before its first block: the plan of the model's own
+    grid (the grid of every block whose kinks lie near the points, as on panels of small shifts) and
+    its series' columns, while the assessing process still runs the stages before the δ stage. A
+    grid over the memory budget is refused here as in :func:`evaluate_block` (the error is not read:
+    the block that needs such a grid raises it)."""
+    model = _WORKER["model"]
+    if _onescale.applies(model):
+        return
+    budget, labels = _WORKER.get("grid_budget") or (None, None)
+    plan = _WORKER["plans"].plan(risk.base_grid(model, budget=budget, labels=labels))
+    if hasattr(plan, "columns"):
+        plan.columns(terms)
+
+
 def evaluate_in_worker(shifts: np.ndarray, eps, need_eps_i: bool, only, cap, eps_floor: float = 0.0):
     """:func:`evaluate_block` in a worker process set up by :func:`start_worker`."""
     return evaluate_block(_WORKER["model"], shifts, eps, need_eps_i, only, cap, _WORKER.get("grid_budget"),
