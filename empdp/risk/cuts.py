@@ -226,11 +226,12 @@ def _turn_sums(nd, L, Lr, Ll, h, turns, cuts, sign, num, den, eps, growth, masse
         u = _cubic_root(y0 - level, m0, 3 * d - 2 * m0 - m1, m0 + m1 - 2 * d, d, u0)
         return te[j] * u if k == 0 else te[j] + (1.0 - te[j]) * u
 
-    # once: the side and the root there; the region lies right of it on a rising side, else left
-    left = np.where(peak, la < lc, la > lc)
-    on_left, lev1 = left[j1], eps[e1]
+    # once: on the side whose end values hold the level (at a maximum, the side of the lower end value;
+    # at a minimum, of the higher one), and the region lies right of the root on a rising side
+    lev1 = eps[e1]
+    on_left = (lev1 - la[j1]) * (lev1 - top[j1]) <= 0
     r = np.where(on_left, root(0, j1, lev1), root(1, j1, lev1))
-    rising = np.where(left, top > la, lc > top)[j1]
+    rising = np.where(on_left, top[j1] > la[j1], lc[j1] > top[j1])
     r1, r2 = root(0, j2, eps[e2]), root(1, j2, eps[e2])
     j, e = np.r_[j1, j2], np.r_[e1, e2]
     start, stop = np.r_[np.where(rising, r, 0.0), r1], np.r_[np.where(rising, 1.0, r), r2]

@@ -31,7 +31,7 @@ class _Nodes:
         # kernels centred at or left of the node), to full relative precision where the nodes' masses
         # are tiny, for p̂ (G, K) and p̂_i (Gi, Ki) (see _masses)
         self.G, self.K, self.Gi, self.Ki = (arrays.get(f) for f in TAILS)
-        # extrema of L left inside their intervals (rows, intervals, t, value; see _insert_extrema)
+        # extrema of L left inside their intervals (rows, intervals, t, L, L', densities; see _insert_extrema)
         self.turns = None
 
 
