@@ -222,3 +222,30 @@ def test_duckdb_errors_are_input_errors_in_the_library(tmp_path, kw, match):
     args = ["assess", src, "--id", "id", "--by", "year", "-q"] + [f"--{k}={v}" for k, v in kw.items()]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 2 and res.output.count("\n") == 1 and "Error: " in res.output, res.output
+
+
+def test_arrow_columns_become_numpy_arrays_without_pandas():
+    """data.arrow_numpy equals pyarrow's to_numpy (integers, floats, booleans, offset slices, chunked,
+    nulls) and, unlike it, does not import pandas (0.2-0.35 s of every assess)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    import pyarrow as pa
+
+    from empdp.data import arrow_numpy
+
+    rng = np.random.default_rng(0)
+    columns = [pa.array(rng.integers(0, 10**12, 1000)), pa.array(rng.normal(size=1000)),
+               pa.array(rng.random(1000) < 0.3), pa.array(rng.normal(size=1000)).slice(3, 500),
+               pa.array(rng.random(1000) < 0.5).slice(5, 333), pa.array(np.arange(10, dtype=np.int32)).slice(2),
+               pa.chunked_array([pa.array([1.0, 2.0]), pa.array([3.0])]), pa.array([1.0, None, 3.0])]
+    for column in columns:
+        got, want = arrow_numpy(column), column.to_numpy(zero_copy_only=False)
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
+    # (columns from DuckDB, as in the engine: building one with pa.array imports pandas itself)
+    code = ("import sys, duckdb; from empdp.data import arrow_numpy; "
+            "t = duckdb.sql('SELECT range::BIGINT a, range / 3.0 b, range % 2 = 0 c FROM range(10)').arrow().read_all(); "
+            "[arrow_numpy(t.column(i)) for i in range(3)]; print('pandas' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"

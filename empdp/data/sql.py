@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from ..errors import InputError
@@ -128,6 +129,26 @@ def arrow_batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 1 << 20,
     finally:
         stop.set()  # the consumer stopped early (or failed): the thread ends after its current batch
         worker.join()
+
+
+def arrow_numpy(column) -> np.ndarray:
+    """A pyarrow column of a fixed-width number or boolean type, without nulls, as a numpy array (read
+    only where zero-copy), from its buffers: pyarrow's own ``to_numpy()`` imports pandas when that is
+    installed (0.2-0.35 s, a quarter of ``assess`` on the sample data). Columns with nulls or of
+    other types go through pyarrow's conversion."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    kind = column.type
+    if column.null_count or not (pa.types.is_boolean(kind) or pa.types.is_integer(kind)
+                                 or pa.types.is_floating(kind)):
+        return column.to_numpy(zero_copy_only=False)
+    data = column.buffers()[1]
+    if pa.types.is_boolean(kind):  # bit-packed, least significant bit first
+        bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little",
+                             count=column.offset + len(column))
+        return bits[column.offset:].astype(bool)
+    dtype = np.dtype(kind.to_pandas_dtype())  # (a numpy type for these: pandas is not imported)
+    return np.frombuffer(data, dtype=dtype, count=len(column), offset=column.offset * dtype.itemsize)
 
 
 def group_cells(panel, column: str, where: str | None = None) -> tuple[list, int]:

@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from ..data import quote_ident
+from ..data import arrow_numpy, quote_ident
 from ..data import shorten as short
 from ..errors import InputError
 from .base import MAX_MAGNITUDE, DuckDBEngine, Screen
@@ -148,7 +148,7 @@ class DecomposableEngine(DuckDBEngine):
                f"FROM ({self._delta_sql('SELECT __i FROM __want')}) d JOIN __want w USING (__i) WHERE NOT d.undef")
         flat_out = out.reshape(-1)
         for batch in self.panel.batches(sql, where=self.query.where):
-            np.put(flat_out, batch.column(0).to_numpy(), batch.column(1).to_numpy())
+            np.put(flat_out, arrow_numpy(batch.column(0)), arrow_numpy(batch.column(1)))
         return out
 
     def _shift_rows(self, codes: np.ndarray) -> tuple:
@@ -269,14 +269,14 @@ def read_dense(engines: list, m: int, presence: bool = False) -> tuple:
     cols = ", ".join(f"d.delta{e.tag}, d.undef{e.tag}" for e in engines)
     sql = f"SELECT (c.__code * {n} + d.__j)::BIGINT AS flat, {cols} FROM ({delta_sql(engines)}) d JOIN __ids c USING (__i)"
     for batch in e0.panel.batches(sql, rows=1 << 18, where=e0.query.where):
-        flat = batch.column(0).to_numpy()
+        flat = arrow_numpy(batch.column(0))
         n_present += np.bincount(flat // n, minlength=m)
         if presence:
             inside.reshape(-1)[flat] = True
         at = flat * d if d > 1 else flat
         for k in range(d):
-            delta = batch.column(1 + 2 * k).to_numpy()
-            undef = batch.column(2 + 2 * k).to_numpy(zero_copy_only=False)
+            delta = arrow_numpy(batch.column(1 + 2 * k))
+            undef = arrow_numpy(batch.column(2 + 2 * k))
             if undef.any():
                 undefined[flat[undef] // n, k] = True
                 flat_out[at[~undef] + k] = delta[~undef]
