@@ -74,40 +74,59 @@ def _memory_limit(engine: LooEngine) -> int:
 
 
 class _ShiftCache:
-    """Dense shift rows fetched from the engine in as few scans as possible, kept until dropped."""
+    """Dense shift rows fetched from the engine in as few scans as possible, kept until dropped.
+
+    Each fetch is kept as it came, a part of sorted codes and their rows: merging the parts into one
+    sorted array copied every held row twice, and at 10^8 rows (10^6 individuals, 800 MB of
+    rows) that transient set the memory-limited run's peak."""
 
     def __init__(self, engine: LooEngine, capacity: int):
         self.engine, self.capacity = engine, capacity
-        self.codes = np.empty(0, dtype=np.int64)
-        self.rows = np.empty((0, len(engine.panel.labels)))
+        self.parts = []  # (sorted codes, their rows), one per fetch; a code is in one part at most
+
+    def _find(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each code, the part that holds it (−1: none) and its row there."""
+        part, row = np.full(len(codes), -1), np.zeros(len(codes), dtype=np.intp)
+        for k, (held, _) in enumerate(self.parts):
+            # a binary search in the part's sorted codes (a hashed set difference over the 10^6 held
+            # codes cost 0.3 s a block, 48 s of a 10^8-row assessment, under the GIL)
+            pos = np.minimum(np.searchsorted(held, codes), len(held) - 1)
+            hit = held[pos] == codes
+            part[hit], row[hit] = k, pos[hit]
+        return part, row
 
     def prefetch(self, codes: np.ndarray) -> None:
         """Fetch the rows of ``codes`` not yet held, in one scan of the table."""
         if self.engine.holds_all_shifts:  # the engine keeps every row: nothing to fetch
             return
         codes = np.asarray(codes, dtype=np.int64)
-        # which are held: a binary search in the sorted held codes (a hashed set difference over the
-        # 10^6 held codes cost 0.3 s a block, 48 s of a 10^8-row assessment, under the GIL)
-        pos = np.minimum(np.searchsorted(self.codes, codes), max(len(self.codes) - 1, 0))
-        held = self.codes[pos] == codes if len(self.codes) else np.zeros(len(codes), dtype=bool)
-        new = np.unique(codes[~held])
+        new = np.unique(codes[self._find(codes)[0] < 0])
         if len(new):
-            codes = np.concatenate([self.codes, new])
-            order = np.argsort(codes, kind="stable")
-            self.codes, self.rows = codes[order], np.concatenate([self.rows, self.engine.shifts(new)])[order]
+            self.parts.append((new, self.engine.shifts(new)))
 
     def keep(self, codes: np.ndarray) -> None:
         """Drop held rows that are not in ``codes``."""
         if self.engine.holds_all_shifts:
             return
-        mask = np.isin(self.codes, codes)
-        self.codes, self.rows = self.codes[mask], self.rows[mask]
+        parts = []
+        for held, rows in self.parts:
+            mask = np.isin(held, codes)
+            if mask.all():
+                parts.append((held, rows))
+            elif mask.any():
+                parts.append((held[mask], rows[mask]))
+        self.parts = parts
 
     def take(self, codes: np.ndarray) -> np.ndarray:
         if self.engine.holds_all_shifts:
             return self.engine.shifts(codes)
         self.prefetch(codes)
-        return self.rows[np.searchsorted(self.codes, codes)]
+        part, row = self._find(np.asarray(codes, dtype=np.int64))
+        out = np.empty((len(codes), len(self.engine.panel.labels)))
+        for k, (_, rows) in enumerate(self.parts):
+            at = np.flatnonzero(part == k)
+            out[at] = rows[row[at]]
+        return out
 
 
 class _Accumulator:
