@@ -122,6 +122,8 @@ class _ShiftCache:
             return self.engine.shifts(codes)
         self.prefetch(codes)
         part, row = self._find(np.asarray(codes, dtype=np.int64))
+        if (part < 0).any():  # (prefetch fetched them: a code missing here is a bug, not bad input)
+            raise RuntimeError("shift cache: rows of some individuals were not fetched")
         out = np.empty((len(codes), len(self.engine.panel.labels)))
         for k, (_, rows) in enumerate(self.parts):
             at = np.flatnonzero(part == k)
