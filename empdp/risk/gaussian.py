@@ -9,9 +9,9 @@ shared by a block of individuals, p̂_i, its slope (the derivative of the same K
 are rows of ``coeffs @ columns``: the rows hold δ_ij^k e^{−δ_ij²/2} (individuals × nK), the columns
 φ(z_j)(−z_j)^k/k!, their x-derivatives and their integrals (nK × grid). The remainder is certified
 grid point by grid point (:meth:`SeriesPlan.certified`) for chunks of :data:`SERIES_ROWS` rows of
-like shifts (their largest, rounded up: :meth:`SeriesPlan.certificate`): each point gets the fewest terms that certify it, in a few tiers of one K, one
-product per tier (the inner points of a 10^7-row panel need ~10 terms, the outer tails up to
-~20); where no K ≤ :data:`MAX_TERMS` does, the values are computed directly. A tier's product
+like shifts (for their largest, rounded up: :meth:`SeriesPlan.certificate`): each point gets the
+fewest terms that certify it, in a few tiers of one K, one product per tier (the inner points of a
+10^7-row panel need ~10 terms, the outer tails up to ~20); where no K ≤ :data:`MAX_TERMS` does, the values are computed directly. A tier's product
 is cut into segments of consecutive grid points, each with only the run of kernels (in order of
 q) that matters there: a kernel 9 scales away adds e^{−40} of p̂_i, so on a 10^7-row panel
 the segments do 44% of the whole product's work; the kernels left out are bounded (1e-16
