@@ -337,13 +337,13 @@ def test_every_query_form_has_one_engine_and_each_decomposable_form_one_table_en
 
 
 @pytest.mark.parametrize("kernel", ["laplace", "gaussian"])
-def test_assess_with_rows_fetched_in_small_chunks_equals_the_held_matrix(kernel, monkeypatch):
+def test_assess_with_rows_fetched_in_small_chunks_equals_the_held_matrix(kernel, monkeypatch, sample_path):
     """An assessment whose Δ rows are fetched from the table (above DENSE_CELLS), through a shift cache
     of 40 rows (many fetches, parts, takes and drops), gives the results of the held matrix."""
     from empdp.assessment import assess, evaluation
     from empdp.loo import decomposable
 
-    path = "sample_data/countymurders.parquet"
+    path = sample_path
     kw = dict(id="countyid", by="year", query="mean(murdrate)", kernel=kernel, exact_all=True)
     held = assess(path, **kw)
     monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
