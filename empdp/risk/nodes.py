@@ -71,16 +71,6 @@ def _evaluate(model: DensityModel, x: np.ndarray, kinks: np.ndarray, survival: b
     return _Nodes(x=x, **{f: a / n for f, a in acc.items()})
 
 
-def _take_rows(nd: _Nodes, rows) -> _Nodes:
-    """The nodes of some rows (an index array, or a slice: views), with their slopes of L."""
-    out = _Nodes(**{f: getattr(nd, f)[rows] for f in _Nodes.FIELDS})
-    if nd.Lr is not None:
-        out.Lr, out.Ll = nd.Lr[rows], nd.Ll[rows]
-    if nd.G is not None:
-        out.G, out.K, out.Gi, out.Ki = (getattr(nd, f)[rows] for f in TAILS)
-    return out
-
-
 def _log_ratio(nd: _Nodes):
     if nd.pl is nd.pr and nd.pil is nd.pir:  # one slope (Gaussian kernels): computed once
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -316,18 +306,18 @@ def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
     # L is clipped to ±700, so e^ε beyond e^700 changes nothing (and must not overflow)
     growth = np.exp(np.minimum(eps, 700.0))
     step = max(1, SWEEP_CELLS // N)
+    h = np.diff(nd.x, axis=1)
+    # masses of the intervals, then of the two tails
+    w_p, w_pi = _masses(nd.F, nd.G, nd.K), _masses(nd.Fi, nd.Gi, nd.Ki)
     whole = [np.empty((C, E)), np.empty((C, E))]  # per direction: the intervals and tails inside
     cuts = [[], []]  # per direction: (rows, intervals, first level, levels) of the cut intervals
     for r in range(0, C, step):  # cache-sized row chunks (contiguous views)
         rows = slice(r, r + step)
-        part = nd if C <= step else _take_rows(nd, rows)
-        for k, (d, cut) in enumerate(_binned(part, L[rows], eps, growth)):
+        for k, (d, cut) in enumerate(_binned(L[rows], h[rows], w_p[rows], w_pi[rows], eps, growth)):
             whole[k][rows] = d
             cuts[k].append((cut[0] + r, *cut[1:]))
-    h = np.diff(nd.x, axis=1)
-    masses = None
-    if nd.G is not None:  # the intervals' masses from the tails (see _masses)
-        masses = {_P: _masses(nd.F, nd.G, nd.K)[:, :-2], _PI: _masses(nd.Fi, nd.Gi, nd.Ki)[:, :-2]}
+    # the intervals' masses from the tails where the nodes carry them (see _masses)
+    masses = None if nd.G is None else {_P: w_p[:, :-2], _PI: w_pi[:, :-2]}
     turns = None
     if nd.turns is not None:  # intervals holding an extremum
         turns = np.zeros((C, N), dtype=bool)
@@ -354,15 +344,13 @@ def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
 SWEEP_CELLS = 32_768
 
 
-def _binned(nd: _Nodes, L, eps, growth):
-    """For one chunk of rows, per direction (+: {L > ε}, −: {L < −ε}): the sums over the intervals and
-    tails wholly inside the region at each ε, and the intervals the levels cut (rows, intervals,
-    index of the first level, number of levels)."""
+def _binned(L, h, w_p, w_pi, eps, growth):
+    """For one chunk of rows (L, node spacings ``h``, masses of p̂ and p̂_i from :func:`_masses`),
+    per direction (+: {L > ε}, −: {L < −ε}): the sums over the intervals and tails wholly inside the
+    region at each ε, and the intervals the levels cut (rows, intervals, index of the first level,
+    number of levels)."""
     C, N = L.shape
     E = len(eps)
-    h = np.diff(nd.x, axis=1)
-    # masses of the intervals, then of the two tails
-    w_p, w_pi = _masses(nd.F, nd.G, nd.K), _masses(nd.Fi, nd.Gi, nd.Ki)
     if E == 1:
         # one level: masks instead of the binning below (the same sums)
         e0 = float(eps[0])
