@@ -230,7 +230,9 @@ def _turn_sums(nd, L, Lr, Ll, h, turns, cuts, sign, num, den, eps, growth, masse
     # at a minimum, of the higher one), and the region lies right of the root on a rising side
     lev1 = eps[e1]
     on_left = (lev1 - la[j1]) * (lev1 - top[j1]) <= 0
-    r = np.where(on_left, root(0, j1, lev1), root(1, j1, lev1))
+    r = np.empty(len(j1))
+    for k, mine in enumerate((on_left, ~on_left)):  # (the other side's cubic has no root there)
+        r[mine] = root(k, j1[mine], lev1[mine])
     rising = np.where(on_left, top[j1] > la[j1], lc[j1] > top[j1])
     r1, r2 = root(0, j2, eps[e2]), root(1, j2, eps[e2])
     j, e = np.r_[j1, j2], np.r_[e1, e2]

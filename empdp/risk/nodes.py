@@ -369,25 +369,42 @@ def _binned(L, h, w_p, w_pi, eps, growth):
             rr, kk = np.nonzero(cut)
             out.append((d[:, None], (rr, kk, None, None)))
         return out
+    # only the intervals and tails with an end node outside (−ε_1, ε_1] lie inside, or are cut by, some
+    # level's region (on a bounded 10^7-row panel, 24% of them): the others go to the bin of no level
+    # and are never cut, so the selected ones give the same sums (in the same order) and cuts
+    e0 = float(eps[0])
+    big = ~((L > -e0) & (L <= e0))
+    sel = np.empty((C, N + 1), dtype=bool)  # intervals, then the tails left and right (as w_p, w_pi)
+    np.logical_or(big[:, :-1], big[:, 1:], out=sel[:, :-2])
+    sel[:, -2], sel[:, -1] = big[:, 0], big[:, -1]
+    r, c = np.nonzero(sel)
+    inner = c < N - 1
+    a = np.where(inner, c, (c - (N - 1)) * (N - 1))  # an interval's left node; a tail's own node
+    L_flat = L.ravel()
     # the levels ±ε in one ascending list: one search serves both directions, and since
     # searchsorted is monotone, an interval's range of levels is that of its end nodes
-    at = np.searchsorted(np.r_[-eps[::-1], eps], L, side="left")
-    rows = np.arange(C)[:, None] * (E + 1)
+    levels = np.r_[-eps[::-1], eps]
+    at_a = np.searchsorted(levels, L_flat[r * N + a], side="left")
+    at_b = np.where(inner, np.searchsorted(levels, L_flat[r * N + np.minimum(a + 1, N - 1)], side="left"), at_a)
+    w = r * (N + 1) + c
+    wp, wpi = w_p.ravel()[w], w_pi.ravel()[w]
+    cuttable = inner & (h.ravel()[r * (N - 1) + np.minimum(c, N - 2)] > 0)
     out = []
-    for wn, wd, idx in ((w_p, w_pi, np.maximum(at - E, 0)), (w_pi, w_p, E - np.minimum(at, E))):
-        # idx: the number of levels below sign·L at each node (ties go either way: an interval
-        # whose end sits on a level adds the same mass whole or cut)
-        start, stop = np.minimum(idx[:, :-1], idx[:, 1:]), np.maximum(idx[:, :-1], idx[:, 1:])
-        # an interval (or tail) lies inside {sign·L > ε} for the levels below ``first``
-        first = np.concatenate([start, idx[:, :1], idx[:, -1:]], axis=1)
-        flat = (rows + first).ravel()
-        bn = np.bincount(flat, weights=wn.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
-        bd = np.bincount(flat, weights=wd.ravel(), minlength=C * (E + 1)).reshape(C, E + 1)
-        d = np.cumsum(bn[:, ::-1], axis=1)[:, -2::-1] - growth * np.cumsum(bd[:, ::-1], axis=1)[:, -2::-1]
-        # intervals cut by the levels start ≤ e < stop
-        cnt = np.where(h > 0, stop - start, 0)
-        rr, kk = np.nonzero(cnt)
-        out.append((d, (rr, kk, start[rr, kk], cnt[rr, kk])))
+    for wn, wd, ia, ib in ((wp, wpi, np.maximum(at_a - E, 0), np.maximum(at_b - E, 0)),
+                           (wpi, wp, E - np.minimum(at_a, E), E - np.minimum(at_b, E))):
+        # ia, ib: the number of levels below sign·L at each end node (ties go either way: an interval
+        # whose end sits on a level adds the same mass whole or cut); an interval (or tail) lies
+        # inside {sign·L > ε} for the levels below ``start``, and the levels start ≤ e < stop cut it
+        start, stop = np.minimum(ia, ib), np.maximum(ia, ib)
+        # binned level-major from the top level down (bin E − start), so that the sums over the
+        # bins above each level run down the columns: the levels above e are the bins before E − e
+        flat = (E - start) * C + r
+        bn = np.bincount(flat, weights=wn, minlength=C * (E + 1)).reshape(E + 1, C)
+        bd = np.bincount(flat, weights=wd, minlength=C * (E + 1)).reshape(E + 1, C)
+        d = (np.cumsum(bn, axis=0)[E - 1::-1] - growth[:, None] * np.cumsum(bd, axis=0)[E - 1::-1]).T
+        cnt = np.where(cuttable, stop - start, 0)
+        j = np.flatnonzero(cnt)
+        out.append((d, (r[j], c[j], start[j], cnt[j])))
     return out
 
 
