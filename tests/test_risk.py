@@ -260,6 +260,15 @@ def test_cubic_roots_of_hermite_models(monkeypatch):
     # the residual, in units of the cell: a root error below 1e-7 (1e-10 for nearly all tame cells)
     err = np.abs(H) / np.maximum(np.abs(dH), np.abs(d))
     assert np.quantile(err[~wild], 0.999) < 1e-10 and err.max() < 1e-7
+    # deferred: the roots left for the bracketed search are returned for the caller to seek
+    # (with others: each root depends on its own cubic only), and then come out the same
+    calls.clear()
+    td, far = _cuts._cubic_root(la - level, hma, a2, a3, d, t0, deferred=True)
+    assert not calls and 0 < len(far) < m // 2
+    sub = np.r_[far, np.flatnonzero(~wild)[:50]]  # with roots that Newton's steps settled
+    td[far] = inner(*(v[sub] for v in (la - level, hma, a2, a3)), d[sub] > 0, t0[sub],
+                    tol=_cuts.ROOT_TOL ** 2)[:len(far)]
+    np.testing.assert_array_equal(td, t)
 
 
 def test_levels_left_out_keep_the_sign_and_the_rows_above_the_cap():

@@ -23,7 +23,11 @@ def _mass_poly(h, va, vc, da, dc, mass):
     return A, B / 2, Cc - A + (Q - 2 * B - D) / 3, (A - Cc - Q) / 2 + (B + D) / 4, Q / 5
 
 
-def _cubic_root(a0, a1, a2, a3, rise, t, tol=1e-4):
+#: the size of the last Newton step (in units of the cell) at which :func:`_cubic_root` accepts a root
+ROOT_TOL = 1e-4
+
+
+def _cubic_root(a0, a1, a2, a3, rise, t, tol=ROOT_TOL, deferred=False):
     """t ∈ [0, 1] where a0 + a1 t + a2 t² + a3 t³ is zero, from the starting points ``t`` (the
     linear guesses); ``rise`` is the cubic's change from t = 0 to 1 (its sign: rising or falling).
 
@@ -35,19 +39,23 @@ def _cubic_root(a0, a1, a2, a3, rise, t, tol=1e-4):
     take two more steps, judged the same way by the last (on a bounded 10^7-row panel all but
     ~1% of them then get there), and those left (a larger or non-finite last step, or one that
     leaves [0, 1]) are found by :func:`_bracketed_root`, to tol².
-    Each root depends on its own coefficients only.
+    Each root depends on its own coefficients only. With ``deferred``, the roots left for the
+    bracketed search are not sought: returns (t, their indices), for the caller to seek them
+    with others (:func:`_bracketed_root` costs ~100 µs a call, however few its roots).
     """
     t0 = t
     t, step = _newton_steps(a0, a1, a2, a3, t)
     # (a root the last step leaves outside [0, 1] is one of a model that is not monotone there)
     bad = np.flatnonzero(~((np.abs(step) <= tol) & (t >= 0.0) & (t <= 1.0)))
+    far = bad[:0]
     if len(bad):
         coeffs = tuple(v[bad] for v in (a0, a1, a2, a3))
         t[bad], step = _newton_steps(*coeffs, np.clip(t[bad], 0.0, 1.0))
-        left = np.flatnonzero(~((np.abs(step) <= tol) & (t[bad] >= 0.0) & (t[bad] <= 1.0)))
-        if len(left):
-            far = bad[left]
-            t[far] = _bracketed_root(*(v[left] for v in coeffs), rise[far] > 0, t0[far], tol=tol * tol)
+        far = bad[~((np.abs(step) <= tol) & (t[bad] >= 0.0) & (t[bad] <= 1.0))]
+    if deferred:
+        return t, far
+    if len(far):
+        t[far] = _bracketed_root(a0[far], a1[far], a2[far], a3[far], rise[far] > 0, t0[far], tol=tol * tol)
     return t
 
 
@@ -108,14 +116,32 @@ _P = ("p", "pr", "pl", "F")
 _PI = ("pi", "pir", "pil", "Fi")
 
 
-def _ends(field: np.ndarray, rr: np.ndarray, kk: np.ndarray):
-    """A node field (rows × nodes) at the left and right ends of intervals (rows ``rr``, intervals
-    ``kk``); a field shared by every row (a broadcast view: p̂ on a series grid) from its one row,
-    not from the copy of every row that ravel() would make."""
+def _end(field: np.ndarray, rr: np.ndarray, kk: np.ndarray, right: bool = False):
+    """A node field (rows × nodes) at the left (or ``right``) ends of intervals (rows ``rr``,
+    intervals ``kk``); a field shared by every row (a broadcast view: p̂ on a series grid) from its
+    one row, not from the copy of every row that ravel() would make."""
     if field.strides[0] == 0:
-        return field[0, kk], field[0, kk + 1]
-    flat, a = field.ravel(), rr * field.shape[1] + kk
-    return flat[a], flat[a + 1]
+        return field[0, kk + right]
+    return field.ravel()[rr * field.shape[1] + kk + right]
+
+
+def _ends(field: np.ndarray, rr: np.ndarray, kk: np.ndarray):
+    """:func:`_end` at both ends."""
+    return _end(field, rr, kk), _end(field, rr, kk, True)
+
+
+def _model_ends(nd, f, rr, kk, masses):
+    """What the Hermite model of density ``f`` (its node fields: value, right and left slopes,
+    CDF) needs on intervals (``rr``, ``kk``): both end values, the right slope at the left end,
+    the left slope at the right end and the interval's mass (from ``masses`` when given, else
+    the CDF's difference)."""
+    value, right, left, cdf = (getattr(nd, g) for g in f)
+    if masses is not None:
+        mass = masses[f][rr, kk]
+    else:
+        Fa, Fc = _ends(cdf, rr, kk)
+        mass = np.clip(Fc - Fa, 0, None)
+    return (*_ends(value, rr, kk), _end(right, rr, kk), _end(left, rr, kk, True), mass)
 
 
 def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=None, count=None, masses=None):
@@ -142,9 +168,8 @@ def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=None,
 
     def poly(f):
         """The mass inside the region as c0 + k1 t + … + k5 t⁵ (t the root), and the whole mass."""
-        v, dr, dl, F = (_ends(getattr(nd, g), rr, kk) for g in f)
-        mass = np.clip(F[1] - F[0], 0, None) if masses is None else masses[f][rr, kk]
-        k = _mass_poly(hh, v[0], v[1], dr[0], dl[1], mass)
+        va, vc, da, dc, mass = _model_ends(nd, f, rr, kk, masses)
+        k = _mass_poly(hh, va, vc, da, dc, mass)
         return (np.where(rising, mass, 0.0), *(flip * c for c in k), mass)
 
     # per interval: la, d, then the cubic's a1..a3, then both densities' mass polynomials
@@ -154,7 +179,11 @@ def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=None,
         j = None
     else:
         j, e = _cells.expand_ranges(first, count)
+    def part(t, k0, k1, k2, k3, k4, k5, mass):
+        return np.clip(k0 + t * (k1 + t * (k2 + t * (k3 + t * (k4 + t * k5)))), 0, mass)
+
     contrib = np.empty(len(e))
+    far = []  # (cuts, the cubics' a0..a3, rise, t0) of the roots left for one bracketed search
     for c0 in range(0, len(e), CUT_CHUNK):  # cache-sized chunks: a dozen temporaries per step
         c1 = min(c0 + CUT_CHUNK, len(e))
         pc = per[:, c0:c1] if j is None else np.take(per, j[c0:c1], axis=1)
@@ -162,12 +191,16 @@ def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=None,
         level = eps[e[c0:c1]]
         with np.errstate(divide="ignore", invalid="ignore"):
             t0 = np.nan_to_num(np.clip((level - la) / d, 0, 1), nan=0.5)
-        t = _cubic_root(la - level, a1, a2, a3, d, t0)
-
-        def part(k0, k1, k2, k3, k4, k5, mass):
-            return np.clip(k0 + t * (k1 + t * (k2 + t * (k3 + t * (k4 + t * k5)))), 0, mass)
-
-        contrib[c0:c1] = part(*pc[5:12]) - growth[e[c0:c1]] * part(*pc[12:19])
+        a0 = la - level
+        t, left = _cubic_root(a0, a1, a2, a3, d, t0, deferred=True)
+        if len(left):
+            far.append((c0 + left, *(v[left] for v in (a0, a1, a2, a3, d, t0))))
+        contrib[c0:c1] = part(t, *pc[5:12]) - growth[e[c0:c1]] * part(t, *pc[12:19])
+    if far:  # their contributions again, from their roots
+        at, a0, a1, a2, a3, d, t0 = (np.concatenate(v) for v in zip(*far))
+        t = _bracketed_root(a0, a1, a2, a3, d > 0, t0, tol=ROOT_TOL * ROOT_TOL)
+        pc = per[:, at] if j is None else np.take(per, j[at], axis=1)
+        contrib[at] = part(t, *pc[5:12]) - growth[e[at]] * part(t, *pc[12:19])
     at = rr if j is None else rr[j]
     return np.bincount(at * E + e, weights=contrib, minlength=C * E).reshape(C, E)
 
@@ -217,24 +250,29 @@ def _turn_sums(nd, L, Lr, Ll, h, turns, cuts, sign, num, den, eps, growth, masse
     w0, w1 = te * hh, (1.0 - te) * hh
     sides = ((la, top, w0 * sign * Lr[rr, kk], w0 * sign * Se), (top, lc, w1 * sign * Se, w1 * sign * Ll[rr, kk + 1]))
 
-    def root(k, j, level):
-        """t of the crossing of ``level`` on side k (0: [0, t_e], 1: [t_e, 1]) of turns j."""
-        y0, y1, m0, m1 = (v[j] for v in sides[k])
-        d = y1 - y0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            u0 = np.nan_to_num(np.clip((level - y0) / d, 0, 1), nan=0.5)
-        u = _cubic_root(y0 - level, m0, 3 * d - 2 * m0 - m1, m0 + m1 - 2 * d, d, u0)
-        return te[j] * u if k == 0 else te[j] + (1.0 - te[j]) * u
+    def roots(*groups):
+        """t of the crossings of ``level`` on side k (0: [0, t_e], 1: [t_e, 1]) of turns j, for each
+        group (k, j, level): their cubics' roots in one search."""
+        cubic = []
+        for k, j, level in groups:
+            y0, y1, m0, m1 = (v[j] for v in sides[k])
+            d = y1 - y0
+            with np.errstate(divide="ignore", invalid="ignore"):
+                u0 = np.nan_to_num(np.clip((level - y0) / d, 0, 1), nan=0.5)
+            cubic.append((y0 - level, m0, 3 * d - 2 * m0 - m1, m0 + m1 - 2 * d, d, u0))
+        u = np.split(_cubic_root(*(np.concatenate(v) for v in zip(*cubic))),
+                     np.cumsum([len(j) for _, j, _ in groups])[:-1])
+        return [te[j] * v if k == 0 else te[j] + (1.0 - te[j]) * v for (k, j, _), v in zip(groups, u)]
 
     # once: on the side whose end values hold the level (at a maximum, the side of the lower end value;
-    # at a minimum, of the higher one), and the region lies right of the root on a rising side
+    # at a minimum, of the higher one; the other side's cubic has no root there), and the region lies
+    # right of the root on a rising side
     lev1 = eps[e1]
     on_left = (lev1 - la[j1]) * (lev1 - top[j1]) <= 0
     r = np.empty(len(j1))
-    for k, mine in enumerate((on_left, ~on_left)):  # (the other side's cubic has no root there)
-        r[mine] = root(k, j1[mine], lev1[mine])
+    r[on_left], r[~on_left], r1, r2 = roots((0, j1[on_left], lev1[on_left]), (1, j1[~on_left], lev1[~on_left]),
+                                            (0, j2, eps[e2]), (1, j2, eps[e2]))
     rising = np.where(on_left, top[j1] > la[j1], lc[j1] > top[j1])
-    r1, r2 = root(0, j2, eps[e2]), root(1, j2, eps[e2])
     j, e = np.r_[j1, j2], np.r_[e1, e2]
     start, stop = np.r_[np.where(rising, r, 0.0), r1], np.r_[np.where(rising, 1.0, r), r2]
     # at a minimum the binning counted the whole interval: it loses (r1, r2)
@@ -243,9 +281,8 @@ def _turn_sums(nd, L, Lr, Ll, h, turns, cuts, sign, num, den, eps, growth, masse
     def part(f):
         """Each density's mass on (start, stop): the interval's split at t_e, each side's quartic-corrected
         Hermite model matched to its share of the exact mass (see the docstring)."""
-        v, dr, dl, F = (_ends(getattr(nd, g), rr, kk) for g in f)
-        mass = np.clip(F[1] - F[0], 0, None) if masses is None else masses[f][rr, kk]
-        ends = ((w0, v[0], at_e[f[0]], dr[0], at_e[f[1]]), (w1, at_e[f[0]], v[1], at_e[f[1]], dl[1]))
+        va, vc, da, dc, mass = _model_ends(nd, f, rr, kk, masses)
+        ends = ((w0, va, at_e[f[0]], da, at_e[f[1]]), (w1, at_e[f[0]], vc, at_e[f[1]], dc))
         # each side's cubic Hermite integral, then the rest of the exact mass shared as their errors
         # (∝ length⁵) would be
         simple = [0.5 * w * (va + vc) + w * w / 12 * (da - dc) for w, va, vc, da, dc in ends]
