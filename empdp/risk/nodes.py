@@ -12,7 +12,7 @@ from . import cells as _cells
 from . import gaussian as _gaussian
 from . import laplace as _laplace
 from .bounds import EPS_TOLERANCE, gaussian_eps_bound
-from .cuts import _P, _PI, _cut_sums, _turn_sums
+from .cuts import _P, _PI, _cut_sums, _end, _turn_sums
 
 _SQRT2PI = float(np.sqrt(2 * np.pi))
 
@@ -146,21 +146,29 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
     if certified is not None:
         turn &= ~certified[:, :-1]
     rows, ks = np.nonzero(turn)
+    N = L.shape[1]
+
+    def cells(rows, ks):
+        """L, L' at both ends and the length of intervals (``rows``, ``ks``), by flat takes."""
+        a = rows * N + ks
+        return (np.take(L.ravel(), a), np.take(L.ravel(), a + 1), np.take(Lr.ravel(), a),
+                np.take(Ll.ravel(), a + 1), np.take(h.ravel(), a - rows))
+    ends = cells(rows, ks)
     if curvature_at is not None and len(rows):
         row_top = np.abs(L).max(axis=1)
         top = row_top if need_eps_i else np.full(C, np.inf)
-        lo, hi = _cells.cell_bounds(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks],
-                                      curvature_at(rows, ks))
+        lo, hi = _cells.cell_bounds(*ends, curvature_at(rows, ks))
         matters = _cells.matters(lo, hi, top[rows], levels, sup_levels, row_top[rows])
         rows, ks = rows[matters], ks[matters]
+        ends = tuple(v[matters] for v in ends)
     if not len(rows):
         nd.Lr, nd.Ll = Lr, Ll
         return [(nd, L, None)]
-    t = _hermite_extremum(L[rows, ks], L[rows, ks + 1], ma[rows, ks], mc[rows, ks], h[rows, ks])
+    t = _hermite_extremum(*ends)
+    xe = _end(nd.x, rows, ks) + t * ends[4]
     if modelled:  # L, the densities and their slopes there, exactly (no CDFs: the interval is not split)
-        nd.Lr, nd.Ll, nd.turns = Lr, Ll, (rows, ks, t, *modelled(rows, nd.x[rows, ks] + t * h[rows, ks]))
+        nd.Lr, nd.Ll, nd.turns = Lr, Ll, (rows, ks, t, *modelled(rows, xe))
         return [(nd, L, None)]
-    xe = nd.x[rows, ks] + t * h[rows, ks]
     values = dict(zip(_Nodes.FIELDS + TAILS, (xe, *evaluate_at(rows, xe))))
     part, rows = np.unique(rows, return_inverse=True)  # the rows with extrema, renumbered
     if len(part) > EXTREMA_SHARE * C:  # many rows: insert into all of them
@@ -316,8 +324,7 @@ def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
         for k, (d, cut) in enumerate(_binned(L[rows], h[rows], w_p[rows], w_pi[rows], eps, growth)):
             whole[k][rows] = d
             cuts[k].append((cut[0] + r, *cut[1:]))
-    # the intervals' masses from the tails where the nodes carry them (see _masses)
-    masses = None if nd.G is None else {_P: w_p[:, :-2], _PI: w_pi[:, :-2]}
+    masses = {_P: w_p, _PI: w_pi}
     turns = None
     if nd.turns is not None:  # intervals holding an extremum
         turns = np.zeros((C, N), dtype=bool)
@@ -335,8 +342,8 @@ def sweep_delta(nd: _Nodes, L: np.ndarray, eps: np.ndarray) -> np.ndarray:
             if E > 1:
                 first, count = first[~at], count[~at]
         if len(rr):
-            whole[k] += _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, first=first, count=count,
-                                  masses=masses)
+            whole[k] += _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, masses, first=first,
+                                  count=count)
     return np.clip(np.maximum(*whole), 0.0, 1.0)
 
 
