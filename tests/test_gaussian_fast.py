@@ -278,6 +278,26 @@ def test_series_tiers_match_direct(variable):
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14 * np.abs(want).max())
 
 
+def test_series_points_past_the_terms_are_direct(monkeypatch):
+    """Grid points that need more than MAX_TERMS terms are evaluated directly, with the kernels in the
+    order the caller gave them (the plan sorts them by q), beside the series' points."""
+    model, shifts = wide_panel(9, 30, True)
+    perm = np.random.default_rng(2).permutation(len(model.points))
+    shuffled = DensityModel("gaussian", 1.0, model.sensitivity, model.points[perm], model.bandwidths[perm],
+                            loglik=0.0)
+    shifts = shifts[:, perm]
+    grid = risk.base_grid(shuffled, shuffled.points[None, :] - shifts)
+    plan = risk.grid_plan(shuffled, grid)
+    monkeypatch.setattr(_gaussian, "MAX_TERMS", 14)  # (the outer points need up to 16 terms)
+    cert = plan.certified((np.abs(shifts[:, plan.order]) / plan.b).max(axis=0))
+    assert len(cert.bad) > 10 and len(cert.tiers)
+    got = _gaussian.series_values(plan, shifts, cert)
+    want = _gaussian.direct(np.broadcast_to(grid, (len(shifts), len(grid))), shuffled.points[None, :] - shifts,
+                            shuffled.bandwidths)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-13, atol=2e-14 * np.abs(w).max())
+
+
 @pytest.mark.parametrize("variable", [False, True])
 def test_curvature_bound_holds(variable):
     """L'' ≥ −K on every grid cell (SeriesPlan.curvature) for shifts up to M, at many points of each cell,
