@@ -5,11 +5,14 @@ will use processes."""
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from contextlib import ExitStack
 
 import numpy as np
+import polars as pl
 import pytest
 
+import empdp
 from empdp.assessment import parallel
 from empdp.density import DensityModel
 
@@ -42,8 +45,50 @@ def test_fork_server_starts_only_for_stages_in_processes(started, kernel, bandwi
     with ExitStack() as stack:
         ex = parallel.Executors(stack, threads, workers, _model(kernel, bandwidths))
         ex.prepare(rows)
+        if ex._starter is not None:  # (they start in the background)
+            ex._starter.join()
         assert bool(started) == starts
         assert ex.uses_processes(rows) == starts
+
+
+def test_prepare_starts_the_processes_without_holding_the_caller(monkeypatch):
+    """The worker processes start in a thread of their own (a worker starts only once the fork server
+    has imported): the caller goes on with the stages before theirs, and an early exit waits for them."""
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_start(self):
+        entered.set()
+        release.wait(10)
+        raise OSError("no processes in this test")
+
+    monkeypatch.setattr(parallel.Executors, "_processes", slow_start)
+    with ExitStack() as stack:
+        ex = parallel.Executors(stack, 2, "processes", _model("gaussian", [0.3] * 5))
+        ex.prepare(10)
+        assert entered.wait(5) and ex._starter.is_alive()  # starting, and prepare has returned
+        starter = ex._starter
+        ex.prepare(10)  # once
+        assert ex._starter is starter
+        threading.Timer(0.2, release.set).start()
+    assert not starter.is_alive()  # the exit waited for it
+
+
+@pytest.mark.parametrize("shape", ["heavy", "bounded"])
+def test_the_search_starts_processes_for_the_delta_stage_it_can_have(monkeypatch, shape):
+    """With the default sweep (from ε_all/20), the processes are asked for after the ε_all search's first
+    batch, for the individuals the δ stage can have at most (ε_all is at least the batch's): on a
+    heavy-tailed panel a minority, for which processes may not pay; on a bounded one, everyone."""
+    calls = []
+    monkeypatch.setattr(parallel.Executors, "prepare", lambda self, rows: calls.append(rows))
+    rng = np.random.default_rng(5)
+    n, T = 1500, 40
+    mu = 10 * rng.standard_t(3, n) if shape == "heavy" else rng.uniform(0, 2, n)
+    df = pl.DataFrame({"id": np.repeat(np.arange(n), T), "db": np.tile(np.arange(T), n),
+                       "x": np.repeat(mu, T) + rng.normal(size=n * T)})
+    empdp.assess(df, id="id", by="db", query="mean(x)", kernel="gaussian")
+    search, delta = calls  # the search's estimate, then the δ stage's own rows
+    assert delta <= search
+    assert (search < n // 2) if shape == "heavy" else (search == n)
 
 
 @pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server here")

@@ -218,9 +218,12 @@ class Evaluation:
         first fetch brings the candidates too, so the table is scanned as few times as possible.
         """
         eps_i, eps_bound, definable = self.eps_i, self.eps_bound, self.definable
-        self.executors.prepare(len(definable))  # worker processes for the δ stage start meanwhile
         order = definable[np.argsort(-eps_bound[definable], kind="stable")]
         exhaustive = not self.screening and self.eps is None  # every exact ε_i, not only those left open
+        if exhaustive:
+            self.executors.prepare(len(definable))  # worker processes start meanwhile (if they will run)
+        elif self.eps is not None:
+            self.executors.prepare(len(self.candidates(self.eps[0])))
         want = order[:SEARCH_PREFETCH]
         if self.eps is not None:
             want = np.union1d(want, self.candidates(self.eps[0])[:self.cache.capacity])
@@ -243,6 +246,10 @@ class Evaluation:
             self.run(todo[np.isnan(eps_i[todo])], self.eps is not None, "eps_all", shown=(pos, live),
                      eps_floor=eps_all if floors else 0.0)
             eps_all = max(eps_all, float(np.nanmax(eps_i[order[:end]], initial=0.0)))
+            if pos == 0 and self.eps is None and not exhaustive:
+                # the default sweep starts at ε_all/20, ε_all is at least this: at most these rows get to
+                # the δ stage (a heavy-tailed panel has few, for which worker processes would not pay)
+                self.executors.prepare(len(self.candidates(default_epsilons(eps_all)[0] if eps_all > 0 else 0.0)))
             pos, batch = end, batch * 2
         self.eps_all = eps_all
         if self.eps is None:
@@ -261,6 +268,7 @@ class Evaluation:
             need = np.union1d(need, self.definable[np.isnan(self.eps_i[self.definable])])
         rest = need[~self.evaluated_delta[need]]
         self.cache.keep(rest)
+        self.executors.prepare(len(rest))  # (when the search's estimate did not start them)
         self.run(rest, True, "delta_i", release=True, need_eps_i=exact_all or not self.screening)
         if len(self.definable):
             self.eps_all = max(self.eps_all, float(np.nanmax(self.eps_i[self.definable], initial=0.0)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Callable
@@ -83,21 +84,36 @@ class Executors:
         if threads > 1:
             self.pool = stack.enter_context(ThreadPoolExecutor(threads, thread_name_prefix="empdp-eval"))
         self.procs = None
+        self._starter: threading.Thread | None = None
         self.plans = PlanCache(model)  # blocks evaluated here share a plan while their grid is the same
 
     def prepare(self, rows: int) -> None:
-        """Start the worker processes now when a stage of up to ``rows`` individuals will run in
-        them: the fork server imports, they start and build the plan of the model's own grid
-        (:func:`empdp.risk.blocks.warm_worker`) while the stages before it run (the ε_all search, in
-        threads). On a bounded 10^7-row panel the first block started ~0.15 s into the δ stage,
-        and ran 25% slower than the others."""
-        if self.procs is None and self.uses_processes(rows):
+        """Start the worker processes now, in the background, when a stage of up to ``rows``
+        individuals will run in them: the fork server imports, they start and build the plan of the
+        model's own grid (:func:`empdp.risk.blocks.warm_worker`) while the stages before it run (the
+        ε_all search, in threads). On a bounded 10^7-row panel the first block started ~0.15 s into
+        the δ stage, and ran 25% slower than the others; started in the calling thread, they held
+        it for ~0.25 s (a worker starts once the fork server has imported)."""
+        if self.procs is None and self._starter is None and self.uses_processes(rows):
+            self._starter = threading.Thread(target=self._start, name="empdp-start-workers", daemon=True)
+            # (registered before the pool it may enter: on an early exit the pool shuts down first,
+            # or, still starting, is waited for and then shut down)
+            self.stack.callback(self._starter.join)
+            self._starter.start()
+
+    def _start(self) -> None:
+        try:
             pool = self._processes()
             for _ in range(self.threads):
                 pool.submit(warm_worker)
+        except Exception:  # (shut down meanwhile, or no processes here: the stage that needs them says why)
+            pass
 
     def _processes(self) -> ProcessPoolExecutor:
-        """The worker processes, started on first use."""
+        """The worker processes, started on first use (waiting for :meth:`prepare`'s start)."""
+        starter = self._starter
+        if starter is not None and starter is not threading.current_thread():
+            starter.join()
         if self.procs is None:
             self.procs = self.stack.enter_context(ProcessPoolExecutor(
                 self.threads, mp_context=_context(), initializer=start_worker,
