@@ -189,6 +189,22 @@ def test_assess_on_spark_is_the_duckdb_assessment(spark, tmp_path, query):
         assert b.riskiest(5)["id"].to_list() == a.riskiest(5)["id"].to_list()
 
 
+def test_no_local_worker_processes_on_spark(spark, tmp_path, monkeypatch):
+    """On Spark the executors evaluate the individuals: no stage asks for worker processes here (the
+    embedded engine's stages ask, and Executors.prepare decides)."""
+    from empdp.assessment import assess, parallel
+
+    asked = []
+    monkeypatch.setattr(parallel.Executors, "prepare", lambda self, rows: asked.append(rows))
+    path = tmp_path / "p.parquet"
+    random_panel(3, n_db=8, n_ind=40, ties=False).to_parquet(path)
+    options = dict(id="id", by="year", query="mean(x)", kernel="gaussian", workers="auto")
+    assess(str(path), engine="spark", **options)
+    assert asked == []
+    assess(str(path), **options)
+    assert asked
+
+
 def test_calibrate_on_spark_is_the_duckdb_calibration(spark, tmp_path):
     """calibrate --engine spark: the same lambda*, noise and verified epsilon as the embedded engine."""
     import warnings

@@ -221,9 +221,9 @@ class Evaluation:
         order = definable[np.argsort(-eps_bound[definable], kind="stable")]
         exhaustive = not self.screening and self.eps is None  # every exact ε_i, not only those left open
         if exhaustive:
-            self.executors.prepare(len(definable))  # worker processes start meanwhile (if they will run)
+            self._prepare(len(definable))  # worker processes start meanwhile (if they will run)
         elif self.eps is not None:
-            self.executors.prepare(len(self.candidates(self.eps[0])))
+            self._prepare(len(self.candidates(self.eps[0])))
         want = order[:SEARCH_PREFETCH]
         if self.eps is not None:
             want = np.union1d(want, self.candidates(self.eps[0])[:self.cache.capacity])
@@ -249,7 +249,7 @@ class Evaluation:
             if pos == 0 and self.eps is None and not exhaustive:
                 # the default sweep starts at ε_all/20, ε_all is at least this: at most these rows get to
                 # the δ stage (a heavy-tailed panel has few, for which worker processes would not pay)
-                self.executors.prepare(len(self.candidates(default_epsilons(eps_all)[0] if eps_all > 0 else 0.0)))
+                self._prepare(len(self.candidates(default_epsilons(eps_all)[0] if eps_all > 0 else 0.0)))
             pos, batch = end, batch * 2
         self.eps_all = eps_all
         if self.eps is None:
@@ -268,7 +268,7 @@ class Evaluation:
             need = np.union1d(need, self.definable[np.isnan(self.eps_i[self.definable])])
         rest = need[~self.evaluated_delta[need]]
         self.cache.keep(rest)
-        self.executors.prepare(len(rest))  # (when the search's estimate did not start them)
+        self._prepare(len(rest))  # (when the search's estimate did not start them)
         self.run(rest, True, "delta_i", release=True, need_eps_i=exact_all or not self.screening)
         if len(self.definable):
             self.eps_all = max(self.eps_all, float(np.nanmax(self.eps_i[self.definable], initial=0.0)))
@@ -286,6 +286,12 @@ class Evaluation:
         return np.flatnonzero(need & ~self.undefined)
 
     # ------------------------------------------------------------ evaluation
+    def _prepare(self, rows: int) -> None:
+        """Start the worker processes for a stage of up to ``rows`` individuals, if it will use them
+        (:meth:`Executors.prepare`); not on Spark, whose executors evaluate the individuals."""
+        if not on_spark(self.engine):
+            self.executors.prepare(rows)
+
     def run(self, codes: np.ndarray, with_delta: bool, stage: str, release: bool = False,
             need_eps_i: bool = True, shown: tuple[int, int] | None = None, eps_floor: float = 0.0) -> None:
         """Exact ε_i (and δ_i at ``eps``) for ``codes``: one scan per fetch chunk, one grid per batch.
