@@ -204,6 +204,49 @@ def test_sweep_chunks_change_nothing(monkeypatch):
         np.testing.assert_array_equal(risk.sweep_delta(nd, L, eps[:1]), one)
 
 
+def _binned_every_interval(L, h, w_p, w_pi, eps, growth):
+    """The sweep's binning over every interval and tail (the reference for the selected ones)."""
+    C, N = L.shape
+    E = len(eps)
+    at = np.searchsorted(np.r_[-eps[::-1], eps], L, side="left")
+    out = []
+    for wn, wd, idx in ((w_p, w_pi, np.maximum(at - E, 0)), (w_pi, w_p, E - np.minimum(at, E))):
+        start, stop = np.minimum(idx[:, :-1], idx[:, 1:]), np.maximum(idx[:, :-1], idx[:, 1:])
+        first = np.concatenate([start, idx[:, :1], idx[:, -1:]], axis=1)
+        d = np.zeros((C, E))
+        for e in range(E):  # the intervals and tails inside at level e: those whose first level is above it
+            inside = first > e
+            d[:, e] = np.sum(wn, axis=1, where=inside) - growth[e] * np.sum(wd, axis=1, where=inside)
+        cnt = np.where(h > 0, stop - start, 0)
+        rr, kk = np.nonzero(cnt)
+        out.append((d, (rr, kk, start[rr, kk], cnt[rr, kk])))
+    return out
+
+
+def test_binning_of_the_selected_intervals_is_that_of_every_interval():
+    """The sweep bins only the intervals and tails with an end outside (−ε_1, ε_1]: the same cuts, in
+    the same order, and the same sums as binning every one of them, also with nodes exactly on
+    the levels ±ε, NaN log-ratios and empty intervals."""
+    rng = np.random.default_rng(21)
+    C, N, E = 30, 40, 12
+    eps = np.geomspace(0.01, 1.0, E)
+    L = rng.normal(0, 0.3, (C, N)) * rng.random((C, 1))
+    L[:, ::3] *= 0.02  # many nodes inside (−ε_1, ε_1], next to nodes outside
+    ties = rng.random((C, N)) < 0.2
+    L[ties] = rng.choice(np.r_[-eps, eps, -eps[:1], eps[:1]], ties.sum())  # ±ε_1 twice as often
+    L[0, 5] = np.nan
+    h = rng.random((C, N - 1))
+    h[rng.random((C, N - 1)) < 0.05] = 0.0
+    w_p, w_pi = rng.random((C, N + 1)) * 1e-2, rng.random((C, N + 1)) * 1e-2
+    growth = np.exp(eps)
+    got, want = risk.nodes._binned(L, h, w_p, w_pi, eps, growth), _binned_every_interval(L, h, w_p, w_pi, eps, growth)
+    for (d, cut), (d_ref, cut_ref) in zip(got, want):
+        np.testing.assert_allclose(d, d_ref, rtol=1e-13, atol=1e-16)  # (the reference sums in another order)
+        for a, b in zip(cut, cut_ref):
+            np.testing.assert_array_equal(a, b)
+    assert sum(len(cut[0]) for _, cut in got) > 100
+
+
 @pytest.mark.parametrize("kernel", ["laplace", "gaussian"])
 def test_one_level_equals_the_sweep_of_both_directions(kernel):
     """At a single ε, δ_i comes from masks over the intervals; with more levels, from masses binned
