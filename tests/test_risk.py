@@ -204,6 +204,33 @@ def test_sweep_chunks_change_nothing(monkeypatch):
         np.testing.assert_array_equal(risk.sweep_delta(nd, L, eps[:1]), one)
 
 
+@pytest.mark.parametrize("la,lc", [(0.0, 1.0), (1.0, 0.0)])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_turn_cell_whose_extremum_lies_between_its_end_values(la, lc, sign):
+    """A cell the sweep integrates around an extremum of L's model (cuts._turn_sums) whose exact L there
+    lies between the cell's end values: each level between them crosses once, on the side whose end
+    values hold it (not on the side a maximum's or minimum's rule would pick). Here both sides' models
+    are the straight line from la to lc and the densities constant, so each region is an interval."""
+    from types import SimpleNamespace
+
+    x = np.array([[0.0, 1.0]])
+    s = lc - la
+    L, slope = sign * np.array([[la, lc]]), np.full((1, 2), sign * s)
+    nd = SimpleNamespace(p=np.full((1, 2), 0.4), pr=np.zeros((1, 2)), pl=np.zeros((1, 2)),
+                         pi=np.full((1, 2), 0.3), pir=np.zeros((1, 2)), pil=np.zeros((1, 2)))
+    masses = {_cuts._P: np.array([[0.4, 0.0, 0.0]]), _cuts._PI: np.array([[0.3, 0.0, 0.0]])}
+    turns = (np.array([0]), np.array([0]), np.array([0.5]), np.array([sign * 0.5 * (la + lc)]), np.array([sign * s]),
+             {"p": np.array([0.4]), "pr": np.zeros(1), "pi": np.array([0.3]), "pir": np.zeros(1)})
+    eps = np.array([0.25, 0.75])
+    num, den = (_cuts._P, _cuts._PI) if sign > 0 else (_cuts._PI, _cuts._P)
+    got = _cuts._turn_sums(nd, L, slope, slope, np.diff(x, axis=1), turns,
+                           (np.array([0]), np.array([0]), np.array([0]), np.array([2])), sign, num, den, eps,
+                           np.exp(eps), masses)
+    # {sign·L > ε} is (ε, 1) on a rising cell, (0, 1 − ε) on a falling one: of length 1 − ε either way
+    a, b = (0.4, 0.3) if sign > 0 else (0.3, 0.4)
+    np.testing.assert_allclose(got[0], (a - np.exp(eps) * b) * (1 - eps), rtol=1e-12)
+
+
 def _binned_every_interval(L, h, w_p, w_pi, eps, growth):
     """The sweep's binning over every interval and tail (the reference for the selected ones)."""
     C, N = L.shape
