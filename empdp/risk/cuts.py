@@ -126,15 +126,22 @@ def _end(field: np.ndarray, rr: np.ndarray, kk: np.ndarray, right: bool = False)
     return np.take(field.ravel(), rr * field.shape[1] + kk + right)
 
 
+def _cell_ends(L, Lr, Ll, h, rr, kk):
+    """L at both ends of intervals (rows ``rr``, intervals ``kk``), its right slope at the left end,
+    its left slope at the right end, and the intervals' lengths (``h``: rows × (nodes − 1))."""
+    a = rr * L.shape[1] + kk  # flat index of each interval's left node (and a + 1 of its right one)
+    return (np.take(L.ravel(), a), np.take(L.ravel(), a + 1), np.take(Lr.ravel(), a), np.take(Ll.ravel(), a + 1),
+            np.take(h.ravel(), a - rr))
+
+
 def _model_ends(nd, f, rr, kk, masses):
     """What the Hermite model of density ``f`` (its node fields: value, right and left slopes)
     needs on intervals (``rr``, ``kk``): both end values, the right slope at the left end, the
     left slope at the right end, and the interval's mass from ``masses`` ({fields: (rows, nodes + 1)
     masses of the intervals, then of the tails}, :func:`empdp.risk.nodes._masses`)."""
     value, right, left = (getattr(nd, g) for g in f[:3])
-    mass = masses[f]
     return (_end(value, rr, kk), _end(value, rr, kk, True), _end(right, rr, kk), _end(left, rr, kk, True),
-            np.take(mass.ravel(), rr * mass.shape[1] + kk))
+            _end(masses[f], rr, kk))
 
 
 def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, masses, first=None, count=None):
@@ -148,7 +155,7 @@ def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, masses, fir
     panel, they had to be stacked and gathered for the cuts: 10% more time).
     ``masses``: the intervals' masses (see :func:`_model_ends`). Returns the sums, (rows, len(eps)).
     """
-    C, N = L.shape
+    C = L.shape[0]
     E = len(eps)
     if count is None:
         e = np.zeros(len(rr), dtype=np.intp)
@@ -161,10 +168,8 @@ def _cut_sums(nd, L, Lr, Ll, h, rr, kk, sign, num, den, eps, growth, masses, fir
         a1..a3) and each density's mass inside the region as c0 + k1 t + … + k5 t⁵ (t the root), with
         the whole mass."""
         r, k = rr[cuts], kk[cuts]
-        a = r * N + k  # flat index of each interval's left node (and a + 1 of its right one)
-        hh = np.take(h.ravel(), a - r)  # (h has N − 1 columns)
-        la, lc = sign * np.take(L.ravel(), a), sign * np.take(L.ravel(), a + 1)
-        hma, hmc = hh * (sign * np.take(Lr.ravel(), a)), hh * (sign * np.take(Ll.ravel(), a + 1))
+        la, lc, ma, mc, hh = _cell_ends(L, Lr, Ll, h, r, k)
+        la, lc, hma, hmc = sign * la, sign * lc, hh * (sign * ma), hh * (sign * mc)
         d = lc - la
         rising = d > 0  # the region sign·L > ε lies right of the root, else left of it
         flip = np.where(rising, -1.0, 1.0)
@@ -220,8 +225,8 @@ def _turn_sums(nd, L, Lr, Ll, h, turns, cuts, sign, num, den, eps, growth, masse
     rr, kk, te, Le, Se, at_e = turns
     C, N = L.shape
     E = len(eps)
-    a = rr * N + kk  # flat index of each interval's left node (and a + 1 of its right one)
-    la, lc, top = sign * np.take(L.ravel(), a), sign * np.take(L.ravel(), a + 1), sign * Le
+    la, lc, ma, mc, hh = _cell_ends(L, Lr, Ll, h, rr, kk)
+    la, lc, top = sign * la, sign * lc, sign * Le
     peak = top > np.maximum(la, lc)
     valley = top < np.minimum(la, lc)
     # the levels crossed twice: from the higher end value up to a maximum, or from a minimum up to the
@@ -234,16 +239,14 @@ def _turn_sums(nd, L, Lr, Ll, h, turns, cuts, sign, num, den, eps, growth, masse
     # the levels crossed once, from the cut list: on the side of the lower end value at a maximum, of
     # the higher one at a minimum
     crr, ckk, first, count = cuts
-    j1 = np.searchsorted(a, crr * N + ckk)
+    j1 = np.searchsorted(rr * N + kk, crr * N + ckk)
     if count is None:
         e1 = np.zeros(len(j1), dtype=np.intp)
     else:
         owner, e1 = _cells.expand_ranges(first, count)
         j1 = j1[owner]
-    hh = np.take(h.ravel(), a - rr)  # (h has N − 1 columns)
     w0, w1 = te * hh, (1.0 - te) * hh
-    sides = ((la, top, w0 * sign * np.take(Lr.ravel(), a), w0 * sign * Se),
-             (top, lc, w1 * sign * Se, w1 * sign * np.take(Ll.ravel(), a + 1)))
+    sides = ((la, top, w0 * sign * ma, w0 * sign * Se), (top, lc, w1 * sign * Se, w1 * sign * mc))
 
     def roots(*groups):
         """t of the crossings of ``level`` on side k (0: [0, t_e], 1: [t_e, 1]) of turns j, for each

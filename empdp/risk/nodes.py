@@ -12,7 +12,7 @@ from . import cells as _cells
 from . import gaussian as _gaussian
 from . import laplace as _laplace
 from .bounds import EPS_TOLERANCE, gaussian_eps_bound
-from .cuts import _P, _PI, _cut_sums, _end, _turn_sums
+from .cuts import _P, _PI, _cell_ends, _cut_sums, _end, _turn_sums
 
 _SQRT2PI = float(np.sqrt(2 * np.pi))
 
@@ -146,14 +146,7 @@ def _insert_extrema(nd: _Nodes, L, Lr, Ll, evaluate_at, curvature_at=None,
     if certified is not None:
         turn &= ~certified[:, :-1]
     rows, ks = np.nonzero(turn)
-    N = L.shape[1]
-
-    def cells(rows, ks):
-        """L, L' at both ends and the length of intervals (``rows``, ``ks``), by flat takes."""
-        a = rows * N + ks
-        return (np.take(L.ravel(), a), np.take(L.ravel(), a + 1), np.take(Lr.ravel(), a),
-                np.take(Ll.ravel(), a + 1), np.take(h.ravel(), a - rows))
-    ends = cells(rows, ks)
+    ends = _cell_ends(L, Lr, Ll, h, rows, ks)
     if curvature_at is not None and len(rows):
         row_top = np.abs(L).max(axis=1)
         top = row_top if need_eps_i else np.full(C, np.inf)
@@ -391,11 +384,12 @@ def _binned(L, h, w_p, w_pi, eps, growth):
     # the levels ±ε in one ascending list: one search serves both directions, and since
     # searchsorted is monotone, an interval's range of levels is that of its end nodes
     levels = np.r_[-eps[::-1], eps]
-    at_a = np.searchsorted(levels, L_flat[r * N + a], side="left")
-    at_b = np.where(inner, np.searchsorted(levels, L_flat[r * N + np.minimum(a + 1, N - 1)], side="left"), at_a)
+    at_a = np.searchsorted(levels, np.take(L_flat, r * N + a), side="left")
+    at_b = np.where(inner, np.searchsorted(levels, np.take(L_flat, r * N + np.minimum(a + 1, N - 1)), side="left"),
+                    at_a)
     w = r * (N + 1) + c
-    wp, wpi = w_p.ravel()[w], w_pi.ravel()[w]
-    cuttable = inner & (h.ravel()[r * (N - 1) + np.minimum(c, N - 2)] > 0)
+    wp, wpi = np.take(w_p.ravel(), w), np.take(w_pi.ravel(), w)
+    cuttable = inner & (np.take(h.ravel(), r * (N - 1) + np.minimum(c, N - 2)) > 0)
     out = []
     for wn, wd, ia, ib in ((wp, wpi, np.maximum(at_a - E, 0), np.maximum(at_b - E, 0)),
                            (wpi, wp, E - np.minimum(at_a, E), E - np.minimum(at_b, E))):
