@@ -8,6 +8,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from empdp.textfmt import fmt as _fmt
+from empdp.textfmt import terminal_safe
+
+
+def shown(value) -> str:
+    """A value from the data or a file (id, label, column name, query, path, warning) as rich markup
+    that prints as itself: control characters shown escaped (:func:`terminal_safe`), brackets not
+    read as styles."""
+    return escape(terminal_safe(value))
 
 
 def print_assessment(result, out: str | None = None, report: str | None = None, show_id=str, top: int = 10,
@@ -15,11 +23,11 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     """Summary, a few sweep rows, and the riskiest individuals."""
     con = console or Console(highlight=False, soft_wrap=True)
     m = result.model
-    con.print(f"[bold]empdp assess[/bold]  {escape(str(result.source))}")
+    con.print(f"[bold]empdp assess[/bold]  {shown(result.source)}")
     summary = Table.grid(padding=(0, 2))
-    summary.add_row("query", escape(result.query))
-    summary.add_row("databases", f"{result.n_databases}  (by {result.by_column})")
-    summary.add_row("individuals", f"{result.n_individuals}  (id {result.id_column})")
+    summary.add_row("query", shown(result.query))
+    summary.add_row("databases", f"{result.n_databases}  (by {shown(result.by_column)})")
+    summary.add_row("individuals", f"{result.n_individuals}  (id {shown(result.id_column)})")
     bw = f"{m.kernel}, scale {_fmt(m.scale)}" + (f", variable (a = {m.sensitivity:g})" if m.variable else ", fixed")
     summary.add_row("density model", bw + ("  (unconditional; each adversary bucket has its own, below)"
                                            if result.adversary else ""))
@@ -29,7 +37,7 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     summary.add_row("independence", f"Ljung-Box p = {_fmt(ind['ljung_box_p'], 3)}, trend p = {_fmt(ind['trend_p'], 3)}")
     con.print(summary)
     for w in result.warnings:
-        con.print(f"[yellow]warning:[/yellow] {escape(w)}")
+        con.print(f"[yellow]warning:[/yellow] {shown(w)}")
 
     if result.adversary:
         _print_adversary(con, result)
@@ -41,11 +49,11 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     tol = f" (eps_i: smallest epsilon with delta_i <= {result.eps_tolerance:g})" if result.eps_tolerance else ""
     t = Table(title=f"riskiest individuals at epsilon = {_fmt(result.epsilons[0])}, by delta{tol}",
               title_justify="left")
-    for col in (result.id_column, "delta", "eps_i", "databases", "largest shift", ""):
+    for col in (shown(result.id_column), "delta", "eps_i", "databases", "largest shift", ""):
         t.add_column(col, justify="right" if col else "left")
     for row in top_df.iter_rows(named=True):
         eps_i = "inf (sole)" if row["sole_contributor"] else _fmt(row["eps_i"])
-        t.add_row(escape(show_id(row[result.id_column])), _fmt(row["delta"]), eps_i, str(row["n_databases"]),
+        t.add_row(shown(show_id(row[result.id_column])), _fmt(row["delta"]), eps_i, str(row["n_databases"]),
                   _fmt(row["max_abs_shift"]), "sets eps_all" if row["sets_eps_all"] else "")
     con.print(t)
     _written(con, out, report, saved)
@@ -80,11 +88,11 @@ def _sweep(result, title: str) -> Table:
 
 def _written(con, out: str | None, report: str | None = None, saved: str | None = None) -> None:
     if out:
-        con.print(f"per-individual table written to {out} (mode 0600)")
+        con.print(f"per-individual table written to {shown(out)} (mode 0600)")
     if report:
-        con.print(f"HTML report written to {report} (mode 0600)")
+        con.print(f"HTML report written to {shown(report)} (mode 0600)")
     if saved:
-        con.print(f"result saved to {saved} (mode 0600); render it with 'empdp report {saved} -o FILE.html'")
+        con.print(f"result saved to {shown(saved)} (mode 0600); render it with 'empdp report {shown(saved)} -o FILE.html'")
 
 
 def print_joint_assessment(result, out: str | None = None, show_id=str, top: int = 10,
@@ -94,12 +102,12 @@ def print_joint_assessment(result, out: str | None = None, show_id=str, top: int
     ε_all, a few sweep rows, and the riskiest individuals with exact δ_i at the smallest ε and ε_i."""
     con = console or Console(highlight=False, soft_wrap=True)
     m, d = result.model, result.model.d
-    con.print(f"[bold]empdp assess[/bold]  {escape(str(result.source))}  (joint query, {d} statistics)")
+    con.print(f"[bold]empdp assess[/bold]  {shown(result.source)}  (joint query, {d} statistics)")
     summary = Table.grid(padding=(0, 2))
     for k, q in enumerate(result.queries):
-        summary.add_row("statistics" if k == 0 else "", f"{k + 1}. {escape(q)}")
-    summary.add_row("databases", f"{len(result.labels)}  (by {result.by_column})")
-    summary.add_row("individuals", f"{result.individuals.height}  (id {result.id_column})")
+        summary.add_row("statistics" if k == 0 else "", f"{k + 1}. {shown(q)}")
+    summary.add_row("databases", f"{len(result.labels)}  (by {shown(result.by_column)})")
+    summary.add_row("individuals", f"{result.individuals.height}  (id {shown(result.id_column)})")
     r = np.corrcoef(result.q, rowvar=False)
     summary.add_row("correlation", ", ".join(f"{i + 1}-{j + 1}: {_fmt(r[i, j])}"
                                              for i in range(d) for j in range(i + 1, d)) + "  (over the databases)")
@@ -121,7 +129,7 @@ def summary_end(con, summary: Table, result, sweep_title: str) -> None:
     summary.add_row("sole contributors", str(result.sole_contributors))
     con.print(summary)
     for w in result.warnings:
-        con.print(f"[yellow]warning:[/yellow] {escape(w)}")
+        con.print(f"[yellow]warning:[/yellow] {shown(w)}")
     con.print(_sweep(result, sweep_title))
 
 
@@ -137,10 +145,10 @@ def riskiest_table(con, result, top: int, show_id, note: str, columns: list) -> 
     (header, row → text), and which individual sets ε_all."""
     t = Table(title=f"riskiest individuals at epsilon = {_fmt(result.epsilons[0])}, by delta {note}".rstrip(),
               title_justify="left")
-    for col in (result.id_column, *[c for c, _ in columns], ""):
+    for col in (shown(result.id_column), *[c for c, _ in columns], ""):
         t.add_column(col, justify="right" if col else "left")
     for row in result.riskiest(top).iter_rows(named=True):
-        t.add_row(escape(show_id(row[result.id_column])), *[cell(row) for _, cell in columns],
+        t.add_row(shown(show_id(row[result.id_column])), *[cell(row) for _, cell in columns],
                   "sets eps_all" if row["sets"] else "")
     con.print(t)
 
@@ -148,7 +156,7 @@ def riskiest_table(con, result, top: int, show_id, note: str, columns: list) -> 
 def _print_adversary(con, result) -> None:
     """The buckets side by side with the unconditional risk: what the adversary's knowledge costs."""
     adv = result.adversary
-    t = Table(title=f"adversary knows {adv['statistic']}: eps_all by bucket "
+    t = Table(title=f"adversary knows {shown(adv['statistic'])}: eps_all by bucket "
                     f"(unconditional eps_all {_fmt(adv['unconditional']['eps_all'])})", title_justify="left")
     for col in ("bucket", "statistic from", "to", "databases", "bandwidth", "eps_all"):
         t.add_column(col, justify="right")

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import plots
-from .markup import cards, esc, explain, kv, num, p_badge, section, table
+from .markup import Html, cards, code, esc, explain, kv, num, p_badge, section, table, td, tr
 
 TOP_TABLE = 10
 TOP_DENSITIES = 3
@@ -31,8 +31,9 @@ def sweep_index(a, eps: float):
 def databases(a) -> str:
     """How many databases, by which column, from which label to which."""
     labels = a.labels
-    dbs = f"{a.n_databases} (by <code>{esc(a.by_column)}</code>"
-    return dbs + (f": {esc(labels[0])} … {esc(labels[-1])})" if labels else ")")
+    if labels:
+        return Html("{} (by {}: {} … {})").format(a.n_databases, code(a.by_column), labels[0], labels[-1])
+    return Html("{} (by {})").format(a.n_databases, code(a.by_column))
 
 
 def summary(a, eps: float, idx, exact: bool) -> str:
@@ -59,11 +60,11 @@ def summary(a, eps: float, idx, exact: bool) -> str:
     ])
     ind = a.independence
     rows = [
-        ("source", esc(a.source)), ("query", f"<code>{esc(a.query)}</code>"), ("databases", databases(a)),
-        ("individuals", f"{a.n_individuals:,} (id <code>{esc(a.id_column)}</code>); "
-                        f"{a.n_evaluated:,} evaluated exactly, the rest certified safe by screening"),
-        ("density model", esc(model)),
-        ("sole contributors", f"{a.sole_contributors:,}"),
+        ("source", a.source), ("query", code(a.query)), ("databases", databases(a)),
+        ("individuals", Html("{:,} (id {}); {:,} evaluated exactly, the rest certified safe by screening").format(
+            a.n_individuals, code(a.id_column), a.n_evaluated)),
+        ("density model", model),
+        ("sole contributors", a.sole_contributors),
         ("autocorrelation (Ljung–Box)", p_badge(ind.get("ljung_box_p"))),
         ("trend (Mann–Kendall)", p_badge(ind.get("trend_p"))),
     ]
@@ -75,13 +76,13 @@ def warning_box(warnings) -> str:
     """The assessment's warnings as a list in a box ('' without any)."""
     if not warnings:
         return ""
-    return '<div class="warn"><strong>Warnings</strong><ul>' + "".join(
-        f"<li>{esc(w)}</li>" for w in warnings) + "</ul></div>"
+    return Html('<div class="warn"><strong>Warnings</strong><ul>' + "".join(
+        f"<li>{esc(w)}</li>" for w in warnings) + "</ul></div>")
 
 
-def risk_note(first: str = "") -> str:
+def risk_note(first: str = "") -> Html:
     """What δ(ε), δ*(ε) and 'empirical' mean, after ``first``."""
-    return (f'<div class="note">{first}δ(ε) is the largest risk of any single individual; the total risk '
+    return Html(f'<div class="note">{first}δ(ε) is the largest risk of any single individual; the total risk '
             'δ*(ε) = 1 − Π<sub>i</sub>(1 − δ<sub>i</sub>(ε)) is the chance that <em>at least one</em> '
             'individual is exposed, and <strong>assumes the individuals\' risks are independent</strong>. '
             'All figures are <em>empirical</em> privacy: they hold with respect to the variation between '
@@ -153,16 +154,15 @@ def riskiest(a, eps: float, rows, note: str) -> str:
     for n, r in enumerate(rows, 1):
         notes = []
         if r["sole_contributor"]:
-            eps_i = "∞"
+            eps_i = Html("∞")
             notes.append("sole contributor to a database")
         else:
-            eps_i = num(r["eps_i"])
+            eps_i = r["eps_i"]
         if r.get("sets_eps_all"):
             notes.append("sets ε_all")
-        body.append(f"<tr><td class='n'>{n}</td><td><code>{esc(r['shown_id'])}</code></td>"
-                    f"<td class='n'>{num(r['delta'])}</td><td class='n'>{eps_i}</td>"
-                    f"<td class='n'>{r['n_databases']} / {a.n_databases}</td>"
-                    f"<td class='n'>{num(r['max_abs_shift'])}</td><td>{esc('; '.join(notes))}</td></tr>")
+        body.append(tr(n, td(code(r["shown_id"]), None), r["delta"], eps_i,
+                       Html("{} / {}").format(num(r["n_databases"]), num(a.n_databases)), r["max_abs_shift"],
+                       td("; ".join(notes), None)))
     text = ("Ranked by δ<sub>i</sub>(ε) at the chosen ε, ties by ε<sub>i</sub>; both are exact for every row "
             "shown, and the individual that sets ε_all is always listed. ε<sub>i</sub> is the individual's "
             "empirical privacy loss: the largest factor (on the log scale) by which the query's distribution "
@@ -214,9 +214,8 @@ def adversary(a) -> str:
     unc = adv["unconditional"]
     head = ("<tr><th class='n'>bucket</th><th class='n'>statistic from</th><th class='n'>to</th>"
             "<th class='n'>databases</th><th class='n'>bandwidth</th><th class='n'>ε_all</th></tr>")
-    body = "".join(f"<tr><td class='n'>{k}</td><td class='n'>{num(b['lo'])}</td><td class='n'>{num(b['hi'])}</td>"
-                   f"<td class='n'>{b['n_databases']}</td><td class='n'>{num(b['bandwidth'])}</td>"
-                   f"<td class='n'>{num(b['eps_all'])}</td></tr>" for k, b in enumerate(adv["buckets"]))
+    body = "".join(tr(k, b["lo"], b["hi"], b["n_databases"], b["bandwidth"], b["eps_all"])
+                   for k, b in enumerate(adv["buckets"]))
     text = (f"The adversary knows <code>{esc(adv['statistic'])}</code> of every database. The databases are "
             f"sorted by it and cut into {len(adv['buckets'])} groups; within each group the density model is "
             "fitted again and every individual's risk is taken conditionally on the group, and the reported "

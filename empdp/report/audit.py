@@ -8,7 +8,7 @@ from typing import Callable
 
 from ..errors import InputError
 from . import plots
-from .markup import esc, explain, extra_rows, kv, num, section, table, verdict
+from .markup import Html, code, esc, explain, extra_rows, kv, num, section, table, td, tr, verdict
 
 AUDIT_KINDS = ("mpl", "renyi", "release")
 
@@ -55,7 +55,7 @@ def _true_value(d: dict):
 
 def _vs_truth(lb, truth) -> str:
     ok = lb is not None and float(lb) <= float(truth)
-    return f"{num(truth)} " + verdict(ok, "(bound holds)", "(bound exceeds the truth)")
+    return Html("{} {}").format(num(truth), verdict(ok, "(bound holds)", "(bound exceeds the truth)"))
 
 
 def _bound(d: dict, kind: str) -> str:
@@ -64,10 +64,10 @@ def _bound(d: dict, kind: str) -> str:
     renyi = kind == "renyi"
     rows = [(f"lower bound on {'D_α' if renyi else 'ε'} (confidence 1 − α)", num(lb)),
             ("point estimate" if renyi else "largest stage-1 loss (biased up: the maximum of noisy estimates)",
-             num(d.get("estimate"))), ("worst pair", esc(d.get("pair", "–")))]
-    rows += [("order α", num(d.get("order"))), ("direction", esc(d.get("direction", "–")))] if renyi else \
+             num(d.get("estimate"))), ("worst pair", d.get("pair", "–"))]
+    rows += [("order α", num(d.get("order"))), ("direction", d.get("direction", "–"))] if renyi else \
         [("output t̂ where the loss peaks", num(d.get("t_hat")))]
-    rows += [("samples n (search) / N (final)", f"{num(d.get('n'))} / {num(d.get('N'))}"),
+    rows += [("samples n (search) / N (final)", Html("{} / {}").format(num(d.get("n")), num(d.get("N")))),
              ("α", num(d.get("alpha")))]
     if truth is not None:
         rows.append((f"true {'D_α' if renyi else 'ε'}", _vs_truth(lb, truth)))
@@ -89,14 +89,16 @@ def _release(d: dict, show: Callable) -> str:
     noise, ck = d.get("noise") or {}, d.get("curator_kernel") or {}
     rows = [("result", verdict(ok, "the release meets its target ε", "CHECK FAILED")),
             ("target ε", num(d.get("target_epsilon"))),
-            ("MPL lower bound ≤ exact max εᵢ", f"{num(d.get('mpl_lower_bound'))} ≤ {num(d.get('exact_epsilon_max'))}"),
+            ("MPL lower bound ≤ exact max εᵢ", Html("{} ≤ {}").format(num(d.get("mpl_lower_bound")),
+                                                                      num(d.get("exact_epsilon_max")))),
             ("MPL largest stage-1 loss (biased up)", num(d.get("mpl_estimate"))),
             (f"Rényi lower bound vs exact max D_{order}",
-             f"{num(d.get('renyi_lower_bound'))} vs {num(d.get('exact_renyi_max'))}"),
-            ("noise", esc(f"{noise.get('kind', '–')}, weight at 0 {num(noise.get('weight_zero'))}, "
-                          f"scale {num(noise.get('scale'))}")),
-            ("curator kernel", esc(f"{ck.get('kind', '–')}, scale {num(ck.get('scale'))}")),
-            ("samples n / N (MPL), Rényi", f"{num(d.get('n'))} / {num(d.get('N'))}, {num(d.get('n_renyi'))}"),
+             Html("{} vs {}").format(num(d.get("renyi_lower_bound")), num(d.get("exact_renyi_max")))),
+            ("noise", Html("{}, weight at 0 {}, scale {}").format(noise.get("kind", "–"), num(noise.get("weight_zero")),
+                                                                  num(noise.get("scale")))),
+            ("curator kernel", Html("{}, scale {}").format(ck.get("kind", "–"), num(ck.get("scale")))),
+            ("samples n / N (MPL), Rényi", Html("{} / {}, {}").format(num(d.get("n")), num(d.get("N")),
+                                                                      num(d.get("n_renyi")))),
             ("α", num(d.get("alpha")))]
     buckets = [b for b in d.get("buckets") or [] if isinstance(b, dict)]
     # an adversary audit gathers every bucket's individuals: each row says which bucket it is from
@@ -104,10 +106,8 @@ def _release(d: dict, show: Callable) -> str:
     head = ("<tr><th>id</th>" + ("<th class='n'>bucket</th>" if by_bucket else "")
             + "<th class='n'>exact εᵢ</th><th class='n'>MPL stage-1 max</th>"
             f"<th class='n'>exact D<sub>{order}</sub></th></tr>")
-    body = "".join(f"<tr><td><code>{esc(show(r.get('id')))}</code></td>"
-                   + (f"<td class='n'>{num(r.get('bucket'))}</td>" if by_bucket else "")
-                   + f"<td class='n'>{num(r.get('exact_epsilon'))}</td>"
-                   f"<td class='n'>{num(r.get('mpl_estimate'))}</td><td class='n'>{num(r.get('exact_renyi'))}</td></tr>"
+    body = "".join(tr(td(code(show(r.get("id"))), None), *([r.get("bucket")] if by_bucket else []),
+                      r.get("exact_epsilon"), r.get("mpl_estimate"), r.get("exact_renyi"))
                    for r in d.get("individuals") or [] if isinstance(r, dict))
     parts = [kv(rows), table(head, body)]
     if buckets:
@@ -131,12 +131,10 @@ def _buckets(d: dict, buckets: list, order: str) -> list[str]:
             f"<th class='n'>Rényi lower bound</th><th class='n'>exact max D<sub>{order}</sub></th>"
             "<th>verdict</th></tr>")
     body = "".join(
-        f"<tr><td class='n'>{k}{' (worst)' if k == worst else ''}</td><td class='n'>{num(b.get('lo'))}</td>"
-        f"<td class='n'>{num(b.get('hi'))}</td><td class='n'>{num(b.get('n_databases'))}</td>"
-        f"<td class='n'>{num((b.get('curator_kernel') or {}).get('scale'))}</td><td class='n'>{num(b.get('alpha'))}</td>"
-        f"<td class='n'>{num(b.get('mpl_lower_bound'))}</td><td class='n'>{num(b.get('exact_epsilon_max'))}</td>"
-        f"<td class='n'>{num(b.get('renyi_lower_bound'))}</td><td class='n'>{num(b.get('exact_renyi_max'))}</td>"
-        f"<td>{verdict(b.get('ok'), 'meets the target', 'needs more noise')}</td></tr>"
+        tr(Html("{}{}").format(k, " (worst)" if k == worst else ""), b.get("lo"), b.get("hi"), b.get("n_databases"),
+           (b.get("curator_kernel") or {}).get("scale"), b.get("alpha"), b.get("mpl_lower_bound"),
+           b.get("exact_epsilon_max"), b.get("renyi_lower_bound"), b.get("exact_renyi_max"),
+           td(verdict(b.get("ok"), "meets the target", "needs more noise"), None))
         for k, b in enumerate(buckets))
     text = (f"The adversary knows <code>{esc(stat)}</code> of every database, so the release is audited group by "
             f"group: the {len(buckets)} groups of databases the calibration cut by it, each with its own curator "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .markup import esc, explain, extra_rows, inf_if_none, kv, num, section
+from .markup import Html, esc, explain, extra_rows, inf_if_none, kv, num, section
 
 #: calibration JSON keys the section shows in its own rows or leaves out as bookkeeping (format, timings,
 #: the query's parts, notes shown below the table)
@@ -13,15 +13,15 @@ _SHOWN = {"epsilon", "lambda", "lambda_winf", "lambda_hausdorff", "curator_kerne
           "n_individuals", "n_sole_contributors", "n_databases"}
 
 
-def _noise_text(noise: dict) -> str:
+def _noise_text(noise: dict) -> Html:
     kind = noise.get("kind", "–")
     w, lam = noise.get("weight_zero"), noise.get("scale")
     if kind == "none":
-        return ("no noise is added: the curator's density model is already ε-private for every individual "
+        return Html("no noise is added: the curator's density model is already ε-private for every individual "
                 "(the assessment finds nobody at risk at this ε), so a release publishes the exact value")
     if kind == "laplace_mixture":
-        return f"with probability {num(w)} add nothing, otherwise add Laplace noise of scale {num(lam)}"
-    return f"{kind} noise of scale {num(lam)}"
+        return Html("with probability {} add nothing, otherwise add Laplace noise of scale {}").format(num(w), num(lam))
+    return Html("{} noise of scale {}").format(kind, num(lam))
 
 
 def calibration(c: dict) -> str:
@@ -35,12 +35,12 @@ def calibration(c: dict) -> str:
             ("λ* (least Laplace smoothing that reaches ε)", num(c.get("lambda"))),
             ("λ by W∞ bound (valid, larger)", num(c.get("lambda_winf"))),
             ("λ by Hausdorff rule (paper; not a valid guarantee)", num(c.get("lambda_hausdorff"))),
-            ("curator kernel", esc(f"{ck.get('kind', '–')}, scale {num(ck.get('scale'))}")),
-            ("noise", esc(_noise_text(noise))),
+            ("curator kernel", Html("{}, scale {}").format(ck.get("kind", "–"), num(ck.get("scale")))),
+            ("noise", _noise_text(noise)),
             ("expected |noise| (expected error)", num(c.get("expected_abs_noise"))),
             ("verified max εᵢ at λ*", num(c.get("verified_eps_max"))),
-            ("individuals", f"{num(c.get('n_individuals'))} ({num(c.get('n_sole_contributors'))} sole "
-                            "contributor(s): no noise protects them)") if "n_individuals" in c else None,
+            ("individuals", Html("{} ({} sole contributor(s): no noise protects them)").format(
+                num(c.get("n_individuals")), num(c.get("n_sole_contributors")))) if "n_individuals" in c else None,
             ("classical DP ε (fixed database)", "not claimed (see below)" if kind == "laplace"
              else num(inf_if_none(c.get("classical_dp_epsilon"))))]
     rows = [r for r in rows if r is not None]

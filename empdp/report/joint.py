@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import InputError
 from . import assessment as _a
 from . import plots
-from .markup import cards, esc, explain, kv, num, p_badge, section, table
+from .markup import Html, cards, code, explain, kv, num, p_badge, section, table, td, tr
 
 #: ids of a joint report's sections, in page order
 JOINT_SECTIONS = ("summary", "risk-curves", "at-risk", "sweep", "riskiest", "contours")
@@ -46,17 +46,18 @@ def summary(a, eps: float) -> str:
         ("total risk δ*(ε)", num(a.total_risk[0])),
         ("individuals at risk at ε", num(int(a.n_at_risk[0]))),
     ])
-    stats = "<br>".join(f"{k + 1}. <code>{esc(q)}</code>" for k, q in enumerate(a.queries))
+    stats = Html("<br>").join(Html("{}. {}").format(k + 1, code(q)) for k, q in enumerate(a.queries))
     r = np.corrcoef(a.q, rowvar=False)
     corr = ", ".join(f"{i + 1}–{j + 1}: {num(r[i, j], 6)}" for i in range(m.d) for j in range(i + 1, m.d))
-    rows = [("source", esc(a.source)), ("statistics, released together", stats), ("databases", _a.databases(a)),
-            ("individuals", f"{_a.n_individuals(a):,} (id <code>{esc(a.id_column)}</code>), every ε<sub>i</sub> "
-                            "exact"),
-            ("correlation over the databases", corr), ("density model", esc(_model(m))),
-            ("sole contributors", f"{a.sole_contributors:,}")]
+    rows = [("source", a.source), ("statistics, released together", stats), ("databases", _a.databases(a)),
+            ("individuals", Html("{:,} (id {}), every ε<sub>i</sub> exact").format(_a.n_individuals(a),
+                                                                                code(a.id_column))),
+            ("correlation over the databases", corr), ("density model", _model(m)),
+            ("sole contributors", a.sole_contributors)]
     for k, ind in enumerate(a.independence):
         rows.append((f"statistic {k + 1}: autocorrelation, trend",
-                     f"Ljung–Box {p_badge(ind.get('ljung_box_p'))}; Mann–Kendall {p_badge(ind.get('trend_p'))}"))
+                     Html("Ljung–Box {}; Mann–Kendall {}").format(p_badge(ind.get("ljung_box_p")),
+                                                                   p_badge(ind.get("trend_p")))))
     note = _a.risk_note("The statistics are released together, so the risk is of the vector: each statistic "
                         "can be empirically private alone while the pair exposes an individual (Burchard et al. "
                         "§3). ")
@@ -68,9 +69,7 @@ def sweep(a) -> str:
     picks = range(E) if E <= SWEEP_ROWS else np.unique(np.linspace(0, E - 1, SWEEP_ROWS - 2).round().astype(int))
     head = ("<tr><th class='n'>ε</th><th class='n'>worst-case δ(ε)</th><th class='n'>total risk δ*(ε)</th>"
             "<th class='n'>at risk</th></tr>")
-    body = "".join(f"<tr><td class='n'>{num(a.epsilons[k])}</td><td class='n'>{num(a.delta[k])}</td>"
-                   f"<td class='n'>{num(a.total_risk[k])}</td><td class='n'>{num(int(a.n_at_risk[k]))}</td></tr>"
-                   for k in picks)
+    body = "".join(tr(a.epsilons[k], a.delta[k], a.total_risk[k], int(a.n_at_risk[k])) for k in picks)
     text = (f"{'All' if E <= SWEEP_ROWS else len(picks)} of the {E} assessed ε: the worst single δ<sub>i</sub>(ε), "
             "the total risk and the number of individuals with δ<sub>i</sub>(ε) > 0 (at risk).")
     return section("sweep", "Risk by ε of the joint release", table(head, body), explain(text))
@@ -87,12 +86,10 @@ def riskiest(a, rows, show) -> str:
         notes = ["sole contributor to a database"] if r["sole_contributor"] else []
         if r["sets"]:
             notes.append("sets ε_all")
-        eps_i = "∞" if r["sole_contributor"] else num(r["eps_i"])
-        body.append(f"<tr><td class='n'>{n}</td><td><code>{esc(show(r[a.id_column]))}</code></td>"
-                    f"<td class='n'>{num(r['delta'])}</td><td class='n'>{eps_i}</td>"
-                    f"<td class='n'>{r['n_databases']} / {a.n_databases}</td>"
-                    + "".join(f"<td class='n'>{num(r[f'max_abs_shift_{k + 1}'])}</td>" for k in range(d))
-                    + f"<td>{esc('; '.join(notes))}</td></tr>")
+        eps_i = Html("∞") if r["sole_contributor"] else r["eps_i"]
+        body.append(tr(n, td(code(show(r[a.id_column])), None), r["delta"], eps_i,
+                       Html("{} / {}").format(num(r["n_databases"]), num(a.n_databases)),
+                       *[r[f"max_abs_shift_{k + 1}"] for k in range(d)], td("; ".join(notes), None)))
     text = ("Ranked by δ<sub>i</sub>(ε) at the smallest assessed ε, ties by ε<sub>i</sub>; both are exact for "
             "every row, and the individual that sets ε_all is always listed. ε<sub>i</sub> is the largest "
             "factor (on the log scale) by which the joint distribution of the statistics changes when the "

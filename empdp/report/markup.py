@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import html
 import math
+import numbers
 import secrets
+import string
 from typing import Any, Callable
 
 import numpy as np
@@ -58,9 +60,48 @@ def id_formatter(hash_ids) -> Callable[[Any], str]:
     return lambda v: keyed_hash(v, key)
 
 
-def num(v, digits: int = DIGITS) -> str:
-    """A number for humans in the report: ``∞``, ``–`` for missing (:func:`empdp.textfmt.fmt`)."""
-    return fmt(v, digits, missing="–", infinity="∞")
+class Html(str):
+    """Markup the report wrote itself: the only text that enters the page unescaped.
+
+    Every value from a file or the data enters through :func:`esc`, :func:`num`, :meth:`format`,
+    :meth:`join` or a cell of :func:`kv`, :func:`cards` and :func:`td`, which escape anything that
+    is not already ``Html`` (numbers included: a "number" read from a file may be any text).
+    """
+
+    def format(self, *args, **kwargs) -> Html:
+        """``str.format`` with every argument that is not ``Html`` escaped after formatting."""
+        return Html(_ESCAPING.vformat(self, args, kwargs))
+
+    def join(self, parts) -> Html:
+        return Html(str.join(self, (cell(p) for p in parts)))
+
+
+class _Escaping(string.Formatter):
+    def format_field(self, value, format_spec: str) -> str:
+        return value if isinstance(value, Html) and not format_spec else esc(format(value, format_spec))
+
+
+_ESCAPING = _Escaping()
+
+
+def esc(s: Any) -> Html:
+    """``s`` as text in the page (its ``str``, escaped); ``Html`` stays as it is."""
+    return s if isinstance(s, Html) else Html(html.escape(str(s), quote=True))
+
+
+def num(v, digits: int = DIGITS) -> Html:
+    """A number for humans in the report: ``∞``, ``–`` for missing (:func:`empdp.textfmt.fmt`);
+    escaped, since a field meant to hold a number may hold any text."""
+    return esc(fmt(v, digits, missing="–", infinity="∞"))
+
+
+def cell(v) -> Html:
+    """A table or card cell: ``Html`` as is, a number through :func:`num`, anything else escaped."""
+    if isinstance(v, Html):
+        return v
+    if v is None or isinstance(v, (numbers.Number, np.number, np.bool_)):
+        return num(v)
+    return esc(v)
 
 
 def inf_if_none(v):
@@ -68,46 +109,63 @@ def inf_if_none(v):
     return math.inf if v is None else v
 
 
-def esc(s: Any) -> str:
-    return html.escape(str(s), quote=True)
+def section(sid: str, title: str, *parts: str) -> Html:
+    return Html(f'<section id="{esc(sid)}">\n<h2>{esc(title)}</h2>\n' + "\n".join(parts) + "\n</section>")
 
 
-def section(sid: str, title: str, *parts: str) -> str:
-    return f'<section id="{sid}">\n<h2>{esc(title)}</h2>\n' + "\n".join(parts) + "\n</section>"
+def explain(text: str) -> Html:
+    """A paragraph of the report's own prose (its values entered through :func:`esc`/:func:`num`)."""
+    return Html(f'<p class="explain">{text}</p>')
 
 
-def explain(text: str) -> str:
-    return f'<p class="explain">{text}</p>'
+def kv(rows) -> Html:
+    body = "".join(f"<tr><th>{esc(k)}</th><td>{cell(v)}</td></tr>" for k, v in rows)
+    return Html(f'<table class="kv">{body}</table>')
 
 
-def kv(rows) -> str:
-    body = "".join(f"<tr><th>{esc(k)}</th><td>{v}</td></tr>" for k, v in rows)
-    return f'<table class="kv">{body}</table>'
+def table(head: str, body: str) -> Html:
+    """A table: ``head`` and ``body`` are rows of ``<tr>`` markup (:func:`tr`)."""
+    return Html(f"<table><thead>{head}</thead><tbody>{body}</tbody></table>")
 
 
-def table(head: str, body: str) -> str:
-    """A table of numbers: ``head`` and ``body`` are rows of ``<tr>`` markup."""
-    return f"<table><thead>{head}</thead><tbody>{body}</tbody></table>"
+class _Td(Html):
+    """A whole ``<td>`` element (:func:`td`), which :func:`tr` takes as it is."""
 
 
-def cards(items) -> str:
-    return '<div class="cards">' + "".join(
-        f'<div class="card"><div class="k">{k}</div><div class="v">{v}</div></div>' for k, v in items) + "</div>"
+def td(v, cls: str | None = "n") -> _Td:
+    """One cell (:func:`cell`), right-aligned as a number unless ``cls`` says otherwise."""
+    return _Td(f"<td class='{cls}'>{cell(v)}</td>" if cls else f"<td>{cell(v)}</td>")
 
 
-def p_badge(p) -> str:
-    if p is None or not np.isfinite(p):
-        return "–"
+def tr(*cells) -> Html:
+    """One row: each cell a :func:`td`, or anything else (a value or ``Html``) in a right-aligned one."""
+    return Html("<tr>" + "".join(c if isinstance(c, _Td) else td(c) for c in cells) + "</tr>")
+
+
+def code(v) -> Html:
+    """``v`` escaped, in code type (ids, column names, queries)."""
+    return Html(f"<code>{esc(v)}</code>")
+
+
+def cards(items) -> Html:
+    return Html('<div class="cards">' + "".join(
+        f'<div class="card"><div class="k">{cell(k)}</div><div class="v">{cell(v)}</div></div>'
+        for k, v in items) + "</div>")
+
+
+def p_badge(p) -> Html:
+    if not isinstance(p, numbers.Real) or not np.isfinite(p):
+        return num(p)
     cls, word = ("bad", "rejected at 5%") if p < 0.05 else ("ok", "not rejected")
-    return f'p = {num(p, 3)} <span class="{cls}">({word})</span>'
+    return Html(f'p = {num(p, 3)} <span class="{cls}">({word})</span>')
 
 
-def verdict(ok, yes: str, no: str) -> str:
+def verdict(ok, yes: str, no: str) -> Html:
     """``yes`` in green when ``ok``, else ``no`` in red."""
-    return f"<span class='{'ok' if ok else 'bad'}'>{yes if ok else no}</span>"
+    return Html(f"<span class='{'ok' if ok else 'bad'}'>{esc(yes if ok else no)}</span>")
 
 
 def extra_rows(d: dict, known) -> list:
     """Key-value rows of the scalar fields of ``d`` the section does not show otherwise."""
-    return [(k, esc(num(v) if not isinstance(v, str) else v)) for k, v in d.items()
+    return [(k, v) for k, v in d.items()
             if k not in known and (isinstance(v, (str, int, float, bool)) or v is None)]

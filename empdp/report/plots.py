@@ -23,6 +23,12 @@ def _figure(w: float = 9.0, h: float = 3.6, **kw) -> Figure:
     return fig
 
 
+def _text(value) -> str:
+    """A value from the data or a file (an id, a statistic's name) as literal figure text: a ``$``
+    would start matplotlib's math mode, where a stray ``\\`` or brace stops the report."""
+    return str(value).replace("$", r"\$")
+
+
 def _style(ax) -> None:
     ax.spines[["top", "right"]].set_visible(False)
     ax.grid(True, color="#e6e8ec", lw=0.8)
@@ -96,7 +102,7 @@ def densities(a, eps: float, rows, shifts, pick) -> str:
         top.plot(q, np.zeros_like(q), "|", color=BLUE, ms=12, mew=1.2, transform=tr, clip_on=False)
         top.plot(q - s, np.full_like(q, 0.06), "|", color=ORANGE, ms=8, mew=1, transform=tr, clip_on=False)
         r = rows[k]
-        top.set_title(f"id {r['shown_id']}\nεᵢ = {num(r['eps_i'], 3)}, δᵢ(ε) = {num(r['delta'], 3)}",
+        top.set_title(f"id {_text(r['shown_id'])}\nεᵢ = {num(r['eps_i'], 3)}, δᵢ(ε) = {num(r['delta'], 3)}",
                       fontsize=10)
         lr = m.logpdf(x) - m.logpdf(x, shifts=s)
         bot.plot(x, lr, color=PURPLE, lw=1.4)
@@ -132,7 +138,7 @@ def adversary_risk(a) -> str:
     ax = fig.add_subplot()
     ue = np.array([r["epsilon"] for r in unc["sweep"]])
     ut = np.array([r["total_risk"] for r in unc["sweep"]])
-    ax.plot(a.epsilons, a.total_risk, color=RED, lw=2, label=f"δ*(ε) knowing {adv['statistic']}")
+    ax.plot(a.epsilons, a.total_risk, color=RED, lw=2, label=f"δ*(ε) knowing {_text(adv['statistic'])}")
     ax.plot(ue, ut, color=GREY, lw=2, ls="--", label="δ*(ε) without that knowledge")
     ax.set_xlabel("privacy level ε")
     ax.set_ylabel("total risk δ*")
@@ -166,7 +172,7 @@ def loss_curve(d: dict, lb, truth) -> str | None:
 
 def _axis(names, k: int, width: int = 34) -> str:
     name = names[k] if len(names[k]) <= width else names[k][:width - 1] + "…"
-    return f"statistic {k + 1}: {name}"
+    return f"statistic {k + 1}: {_text(name)}"
 
 
 def joint_contours(names, model, eps: float, title: str, shifts) -> str:
@@ -204,7 +210,7 @@ def joint_contours(names, model, eps: float, title: str, shifts) -> str:
         ax.plot(*g.coordinates(model.points).T, "o", color="black", ms=2.5)
         fig.colorbar(mesh, ax=ax, label="log p̂ − log p̂ᵢ (dotted: ±ε)")
         _pair_labels(ax, names, g)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(_text(title), fontsize=10)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, frameon=False,
                fontsize=9)
     return _img(fig, "joint density with and without the riskiest individual")
@@ -237,5 +243,5 @@ def _joint_line(names, model, eps: float, title: str, shifts, pad: float) -> str
         ax.set_xlabel(_axis(names, 0))
         _style(ax)
     top.legend(frameon=False, fontsize=9)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(_text(title), fontsize=10)
     return _img(fig, "density with and without the riskiest individual")
