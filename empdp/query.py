@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from .data import shorten
+from .data.guard import check_filter, check_select
 from .errors import InputError
 
 DECOMPOSABLE = ("count", "sum", "mean", "var", "std", "ratio")
@@ -83,7 +84,8 @@ def parse_query(query: str | None = None, *, where: str | None = None, sql: str 
     """Parse ``--query``/``--where`` or ``--sql`` into a :class:`Query`.
 
     Raises :class:`InputError` naming the accepted forms when the expression is
-    not understood.
+    not understood, and when ``where`` is not one SQL expression or ``sql`` not one read-only
+    SELECT over ``db`` (:mod:`empdp.data.guard`, docs/user-sql.md).
     """
     if (query is None) == (sql is None):
         raise InputError("give exactly one of --query EXPR or --sql 'SELECT ... FROM db'")
@@ -93,11 +95,9 @@ def parse_query(query: str | None = None, *, where: str | None = None, sql: str 
         if not _SQL_DB.search(sql):
             raise InputError("--sql must read the table 'db' (one database), e.g. "
                              "--sql 'SELECT avg(x) FROM db'")
-        body = sql.strip().rstrip(";").strip()
-        if ";" in re.sub(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"", "", body):  # outside quoted text
-            raise InputError("--sql must be one SELECT statement (it holds ';' between statements); "
-                             "put the whole query in one SELECT")
+        body = check_select(sql.strip().rstrip(";").strip(), "--sql")
         return Query(form="sql", sql=body, text=sql.strip())
+    check_filter(where, "--where")
     text = query.strip()
     m = _RATIO.match(text)
     if m:

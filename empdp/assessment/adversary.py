@@ -98,8 +98,11 @@ def read_statistic(source, labels, *, id: str, by: str, adversary: str | None, a
     """g on every database of the assessment (``labels``) and its description, computed by the engine
     the assessment reads with (``engine``: the keywords of :func:`empdp.loo.open_engine`, e.g.
     ``engine="spark"``, ``table=``): only one number per database leaves it."""
+    from ..data.guard import check_select
     from ..loo import open_engine
 
+    if adversary_sql is not None:  # named as the user gave it (the engine would say --sql)
+        check_select(adversary_sql.strip().rstrip(";").strip(), "--adversary-sql")
     knows = open_engine(source, id=id, by=by, query=adversary, sql=adversary_sql, **engine)
     statistic = knows.query.describe()
     try:

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from ..errors import InputError
 from .connection import close_connection, connect, memory_limit_bytes
+from .guard import filter_sql, lock_down
 from .sql import arrow_batches, clip, fetch_arrow, first_line, quote_ident, quote_literal, shorten, sql_errors
 
 SOURCE_VIEW = "__src"
@@ -120,7 +121,7 @@ class Panel(Source):
         cols = "".join(f", {quote_ident(c)}" for c in columns)
         conds = [f"{quote_ident(self.id)} IS NOT NULL"]
         if where:
-            conds.append(f"({where})")
+            conds.append(filter_sql(where))
         if self.label_index is not None:
             return (f"SELECT {self.label_index} AS __j, {quote_ident(self.id)} AS __i{cols} "
                     f"FROM {SOURCE_VIEW} WHERE {' AND '.join(conds)}")
@@ -145,7 +146,7 @@ class Panel(Source):
             q = quote_ident(column)
             bad = self.fetchall(
                 f"SELECT count(*) FILTER (WHERE isnan({q})), count(*) FILTER (WHERE isinf({q})) "
-                f"FROM {SOURCE_VIEW}" + (f" WHERE ({where})" if where else ""), where=where)[0]
+                f"FROM {SOURCE_VIEW}" + (f" WHERE {filter_sql(where)}" if where else ""), where=where)[0]
             if bad[0] or bad[1]:
                 raise InputError(
                     f"column {shorten(column)} has {bad[0]} NaN and {bad[1]} infinite values"
@@ -162,21 +163,21 @@ class Panel(Source):
             )
 
 
-def _read_expr(path: str) -> str:
-    """DuckDB table function call reading a file, glob or hive-partitioned folder."""
-    lower = path.lower()
-    lit = quote_literal(path)
+def _read_expr(con: duckdb.DuckDBPyConnection, path: str) -> tuple[str, list]:
+    """DuckDB table function call reading a file, glob or hive-partitioned folder, and the files it reads.
+
+    A glob or folder is expanded here, by DuckDB's own ``glob``, into the list of files it matches:
+    once the connection is locked (:func:`~empdp.data.guard.lock_down`) DuckDB may read those
+    files and no other, and a pattern would need the directories listed at every scan.
+    """
     if os.path.isdir(path):
         files = [p for p in Path(path).rglob("*") if p.is_file() and not p.name.startswith(".")]
         if not files:
             raise InputError(f"folder {shorten(path)} contains no files")
         ext = file_format(str(files[0]))
-        pattern = quote_literal(os.path.join(path, "**", "*" + Path(files[0]).suffix))
-        if ext == "parquet":
-            return f"read_parquet({pattern}, hive_partitioning = true)"
-        if ext == "csv":
-            return f"read_csv({pattern}, hive_partitioning = true)"
-        return f"read_json_auto({pattern}, hive_partitioning = true)"
+        listed = _glob(con, os.path.join(path, "**", "*" + Path(files[0]).suffix), path)
+        reader = {"parquet": "read_parquet", "csv": "read_csv"}.get(ext, "read_json_auto")
+        return f"{reader}({_list_literal(listed)}, hive_partitioning = true)", listed
     is_glob = any(ch in path for ch in "*?[")
     if is_glob:
         if not glob.glob(path, recursive=True):
@@ -184,15 +185,30 @@ def _read_expr(path: str) -> str:
     elif not os.path.exists(path):
         raise InputError(f"source {shorten(path)} not found; give a Parquet/CSV/JSON file, a glob, "
                          f"a folder, or FILE.duckdb::TABLE")
-    kind = file_format(lower)
-    if kind == "parquet":
-        return f"read_parquet({lit})"
-    if kind == "csv":
-        return f"read_csv({lit})"
-    if kind == "json":
-        return f"read_json_auto({lit})"
-    raise InputError(f"cannot tell the format of {shorten(path)}; use a .parquet, .csv, .tsv or .json(l) "
-                     f"file, or FILE.duckdb::TABLE")
+    kind = file_format(path)
+    reader = {"parquet": "read_parquet", "csv": "read_csv", "json": "read_json_auto"}.get(kind)
+    if reader is None:
+        raise InputError(f"cannot tell the format of {shorten(path)}; use a .parquet, .csv, .tsv or .json(l) "
+                         f"file, or FILE.duckdb::TABLE")
+    if not is_glob:
+        return f"{reader}({quote_literal(path)})", [path]
+    listed = _glob(con, path, path)
+    return f"{reader}({_list_literal(listed)})", listed
+
+
+def _glob(con: duckdb.DuckDBPyConnection, pattern: str, shown: str) -> list:
+    """The files DuckDB's glob matches (the ones its readers would read from ``pattern``)."""
+    try:
+        files = [r[0] for r in con.execute("SELECT file FROM glob(?) ORDER BY file", [pattern]).fetchall()]
+    except duckdb.Error as exc:
+        raise InputError(f"cannot list the files of {shorten(shown)}: {first_line(exc)}") from None
+    if not files:
+        raise InputError(f"no file matches {shorten(shown)}")
+    return files
+
+
+def _list_literal(files: list) -> str:
+    return "[" + ", ".join(quote_literal(f) for f in files) + "]"
 
 
 def file_format(lower: str) -> str | None:
@@ -210,8 +226,9 @@ def file_format(lower: str) -> str | None:
     return None
 
 
-def _register_source(con: duckdb.DuckDBPyConnection, source: Any) -> str:
-    """Create the view ``__src`` over ``source``; return its description."""
+def _register_source(con: duckdb.DuckDBPyConnection, source: Any) -> tuple[str, list]:
+    """Create the view ``__src`` over ``source``; return its description and the files it reads
+    (none for a frame or an attached DuckDB file, which stay open)."""
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if "::" in path:
@@ -223,13 +240,13 @@ def _register_source(con: duckdb.DuckDBPyConnection, source: Any) -> str:
                 con.execute(f"CREATE VIEW {SOURCE_VIEW} AS SELECT * FROM __user.{quote_ident(table)}")
             except duckdb.Error as exc:
                 raise InputError(f"cannot read table {shorten(table)} of {shorten(db_path)}: {first_line(exc)}") from None
-            return path
-        expr = _read_expr(path)
+            return path, []
+        expr, files = _read_expr(con, path)
         try:
             con.execute(f"CREATE VIEW {SOURCE_VIEW} AS SELECT * FROM {expr}")
         except duckdb.Error as exc:
             raise InputError(f"cannot read {shorten(path)}: {first_line(exc)}") from None
-        return path
+        return path, files
     if isinstance(source, duckdb.DuckDBPyRelation):
         source = source.arrow()
     mod = type(source).__module__.split(".")[0]
@@ -238,7 +255,7 @@ def _register_source(con: duckdb.DuckDBPyConnection, source: Any) -> str:
             source = source.to_arrow()
         con.register("__frame", source)
         con.execute(f"CREATE VIEW {SOURCE_VIEW} AS SELECT * FROM __frame")
-        return f"<{mod} frame>"
+        return f"<{mod} frame>", []
     raise InputError(
         f"unsupported source of type {type(source).__name__}; give a path, a glob, "
         f"FILE.duckdb::TABLE, or a pandas/polars/Arrow frame or DuckDB relation"
@@ -260,9 +277,14 @@ def open_panel(
     Raises :class:`InputError` with one line naming the problem for: a missing
     file, missing columns, NULL ids (unless ``drop_null_ids``), an empty source,
     or fewer than two databases.
+
+    Once the source is registered, the connection (``con`` too, when given) is locked down
+    (:func:`~empdp.data.guard.lock_down`): SQL run on it reads the source's files and nothing
+    else outside, and cannot change its configuration (docs/user-sql.md).
     """
     con = con or connect(memory_limit, threads)
-    description = _register_source(con, source)
+    description, files = _register_source(con, source)
+    lock_down(con, files + [os.path.abspath(f) for f in files])
     try:
         cols = con.execute(f"DESCRIBE SELECT * FROM {SOURCE_VIEW}").fetchall()
     except duckdb.Error as exc:

@@ -54,10 +54,15 @@ def sql_errors(where: str | None = None, context: str | None = None):
     """DuckDB's bad-input errors (:data:`BAD_INPUT_ERRORS`) as a one-line :class:`InputError`.
 
     A parser or binder error with a ``--where`` filter names the filter; with ``context``, every
-    DuckDB error is reported after it (e.g. "--sql failed on database 2001").
+    DuckDB error is reported after it (e.g. "--sql failed on database 2001"). A permission error
+    (SQL reaching a file or setting on a locked-down connection) is bad input too.
     """
     try:
         yield
+    except duckdb.PermissionException as exc:
+        # the connection is locked down (empdp.data.guard.lock_down): user SQL reached outside the source
+        raise InputError(f"{context + ': ' if context else ''}the SQL reaches outside the source ({first_line(exc, 120)}); "
+                         "user SQL may read only the source's table (docs/user-sql.md)") from None
     except duckdb.Error as exc:
         if context:
             raise InputError(f"{context}: {first_line(exc)}") from None

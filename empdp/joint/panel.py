@@ -17,6 +17,7 @@ import numpy as np
 import polars as pl
 
 from ..data import open_panel
+from ..data.guard import check_filter, check_select, filter_sql
 from ..data.sql import group_cells, group_filter, shorten
 from ..errors import InputError
 from ..loo import _replace_db, open_decomposable_set, open_engine
@@ -194,6 +195,9 @@ def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | N
         raise InputError("a grouped statistic is one query; the groups make the vector")
     if sql is not None and where:
         raise InputError("--where goes with --query; put the filter inside --sql instead")
+    check_filter(where, "--where")
+    if sql is not None:
+        check_select(sql, "--sql")
     if group_by in (id, by):
         raise InputError(f"--group-by column {shorten(group_by)} is the {'--id' if group_by == id else '--by'} "
                          "column; group by another column")
@@ -210,7 +214,7 @@ def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | N
         read = []
         for gtext, value in groups:
             cond = group_filter(group_by, gtext)
-            st = ({"query": query, "where": f"({where}) AND {cond}" if where else cond} if query is not None
+            st = ({"query": query, "where": f"{filter_sql(where)} AND {cond}" if where else cond} if query is not None
                   else {"sql": _replace_db(sql, f"(SELECT * FROM db WHERE {cond}) AS db")})
             try:  # each group's engine on the one panel: opened and checked once, not once a group
                 engine = open_engine(source, panel=base, id=id, by=by, drop_null_ids=drop_null_ids,

@@ -14,6 +14,7 @@ import polars as pl
 
 from ..data import clip, quote_ident
 from ..data import shorten as short
+from ..data.guard import check_select
 from ..errors import InputError
 from .base import factorize
 from .sparse import InMemoryEngine, SparseShifts
@@ -36,7 +37,8 @@ class SqlEngine(InMemoryEngine):
                           f"WHERE __j = {j} AND {qi} IS NOT NULL")
             panel.execute("CREATE OR REPLACE TEMP VIEW db AS SELECT * FROM __dbj")
             qv[j] = _scalar(panel, sql, panel.labels[j])
-            tab = panel.try_arrow(f"SELECT __ids.__id AS __i, ({rewritten}) AS v, "
+            # the line breaks end a trailing '--' comment of the user's inside the parentheses
+            tab = panel.try_arrow(f"SELECT __ids.__id AS __i, (\n{rewritten}\n) AS v, "
                                   f"(SELECT count(*) FROM __dbj WHERE {qi} IS DISTINCT FROM __ids.__id) AS rest "
                                   f"FROM (SELECT DISTINCT {qi} AS __id FROM __dbj) __ids")
             df = _loo_by_rerunning(panel, sql, qi) if tab is None else pl.from_arrow(tab)
@@ -52,8 +54,14 @@ class SqlEngine(InMemoryEngine):
 
 
 def _replace_db(sql: str, replacement: str) -> str:
-    """``sql`` reading ``replacement`` where it reads the table ``db``."""
-    return re.sub(r"\bFROM\s+db\b", "FROM " + replacement, sql, flags=re.I)
+    """``sql`` reading ``replacement`` where it reads the table ``db``.
+
+    Both the user's ``sql`` and the rewritten text must be one read-only SELECT
+    (:func:`~empdp.data.guard.check_select`): the rewrite is textual, and text it puts inside a
+    comment of the user's (a group's value, say) must not become SQL of its own.
+    """
+    check_select(sql, "--sql")
+    return check_select(re.sub(r"\bFROM\s+db\b", "FROM " + replacement, sql, flags=re.I), "--sql", tables=None)
 
 
 def _scalar(panel, sql: str, label) -> float:

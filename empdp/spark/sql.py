@@ -58,7 +58,7 @@ def sql_delta(engine, qv: np.ndarray) -> pl.DataFrame:
         loo_sql = _replace_db(sql, f"(SELECT * FROM {view} WHERE {qi} IS DISTINCT FROM __ids.__id) AS db")
         try:
             df = pl.from_arrow(_arrow(spark.sql(
-                f"SELECT __ids.__id AS __i, CAST(({loo_sql}) AS DOUBLE) AS v, "
+                f"SELECT __ids.__id AS __i, CAST((\n{loo_sql}\n) AS DOUBLE) AS v, "
                 f"(SELECT count(*) FROM {view} WHERE {qi} IS DISTINCT FROM __ids.__id) AS rest "
                 f"FROM (SELECT DISTINCT {qi} AS __id FROM {view}) __ids")))
         except Exception:  # noqa: BLE001 - Spark cannot decorrelate this query: one run per individual
