@@ -7,6 +7,7 @@ import contextvars
 import hashlib
 import hmac
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -328,3 +329,155 @@ def read_json(path: str | os.PathLike, what: str, hint: str = ""):
         raise InputError(f"{what} {shown} is not valid JSON: {_clip(exc, 120)}") from None
     except ValueError as exc:  # e.g. Python's limit on the digits of an integer
         raise InputError(f"{what} {shown} cannot be read as JSON: {_clip(exc, 120)}") from None
+
+
+# ------------------------------------------------------------------ fields of files read back
+
+class Field:
+    """What one field of a JSON file read back must hold (:func:`check_fields`); ``what`` names it
+    in the error. Subclasses check one kind; a field the reader never uses has no spec."""
+
+    what = "a value"
+
+    def problem(self, value, path: str) -> tuple[str, str, object] | None:
+        """``(path, expected, got)`` of the first value that does not fit, or None."""
+        return None if self.fits(value) else (path, self.what, value)
+
+    def fits(self, value) -> bool:
+        raise NotImplementedError
+
+
+class Num(Field):
+    """A number in ``[lo, hi]`` (``gt``: above it); ``integer`` for counts; ``null`` allows null (a
+    missing or NaN value); ``inf`` allows ±∞, as a float or the strings "inf"/"-inf" result files write."""
+
+    def __init__(self, lo: float = -math.inf, hi: float = math.inf, *, gt: float | None = None,
+                 integer: bool = False, null: bool = False, inf: bool = False):
+        self.lo, self.hi, self.gt, self.integer, self.null, self.inf = lo, hi, gt, integer, null, inf
+        bounds = f" above {gt:g}" if gt is not None else "" if (lo, hi) == (-math.inf, math.inf) else \
+            f" in [{lo:g}, {hi:g}]"
+        self.what = f"{'an integer' if integer else 'a number'}{bounds}" + (" or null" if null else "")
+
+    def fits(self, value) -> bool:
+        if value is None:
+            return self.null
+        if self.inf and value in ("inf", "-inf"):
+            value = float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (self.integer and not isinstance(value, int)):
+            return False
+        if math.isnan(value):
+            return self.null
+        if math.isinf(value) and not self.inf:
+            return False
+        return self.lo <= value <= self.hi and (self.gt is None or value > self.gt)
+
+
+class Kind(Field):
+    """A value of one of the JSON ``types`` (bool is never a number here), or one of ``choices``."""
+
+    def __init__(self, *types: type, choices: tuple = (), what: str = ""):
+        self.types, self.choices = types, choices
+        self.what = what or (f"one of {', '.join(map(repr, choices))}" if choices else
+                             " or ".join("null" if t is type(None) else {str: "text", bool: "true or false"}.get(
+                                 t, t.__name__) for t in types))
+
+    def fits(self, value) -> bool:
+        if self.choices:
+            return any(value == c and type(value) is type(c) for c in self.choices)
+        return isinstance(value, self.types) and not (isinstance(value, bool) and bool not in self.types)
+
+
+TEXT, FLAG = Kind(str), Kind(bool)
+#: a label or an id: JSON's scalars
+SCALAR = Kind(str, int, float, bool, type(None), what="a text, a number, true, false or null")
+
+
+class ListOf(Field):
+    """A list of items of ``item``, of ``min``–``max`` of them."""
+
+    def __init__(self, item: Field, min: int = 0, max: int | None = None):
+        self.item, self.min, self.max = item, min, max
+        self.what = f"a list of {min if max is None else f'{min}-{max}'}{'+' if max is None and min else ''} items" \
+            if min or max is not None else "a list"
+
+    def problem(self, value, path: str):
+        if not isinstance(value, list) or len(value) < self.min or (self.max is not None and len(value) > self.max):
+            return path, self.what, value
+        for k, v in enumerate(value):
+            found = self.item.problem(v, f"{path}[{k}]")
+            if found:
+                return found
+        return None
+
+
+class Obj(Field):
+    """A JSON object with the ``fields`` (name → spec; None: present, not checked); ``optional``
+    names may be missing. Other keys are data the reader never uses, and are left alone."""
+
+    what = "an object"
+
+    def __init__(self, fields: dict, optional: tuple = ()):
+        self.fields, self.optional = fields, set(optional)
+
+    def problem(self, value, path: str):
+        if not isinstance(value, dict):
+            return path, self.what, value
+        for name, spec in self.fields.items():
+            where = f"{path}.{name}" if path else name
+            if name not in value:
+                if name in self.optional:
+                    continue
+                return where, "present", _MISSING
+            found = spec.problem(value[name], where) if spec is not None else None
+            if found:
+                return found
+        return None
+
+
+class MapOf(Field):
+    """A JSON object whose keys are the text of integers (JSON's keys of a histogram) and values ``item``."""
+
+    what = "an object of integer keys"
+
+    def __init__(self, item: Field):
+        self.item = item
+
+    def problem(self, value, path: str):
+        if not isinstance(value, dict) or not all(isinstance(k, str) and k.strip().lstrip("-").isdigit()
+                                                  for k in value):
+            return path, self.what, value
+        for k, v in value.items():
+            found = self.item.problem(v, f"{path}.{k}")
+            if found:
+                return found
+        return None
+
+
+_MISSING = object()
+
+
+def check_fields(doc, schema: Field, what: str, path, hint: str = "") -> None:
+    """Refuse a file whose content does not fit ``schema``, in one line naming the file and the first
+    field that does not fit, before any of it is used: a file from elsewhere is data, whatever it holds.
+
+    Raises
+    ------
+    InputError
+        Naming ``what`` (the kind of file), ``path`` and the field, e.g. ``result file r.json is
+        damaged or incomplete: field 'sweep.delta[3]' must be a number in [0, 1] or null, got 'abc'``,
+        then ``hint``.
+    """
+    from .errors import InputError
+
+    found = schema.problem(doc, "")
+    if found is None:
+        return
+    field, expected, got = found
+    name = f"field {field!r}" if field else "its content"
+    where = f"{what} {_shorten(str(path))} is damaged or incomplete"
+    if got is _MISSING:
+        raise InputError(f"{where}: {name} is missing{hint}")
+    shown = repr(_clip(got, 40)) if isinstance(got, str) else \
+        type(got).__name__.replace("NoneType", "null").replace("dict", "an object").replace("list", "a list") \
+        if isinstance(got, (dict, list, type(None))) else repr(got)[:40]
+    raise InputError(f"{where}: {name} must be {expected}, got {shown}{hint}")

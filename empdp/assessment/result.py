@@ -38,7 +38,7 @@ import polars as pl
 from .. import risk
 from ..density import DensityModel
 from ..errors import InputError
-from ..io import atomic_path, keyed_hash, read_json
+from ..io import FLAG, SCALAR, TEXT, Kind, ListOf, MapOf, Num, Obj, atomic_path, check_fields, keyed_hash, read_json
 from ..joint.assess import JointAssessment
 from ..joint.model import MAX_DIM, JointModel
 from .assess import Assessment
@@ -286,6 +286,65 @@ def _kind_hint(d: Any) -> str:
     return ""
 
 
+# What each field of a result file must hold, checked before any is used (a file from elsewhere is data).
+# Floats are written by _enc: ±inf as "inf"/"-inf", NaN as null.
+_P = Num(0, 1, null=True)  # a probability
+_COUNT = Num(0, integer=True)
+_EPS = Num(0, null=True, inf=True)
+_FLOAT = Num(null=True, inf=True)
+_SWEEP = Obj({"epsilon": ListOf(Num(0), min=1), "delta": ListOf(_P), "total_risk": ListOf(_P),
+              "n_at_risk": ListOf(_COUNT)})
+_SELECTED = Kind(choices=("fixed", "loo-likelihood"))
+_INDEPENDENCE = Obj({"ljung_box_p": _P, "trend_p": _P})
+#: the fields every result has (:func:`_common`)
+_COMMON = {"ids_hashed": FLAG, "source": TEXT, "id": TEXT, "by": TEXT, "labels": ListOf(SCALAR, min=2),
+           "sweep": _SWEEP, "eps_all": _EPS, "warnings": ListOf(TEXT), "sole_contributors": _COUNT,
+           "n_individuals": _COUNT}
+
+
+def _model_schema(**more) -> Obj:
+    return Obj({"kernel": Kind(choices=("laplace", "gaussian")), "scale": Num(gt=0, hi=1e300),
+                "sensitivity": Num(0, 1e300), "bandwidths": ListOf(Num(gt=0, hi=1e300)), "loglik": _FLOAT,
+                "selected_by": _SELECTED, "candidates": ListOf(Obj({})), **more}, optional=("candidates",))
+
+
+def _table_schema(id_col, floats) -> Obj:
+    return Obj({**({id_col: ListOf(SCALAR)} if isinstance(id_col, str) else {}), "eps_i": ListOf(_EPS),
+                "delta": ListOf(_P), **{c: ListOf(Num(0, null=True, inf=True)) for c in floats[2:]},
+                "n_databases": ListOf(_COUNT), "sole_contributor": ListOf(FLAG), "sets_eps_all": ListOf(FLAG)},
+               optional=("sets_eps_all",))
+
+
+def _result_schema(d: dict) -> Obj:
+    """The fields a result of one statistic must hold (its id column names a column of its table)."""
+    buckets = ListOf(Obj({"lo": Num(), "hi": Num(), "n_databases": _COUNT, "eps_all": _EPS,
+                          "bandwidth": Num(gt=0), "databases": ListOf(SCALAR)}), min=1)
+    unconditional = Obj({"eps_all": _EPS, "sweep": ListOf(Obj({"epsilon": Num(0), "total_risk": _P}))})
+    return Obj({**_COMMON, "query": TEXT, "independence": _INDEPENDENCE, "q": ListOf(Num()),
+                "model": _model_schema(),
+                "representativeness": Obj({"median_databases_per_individual": Num(0, null=True),
+                                           "share_in_one_database": Num(0, 1), "share_in_all_databases": Num(0, 1),
+                                           "histogram": MapOf(_COUNT)}),
+                "n_evaluated": _COUNT, "screening": FLAG, "individuals": _table_schema(d.get("id"), _FLOAT_COLUMNS),
+                "individuals_epsilon": Num(0, null=True), "shifts": ListOf(ListOf(_FLOAT)),
+                "adversary": Obj({"statistic": TEXT, "buckets": buckets, "unconditional": unconditional}),
+                "bucket_models": ListOf(_model_schema(databases=ListOf(_COUNT)), min=1)},
+               optional=("ids_hashed", "individuals_epsilon", "adversary", "bucket_models"))
+
+
+def _joint_schema(d: dict) -> Obj:
+    """The fields a joint result (2–3 statistics) must hold."""
+    dim = len(d["queries"]) if isinstance(d.get("queries"), list) else 0
+    matrix = ListOf(ListOf(Num()))
+    return Obj({"queries": ListOf(TEXT, 2, MAX_DIM), **_COMMON, "independence": ListOf(_INDEPENDENCE),
+                "q": matrix, "model": Obj({"whitening": matrix, "unwhitening": matrix, "scales": ListOf(Num(gt=0)),
+                                           "loglik": _FLOAT, "selected_by": _SELECTED,
+                                           "candidates": ListOf(Obj({}))}, optional=("candidates",)),
+                "individuals": _table_schema(d.get("id"), _joint_float_columns(dim)),
+                "shifts": Obj({"ids": ListOf(SCALAR), "rows": ListOf(ListOf(ListOf(_FLOAT)))})},
+               optional=("ids_hashed",))
+
+
 def load_result(path) -> SavedAssessment | SavedJointAssessment:
     """Read a result file written by :func:`save_result` (of one statistic, or of a joint release).
 
@@ -300,6 +359,8 @@ def load_result(path) -> SavedAssessment | SavedJointAssessment:
         got = d.get("format") if isinstance(d, dict) else type(d).__name__
         raise InputError(f"{str(path)!r} is not an empdp result file (format {got!r}, expected {FORMAT!r})"
                          + _kind_hint(d))
+    check_fields(d, _joint_schema(d) if joint else _result_schema(d), "result file", path,
+                 "; re-create it with 'empdp assess ... --save-result FILE'")
     try:
         return _joint_from_dict(d) if joint else _from_dict(d)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, pl.exceptions.PolarsError) as exc:
