@@ -35,9 +35,10 @@ def load_extras(calibration: str | None, audit: str | None) -> tuple[dict | None
     if audit:
         aud = read_json(audit, "audit file", " (write one with 'empdp audit ... --json > FILE')")
         try:
-            kind = audit_kind(aud)
+            kind = audit_kind(aud, audit)
         except InputError as exc:
-            raise InputError(f"--audit {audit!r}: {exc}") from None
+            msg = str(exc)
+            raise InputError(msg if msg.startswith("audit result") else f"--audit {audit!r}: {msg}") from None
         log.info("audit %s: %s", audit, kind)
     if cal:
         log.info("calibration %s: epsilon %g, lambda* %.6g", calibration, cal["epsilon"], cal["lambda"])

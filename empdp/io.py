@@ -453,6 +453,17 @@ class MapOf(Field):
         return None
 
 
+class AnyOf(Field):
+    """A value that fits one of ``specs``."""
+
+    def __init__(self, *specs: Field):
+        self.specs = specs
+        self.what = " or ".join(spec.what for spec in specs)
+
+    def problem(self, value, path: str):
+        return None if any(spec.problem(value, path) is None for spec in self.specs) else (path, self.what, value)
+
+
 _MISSING = object()
 
 
@@ -474,7 +485,7 @@ def check_fields(doc, schema: Field, what: str, path, hint: str = "") -> None:
         return
     field, expected, got = found
     name = f"field {field!r}" if field else "its content"
-    where = f"{what} {_shorten(str(path))} is damaged or incomplete"
+    where = f"{what}{'' if path is None else ' ' + _shorten(str(path))} is damaged or incomplete"
     if got is _MISSING:
         raise InputError(f"{where}: {name} is missing{hint}")
     shown = repr(_clip(got, 40)) if isinstance(got, str) else \

@@ -7,6 +7,7 @@ import math
 from typing import Callable
 
 from ..errors import InputError
+from ..io import FLAG, SCALAR, TEXT, AnyOf, Kind, ListOf, Num, Obj, check_fields
 from . import plots
 from .markup import Html, code, esc, explain, extra_rows, kv, num, section, table, td, tr, verdict
 
@@ -19,11 +20,52 @@ _EXPLAIN = (
     "are asymptotic: see the sample sizes.")
 
 
-def audit_kind(d) -> str:
+_NUM = Num(null=True)  # the audit's --json writes a non-finite number as null
+_COUNT = Num(0, integer=True, null=True)
+_ALPHA = Num(0, 1, null=True)
+_KERNEL = Obj({"kind": TEXT, "scale": Num(0, null=True)}, optional=("kind", "scale"))
+#: the fields of each kind of audit summary the section shows (others are shown as text), checked
+#: before any is used: a file from elsewhere is data
+_BOUND = {"lower_bound": _NUM, "estimate": _NUM, "t_hat": _NUM, "n": _COUNT, "N": _COUNT, "alpha": _ALPHA,
+          "true_value": _NUM, "true_value_infinite": FLAG, "order": Num(gt=0, null=True), "direction": TEXT,
+          "warnings": ListOf(TEXT),
+          **dict.fromkeys(("loss", "loss_curve"), AnyOf(Kind(type(None)), Obj(
+              {"t": ListOf(AnyOf(_NUM, ListOf(_NUM))), "loss": ListOf(_NUM)}, optional=("t", "loss"))))}
+_RELEASE = {"target_epsilon": _NUM, "ok": FLAG, "order": Num(gt=0, null=True), "alpha": _ALPHA,
+            **dict.fromkeys(("mpl_lower_bound", "mpl_estimate", "exact_epsilon_max", "renyi_lower_bound",
+                             "exact_renyi_max"), _NUM),
+            **dict.fromkeys(("n", "N", "n_renyi"), _COUNT),
+            "noise": Obj({"kind": TEXT, "weight_zero": Num(0, 1, null=True), "scale": Num(0, null=True)},
+                         optional=("kind", "weight_zero", "scale")),
+            "curator_kernel": _KERNEL, "warnings": ListOf(TEXT), "adversary_statistic": TEXT,
+            "worst_bucket": _COUNT, "ids_hashed": FLAG,
+            "individuals": ListOf(Obj({"id": SCALAR, "bucket": _COUNT, "exact_epsilon": _NUM,
+                                       "mpl_estimate": _NUM, "exact_renyi": _NUM},
+                                      optional=("id", "bucket", "exact_epsilon", "mpl_estimate", "exact_renyi"))),
+            "buckets": ListOf(Obj({"lo": _NUM, "hi": _NUM, "n_databases": _COUNT, "curator_kernel": _KERNEL,
+                                   "alpha": _ALPHA, "ok": FLAG, **dict.fromkeys((
+                                       "mpl_lower_bound", "exact_epsilon_max", "renyi_lower_bound",
+                                       "exact_renyi_max"), _NUM)},
+                                  optional=("lo", "hi", "n_databases", "curator_kernel", "alpha", "ok",
+                                            "mpl_lower_bound", "exact_epsilon_max", "renyi_lower_bound",
+                                            "exact_renyi_max")))}
+
+
+def _schema(fields: dict, key: str) -> Obj:
+    """Every field optional but the bound ``key``."""
+    return Obj({key: _NUM, **fields}, optional=tuple(fields))
+
+
+_SCHEMAS = {"mpl": _schema(_BOUND, "lower_bound"), "renyi": _schema(_BOUND, "lower_bound"),
+            "release": _schema(_RELEASE, "mpl_lower_bound")}
+
+
+def audit_kind(d, path=None) -> str:
     """The kind of an audit summary (``mpl``, ``renyi`` or ``release``), checking it is one.
 
     Accepts what ``empdp audit mpl|renyi|release --json`` prints (the ``method``
-    key) and, as ``mpl``, a plain dict with a ``lower_bound``.
+    key) and, as ``mpl``, a plain dict with a ``lower_bound``; every field the section shows is
+    checked by type and range (``path`` names the file in the error).
 
     Raises
     ------
@@ -35,11 +77,7 @@ def audit_kind(d) -> str:
     if kind not in AUDIT_KINDS or key not in d:
         raise InputError("not an empdp audit result: expected the JSON printed by "
                          "'empdp audit mpl|renyi|release --json'")
-    for name in (key, "true_value", "estimate", "exact_epsilon_max", "target_epsilon"):
-        v = d.get(name)
-        if not (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))):
-            raise InputError(f"audit result: field {name!r} must be a number or null, got "
-                             f"{str(v)[:40]!r}; re-create it with 'empdp audit ... --json'")
+    check_fields(d, _SCHEMAS[kind], "audit result", path, "; re-create it with 'empdp audit ... --json'")
     return kind
 
 
