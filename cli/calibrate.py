@@ -9,9 +9,10 @@ import click
 
 from empdp.errors import InputError
 from empdp.keys import KEY_ENV, key_id, load_key
-from empdp.noise import Calibration, JointCalibration, Ledger, joint_query_value, load_calibration, query_value
+from empdp.noise import Calibration, JointCalibration, Ledger, load_calibration, release_value
 from empdp.noise import calibrate as calibrate_source
 from empdp.noise.exact import check_epsilon
+from empdp.noise.ledger import UNLIMITED, parse_budget
 from empdp.textfmt import fmt
 
 from . import _common as common
@@ -231,29 +232,37 @@ def _values(text: str, d: int) -> float | list[float]:
                    "statistic, comma-separated, in the calibration's order.")
 @click.option("--database", help="With SOURCE: compute the query on this database label.")
 @click.option("--ledger", metavar="FILE", help="Ledger file the release is appended to (default: CALIBRATION with "
-                                                "suffix .ledger.sqlite); not a symbolic link.")
-@click.option("--budget", type=float, help="Total epsilon budget of the ledger, fixed by its first use (default: "
-                                           "none, so spending is unlimited).")
+                                                "suffix .ledger.sqlite); not a symbolic link. A new ledger is "
+                                                "started only at a path with no file, and only with --budget.")
+@click.option("--budget", metavar="EPS|unlimited",
+              help="Total epsilon budget of the ledger: needed to start a new ledger (a number, or 'unlimited'); "
+                   "on an existing ledger it must be the one it has (a ledger started unlimited takes one once).")
+@click.option("--expect-head", metavar="HEX", help="A chain head recorded earlier: refuse to release unless it is in "
+                                                   "the ledger (catches a ledger rolled back or replaced).")
 @click.option("--seed", type=int, help="Reproducible noise for TESTS ONLY: the release is marked not private "
                                        "(default: none, the operating system's CSPRNG).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB.")
 @common.engine_options("With SOURCE: compute the query with duckdb (embedded) or spark (see docs/spark.md).")
 @key_options
 @common.output_options
-def release(calibration, source, value, database, ledger, budget, seed, memory_limit, engine, spark_master,
-            spark_remote, table, key_file, allow_unsigned, as_json, quiet, verbose, debug):
+def release(calibration, source, value, database, ledger, budget, expect_head, seed, memory_limit, engine,
+            spark_master, spark_remote, table, key_file, allow_unsigned, as_json, quiet, verbose, debug):
     """Add calibrated noise to a new statistic and record it in the ledger (docs/method.md#84-secure-sampling).
 
     Before anything is released, the calibration's HMAC and the whole ledger
-    chain (records, budget, head) are verified under the curator key; any
-    mismatch is refused (exit 2) and nothing is written. The noise comes from
-    the operating system's CSPRNG on an exact 2^-k grid. A release that would
-    take the ledger past its total-epsilon budget is refused (exit 1) and
-    nothing is written. The true value is never printed.
+    (its schema, records, budget and head) are verified under the curator
+    key; any mismatch is refused (exit 2) and nothing is written. The noise
+    comes from the operating system's CSPRNG on an exact 2^-k grid. A release
+    that would take the ledger past its total-epsilon budget is refused
+    (exit 1) and nothing is written. The ledger records the SHA-256 digest of
+    SOURCE (or that the value was given); with SOURCE only database LABEL is
+    needed in it. The noisy value is printed only once the record is
+    committed and read back; the true value is never printed.
 
     \b
     Examples:
       empdp release cal.json --value 0.4711 --ledger releases.sqlite --budget 3 --key-file curator.key
+      empdp release cal.json --value 0.52 --ledger releases.sqlite --expect-head 3f2a...c9
       EMPDP_KEY=... empdp release cal.json new_year.parquet --database 2024 --json
       empdp release cal.json --table lake.claims --engine spark --database 2024-06 --key-file curator.key
       empdp release joint.json --value 812.5,40 --ledger releases.sqlite    # a joint calibration: one per statistic
@@ -267,8 +276,10 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
     engine_kw = common.engine_settings(source, engine, spark_master, spark_remote, table, required=value is None)
     if seed is not None and not 0 <= seed < 2 ** 128:
         raise InputError(f"--seed must be an integer in [0, 2^128); got {str(seed)[:40]}")
-    if budget is not None and not (budget == budget and 0 < budget < float("inf")):
-        raise InputError(f"--budget must be a positive number; got {budget!r}")
+    try:
+        budget = parse_budget(budget)
+    except InputError as exc:
+        raise InputError(f"--budget: {exc}") from None
     ledger = ledger or str(Path(calibration).with_suffix(".ledger.sqlite"))
     Ledger(ledger).check_path()  # no symbolic link, no folder
     common.check_output(ledger, "--ledger")  # before the query is computed
@@ -285,20 +296,22 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
                     cal.noise["scales" if joint else "scale"],
                     "signature verified" if key and cal.signed else "NOT verified (--allow-unsigned)")
     book = Ledger(ledger, key=key, allow_unsigned=allow_unsigned)
-    summary = book.verify()  # a tampered ledger is refused before the query is computed (and again inside)
-    if key is None or not cal.signed or not summary["signed"]:  # possible only with --allow-unsigned
+    # a tampered, foreign or missing ledger is refused before the query is computed (and again inside)
+    summary = book.check_release(budget, expect_head)
+    if key is None or not cal.signed or (summary is not None and not summary["signed"]):  # --allow-unsigned only
         _warn("--allow-unsigned: the calibration or ledger is not verified under a curator key; edits to them "
               "are not detected")
+    origin = {}
     with common.progress_bars(not (as_json or quiet)) as progress:  # the library logs its stages
-        if value is None and joint:
-            if engine != "duckdb" or table is not None:
+        if value is None:
+            if joint and (engine != "duckdb" or table is not None):
                 raise InputError("a joint calibration's statistics are read by DuckDB: give a file, glob or "
                                  "folder as SOURCE, without --engine spark")
-            value = joint_query_value(cal, source, database, memory_limit=memory_limit, progress=progress)
-        elif value is None:
-            value = query_value(cal, source, database, memory_limit=memory_limit, progress=progress, **engine_kw)
+            value, digest = release_value(cal, source, database, memory_limit=memory_limit, progress=progress,
+                                          **engine_kw)
+            origin = {"source": source if source is not None else table, "source_digest": digest}
         out = cal.release(value, ledger=ledger, budget=budget, seed=seed, database=database, progress=progress,
-                          key=key, allow_unsigned=allow_unsigned)
+                          key=key, allow_unsigned=allow_unsigned, expect_head=expect_head, **origin)
     if as_json:
         common.emit_json({k: out[k] for k in ("value", "epsilon", "budget_spent", "budget_left", "private", "noise_added",
                                        "guarantee", "seq")})
@@ -308,6 +321,9 @@ def release(calibration, source, value, database, ledger, budget, seed, memory_l
         click.echo(shown)  # the released value itself, in full (a joint release: comma-separated, in order)
         click.echo(f"epsilon {fmt(out['epsilon'])}; ledger {ledger}: {fmt(out['budget_spent'])} spent, {left}; "
                    f"record {out['seq']}, chain head {out['head']}", err=True)
+    if out["created"]:
+        limit = "no budget limit (unlimited)" if budget == UNLIMITED else f"a total-epsilon budget of {fmt(budget)}"
+        click.echo(f"Started a new ledger {ledger} with {limit}", err=True)
     if not out["noise_added"]:
         _warn(f"NO NOISE WAS ADDED: the exact {'vector' if joint else 'value'} was released (the calibration found that the data's own spread "
               f"already gives epsilon {fmt(cal.epsilon)} under the curator's density model; see the README)")

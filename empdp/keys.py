@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from pathlib import Path
+import stat
 
 from .errors import InputError
 
@@ -21,22 +21,60 @@ MIN_KEY_BYTES = 16
 _HOW = f"give --key-file FILE or set ${KEY_ENV}"
 
 
-def load_key(path: str | os.PathLike | None = None) -> bytes | None:
-    """The curator key from ``path`` (its stripped bytes), else ``$EMPDP_KEY``, else None.
+#: a key file larger than this is not a key (``--key-file /dev/zero`` must not read until memory runs out)
+MAX_KEY_FILE_BYTES = 4096
+
+
+def read_key_file(path: str | os.PathLike, option: str = "--key-file") -> bytes:
+    """The stripped bytes of a secret key file, refused unless it is owner-only and small.
+
+    A key readable or writable by group or others is not a secret (or can be
+    replaced); a file past :data:`MAX_KEY_FILE_BYTES` (a device, a data file
+    named by mistake) is refused after reading at most that many bytes plus one.
 
     Raises
     ------
     InputError
-        When the file cannot be read or the key is shorter than 16 bytes.
+        One line naming the file and the fix (``chmod 600 FILE``, a shorter file).
+    """
+    if not str(path).strip():
+        raise InputError(f"{option} is empty; {_HOW}")
+    name = repr(str(path))
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)  # a FIFO must not block: it is refused below
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise InputError(f"cannot read the key file {name}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"the key file {name} is not a regular file; give the file holding the key")
+        if st.st_mode & 0o077:
+            raise InputError(f"the key file {name} can be read or changed by other users (mode "
+                             f"{stat.S_IMODE(st.st_mode):04o}); make it owner-only with 'chmod 600 {path}'")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_KEY_FILE_BYTES + 1)
+    except OSError as exc:
+        raise InputError(f"cannot read the key file {name}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise InputError(f"the key file {name} is larger than {MAX_KEY_FILE_BYTES} bytes, so it is not a key "
+                         "file; give the file holding the key (e.g. 'head -c 32 /dev/urandom | base64 > FILE')")
+    return data.strip()
+
+
+def load_key(path: str | os.PathLike | None = None) -> bytes | None:
+    """The curator key from ``path`` (:func:`read_key_file`), else ``$EMPDP_KEY``, else None.
+
+    Raises
+    ------
+    InputError
+        When the file cannot be read, is not owner-only or too large, or the
+        key is shorter than 16 bytes.
     """
     if path is not None:
-        if not str(path).strip():
-            raise InputError(f"--key-file is empty; {_HOW}")
-        try:
-            key = Path(path).read_bytes().strip()
-        except OSError as exc:
-            raise InputError(f"cannot read the key file {str(path)!r}: {exc.strerror or exc}") from None
-        where = f"the key file {str(path)!r}"
+        key, where = read_key_file(path), f"the key file {str(path)!r}"
     else:
         env = os.environ.get(KEY_ENV, "")
         if not env:

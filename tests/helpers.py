@@ -15,6 +15,14 @@ CURATOR_KEY = b"test-suite-curator-key-0123456789abc"
 QUERY = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]
 
 
+def write_key(path, key: bytes = CURATOR_KEY) -> Path:
+    """A key file as a curator keeps one: owner-only (mode 0600), else empdp refuses it."""
+    path = Path(path)
+    path.write_bytes(key)
+    path.chmod(0o600)
+    return path
+
+
 def run(*args, env: dict | None = None):
     """``empdp ARGS...`` in-process (arguments may be numbers or paths); exceptions propagate."""
     return CliRunner().invoke(cli, [str(a) for a in args], env=env, catch_exceptions=False)

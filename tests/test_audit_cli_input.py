@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 from audit_cli_helpers import run
-from helpers import SAMPLE, one_line_error
+from helpers import SAMPLE, one_line_error, write_key
 
 from empdp.audit import audit_release, mpl
 from empdp.audit.common import as_rng
@@ -174,8 +174,7 @@ def test_release_audit_hash_ids_names_nobody(calibration, small_release_audit, t
     """'empdp report --audit' on a --hash-ids result wrote the raw ids of an audit release."""
     from empdp.io import keyed_hash
 
-    key_file = tmp_path / "key"
-    key_file.write_text("a secret key of 32 characters...")
+    key_file = write_key(tmp_path / "key", b"a secret key of 32 characters...")
     monkeypatch.delenv("EMPDP_HASH_KEY", raising=False)
     plain = run("release", calibration, SAMPLE, "--top", 3, "--seed", 1, "--json")
     hashed = run("release", calibration, SAMPLE, "--top", 3, "--seed", 1, "--json", "--hash-ids",

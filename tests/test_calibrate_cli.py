@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import polars as pl
 import pytest
-from helpers import CURATOR_KEY, QUERY, SAMPLE, one_line_error, run
+from helpers import CURATOR_KEY, QUERY, SAMPLE, one_line_error, run, write_key
 
 from empdp import risk
 from empdp.density import DensityModel
@@ -24,8 +24,7 @@ pytestmark = pytest.mark.usefixtures("curator_key")  # $EMPDP_KEY = KEY (tests/c
 @pytest.fixture(scope="module")
 def cal_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("cal") / "cal.json"
-    key_file = path.with_name("curator.key")
-    key_file.write_bytes(KEY + b"\n")
+    key_file = write_key(path.with_name("curator.key"), KEY + b"\n")
     res = run("calibrate", SAMPLE, *QUERY, "--epsilon", 0.1, "--kernel", "laplace", "-o", path, "--json",
               "--key-file", key_file)
     assert res.exit_code == 0, res.output
@@ -80,7 +79,8 @@ def test_release_json_budget_and_refusal(cal_path, tmp_path):
     for _ in range(3):
         res = run("release", cal_path, "--value", 0.47, "--ledger", ledger, "--budget", 0.3, "--json")
         assert res.exit_code == 0, res.output
-        outs.append(json.loads(res.output))
+        outs.append(json.loads(res.stdout))
+    assert res.stderr == "" and outs[0] and "Started a new ledger" not in res.output  # said only once, below
     assert set(outs[0]) == RELEASE_KEYS
     assert [o["budget_spent"] for o in outs] == pytest.approx([0.1, 0.2, 0.3])
     assert outs[-1]["budget_left"] == pytest.approx(0.0) and all(o["private"] for o in outs)
@@ -93,7 +93,8 @@ def test_release_prints_only_the_noisy_value(cal_path, tmp_path):
     # with probability w the mixture adds nothing, so pin the draw with a seed (non-zero noise here)
     noisy = Calibration.load(cal_path).sampler(seed=4).release(0.4711)
     assert abs(noisy - 0.4711) > 1e-4
-    res = run("release", cal_path, "--value", 0.4711, "--seed", 4, "--ledger", tmp_path / "l.sqlite")
+    res = run("release", cal_path, "--value", 0.4711, "--seed", 4, "--ledger", tmp_path / "l.sqlite", "--budget",
+              "unlimited")
     assert res.exit_code == 0
     assert float(res.output.splitlines()[0]) == noisy
     assert "0.4711" not in res.output
@@ -101,10 +102,12 @@ def test_release_prints_only_the_noisy_value(cal_path, tmp_path):
 
 def test_release_from_source_database_with_seed_is_marked_not_private(cal_path, tmp_path):
     ledger = tmp_path / "l.sqlite"
-    res = run("release", cal_path, SAMPLE, "--database", 1985, "--seed", 7, "--ledger", ledger, "--json")
+    res = run("release", cal_path, SAMPLE, "--database", 1985, "--seed", 7, "--ledger", ledger, "--budget",
+              "unlimited", "--json")
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output.splitlines()[0])
+    out = json.loads(res.stdout)
     assert out["private"] is False and "NOT PRIVATE" in res.output
+    assert f"Started a new ledger {ledger} with no budget limit (unlimited)" in res.stderr
     loo = leave_one_out(SAMPLE, id="countyid", by="year", query="mean(murdrate)")
     true = loo.q[loo.labels.index(1985)]
     assert out["value"] == Calibration.load(cal_path).sampler(seed=7).release(true)
@@ -116,10 +119,11 @@ def test_release_from_source_database_with_seed_is_marked_not_private(cal_path, 
 @pytest.mark.parametrize("args, message", [
     (["--value", 1, "--database", 1985], "either --value"),
     ([], "either --value"),
-    ([SAMPLE, "--database", 1700], "is not in 'year'"),
+    ([SAMPLE, "--database", 1700, "--budget", "unlimited"], "is not in 'year'"),
 ])
 def test_release_bad_input_exits_2(cal_path, args, message):
     one_line_error(run("release", cal_path, *args), message)
+    assert not cal_path.with_suffix(".ledger.sqlite").exists()
 
 
 def test_release_missing_or_bad_calibration(tmp_path):
@@ -193,7 +197,8 @@ def test_help_names_files_and_states_defaults():
     assert "-o, --output FILE" in calibrate_help and "--key-file FILE" in calibrate_help
     release_help = " ".join(run("release", "--help").output.split())
     assert "--ledger FILE" in release_help and "--key-file FILE" in release_help
-    assert "spending is unlimited" in release_help and "TESTS ONLY" in release_help and "CSPRNG" in release_help
+    assert "needed to start a new ledger" in release_help and "'unlimited'" in release_help
+    assert "TESTS ONLY" in release_help and "CSPRNG" in release_help
 
 
 def test_numbers_shown_to_four_significant_digits(cal_path, tmp_path):

@@ -13,6 +13,7 @@ import pytest
 from empdp.errors import BudgetExceededError, InputError
 from empdp.noise.ledger import Ledger as _Ledger
 from empdp.noise.ledger import LedgerError
+from empdp.noise.ledger_format import SCHEMA
 
 KEY = b"noise-ledger-curator-key-0123456789"
 
@@ -22,7 +23,7 @@ def Ledger(path, key=KEY, **kw):
     return _Ledger(path, key=key, **kw)
 
 FIELDS = dict(query="mean(x)", source="s.parquet", database=None, epsilon=0.1, weight_zero=0.2,
-              private=True, calibration_digest="abc")
+              private=True, calibration_digest="abc", source_digest="sha256:" + "ab" * 32)
 FIELDS["lambda"] = 1.5
 
 
@@ -55,7 +56,7 @@ def test_append_only_and_tamper_evident(tmp_path):
     path = tmp_path / "l.sqlite"
     ledger = Ledger(path)
     for v in (1.0, 2.0, 3.0):
-        ledger.append(FIELDS, lambda: v)
+        ledger.append(FIELDS, lambda: v, budget="unlimited")
     con = sqlite3.connect(path)
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
         con.execute("UPDATE chain SET epsilon = 0")
@@ -64,14 +65,18 @@ def test_append_only_and_tamper_evident(tmp_path):
     con.execute("DROP TRIGGER chain_no_update")  # someone bypasses the guard ...
     con.execute("UPDATE chain SET noisy_value = 9 WHERE seq = 2")
     con.commit()
+    with pytest.raises(LedgerError, match="no trigger 'chain_no_update'"):  # the schema check notices ...
+        ledger.verify()
+    con.execute(next(s for s in SCHEMA if "chain_no_update" in s))  # ... so the trigger is put back as it was
+    con.commit()
     con.close()
-    with pytest.raises(LedgerError, match="record 2 does not match its HMAC"):  # ... the keyed chain notices
+    with pytest.raises(LedgerError, match="record 2 does not match its HMAC"):  # ... and the keyed chain notices
         ledger.verify()
 
 
 def test_unlimited_ledger_and_garbage_file(tmp_path):
     ledger = Ledger(tmp_path / "l.sqlite")
-    rec = ledger.append(FIELDS, lambda: 4.0)
+    rec = ledger.append(FIELDS, lambda: 4.0, budget="unlimited")
     assert rec["budget_left"] is None and rec["seq"] == 1 and rec["noisy_value"] == 4.0
     bad = tmp_path / "bad.sqlite"
     bad.write_bytes(b"not a database" * 100)
@@ -85,7 +90,7 @@ CHILD = textwrap.dedent("""
     from empdp.noise.sampler import NoiseSampler
     ledger, sampler = Ledger(sys.argv[1], key=sys.argv[2].encode()), NoiseSampler(0.3, 1.0)
     fields = dict(query="q", source=None, database=None, epsilon=0.001, weight_zero=0.3,
-                  private=True, calibration_digest="d")
+                  private=True, calibration_digest="d", source_digest="value given")
     fields["lambda"] = 1.0
     while True:
         ledger.append(fields, lambda: sampler.release(1.0), budget=1e6)

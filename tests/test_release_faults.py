@@ -36,6 +36,11 @@ def files(folder):
     return sorted(p.name for p in Path(folder).iterdir())
 
 
+def main_files(folder):
+    """The files of ``folder`` but SQLite's -wal and -shm companions."""
+    return [name for name in files(folder) if not name.endswith(("-wal", "-shm"))]
+
+
 def assert_clean(res, expected, before=None, folder=None):
     """Exit ``expected``; a failure is one 'Error:' line, no traceback, and leaves ``folder`` as it was."""
     out = res.output.strip()
@@ -87,7 +92,7 @@ WRITER = textwrap.dedent("""
     from empdp.noise.ledger import Ledger
     ledger = Ledger(sys.argv[1], key=os.environ["EMPDP_KEY"].encode())
     fields = dict(query="q", source=None, database=None, epsilon=0.001, weight_zero=0.3, private=True,
-                  calibration_digest="d")
+                  calibration_digest="d", source_digest="value given")
     fields["lambda"] = 1.0
     for _ in range(150):
         ledger.append(fields, lambda: 1.0, budget=1e6)
@@ -138,12 +143,19 @@ def test_kill_9_at_each_statement_of_a_release(tmp_path, cal_path, releases_befo
         Calibration.load(cal_path, key=KEY).release(1.0, ledger=ledger, budget=0.3, key=KEY)
     k = 1
     while _release_killed_at(cal_path, ledger, k) == -signal.SIGKILL:
-        summary = Ledger(ledger, key=KEY).verify()  # never refused after a crash
-        assert summary["n_releases"] == releases_before, k
-        assert summary["spent"] == pytest.approx(0.1 * releases_before)
+        if not ledger.exists():  # killed while the new ledger was built aside: nothing is at its path
+            assert releases_before == 0, k
+        else:
+            summary = Ledger(ledger, key=KEY).verify()  # never refused after a crash
+            assert summary["n_releases"] == releases_before, k
+            assert summary["spent"] == pytest.approx(0.1 * releases_before)
+        # nothing but the ledger and its WAL files, or the aside copy a kill left (never used as a ledger)
+        assert all(p.name.startswith(("l.sqlite", ".l.sqlite.")) for p in tmp_path.iterdir())
         k += 1
-    # the run that was not killed committed: the statements were k - 1
-    assert k - 1 >= (14 if releases_before == 0 else 4)
+    # the run that was not killed committed. A new ledger: 12 statements build it aside and link it, and
+    # a kill at the 13th (the release's BEGIN) leaves it linked with no release, so the next run only
+    # appends (4 statements: BEGIN, the record, the head, COMMIT)
+    assert k - 1 >= (13 if releases_before == 0 else 4)
     cal = Calibration.load(cal_path, key=KEY)
     while True:  # the budget is exact after all the crashes
         try:
@@ -155,22 +167,29 @@ def test_kill_9_at_each_statement_of_a_release(tmp_path, cal_path, releases_befo
     assert summary["n_releases"] == 3 and summary["spent"] == pytest.approx(0.3)
 
 
-def test_file_left_by_a_kill_during_creation_is_initialised(tmp_path, cal_path):
-    """A file with an empty or partial schema and no records (e.g. from a process killed while an older
-    empdp created it outside a transaction) is a new ledger, not refused for good."""
+def test_empty_or_partial_file_is_refused_never_initialised(tmp_path, cal_path):
+    """A zero-byte file, an SQLite file with no tables or part of a ledger's schema is not a ledger: it is
+    refused (empdp builds a new ledger aside and links it into place, so it never leaves such a file), and
+    left as it was; it used to be initialised with an unlimited budget (issue 33, finding 7)."""
     import sqlite3
 
-    for partial in ("", "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"):
-        ledger = tmp_path / f"p{len(partial)}.sqlite"
-        con = sqlite3.connect(ledger)
-        con.execute("PRAGMA journal_mode=WAL")
-        if partial:
-            con.execute(partial)
-        con.commit()
-        con.close()
-        res = run("release", cal_path, "--value", 1, "--ledger", ledger, "--budget", 0.3)
-        assert_clean(res, 0)
-        assert Ledger(ledger, key=KEY).verify()["n_releases"] == 1
+    for partial in (None, "", "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"):
+        ledger = tmp_path / f"p{len(partial or '')}{partial is None}.sqlite"
+        ledger.touch()
+        if partial is not None:
+            con = sqlite3.connect(ledger)
+            con.execute("PRAGMA journal_mode=WAL")
+            if partial:
+                con.execute(partial)
+            con.commit()
+            con.close()
+        before, names = ledger.read_bytes(), main_files(tmp_path)
+        for budget in ("0.3", "unlimited"):
+            res = run("release", cal_path, "--value", 1, "--ledger", ledger, "--budget", budget)
+            assert_clean(res, 2)
+            assert main_files(tmp_path) == names  # reading a WAL file read-only may leave its -wal and -shm
+            assert "not a readable empdp ledger" in res.output
+            assert ledger.read_bytes() == before
 
 
 # ------------------------------------------------------------------- bad-input catalogue
@@ -191,7 +210,7 @@ CALIBRATE_EXPECTED = {
 @pytest.mark.parametrize("option, value", [(o, v) for o in RELEASE_EXPECTED for v in NUMBERS])
 def test_release_numeric_options(tmp_path, cal_path, option, value):
     ledger = tmp_path / "l.sqlite"
-    args = {"--value": 1.5, "--budget": None, "--seed": None, option: value}
+    args = {"--value": 1.5, "--budget": "unlimited", "--seed": None, option: value}
     extra = [a for k, v in args.items() if v is not None for a in (k, v)]
     res = run("release", cal_path, *extra, "--ledger", ledger, "--json")
     assert_clean(res, RELEASE_EXPECTED[option][value], [], tmp_path)
@@ -252,13 +271,15 @@ def test_numeric_fields_of_the_calibration_file(tmp_path, cal_path, field, value
     bad = tmp_path / "edited.json"
     bad.write_text(json.dumps(d).replace('"@@"', value))
     before = files(tmp_path)
-    assert_clean(run("release", bad, "--value", 1, "--ledger", tmp_path / "l.sqlite"), 2, before, tmp_path)
+    assert_clean(run("release", bad, "--value", 1, "--ledger", tmp_path / "l.sqlite", "--budget", "unlimited"), 2,
+                 before, tmp_path)
     # without digest and signature, the field checks alone refuse every one of these but a tiny lambda,
     # kernel scale or verified maximum (values no calibration writes, but none is used to draw the noise)
     for k in ("digest", "hmac", "key_id"):
         d.pop(k)
     bad.write_text(json.dumps(d).replace('"@@"', value))
-    unsigned = run("release", bad, "--value", 1, "--ledger", tmp_path / "u.sqlite", "--allow-unsigned")
+    unsigned = run("release", bad, "--value", 1, "--ledger", tmp_path / "u.sqlite", "--budget", "unlimited",
+                   "--allow-unsigned")
     harmless = field in ("lambda", "curator_kernel.scale", "verified_eps_max") and value == "1e-320"
     assert_clean(unsigned, 0 if harmless else 2, before, tmp_path)
 

@@ -13,7 +13,14 @@ from .calibration import Calibration
 from .compute import calibrate, calibrate_values, query_value
 from .deconv import NoiseSpec, fourier_deconvolve, gaussian_fallback, laplace_closed_form
 from .exact import hausdorff_distance, laplace_kde_eps, minimal_lambda, winf_distance
-from .joint import JointCalibration, calibrate_joint, calibrate_joint_values, joint_query_value, load_calibration
+from .joint import (
+    JointCalibration,
+    calibrate_joint,
+    calibrate_joint_values,
+    joint_query_value,
+    load_calibration,
+    release_value,
+)
 from .ledger import Ledger, LedgerError
 from .sampler import NoiseSampler
 
@@ -37,5 +44,6 @@ __all__ = [
     "load_calibration",
     "minimal_lambda",
     "query_value",
+    "release_value",
     "winf_distance",
 ]

@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..digest import VALUE_GIVEN
 from ..errors import InputError
 from ..io import read_json, write_text
 from ..keys import KEY_ENV, key_id, mac, same
@@ -248,9 +249,10 @@ class Calibration(SignedFile, Provenance):
         """False when the calibration adds no noise (kind ``none``): releases are the exact value."""
         return self.noise.get("kind") != "none"
 
-    def release(self, value: float, *, ledger=None, budget: float | None = None,
+    def release(self, value: float, *, ledger=None, budget: float | str | None = None,
                 seed: int | None = None, database: str | None = None, progress: Progress | None = None,
-                key: bytes | None = None, allow_unsigned: bool = False) -> dict:
+                key: bytes | None = None, allow_unsigned: bool = False, source: str | None = None,
+                source_digest: str | None = None, expect_head: str | None = None) -> dict:
         """Release value + y, recorded in ``ledger`` under the total-ε ``budget`` (docs/method.md#85-ledger-and-budget).
 
         A calibration read from a file must carry a valid HMAC under ``key``
@@ -259,6 +261,14 @@ class Calibration(SignedFile, Provenance):
         (unsafe: files can then be forged). ``progress("noise and ledger",
         done, 1)`` brackets the draw and the ledger transaction, which waits up
         to 30 s for another writer's lock.
+
+        ``ledger`` must exist unless ``budget`` is given (a number, or
+        ``"unlimited"``): only then is a new ledger started. ``source`` and
+        ``source_digest`` name the data ``value`` was computed from
+        (:func:`empdp.digest.source_digest`, taken before it was read);
+        without them the ledger records that the value was given.
+        ``expect_head``: a chain head recorded elsewhere that must be in the
+        ledger.
 
         Returns
         -------
@@ -285,16 +295,26 @@ class Calibration(SignedFile, Provenance):
             raise InputError(f"the value to release must be finite; got {value}")
         sampler = self.sampler(seed)
         fields = dict(query=self.query_description or self.query or self.sql or "value",
-                      source=self.source_description or self.source, database=database,
+                      **origin(source, source_digest), database=database,
                       epsilon=self.epsilon, weight_zero=self.noise["weight_zero"], private=sampler.private,
                       noise_added=self.noise_added, calibration_digest=self.digest)
         fields["lambda"] = self.noise["scale"]
         return record_release(fields, lambda: sampler.release(value), private=sampler.private, ledger=ledger,
-                              budget=budget, key=key, allow_unsigned=allow_unsigned, progress=progress)
+                              budget=budget, key=key, allow_unsigned=allow_unsigned, progress=progress,
+                              expect_head=expect_head)
+
+
+def origin(source: str | None, digest: str | None) -> dict:
+    """The ledger fields naming what a release was computed from: ``source`` and its digest, or that the
+    value was given (:data:`empdp.digest.VALUE_GIVEN`)."""
+    if (source is None) != (digest is None):
+        raise InputError("give both the source a value was computed from and its digest, or neither")
+    return {"source": None if source is None else str(source), "source_digest": digest or VALUE_GIVEN}
 
 
 def record_release(fields: dict, draw: Callable[[], object], *, private: bool, ledger=None, budget=None,
-                   key: bytes | None = None, allow_unsigned: bool = False, progress: Progress | None = None) -> dict:
+                   key: bytes | None = None, allow_unsigned: bool = False, progress: Progress | None = None,
+                   expect_head: str | None = None) -> dict:
     """Draw a release with ``draw`` and append it to ``ledger`` under ``budget``: one record, one ε spent.
 
     ``fields`` are the ledger record's (:meth:`empdp.noise.ledger.Ledger.append`); ``draw`` returns
@@ -306,13 +326,13 @@ def record_release(fields: dict, draw: Callable[[], object], *, private: bool, l
     progress("noise and ledger", 0, 1)
     t0 = time.perf_counter()
     if ledger is None:
-        if budget is not None:
-            raise InputError("a budget needs a ledger to count against; pass a ledger file")
-        spent, rec = epsilon, {"noisy_value": draw(), "seq": None, "head": None}
+        if budget is not None or expect_head is not None:
+            raise InputError("a budget or an expected head needs a ledger to count against; pass a ledger file")
+        spent, rec = epsilon, {"noisy_value": draw(), "seq": None, "head": None, "created": False}
         left = None
     else:
         book = Ledger(ledger, key=key, allow_unsigned=allow_unsigned)
-        rec = book.append(fields, draw, budget=budget)
+        rec = book.append(fields, draw, budget=budget, expect_head=expect_head)
         spent, left = rec["budget_spent"], rec["budget_left"]
     progress("noise and ledger", 1, 1)
     log.info("released with epsilon %s (%s); ledger %s: %s spent, seq %s, in %.2f s", fmt(epsilon),
@@ -321,7 +341,7 @@ def record_release(fields: dict, draw: Callable[[], object], *, private: bool, l
     return {"value": rec["noisy_value"], "epsilon": epsilon, "budget_spent": spent,
             "budget_left": left, "private": private, "noise_added": noise_added,
             "guarantee": release_guarantee(epsilon, noise_added, private), "seq": rec["seq"],
-            "ledger": None if ledger is None else str(ledger), "head": rec["head"]}
+            "ledger": None if ledger is None else str(ledger), "head": rec["head"], "created": rec["created"]}
 
 
 def read_calibration_file(path) -> tuple[dict, str]:

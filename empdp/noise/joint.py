@@ -38,6 +38,7 @@ from .calibration import (
     Provenance,
     SignedFile,
     _number,
+    origin,
     read_calibration_file,
     record_release,
 )
@@ -183,9 +184,10 @@ class JointCalibration(SignedFile, Provenance):
         noisy = np.array([s.release(float(yk)) for yk, s in zip(y, samplers)])
         return [float(v) for v in self.unwhitening @ noisy]
 
-    def release(self, values, *, ledger=None, budget: float | None = None, seed: int | None = None,
+    def release(self, values, *, ledger=None, budget: float | str | None = None, seed: int | None = None,
                 database: str | None = None, progress: Progress | None = None, key: bytes | None = None,
-                allow_unsigned: bool = False) -> dict:
+                allow_unsigned: bool = False, source: str | None = None, source_digest: str | None = None,
+                expect_head: str | None = None) -> dict:
         """Release the vector ``values`` + noise, one ledger record spending ε once (docs/method.md#85-ledger-and-budget).
 
         As :meth:`Calibration.release`; ``values`` holds one number per statistic, and the result's
@@ -196,12 +198,13 @@ class JointCalibration(SignedFile, Provenance):
         values = self.check_values(values)
         samplers = self.samplers(seed)
         private = samplers[0].private
-        fields = dict(query="joint: " + "; ".join(self.statistics), source=self.source_description or self.source,
+        fields = dict(query="joint: " + "; ".join(self.statistics), **origin(source, source_digest),
                       database=database, epsilon=self.epsilon, weight_zero=list(self.noise["weights"]),
                       private=private, noise_added=self.noise_added, calibration_digest=self.digest)
         fields["lambda"] = list(self.noise["scales"])
         return record_release(fields, lambda: self.draw(values, samplers), private=private, ledger=ledger,
-                              budget=budget, key=key, allow_unsigned=allow_unsigned, progress=progress)
+                              budget=budget, key=key, allow_unsigned=allow_unsigned, progress=progress,
+                              expect_head=expect_head)
 
 
 # ----------------------------------------------------------------------------- file checks
@@ -436,3 +439,26 @@ def joint_query_value(cal: JointCalibration, source: Any, database: str, memory_
             eng.close()
     progress("reading", len(items), len(items))
     return out
+
+
+def release_value(cal, source: Any, database: str, *, memory_limit: str | None = None,
+                  progress: Progress | None = None, **engine) -> tuple[float | list[float], str]:
+    """The calibration's statistic(s) on database ``database`` of ``source`` (or a Spark ``table``), and the
+    digest of the data they were computed from (:func:`empdp.digest.source_digest`), for ``release``.
+
+    The digest is taken before the data are read; a file that changes while they are read (its size or
+    modification time) is refused, so the digest recorded is that of the data released from.
+    """
+    from ..digest import source_digest, source_stamp
+    from .compute import query_value
+
+    stamp = source_stamp(source)
+    digest = source_digest(source, engine.get("table"))
+    if isinstance(cal, JointCalibration):
+        value = joint_query_value(cal, source, database, memory_limit=memory_limit, progress=progress)
+    else:
+        value = query_value(cal, source, database, memory_limit=memory_limit, progress=progress, **engine)
+    if source_stamp(source) != stamp:
+        raise InputError(f"the source {str(source)[:200]!r} changed while it was read; nothing was released: "
+                         "release again once it is complete")
+    return value, digest

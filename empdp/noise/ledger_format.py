@@ -8,16 +8,22 @@ format kept.
 from __future__ import annotations
 
 import json
+import sqlite3
 
 from ..keys import mac
 
-FORMAT = "empdp-ledger/2"
+FORMAT = "empdp-ledger/3"
+#: the second format: the third's records without ``source_digest`` (a second-format file is migrated
+#: by adding that column, and its old records keep their MACs)
+FORMAT_V2 = "empdp-ledger/2"
 #: what a release record holds (the dict :meth:`Ledger.append` takes, plus time and noisy value)
 FIELDS = ("time", "query", "source", "database", "epsilon", "lambda", "weight_zero",
-          "noisy_value", "private", "noise_added", "calibration_digest")
-#: the columns every record's MAC covers, in order
-CHAIN_FIELDS = ("seq", "kind", "time", "budget", "key_id", "query", "source", "database", "epsilon", "lambda",
-                "weight_zero", "noisy_value", "private", "noise_added", "calibration_digest")
+          "noisy_value", "private", "noise_added", "calibration_digest", "source_digest")
+#: the columns a second-format record's MAC covers, in order
+CHAIN_FIELDS_V2 = ("seq", "kind", "time", "budget", "key_id", "query", "source", "database", "epsilon", "lambda",
+                   "weight_zero", "noisy_value", "private", "noise_added", "calibration_digest")
+#: every column of a record but its links: a third-format record's MAC covers them all, in this order
+CHAIN_FIELDS = (*CHAIN_FIELDS_V2, "source_digest")
 SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     """CREATE TABLE chain (
@@ -34,7 +40,9 @@ SCHEMA = (
        WHEN NEW.kind = 'release' AND NOT (NEW.epsilon > 0 AND NEW.epsilon < 1e308)
        BEGIN SELECT RAISE(ABORT, 'a release must spend a positive, finite epsilon'); END""",
 )
-V2_COLUMNS = {*CHAIN_FIELDS, "prev_mac", "mac"}
+#: the third format: the second's schema and this column (so that a migrated second-format file and a
+#: new one have the same schema, to the letter)
+MIGRATE_V3 = ("ALTER TABLE chain ADD COLUMN source_digest TEXT",)
 #: the link before the first record
 GENESIS = "0" * 64
 #: the columns SQLite stores as REAL and as INTEGER (everything else but NULL is TEXT)
@@ -48,8 +56,31 @@ def body(rec: dict, names) -> str:
 
 
 def record_mac(key: bytes | None, prev: str, rec: dict) -> str:
-    """A second-format record's link: HMAC(key, previous MAC + its fields); SHA-256 without a key."""
-    return mac(key, prev + body(rec, CHAIN_FIELDS))
+    """A record's link: HMAC(key, previous MAC + its fields); SHA-256 without a key.
+
+    A record without ``source_digest`` (genesis and budget records, and the releases of a
+    second-format file) is MACed over the second format's fields: a list of 15 values, never
+    equal to a third-format record's 16, so neither can be passed off as the other.
+    """
+    names = CHAIN_FIELDS if rec.get("source_digest") is not None else CHAIN_FIELDS_V2
+    return mac(key, prev + body(rec, names))
+
+
+def schema_of(con: sqlite3.Connection) -> list[tuple]:
+    """Every object of a database's schema (tables, views, indexes, triggers) with its SQL text, sorted."""
+    return sorted(con.execute("SELECT type, name, tbl_name, coalesce(sql, '') FROM sqlite_master"))
+
+
+def schema_made_by(statements) -> list[tuple]:
+    """The schema ``statements`` make in an empty database (:func:`schema_of`): what a ledger file of
+    that format must hold, object for object and letter for letter."""
+    con = sqlite3.connect(":memory:")
+    try:
+        for statement in statements:
+            con.executescript(statement)
+        return schema_of(con)
+    finally:
+        con.close()
 
 
 def head_mac(key: bytes | None, seq: int, last: str) -> str:

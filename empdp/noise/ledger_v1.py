@@ -2,8 +2,9 @@
 
 Table ``releases``, the budget in ``meta`` outside the chain, and an unkeyed
 SHA-256 chain: anyone with write access can rewrite it undetected, so
-:class:`~empdp.noise.ledger.Ledger` reads and extends it only with
-``allow_unsigned``.
+:class:`~empdp.noise.ledger.Ledger` shows and verifies it only with
+``allow_unsigned``, and never extends it (it records no curator key and no
+digest of the released data).
 """
 
 from __future__ import annotations
@@ -18,6 +19,35 @@ FORMAT = "empdp-ledger/1"
 FIELDS = ("time", "query", "source", "database", "epsilon", "lambda", "weight_zero",
           "noisy_value", "private", "calibration_digest")
 COLUMNS = {"seq", *FIELDS, "prev_hash", "hash"}
+_TABLES = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS releases (
+    seq INTEGER PRIMARY KEY,
+    time TEXT NOT NULL,
+    query TEXT NOT NULL,
+    source TEXT,
+    database TEXT,
+    epsilon REAL NOT NULL,
+    lambda REAL NOT NULL,
+    weight_zero REAL NOT NULL,
+    noisy_value REAL NOT NULL,
+    private INTEGER NOT NULL,
+    calibration_digest TEXT NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS releases_no_update BEFORE UPDATE ON releases
+BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS releases_no_delete BEFORE DELETE ON releases
+BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
+"""
+_POSITIVE = """
+CREATE TRIGGER IF NOT EXISTS releases_positive_epsilon BEFORE INSERT ON releases
+WHEN NOT (NEW.epsilon > 0 AND NEW.epsilon < 1e308)
+BEGIN SELECT RAISE(ABORT, 'a release must spend a positive, finite epsilon'); END;
+"""
+#: the schemas first-format files were written with (the positive-epsilon trigger came in a later release)
+SCHEMAS = (_TABLES, _TABLES + _POSITIVE)
 
 
 def record_hash(prev_hash: str, record: dict) -> str:
@@ -43,18 +73,3 @@ def verify(con, rows: list[dict], tampered: Callable[[str], Exception]) -> tuple
     row = con.execute("SELECT value FROM meta WHERE key = 'budget'").fetchone()
     budget = float(row[0]) if row else None
     return len(rows), spent, budget, prev
-
-
-def append(sql, prev: str, rec: dict, new_budget: float | None) -> dict:
-    """Insert release ``rec`` (SQLite types, drawn value included) after link ``prev``; first the budget, if set now.
-
-    Returns ``rec`` with ``prev_hash``, ``hash`` and ``seq``.
-    """
-    if new_budget is not None:
-        sql("INSERT INTO meta VALUES ('budget', ?)", (repr(float(new_budget)),))
-    rec["prev_hash"], rec["hash"] = prev, record_hash(prev, rec)
-    cur = sql(f"INSERT INTO releases ({', '.join(FIELDS)}, prev_hash, hash) "
-              f"VALUES ({', '.join('?' * (len(FIELDS) + 2))})",
-              [rec[k] for k in FIELDS] + [rec["prev_hash"], rec["hash"]])
-    rec["seq"] = cur.lastrowid
-    return rec
