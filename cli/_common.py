@@ -12,6 +12,8 @@ from contextlib import contextmanager
 import click
 import numpy as np
 
+from empdp.keys import KEY_ENV
+
 log = logging.getLogger("empdp.cli")
 
 
@@ -236,3 +238,15 @@ def engine_settings(source, engine: str, spark_master: str | None, spark_remote:
     if table is not None and not table.strip():
         raise InputError("--table is empty (an unset shell variable?); give the table's name, e.g. db.claims")
     return {"engine": engine, "spark_master": spark_master, "spark_remote": spark_remote, "table": table}
+
+
+def key_options(f):
+    """``--key-file`` and ``--allow-unsigned`` (the curator key; see the README, "Release security")."""
+    f = click.option("--allow-unsigned", is_flag=True,
+                     help="UNSAFE: accept calibration files and ledgers without a valid curator-key signature "
+                          "(and write an unsigned ledger when no key is given). Anyone who can write those "
+                          "files can then lift the budget or release exact values undetected.")(f)
+    f = click.option("--key-file", type=click.Path(dir_okay=False), metavar="FILE",
+                     help=f"File holding the curator key (>= 16 bytes) that signs calibrations and ledgers with "
+                          f"HMAC-SHA256; default: ${KEY_ENV}. Keep it apart from the files it protects.")(f)
+    return f

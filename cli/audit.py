@@ -13,7 +13,15 @@ from empdp.errors import InputError
 from empdp.io import read_json
 from empdp.textfmt import fmt
 
-from ._common import emit_json, engine_options, engine_settings, output_options, progress_bars, setup_logging
+from ._common import (
+    emit_json,
+    engine_options,
+    engine_settings,
+    key_options,
+    output_options,
+    progress_bars,
+    setup_logging,
+)
 
 
 def _is_patterns(value: str) -> bool:
@@ -229,10 +237,15 @@ def renyi_cmd(ctx, mechanism, params, pairs, alpha, seed, order, sample_size, n_
                                                "as 'empdp assess --hash-ids' does.")
 @click.option("--hash-key-file", metavar="FILE", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
 @engine_options("Re-read SOURCE with duckdb (embedded) or spark (see docs/spark.md).")
+@key_options
 @output_options
 def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key_file, engine, spark_master,
-                spark_remote, table, as_json, quiet, verbose, debug):
+                spark_remote, table, key_file, allow_unsigned, as_json, quiet, verbose, debug):
     """Audit a calibration from 'empdp calibrate' on its SOURCE.
+
+    The calibration's signature is checked under the curator key
+    (--key-file or $EMPDP_KEY) before any of its fields is used, since its
+    query and filter run on SOURCE; an unsigned one needs --allow-unsigned.
 
     Runs MPL and the Rényi bound on the release distribution of the riskiest
     individuals and prints the exact values beside them
@@ -250,17 +263,23 @@ def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key
     from empdp.audit import audit_release
     from empdp.audit.release import describe_buckets
     from empdp.io import load_hash_key
+    from empdp.keys import load_key
+    from empdp.noise import load_calibration
 
     setup_logging(verbose, quiet, debug)
     engine_kw = engine_settings(source, engine, spark_master, spark_remote, table)
     key = load_hash_key(hash_key_file) if hash_ids or hash_key_file else None
+    cal = load_calibration(calibration, key=load_key(key_file), allow_unsigned=allow_unsigned)
+    if not cal.signed or load_key(key_file) is None:  # possible only with --allow-unsigned
+        click.secho("Warning: --allow-unsigned: the calibration's signature was not verified; a forged file's "
+                    "query and filter run on SOURCE", fg="yellow", err=True)
     loo = None
     if engine != "duckdb" or table is not None:  # read by the chosen engine, after the options are checked
         from empdp.noise.compute import SourceShifts
 
-        loo = SourceShifts(calibration, source, **engine_kw)
+        loo = SourceShifts(cal, source, **engine_kw)
     with progress_bars(enabled=not as_json and not quiet) as progress:
-        res = audit_release(calibration, source, loo=loo, top=top, order=order, alpha=alpha, rng=seed,
+        res = audit_release(cal, source, loo=loo, top=top, order=order, alpha=alpha, rng=seed,
                             progress=progress, hash_key=key)
     d = res.to_dict()
     if as_json:

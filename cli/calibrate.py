@@ -23,18 +23,6 @@ def _warn(message: str) -> None:
     click.secho("Warning: " + message, fg="yellow", err=True)
 
 
-def key_options(f):
-    """``--key-file`` and ``--allow-unsigned`` (the curator key; see the README, "Release security")."""
-    f = click.option("--allow-unsigned", is_flag=True,
-                     help="UNSAFE: accept calibration files and ledgers without a valid curator-key signature "
-                          "(and write an unsigned ledger when no key is given). Anyone who can write those "
-                          "files can then lift the budget or release exact values undetected.")(f)
-    f = click.option("--key-file", type=click.Path(dir_okay=False), metavar="FILE",
-                     help=f"File holding the curator key (>= 16 bytes) that signs calibrations and ledgers with "
-                          f"HMAC-SHA256; default: ${KEY_ENV}. Keep it apart from the files it protects.")(f)
-    return f
-
-
 @click.command("calibrate")
 @query_options(joint=True)
 @click.option("--epsilon", "-e", "epsilon", type=float, required=True, help="Target empirical epsilon.")
@@ -243,7 +231,7 @@ def _values(text: str, d: int) -> float | list[float]:
                                        "(default: none, the operating system's CSPRNG).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB.")
 @common.engine_options("With SOURCE: compute the query with duckdb (embedded) or spark (see docs/spark.md).")
-@key_options
+@common.key_options
 @common.output_options
 def release(calibration, source, value, database, ledger, budget, expect_head, seed, memory_limit, engine,
             spark_master, spark_remote, table, key_file, allow_unsigned, as_json, quiet, verbose, debug):

@@ -12,8 +12,7 @@ from empdp.noise import Ledger
 from empdp.noise.ledger_format import REAL, read_vector
 from empdp.textfmt import fmt
 
-from ._common import emit_json, output_options, setup_logging
-from .calibrate import key_options
+from ._common import emit_json, key_options, output_options, setup_logging
 
 _COLUMNS = ("seq", "time", "query", "database", "epsilon", "noisy_value", "noise_added", "private")
 

@@ -317,7 +317,8 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
                   n: int = 20000, N: int = 50000, n_renyi: int = 100000, alpha: float = 0.05,
                   rng=None, progress: Callable[[str, int, int], None] | None = None,
                   hash_key: bytes | None = None, engine: str = "duckdb", spark_master: str | None = None,
-                  spark_remote: str | None = None, table: str | None = None) -> ReleaseAudit:
+                  spark_remote: str | None = None, table: str | None = None, key: bytes | None = None,
+                  allow_unsigned: bool = False) -> ReleaseAudit:
     """Audit the release described by ``calibration`` on the databases of ``source`` (docs/method.md#94-release-audit).
 
     A joint calibration (2–3 statistics, :class:`empdp.noise.JointCalibration`) is audited by
@@ -332,7 +333,9 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
 
     Parameters
     ----------
-    calibration : :class:`empdp.noise.Calibration` or a path to its JSON.
+    calibration : :class:`empdp.noise.Calibration` or a path to its JSON. A file's HMAC is verified
+        under the curator ``key`` before any of its fields is used (an unsigned or forged file is
+        refused unless ``allow_unsigned``, unsafe): its query and filter are then run on ``source``.
     source : the data source the calibration was made from (re-read with its query), or
         ``loo``: an object with ``q`` (n,), ``shifts`` (m, n) and optionally ``ids``, ``undefined``
         (and ``labels``, the databases, for a calibration against an adversary).
@@ -357,7 +360,8 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     top = int(top)
     n, N, n_renyi = check_size("n", n), check_size("N", N), check_size("n_renyi", n_renyi, 50)
     rng = as_rng(rng)
-    cal = calibration if isinstance(calibration, (Calibration, JointCalibration)) else load_calibration(calibration)
+    cal = calibration if isinstance(calibration, (Calibration, JointCalibration)) else \
+        load_calibration(calibration, key=key, allow_unsigned=allow_unsigned)
     if isinstance(cal, JointCalibration):  # 2-3 statistics released together: MPL in d dimensions
         from .joint_release import audit_joint_release
 

@@ -120,24 +120,25 @@ class SignedFile(ABC):
             verify_signature(self._signature, self._fields(), key, allow_unsigned)
 
     @staticmethod
-    def _open(d: dict, where: str, check: Callable[[dict, str], None]) -> tuple[dict, tuple, str]:
-        """A file's dict without its digest and signature, its fields checked (``check``) and its digest (if
-        any) verified: (fields, (key_id, hmac), the canonical text the HMAC covers)."""
+    def _open(d: dict, where: str, check: Callable[[dict, str], None], key: bytes | None,
+              allow_unsigned: bool) -> tuple[dict, tuple, str]:
+        """A file's dict without its digest and signature: its HMAC verified first, under ``key`` (unless
+        ``allow_unsigned``, unsafe), before any field is used; then its fields checked (``check``) and its
+        digest (if any) verified. Returns (fields, (key_id, hmac), the canonical text the HMAC covers)."""
         d = dict(d)
         stored = d.pop("digest", None)
         signature = d.pop("key_id", None), d.pop("hmac", None)
+        check_mac(*signature, _canonical(d), where, key, allow_unsigned)
         check(d, where)
         if stored is not None and not (isinstance(stored, str) and stored == _digest(d)):
             raise InputError(f"{where} was edited after 'empdp calibrate' wrote it (its digest does not match "
                              "its contents); re-create it with 'empdp calibrate'")
         return d, signature, _canonical(d)
 
-    def _sealed(self, signature: tuple, text: str, where: str, key: bytes | None, allow_unsigned: bool):
-        """Remember what the file held (for :meth:`check_signature`), and check the HMAC now when ``key`` is
-        given or unsigned files are not allowed."""
+    def _sealed(self, signature: tuple, text: str, where: str):
+        """Remember what the file held, for :meth:`check_signature` before each release (a change made in
+        Python after loading is refused there)."""
         self._signature = (*signature, text, json.loads(json.dumps(self._fields())), where)
-        if key is not None or not allow_unsigned:
-            self.check_signature(key, allow_unsigned)
         return self
 
 
@@ -204,15 +205,17 @@ class Calibration(SignedFile, Provenance):
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "calibration", *, key: bytes | None = None,
-                  allow_unsigned: bool = True) -> "Calibration":
-        """A calibration from its JSON dict, every field checked (``where`` names it in errors).
+                  allow_unsigned: bool = False) -> "Calibration":
+        """A calibration from its JSON dict, its signature and then every field checked (``where`` names it
+        in errors).
 
-        A ``digest`` is verified when present, so an accidentally edited file is
-        refused. The digest catches edits, not forgery (anyone can recompute a
-        SHA-256): the ``hmac`` under the curator key does. It is checked here
-        when ``key`` is given or ``allow_unsigned`` is False (see
-        :meth:`check_signature`), and always before :meth:`release`; readers
-        that release nothing (report, audit) may load without a key.
+        The ``hmac`` under the curator ``key`` is verified before any field is
+        used: a file from elsewhere is data, and an unsigned or forged one is
+        refused unless ``allow_unsigned`` (unsafe: then nothing tells a forged
+        file apart). A ``digest`` is verified when present, so an accidentally
+        edited file is refused; it catches edits, not forgery (anyone can
+        recompute a SHA-256). The signature is checked again before
+        :meth:`release`.
         """
         if isinstance(d, dict) and d.get("format") == JOINT_FORMAT:
             raise InputError(f"{where} is a joint calibration of {len(d.get('statistics') or [])} statistics; "
@@ -221,13 +224,13 @@ class Calibration(SignedFile, Provenance):
             got = d.get("format") if isinstance(d, dict) else None
             raise InputError(f"{where} is not an empdp calibration file (format {str(got)[:40]!r}, expected "
                              f"{FORMAT!r}); make one with 'empdp calibrate'")
-        d, signature, text = cls._open(d, where, _check_fields)
+        d, signature, text = cls._open(d, where, _check_fields, key, allow_unsigned)
         d["lam"], d["lam_hausdorff"], d["lam_winf"] = d.pop("lambda"), d.pop("lambda_hausdorff"), d.pop("lambda_winf")
         cal = cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
-        return cal._sealed(signature, text, where, key, allow_unsigned)
+        return cal._sealed(signature, text, where)
 
     @classmethod
-    def load(cls, path, *, key: bytes | None = None, allow_unsigned: bool = True) -> "Calibration":
+    def load(cls, path, *, key: bytes | None = None, allow_unsigned: bool = False) -> "Calibration":
         """Read a calibration JSON written by :meth:`save`, refusing damaged or edited files.
 
         ``key`` and ``allow_unsigned`` as in :meth:`from_dict`.
@@ -368,6 +371,12 @@ def verify_signature(signature: tuple, current: dict, key: bytes | None, allow_u
     kid, stored, text, fields, where = signature
     if current != fields:
         raise InputError(f"{where} was changed after it was loaded; load it again")
+    check_mac(kid, stored, text, where, key, allow_unsigned)
+
+
+def check_mac(kid, stored, text: str, where: str, key: bytes | None, allow_unsigned: bool = False) -> None:
+    """Refuse a calibration file whose ``hmac`` (``stored``, by key id ``kid``) does not verify under ``key``
+    over its canonical ``text``; unsigned, or signed without a key to check it, only with ``allow_unsigned``."""
     if stored is None:
         if not allow_unsigned:
             raise InputError(f"{where} is not signed (it was made without a curator key), so a forged or edited "

@@ -360,7 +360,9 @@ class SourceShifts:
     bad options never cost a pass over the data.
     """
 
-    def __init__(self, calibration, source: Any = None, **engine):
+    def __init__(self, calibration: Calibration, source: Any = None, **engine):
+        if not isinstance(calibration, Calibration):  # a file is loaded, and its signature checked, by the caller
+            raise TypeError("SourceShifts takes a loaded Calibration (empdp.noise.load_calibration)")
         self._calibration, self._source, self._engine = calibration, source, engine
         self._result = None
 
@@ -368,8 +370,7 @@ class SourceShifts:
         if self._result is None:
             from ..loo import loo_result, open_engine
 
-            cal = (self._calibration if isinstance(self._calibration, Calibration)
-                   else Calibration.load(self._calibration, allow_unsigned=True))
+            cal = self._calibration
             if cal.id is None or cal.by is None:
                 raise InputError("this calibration stores no query (it was made from arrays); nothing to read")
             eng = open_engine(self._source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql,

@@ -136,16 +136,16 @@ class JointCalibration(SignedFile, Provenance):
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "joint calibration", *, key: bytes | None = None,
-                  allow_unsigned: bool = True) -> "JointCalibration":
-        """A joint calibration from its JSON dict, every field checked, the digest (and with ``key``, or
-        without ``allow_unsigned``, the HMAC) verified, as :meth:`Calibration.from_dict`."""
+                  allow_unsigned: bool = False) -> "JointCalibration":
+        """A joint calibration from its JSON dict: the HMAC verified first, then every field and the digest,
+        as :meth:`Calibration.from_dict`."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             got = d.get("format") if isinstance(d, dict) else None
             raise InputError(f"{where} is not an empdp joint calibration file (format {str(got)[:40]!r}, "
                              f"expected {FORMAT!r}); make one with 'empdp calibrate --query Q1 --query Q2'")
-        d, signature, text = cls._open(d, where, _check_fields)
+        d, signature, text = cls._open(d, where, _check_fields, key, allow_unsigned)
         cal = cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
-        return cal._sealed(signature, text, where, key, allow_unsigned)
+        return cal._sealed(signature, text, where)
 
     # --------------------------------------------------------------- release
     def samplers(self, seed: int | None = None) -> list[NoiseSampler]:
@@ -293,9 +293,10 @@ def _check_fields(d: dict, where: str) -> None:
         _number(d, "seconds", where)
 
 
-def load_calibration(path, *, key: bytes | None = None, allow_unsigned: bool = True):
-    """A :class:`Calibration` or :class:`JointCalibration` from its file, by its ``format``, refusing damaged,
-    edited or (with ``key``, or without ``allow_unsigned``) unsigned files."""
+def load_calibration(path, *, key: bytes | None = None, allow_unsigned: bool = False):
+    """A :class:`Calibration` or :class:`JointCalibration` from its file, by its ``format``: its HMAC under
+    ``key`` verified before any field is used (unsigned files only with ``allow_unsigned``, unsafe), then
+    every field; damaged or edited files are refused."""
     d, where = read_calibration_file(path)
     if isinstance(d, dict) and d.get("format") == FORMAT:
         return JointCalibration.from_dict(d, where, key=key, allow_unsigned=allow_unsigned)
