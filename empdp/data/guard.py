@@ -204,3 +204,13 @@ def lock_down(con: duckdb.DuckDBPyConnection, files=()) -> None:
         con.execute("SET allowed_paths = ?", [sorted(set(files))])
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
+
+
+def check_spark(text: str | None, option: str) -> str | None:
+    """``text`` for Spark SQL, after the DuckDB checks: also without a backslash, which escapes a
+    quote in Spark's strings but not in DuckDB's, so that text DuckDB reads as one string cannot
+    end early for Spark (docs/user-sql.md#with---engine-spark)."""
+    if text and "\\" in text:
+        raise InputError(f"{option} {shorten(text, 60)}: a backslash is not allowed with --engine spark (Spark and "
+                         f"DuckDB read it differently in strings); write the value without one {DOC}")
+    return text

@@ -1,5 +1,9 @@
 """Generic ``--sql`` on Spark (docs/method.md#2-leave-one-out-shifts-and-query-forms): per database, one correlated Spark SQL query gives every
-individual's leave-one-out value; per-individual re-runs are the last resort."""
+individual's leave-one-out value; per-individual re-runs are the last resort.
+
+The text is checked by DuckDB's parser (:mod:`empdp.data.guard`, through the query's parse and
+:func:`~empdp.loo.sql._replace_db`) and refused with a backslash before Spark sees it; Spark's own
+access to files is not switched off (docs/user-sql.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import uuid
 import numpy as np
 import polars as pl
 
+from ..data.guard import check_spark
 from ..errors import InputError
 from ..loo import _replace_db
 from ..loo.sql import scalar_value
@@ -15,6 +20,7 @@ from .session import _q, first_line
 
 
 def _scalar(spark, sql: str, label) -> float:
+    check_spark(sql, "--sql")
     try:
         rows = spark.sql(sql).collect()
     except Exception as exc:  # noqa: BLE001 - ParseException, AnalysisException, ...
@@ -41,7 +47,7 @@ def _databases(engine):
 
 def sql_values(engine) -> np.ndarray:
     """f(X^j) for every database (one Spark SQL query each)."""
-    sql, qv = engine.query.sql, np.empty(len(engine.panel.labels))
+    sql, qv = check_spark(engine.query.sql, "--sql"), np.empty(len(engine.panel.labels))
     for j, label, view in _databases(engine):
         qv[j] = _scalar(engine.spark, _replace_db(sql, f"{view} AS db"), label)
     return qv
@@ -51,7 +57,7 @@ def sql_delta(engine, qv: np.ndarray) -> pl.DataFrame:
     """The (__j, __i, delta, undef) rows of every present pair: per database, one correlated Spark SQL
     query gives every individual's leave-one-out value (per-individual re-runs if Spark cannot
     decorrelate it)."""
-    spark, sql = engine.spark, engine.query.sql
+    spark, sql = engine.spark, check_spark(engine.query.sql, "--sql")
     qi = _q(engine.panel.id)
     frames = []
     for j, _label, view in _databases(engine):
