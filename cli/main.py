@@ -11,6 +11,7 @@ import click
 
 from empdp import __version__
 from empdp.errors import EmpdpError
+from empdp.textfmt import terminal_safe
 
 #: command -> (module, object, one-line help); modules load only when their command runs, so
 #: ``empdp --help`` and an audit do not pay for polars, DuckDB and the assessment stack
@@ -36,7 +37,8 @@ def _duckdb_errors() -> tuple:
 class EmpdpGroup(click.Group):
     """Click group whose ``main`` turns expected errors into one line and an exit code.
 
-    0 success, 1 runtime error, 2 bad input or usage. Tracebacks only with --debug.
+    0 success, 1 runtime error, 2 bad input or usage, 130 interrupted (Ctrl-C). Tracebacks only
+    with --debug.
     Handling errors here (not in a wrapper) keeps ``CliRunner`` tests on the same path.
     """
 
@@ -48,29 +50,17 @@ class EmpdpGroup(click.Group):
                                 standalone_mode=False, **extra)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
-        except click.exceptions.Abort:
-            _fail("aborted", 1)
-        except click.ClickException as exc:
-            ctx = getattr(exc, "ctx", None)
-            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-            _fail(exc.format_message() + hint, 2 if isinstance(exc, click.UsageError) else exc.exit_code)
-        except EmpdpError as exc:
-            _fail(exc, exc.exit_code, debug)
-        except MemoryError as exc:
-            _fail(f"out of memory ({exc or 'MemoryError'}); try --memory-limit or a machine with more memory",
-                  1, debug)
-        except KeyboardInterrupt:
-            _fail("interrupted", 130)
-        except Exception as exc:  # noqa: BLE001 - last line of defence: one line, no traceback
-            bad_sql, no_memory = _duckdb_errors()
-            if isinstance(exc, bad_sql):
-                from empdp.data import clip
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - every error: one line, no traceback
+            message, code = _message(exc)
+            _fail(message, code, debug)
 
-                _fail("the query or filter is not valid SQL for this source: "
-                      + clip(str(exc).splitlines()[0], 200), 2, debug)
-            if isinstance(exc, no_memory):
-                _fail(f"out of memory ({exc}); try --memory-limit or a machine with more memory", 1, debug)
-            _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)", 1, debug)
+    def invoke(self, ctx):
+        """Run the command; a Ctrl-C leaves as :class:`_Interrupted`, which click passes through
+        (a ``KeyboardInterrupt`` it would turn into "aborted", after a blank line)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise _Interrupted() from exc
 
     def list_commands(self, ctx):
         return [name for name in COMMANDS if self._available(name)]
@@ -92,10 +82,60 @@ class EmpdpGroup(click.Group):
             formatter.write_dl(rows)
 
 
+class _Interrupted(Exception):
+    """Ctrl-C during a command (see :meth:`EmpdpGroup.invoke`)."""
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Ctrl-C, or was raised while one was handled.
+
+    A Ctrl-C reaches here as ``KeyboardInterrupt``; as DuckDB's ``InterruptException`` (a
+    connection's ``interrupt()``); or, when the signal arrives while DuckDB runs a query, as the
+    ``RuntimeError("Query interrupted")`` DuckDB raises in its place. Code that turns DuckDB errors
+    into bad input (``raise InputError(...) from None``) keeps the interrupt as ``__context__``.
+    """
+    duckdb = sys.modules.get("duckdb")
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if (isinstance(exc, (KeyboardInterrupt, _Interrupted))
+                or (duckdb is not None and isinstance(exc, duckdb.InterruptException))
+                or (type(exc) is RuntimeError and str(exc) == "Query interrupted")):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _message(exc: BaseException) -> tuple[str, int]:
+    """The one-line message and exit code of an error: 1 runtime error, 2 bad input or usage,
+    130 interrupted (as a shell reports a command stopped by SIGINT)."""
+    if _interrupted(exc):
+        return "interrupted", 130
+    if isinstance(exc, click.exceptions.Abort):
+        return "aborted", 1
+    if isinstance(exc, click.ClickException):
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        return exc.format_message() + hint, 2 if isinstance(exc, click.UsageError) else exc.exit_code
+    if isinstance(exc, EmpdpError):
+        return str(exc), exc.exit_code
+    bad_sql, no_memory = _duckdb_errors()
+    if isinstance(exc, MemoryError) or isinstance(exc, no_memory):
+        return (f"out of memory ({exc or type(exc).__name__}); try --memory-limit or a machine with more "
+                "memory"), 1
+    if isinstance(exc, bad_sql):
+        from empdp.data import clip
+
+        return "the query or filter is not valid SQL for this source: " + clip(str(exc).splitlines()[0], 200), 2
+    return f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)", 1
+
+
 def _fail(message, code: int, debug: bool = False):
+    """Print ``Error: MESSAGE`` as one line (whitespace runs joined, control characters shown
+    escaped: a message may quote a value from the data) and exit with ``code``."""
     if debug:
         traceback.print_exc()
-    click.echo("Error: " + " ".join(str(message).split()), err=True)
+    click.echo("Error: " + terminal_safe(" ".join(str(message).split())), err=True)
     sys.exit(code)
 
 
