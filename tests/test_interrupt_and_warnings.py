@@ -116,3 +116,13 @@ def test_ctrl_c_mid_assessment(tmp_path):
     assert err == "Error: interrupted\n" and out == ""
     assert _wait(lambda: not _group(proc.pid), 10), "worker processes outlived the command"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_error_line_shows_control_characters_escaped(monkeypatch):
+    """An error message quoting a value from the data can neither drive the terminal nor forge a line."""
+    from empdp.errors import InputError
+
+    monkeypatch.setattr(data_panel, "fetch_arrow", _raise(InputError("value '\x1b[2J\x9b31m' \r\nError: forged")))
+    res = run("assess", SAMPLE, *QUERY, "-q", "--bandwidth", "0.05")
+    assert res.exit_code == 2, res.output
+    assert res.output == "Error: value '\\x1b[2J\\x9b31m' Error: forged\n"
