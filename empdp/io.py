@@ -395,19 +395,27 @@ SCALAR = Kind(str, int, float, bool, type(None), what="a text, a number, true, f
 class ListOf(Field):
     """A list of items of ``item``, of ``min``–``max`` of them."""
 
-    def __init__(self, item: Field, min: int = 0, max: int | None = None):
-        self.item, self.min, self.max = item, min, max
+    def __init__(self, item: Field, min: int = 0, max: int | None = None, same_kind: bool = False):
+        self.item, self.min, self.max, self.same_kind = item, min, max, same_kind
         self.what = f"a list of {min if max is None else f'{min}-{max}'}{'+' if max is None and min else ''} items" \
             if min or max is not None else "a list"
+        if same_kind:  # a column of ids: all texts, or all numbers (nulls aside)
+            self.what += " of one kind (all texts or all numbers)"
 
     def problem(self, value, path: str):
         if not isinstance(value, list) or len(value) < self.min or (self.max is not None and len(value) > self.max):
+            return path, self.what, value
+        if self.same_kind and len({_kind(v) for v in value if v is not None}) > 1:
             return path, self.what, value
         for k, v in enumerate(value):
             found = self.item.problem(v, f"{path}[{k}]")
             if found:
                 return found
         return None
+
+
+def _kind(v) -> str:
+    return "number" if isinstance(v, (int, float)) and not isinstance(v, bool) else type(v).__name__
 
 
 class Obj(Field):
@@ -492,3 +500,31 @@ def check_fields(doc, schema: Field, what: str, path, hint: str = "") -> None:
         type(got).__name__.replace("NoneType", "null").replace("dict", "an object").replace("list", "a list") \
         if isinstance(got, (dict, list, type(None))) else repr(got)[:40]
     raise InputError(f"{where}: {name} must be {expected}, got {shown}{hint}")
+
+
+#: first characters with which a spreadsheet reads a cell as a formula (or, tab and CR, shifts it)
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_neutral(df):
+    """``df`` (a polars frame) with every text cell that a spreadsheet would run as a formula
+    (one starting with ``=``, ``+``, ``-``, ``@``, tab or CR: ``=HYPERLINK(...)``) given a leading
+    ``'``, the usual quoting (OWASP's "CSV injection"). Columns of numbers are left as they are: a
+    negative number is not text. Write a CSV of values from the data through this."""
+    import polars as pl
+
+    texts = [c for c, t in df.schema.items() if t in (pl.Utf8, pl.Categorical) or isinstance(t, pl.Enum)]
+    prefix = "^[" + "".join("\\t" if p == "\t" else "\\r" if p == "\r" else "\\" + p for p in FORMULA_PREFIXES) + "]"
+    return df.with_columns(pl.when(pl.col(c).cast(pl.Utf8).str.contains(prefix))
+                           .then(pl.lit("'") + pl.col(c).cast(pl.Utf8)).otherwise(pl.col(c).cast(pl.Utf8)).alias(c)
+                           for c in texts)
+
+
+def write_frame(df, path: str | os.PathLike) -> None:
+    """Write a polars frame to ``path`` atomically, owner-only: CSV (by extension; its text cells
+    through :func:`csv_neutral`) or Parquet (the data as they are)."""
+    with atomic_path(path, private=True) as tmp:
+        if str(path).lower().endswith(".csv"):
+            csv_neutral(df).write_csv(tmp)
+        else:
+            df.write_parquet(tmp)

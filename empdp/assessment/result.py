@@ -36,6 +36,7 @@ import numpy as np
 import polars as pl
 
 from .. import risk
+from ..data import clip as _clip
 from ..density import DensityModel
 from ..errors import InputError
 from ..io import FLAG, SCALAR, TEXT, Kind, ListOf, MapOf, Num, Obj, atomic_path, check_fields, keyed_hash, read_json
@@ -309,7 +310,7 @@ def _model_schema(**more) -> Obj:
 
 
 def _table_schema(id_col, floats) -> Obj:
-    return Obj({**({id_col: ListOf(SCALAR)} if isinstance(id_col, str) else {}), "eps_i": ListOf(_EPS),
+    return Obj({**({id_col: ListOf(SCALAR, same_kind=True)} if isinstance(id_col, str) else {}), "eps_i": ListOf(_EPS),
                 "delta": ListOf(_P), **{c: ListOf(Num(0, null=True, inf=True)) for c in floats[2:]},
                 "n_databases": ListOf(_COUNT), "sole_contributor": ListOf(FLAG), "sets_eps_all": ListOf(FLAG)},
                optional=("sets_eps_all",))
@@ -341,7 +342,7 @@ def _joint_schema(d: dict) -> Obj:
                                            "loglik": _FLOAT, "selected_by": _SELECTED,
                                            "candidates": ListOf(Obj({}))}, optional=("candidates",)),
                 "individuals": _table_schema(d.get("id"), _joint_float_columns(dim)),
-                "shifts": Obj({"ids": ListOf(SCALAR), "rows": ListOf(ListOf(ListOf(_FLOAT)))})},
+                "shifts": Obj({"ids": ListOf(SCALAR, same_kind=True), "rows": ListOf(ListOf(ListOf(_FLOAT)))})},
                optional=("ids_hashed",))
 
 
@@ -364,7 +365,7 @@ def load_result(path) -> SavedAssessment | SavedJointAssessment:
     try:
         return _joint_from_dict(d) if joint else _from_dict(d)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, pl.exceptions.PolarsError) as exc:
-        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        what = f"missing {exc}" if isinstance(exc, KeyError) else _clip(" ".join(str(exc).split()), 160)
         raise InputError(f"result file {str(path)!r} is damaged or incomplete: {what}") from None
 
 
