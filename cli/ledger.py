@@ -10,11 +10,12 @@ from empdp.errors import InputError
 from empdp.keys import load_key
 from empdp.noise import Ledger
 from empdp.noise.ledger_format import REAL, read_vector
-from empdp.textfmt import fmt
+from empdp.textfmt import fmt, terminal_safe
 
 from ._common import emit_json, key_options, output_options, setup_logging
 
-_COLUMNS = ("seq", "time", "query", "database", "epsilon", "noisy_value", "noise_added", "private")
+_COLUMNS = ("seq", "time", "query", "database", "epsilon", "noisy_value", "noise_added", "private", "source",
+            "source_digest")
 
 
 def _open(path: str, key_file, allow_unsigned) -> Ledger:
@@ -91,7 +92,7 @@ def show(ledger_path, key_file, allow_unsigned, as_json, quiet, verbose, debug):
         return
     for r in records:
         # the released value in full (it is what was published); epsilon to 4 digits like every number shown
-        click.echo("  ".join(f"{k}={fmt(r.get(k)) if k == 'epsilon' else r.get(k)}" for k in _COLUMNS))
+        click.echo("  ".join(f"{k}={fmt(r.get(k)) if k == 'epsilon' else terminal_safe(r.get(k))}" for k in _COLUMNS))
     if summary is None:
         click.echo(f"{fmt(len(records))} releases, NOT VERIFIED (no curator key given)")
     else:

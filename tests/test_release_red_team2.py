@@ -37,8 +37,8 @@ def cal_path(tmp_path_factory):
 def sample_cal(tmp_path_factory):
     """A calibration of the sample's yearly mean murder rate (it stores its query, so SOURCE releases)."""
     path = tmp_path_factory.mktemp("sample") / "cal.json"
-    res = run("calibrate", SAMPLE, "--id", "countyid", "--by", "year", "--query", "mean(murdrate)", "-e", 1,
-              "--kernel", "laplace", "--bandwidth", 0.5, "-o", path, "-q", env={"EMPDP_KEY": KEY.decode()})
+    res = run("calibrate", SAMPLE, "--id", "countyid", "--by", "year", "--query", "mean(murdrate)", "-e", 0.5,
+              "--kernel", "laplace", "--bandwidth", 0.05, "-o", path, "-q", env={"EMPDP_KEY": KEY.decode()})
     assert res.exit_code == 0, res.output
     return path
 
@@ -287,3 +287,61 @@ def test_release_expect_head_refuses_a_rolled_back_ledger(tmp_path, cal_path, le
     one_line_error(release(cal_path, tmp_path / "new.sqlite", "--budget", 1, "--expect-head", head),
                    "does not exist")
     assert not (tmp_path / "new.sqlite").exists()
+
+
+# -------------------------------------------- finding 6: a new period needs only that period
+
+@pytest.fixture(scope="module")
+def year_1990(tmp_path_factory):
+    """The sample's 1990 rows alone: a new year's table, as a curator receives it."""
+    import duckdb
+
+    path = tmp_path_factory.mktemp("new") / "new_year.parquet"
+    duckdb.sql(f"COPY (SELECT * FROM read_parquet('{SAMPLE}') WHERE year = 1990) TO '{path}'")
+    return path
+
+
+def test_release_of_a_new_period_needs_only_that_period(tmp_path, sample_cal, year_1990):
+    path = tmp_path / "l.sqlite"
+    alone = run("release", sample_cal, year_1990, "--database", 1990, "--ledger", path, "--budget", 3, "--seed", 5,
+                "--json")
+    assert alone.exit_code == 0, alone.output  # it said "at least 2 databases are needed"
+    panel = run("release", sample_cal, SAMPLE, "--database", 1990, "--ledger", path, "--seed", 5, "--json")
+    assert json.loads(alone.stdout)["value"] == json.loads(panel.stdout)["value"]  # the same f(X^1990)
+    one_line_error(run("release", sample_cal, year_1990, "--database", 1991, "--ledger", path),
+                   "database '1991' is not in 'year'", "it has: 1990")
+    records = Ledger(path, key=KEY).records()
+    assert [r["source"] for r in records] == [str(year_1990), SAMPLE]
+    assert records[0]["source_digest"] != records[1]["source_digest"]
+
+
+def test_joint_release_of_a_new_period_needs_only_that_period(tmp_path, year_1990):
+    cal = tmp_path / "joint.json"
+    res = run("calibrate", SAMPLE, "--id", "countyid", "--by", "year", "--query", "mean(murdrate)",
+              "--query", "sum(murders)", "-e", 1, "-o", cal, "-q")
+    assert res.exit_code == 0, res.output
+    res = run("release", cal, year_1990, "--database", 1990, "--ledger", tmp_path / "l.sqlite", "--budget", 1,
+              "--json")
+    assert res.exit_code == 0, res.output
+    assert len(json.loads(res.stdout)["value"]) == 2
+
+
+# ------------------------------ finding 2, the file's side: no field is used before the signature
+
+def test_audit_release_checks_the_signature_before_any_field(tmp_path, sample_cal):
+    """The red team's unsigned calibration whose 'where' broke out into a COPY: refused on its signature,
+    before its query or filter is read (the SQL guard would refuse the text too: docs/user-sql.md)."""
+    target = tmp_path / "planted.sh"
+    d = json.loads(sample_cal.read_text())
+    d["where"] = (f"1=1); COPY (SELECT 'echo x' AS a) TO '{target}' (HEADER false, QUOTE ''); SELECT (1")
+    for k in ("digest", "hmac", "key_id"):
+        d.pop(k)
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps(d))
+    one_line_error(run("audit", "release", forged, SAMPLE, "--seed", 1), "is not signed", "--allow-unsigned")
+    signed_edit = tmp_path / "edited.json"
+    signed_edit.write_text(json.dumps({**json.loads(sample_cal.read_text()), "where": d["where"]}))
+    one_line_error(run("audit", "release", signed_edit, SAMPLE, "--seed", 1), "was edited after")
+    res = run("audit", "release", forged, SAMPLE, "--seed", 1, "--allow-unsigned")
+    assert res.exit_code == 2 and "--where" in res.output or "where" in res.output, res.output
+    assert not target.exists()

@@ -271,6 +271,7 @@ def open_panel(
     memory_limit: str | None = None,
     con: duckdb.DuckDBPyConnection | None = None,
     threads: int | None = None,
+    database: str | None = None,
 ) -> Panel:
     """Open and validate a repeated-database source (docs/method.md#1-data-model).
 
@@ -278,12 +279,18 @@ def open_panel(
     file, missing columns, NULL ids (unless ``drop_null_ids``), an empty source,
     or fewer than two databases.
 
+    With ``database`` (a label, as text) only that database is read, and it is
+    the panel's one database: what ``release SOURCE --database D`` needs, from
+    a source that may hold D alone.
+
     Once the source is registered, the connection (``con`` too, when given) is locked down
     (:func:`~empdp.data.guard.lock_down`): SQL run on it reads the source's files and nothing
     else outside, and cannot change its configuration (docs/user-sql.md).
     """
     con = con or connect(memory_limit, threads)
     description, files = _register_source(con, source)
+    if database is not None:
+        _keep_one_database(con, by, database, description)
     lock_down(con, files + [os.path.abspath(f) for f in files])
     try:
         cols = con.execute(f"DESCRIBE SELECT * FROM {SOURCE_VIEW}").fetchall()
@@ -314,7 +321,7 @@ def open_panel(
     panel.n_null_ids = int(n_null_id)
     labels = [r[0] for r in con.execute(
         f"SELECT DISTINCT {qb} FROM {SOURCE_VIEW} ORDER BY 1").fetchall()]
-    if len(labels) < 2:
+    if len(labels) < (1 if database is not None else 2):
         raise InputError(
             f"column {shorten(by)} has {len(labels)} distinct value(s); at least 2 databases are needed "
             f"to estimate the query's distribution"
@@ -325,6 +332,24 @@ def open_panel(
                 f"FROM (SELECT DISTINCT {qb} FROM {SOURCE_VIEW}))")
     panel.label_index = _label_index(qb, columns[by], labels)
     return panel
+
+
+def _keep_one_database(con: duckdb.DuckDBPyConnection, by: str, database: str, description: str) -> None:
+    """Narrow the source view to the rows of database ``database`` (its label compared as text), or
+    refuse one that is not there, naming the labels the source has."""
+    qb = quote_ident(by)
+    try:
+        con.execute(f"ALTER VIEW {SOURCE_VIEW} RENAME TO __all_databases")
+        con.execute(f"CREATE VIEW {SOURCE_VIEW} AS SELECT * FROM __all_databases "
+                    f"WHERE CAST({qb} AS VARCHAR) = {quote_literal(str(database))}")
+        found = con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {SOURCE_VIEW} LIMIT 1)").fetchone()[0]
+    except duckdb.BinderException:
+        raise InputError(f"column {shorten(by)} not found in {clip(description)}") from None
+    if not found:
+        have = [str(r[0]) for r in con.execute(
+            f"SELECT DISTINCT {qb} FROM __all_databases ORDER BY 1 LIMIT 11").fetchall()]
+        shown = ", ".join(have[:10]) + (" ..." if len(have) > 10 else "")
+        raise InputError(f"database {shorten(database)} is not in {shorten(by)} of this source; it has: {shown}")
 
 
 _NESTED = re.compile(r"^(STRUCT|MAP|UNION|LIST)\b|\[[0-9]*\]\s*$", re.I)

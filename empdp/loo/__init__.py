@@ -70,16 +70,18 @@ def engine_for(panel, query: Query) -> DuckDBEngine:
 
 def make_engine(source: Any, *, id: str, by: str, query: str | None = None, where: str | None = None,
                 sql: str | None = None, memory_limit: str | None = None,
-                drop_null_ids: bool = False, threads: int | None = None, panel: Panel | None = None) -> DuckDBEngine:
+                drop_null_ids: bool = False, threads: int | None = None, panel: Panel | None = None,
+                database: str | None = None) -> DuckDBEngine:
     """Open ``source`` and parse the query into the engine of its strategy (a :class:`LooEngine`).
 
     With ``panel`` (``source`` opened already), the engine reads it instead: engines of several
-    statistics share one opened source, one after the other, and the caller closes it.
+    statistics share one opened source, one after the other, and the caller closes it. With
+    ``database`` only that database is read (:func:`empdp.data.open_panel`), for its value alone.
     """
     parsed = parse_query(query, where=where, sql=sql)
     if panel is None:
         panel = open_panel(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit,
-                           threads=threads)
+                           threads=threads, database=database)
     return engine_for(panel, parsed)
 
 

@@ -327,9 +327,11 @@ def query_value(cal: Calibration, source: Any, database: str, memory_limit: str 
     progress = progress or no_progress
     t0 = time.perf_counter()
     progress("reading", 0, 2)
+    # DuckDB reads database ``database`` alone (a source may hold only the new period); Spark reads the panel
+    only = {"database": str(database)} if engine == "duckdb" else {}
     eng = open_engine(source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql,
                       memory_limit=memory_limit, engine=engine, spark_master=spark_master,
-                      spark_remote=spark_remote, table=table)
+                      spark_remote=spark_remote, table=table, **only)
     try:
         progress("reading", 1, 2)
         labels = [str(x) for x in eng.panel.labels]

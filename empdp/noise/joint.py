@@ -429,7 +429,8 @@ def joint_query_value(cal: JointCalibration, source: Any, database: str, memory_
     out = []
     for k, item in enumerate(items):
         progress("reading", k, len(items))
-        eng = open_engine(source, id=cal.id, by=cal.by, where=cal.where, memory_limit=memory_limit, **item)
+        eng = open_engine(source, id=cal.id, by=cal.by, where=cal.where, memory_limit=memory_limit,
+                          database=str(database), **item)
         try:
             labels = [str(x) for x in eng.panel.labels]
             if str(database) not in labels:
