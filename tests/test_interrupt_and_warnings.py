@@ -3,6 +3,7 @@ model; Ctrl-C is "Error: interrupted", exit 130, with nothing half-written and n
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -126,3 +127,58 @@ def test_error_line_shows_control_characters_escaped(monkeypatch):
     res = run("assess", SAMPLE, *QUERY, "-q", "--bandwidth", "0.05")
     assert res.exit_code == 2, res.output
     assert res.output == "Error: value '\\x1b[2J\\x9b31m' Error: forged\n"
+
+
+# ------------------------------------------------------------------------ fewer than 10 databases
+
+SMALL = "rests on only"
+
+
+@pytest.fixture(scope="module")
+def years(tmp_path_factory):
+    """The sample cut to its first ``n`` years, with a two-valued group column ``half``."""
+    folder = tmp_path_factory.mktemp("years")
+
+    def cut(n: int) -> str:
+        path = folder / f"first{n}.parquet"
+        duckdb.execute(f"COPY (SELECT *, countyid % 2 AS half FROM read_parquet(?) WHERE year < 1980 + {n}) "
+                       f"TO '{path}' (FORMAT parquet)", [SAMPLE])
+        return str(path)
+    return cut
+
+
+def _warnings(path, *args) -> list[str]:
+    res = run("assess", path, *QUERY[:4], *args, "--json")
+    assert res.exit_code == 0, res.output
+    return [w for w in json.loads(res.output)["warnings"] if SMALL in w]
+
+
+@pytest.mark.parametrize("n, warned", [(2, True), (9, True), (10, False)])
+def test_one_statistic_warns_below_10_databases(years, n, warned):
+    found = _warnings(years(n), "--query", "mean(murdrate)", "--bandwidth", "0.05")
+    assert found == ([f"the assessment rests on only {n} databases, fewer than 10: a density model fitted to so "
+                      "few query values, and every risk computed from it, is unreliable; use more databases if "
+                      "you can"] if warned else [])
+
+
+def test_warning_reaches_terminal_and_report(years, tmp_path):
+    report = tmp_path / "r.html"
+    res = run("assess", years(5), *QUERY, "--bandwidth", "0.05", "--report", report)
+    assert res.exit_code == 0, res.output
+    assert "warning: the assessment rests on only 5 databases, fewer than 10" in " ".join(res.output.split())
+    assert "the assessment rests on only 5 databases, fewer than 10" in report.read_text()
+
+
+def test_joint_statistics_warn_below_10_databases(years):
+    found = _warnings(years(5), "--query", "mean(murdrate)", "--query", "mean(density)")
+    assert found and all("only 5 databases, fewer than 10" in w for w in found)
+
+
+def test_grouped_statistic_warns_once_below_10_databases(years):
+    found = _warnings(years(5), "--query", "mean(murdrate)", "--group-by", "half")
+    assert len(found) == 1 and found[0].startswith("the assessment rests on only 5 databases")
+
+
+def test_no_small_sample_warning_from_10_databases(years):
+    assert _warnings(SAMPLE, "--query", "mean(murdrate)", "--bandwidth", "0.05") == []
+    assert _warnings(years(10), "--query", "mean(murdrate)", "--group-by", "half") == []

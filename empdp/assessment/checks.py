@@ -42,11 +42,32 @@ def trend_test(x: np.ndarray) -> float:
     return float(stats.kendalltau(np.arange(len(x)), x).pvalue)
 
 
+#: fewer databases than this: a density model of the query's values rests on too few of them (the
+#: least an adversary bucket should hold too, :data:`empdp.assessment.adversary.MIN_BUCKET`)
+MIN_DATABASES = 10
+
+
+def few_databases(n: int, where: str = "the assessment") -> list[str]:
+    """The small-sample warning when ``where`` (an assessment, a calibration, an adversary bucket)
+    rests on fewer than :data:`MIN_DATABASES` databases; none from that many on.
+
+    The one message every model and command gives: the density model is fitted to ``n`` query
+    values; with few of them every risk computed from it (and noise calibrated to it) is unreliable,
+    and so are the independence checks.
+    """
+    if n >= MIN_DATABASES:
+        return []
+    return [f"{where} rests on only {n} database{'' if n == 1 else 's'}, fewer than {MIN_DATABASES}: a density "
+            "model fitted to so few query values, and every risk computed from it, is unreliable; use more "
+            "databases if you can"]
+
+
 def independence(q: np.ndarray, alpha: float = 0.05) -> tuple[dict, list[str]]:
-    """Test the query series (in database order) for autocorrelation and trend."""
+    """Test the query series (in database order) for autocorrelation and trend; warn, too, when the
+    series is too short for a reliable model (:func:`few_databases`)."""
     p_lb, lags = ljung_box(q)
     p_tr = trend_test(q)
-    warnings = []
+    warnings = few_databases(len(q))
     if p_lb < alpha:
         warnings.append(f"the query values are autocorrelated across databases (Ljung-Box p = {p_lb:.3g}); "
                         f"the method assumes independent databases, so the risk estimates may be off")

@@ -337,12 +337,14 @@ class _Rows:
 
 def _checks(panel: GroupPanel, bounded: np.ndarray) -> tuple[list, list]:
     """(warnings, independence): each group's series tested as for one statistic, sole contributors,
-    and the individuals only bounded."""
-    warnings, independence = [], []
+    and the individuals only bounded. Every group is in every database: the small-sample warning
+    (:func:`empdp.assessment.checks.few_databases`) is given once, not for each group."""
+    few = checks.few_databases(len(panel.q))
+    warnings, independence = list(few), []
     for g, name in enumerate(panel.names):
         checked, notes = checks.independence(panel.q[:, g])
         independence.append(checked)
-        warnings += [f"{name}: {w}" for w in notes]
+        warnings += [f"{name}: {w}" for w in notes if w not in few]
     if panel.sole.any():
         warnings.append(f"{int(panel.sole.sum())} individual(s) are the only contributor to some group of some "
                         "database: delta_i = 1, eps_i = inf; no epsilon protects them")
