@@ -175,19 +175,14 @@ def check_output(path: str | None, option: str, suffixes: tuple | None = None, k
 
 
 def write_table(df, path: str) -> None:
-    """Write a polars frame to Parquet or CSV (by extension), atomically, owner-only."""
+    """Write a polars frame to Parquet or CSV (by extension), atomically, owner-only (:func:`empdp.io.write_frame`)."""
     from empdp.data import shorten
     from empdp.errors import InputError
-    from empdp.io import atomic_path
+    from empdp.io import write_frame
 
-    lower = path.lower()
-    if not lower.endswith((".parquet", ".pq", ".csv")):
+    if not path.lower().endswith((".parquet", ".pq", ".csv")):
         raise InputError(f"--out {shorten(path)} must end in .parquet or .csv")
-    with atomic_path(path, private=True) as tmp:
-        if lower.endswith(".csv"):
-            df.write_csv(tmp)
-        else:
-            df.write_parquet(tmp)
+    write_frame(df, path)  # CSV text cells that a spreadsheet would run as a formula get a leading "'"
 
 
 def engine_options(engine_help: str, table: bool = True):

@@ -11,7 +11,7 @@ from empdp.audit.mechanisms import BUILTIN_NAMES
 from empdp.data import shorten as short
 from empdp.errors import InputError
 from empdp.io import read_json
-from empdp.textfmt import fmt
+from empdp.textfmt import fmt, terminal_safe
 
 from ._common import (
     emit_json,
@@ -143,9 +143,9 @@ def _print_result(d: dict, title: str):
              ("estimator", "frequencies (TDDE)" if d["discrete"]
               else f"KDE, bandwidth {fmt((d.get('bandwidth') or [None])[0])}")]
     for k, v in rows:
-        click.echo(f"  {k:20s} {fmt(v) if not isinstance(v, str) else v}")
+        click.echo(f"  {k:20s} {fmt(v) if not isinstance(v, str) else terminal_safe(v)}")
     for w in d.get("warnings", []):
-        click.echo(f"  warning: {w}", err=True)
+        click.echo(f"  warning: {terminal_safe(w)}", err=True)
 
 
 @click.group("audit")
@@ -290,13 +290,13 @@ def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key
     if d.get("joint"):
         _print_joint_audit(d)
         return
-    click.echo(f"Release audit: target epsilon {fmt(d['target_epsilon'])}, noise {d['noise']['kind']}, "
+    click.echo(f"Release audit: target epsilon {fmt(d['target_epsilon'])}, noise {terminal_safe(d['noise']['kind'])}, "
                f"curator kernel {d['curator_kernel']['kind']}")
     buckets = "buckets" in d  # an adversary calibration: audited bucket by bucket
     click.echo(f"  {'id':>12s} {'exact eps_i':>12s} {'stage-1 max':>11s} {'exact D_' + format(order, 'g'):>10s}"
                + ("  bucket" if buckets else ""))
     for row in d["individuals"]:
-        click.echo(f"  {str(row['id']):>12s} {fmt(row['exact_epsilon']):>12s} "
+        click.echo(f"  {terminal_safe(row['id']):>12s} {fmt(row['exact_epsilon']):>12s} "
                    f"{fmt(row.get('mpl_estimate')):>11s} {fmt(row['exact_renyi']):>10s}"
                    + (f"  {row.get('bucket', '')}" if buckets else ""))
     click.echo("  (stage-1 max: MPL's largest noisy loss estimate for the individual, biased up; a screening "
@@ -312,18 +312,18 @@ def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key
     for line in describe_buckets(d):
         click.echo(line)
     for w in d.get("warnings", []):
-        click.echo(f"  warning: {w}", err=True)
+        click.echo(f"  warning: {terminal_safe(w)}", err=True)
 
 
 def _print_joint_audit(d: dict) -> None:
     """The terminal summary of a joint release audit (``JointReleaseAudit.to_dict``)."""
-    click.echo(f"Release audit of {d['d']} statistics released together ({'; '.join(d['statistics'])}): target "
-               f"epsilon {fmt(d['target_epsilon'])}, noise {d['noise']['kind']}, curator model product Laplace "
+    click.echo(f"Release audit of {d['d']} statistics released together ({terminal_safe('; '.join(d['statistics']))}): target "
+               f"epsilon {fmt(d['target_epsilon'])}, noise {terminal_safe(d['noise']['kind'])}, curator model product Laplace "
                f"{'whitened' if d['curator_model'].get('whitened') else 'axis-aligned'}")
     order = format(d["order"], "g")
     click.echo(f"  {'id':>12s} {'exact eps_i':>12s} {'stage-1 max':>11s} {'exact D_' + order:>10s}")
     for row in d["individuals"]:
-        click.echo(f"  {str(row['id']):>12s} {fmt(row['exact_epsilon']):>12s} {fmt(row.get('mpl_estimate')):>11s} "
+        click.echo(f"  {terminal_safe(row['id']):>12s} {fmt(row['exact_epsilon']):>12s} {fmt(row.get('mpl_estimate')):>11s} "
                    f"{fmt(row.get('exact_renyi')):>10s}")
     click.echo("  (exact: the released vector's density; stage-1 max: MPL's largest noisy loss estimate, biased up, "
                "not a bound)")
@@ -336,4 +336,4 @@ def _print_joint_audit(d: dict) -> None:
                    f"release is not the calibrated one")
     click.echo("  OK: the release meets its target" if d["ok"] else "  CHECK FAILED: see the figures above")
     for w in d.get("warnings", []):
-        click.echo(f"  warning: {w}", err=True)
+        click.echo(f"  warning: {terminal_safe(w)}", err=True)

@@ -13,7 +13,7 @@ from empdp.noise import Calibration, JointCalibration, Ledger, load_calibration,
 from empdp.noise import calibrate as calibrate_source
 from empdp.noise.exact import check_epsilon
 from empdp.noise.ledger import UNLIMITED, parse_budget
-from empdp.textfmt import fmt
+from empdp.textfmt import fmt, terminal_safe
 
 from . import _common as common
 from .assess import joint_statistics, parse_bandwidth, parse_joint_bandwidth, query_options
@@ -164,9 +164,9 @@ def _print_rows(rows: list, cal, output: str) -> None:
     rows = [*rows, ("classical DP epsilon", "none: " + cal.to_dict()["classical_dp_explanation"])]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
-        click.echo(f"{key:<{width}}  {value}")
+        click.echo(f"{key:<{width}}  {terminal_safe(value)}")  # names and queries from the data or a file
     click.echo(f"Guarantee: {cal.to_dict()['guarantee']}.")
-    click.echo(f"Wrote {output}")
+    click.echo(f"Wrote {terminal_safe(output)}")
 
 
 def _print_joint(cal: JointCalibration, output: str) -> None:
@@ -307,11 +307,11 @@ def release(calibration, source, value, database, ledger, budget, expect_head, s
         left = "unlimited" if out["budget_left"] is None else f"{fmt(out['budget_left'])} left"
         shown = ",".join(repr(v) for v in out["value"]) if joint else repr(out["value"])
         click.echo(shown)  # the released value itself, in full (a joint release: comma-separated, in order)
-        click.echo(f"epsilon {fmt(out['epsilon'])}; ledger {ledger}: {fmt(out['budget_spent'])} spent, {left}; "
+        click.echo(f"epsilon {fmt(out['epsilon'])}; ledger {terminal_safe(ledger)}: {fmt(out['budget_spent'])} spent, {left}; "
                    f"record {out['seq']}, chain head {out['head']}", err=True)
     if out["created"]:
         limit = "no budget limit (unlimited)" if budget == UNLIMITED else f"a total-epsilon budget of {fmt(budget)}"
-        click.echo(f"Started a new ledger {ledger} with {limit}", err=True)
+        click.echo(f"Started a new ledger {terminal_safe(ledger)} with {limit}", err=True)
     if not out["noise_added"]:
         _warn(f"NO NOISE WAS ADDED: the exact {'vector' if joint else 'value'} was released (the calibration found that the data's own spread "
               f"already gives epsilon {fmt(cal.epsilon)} under the curator's density model; see the README)")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from empdp.errors import InputError
@@ -86,18 +85,19 @@ def print_grouped_assessment(result, out: str | None = None, show_id=str, top: i
     """Summary of a grouped assessment: the groups, ε_all (and its bound when some individuals are only
     bounded), the sweep (with the unresolved counts, :func:`.render._sweep`), and the riskiest individuals (exact values; bounds
     only in the eps_bound column)."""
-    from .render import _eps_all, _written, eps_i_cell, riskiest_table, summary_end
+    from .render import _eps_all, _written, eps_i_cell, riskiest_table, shown, summary_end
 
     con = console or Console(highlight=False, soft_wrap=True)
     G = len(result.groups)
-    con.print(f"[bold]empdp assess[/bold]  {escape(str(result.source))}  ({escape(result.query)} by {escape(result.group_by)}, {G} groups)")
+    con.print(f"[bold]empdp assess[/bold]  {shown(result.source)}  ({shown(result.query)} by {shown(result.group_by)}, "
+              f"{G} groups)")
     summary = Table.grid(padding=(0, 2))
-    shown = ", ".join(escape(str(g)) for g in result.groups[:8]) + (", ..." if G > 8 else "")
-    summary.add_row("groups", f"{G}: {shown}")
+    groups = ", ".join(shown(g) for g in result.groups[:8]) + (", ..." if G > 8 else "")
+    summary.add_row("groups", f"{G}: {groups}")
     summary.add_row("assessed", "as one joint query of the groups' statistics" if result.joint else
                     "each individual jointly on the groups their rows are in (at most 3; more: a bound)")
-    summary.add_row("databases", f"{result.n_databases}  (by {result.by_column})")
-    summary.add_row("individuals", f"{result.individuals.height}  (id {result.id_column})")
+    summary.add_row("databases", f"{result.n_databases}  (by {shown(result.by_column)})")
+    summary.add_row("individuals", f"{result.individuals.height}  (id {shown(result.id_column)})")
     if result.n_bound_only:  # eps_all is over the exact eps_i; only the bound covers everyone
         summary.add_row("eps_all", f"{fmt(result.eps_all)}  (over the individuals with exact eps_i)")
         summary.add_row("eps_all bound", f"{_eps_all(result.eps_all_bound, result.sole_contributors)}; "

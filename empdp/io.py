@@ -281,10 +281,9 @@ def load_hash_key(path: str | None = None) -> bytes:
     from .errors import InputError
 
     if path:
-        try:
-            key = Path(path).read_bytes().strip()
-        except OSError as exc:
-            raise InputError(f"cannot read the hash key file {_shorten(path)}: {exc.strerror}") from None
+        from .keys import read_key_file
+
+        key = read_key_file(path, "--hash-key-file")  # owner-only and small, like the curator key
     else:
         key = os.environ.get(HASH_KEY_ENV, "").encode("utf-8")
     if len(key) < 16:

@@ -39,7 +39,7 @@ def read_key_file(path: str | os.PathLike, option: str = "--key-file") -> bytes:
     """
     if not str(path).strip():
         raise InputError(f"{option} is empty; {_HOW}")
-    name = repr(str(path))
+    name = f"{str(path)!r} ({option})"
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)  # a FIFO must not block: it is refused below
     try:
         fd = os.open(path, flags)

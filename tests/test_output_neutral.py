@@ -294,8 +294,6 @@ def test_csv_neutral_quotes_formulas_in_text_columns_only(tmp_path):
     assert pl.read_parquet(tmp_path / "t.parquet")["id"].to_list() == df["id"].to_list()
 
 
-@pytest.mark.xfail(strict=True, reason="needs cli/_common.write_table to write through empdp.io.write_frame "
-                                       "(the lead's file; see the issue 33 report)")
 def test_ids_with_formula_prefixes_are_quoted_in_the_out_csv(hostile_panel, tmp_path):
     import pandas as pd
 

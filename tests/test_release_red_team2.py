@@ -210,6 +210,9 @@ def test_a_key_file_others_can_read_or_change_is_refused(tmp_path, cal_path, mod
     one_line_error(release(cal_path, tmp_path / "l.sqlite", "--key-file", key_file), "chmod 600", str(key_file))
     one_line_error(run("calibrate", SAMPLE, "--id", "countyid", "--by", "year", "--query", "mean(murdrate)",
                        "-e", 1, "-o", tmp_path / "c.json", "--key-file", key_file), "chmod 600")
+    one_line_error(run("assess", SAMPLE, "--id", "countyid", "--by", "year", "--query", "mean(murdrate)",
+                       "--hash-ids", "--hash-key-file", key_file, "--out", tmp_path / "o.csv"),
+                   "chmod 600", "--hash-key-file")  # the id-hashing key too: every key file is one class
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k"]
 
 
