@@ -52,7 +52,7 @@ def test_lambda_star_is_minimal_by_the_assessment_risk(cal_path):
     """λ* checked by other code than the search's: the assessment's ε_i (:func:`empdp.risk.evaluate`, its own
     exact integration) of P̂ ⋆ ℓ_λ against P̂_i ⋆ ℓ_λ, a Laplace KDE of the fixed bandwidth λ
     (docs/method.md#82-the-minimal-scale-exact): every ε_i ≤ ε at λ*, some ε_i > ε just below it."""
-    cal = Calibration.load(cal_path)
+    cal = Calibration.load(cal_path, key=KEY)
     loo = leave_one_out(SAMPLE, id="countyid", by="year", query="mean(murdrate)")
     n = loo.q.size
 
@@ -67,9 +67,9 @@ def test_lambda_star_is_minimal_by_the_assessment_risk(cal_path):
 
 
 def test_load_round_trip_and_digest(cal_path):
-    cal = Calibration.load(cal_path)
+    cal = Calibration.load(cal_path, key=KEY)
     assert json.loads(cal.to_json(key=KEY)) == json.loads(cal_path.read_text())
-    assert cal.digest == Calibration.load(cal_path).digest
+    assert cal.digest == Calibration.load(cal_path, key=KEY).digest
     assert (cal.curator_kernel["kind"], cal.noise["kind"]) == ("laplace", "laplace_mixture")
 
 
@@ -91,7 +91,7 @@ def test_release_json_budget_and_refusal(cal_path, tmp_path):
 
 def test_release_prints_only_the_noisy_value(cal_path, tmp_path):
     # with probability w the mixture adds nothing, so pin the draw with a seed (non-zero noise here)
-    noisy = Calibration.load(cal_path).sampler(seed=4).release(0.4711)
+    noisy = Calibration.load(cal_path, key=KEY).sampler(seed=4).release(0.4711)
     assert abs(noisy - 0.4711) > 1e-4
     res = run("release", cal_path, "--value", 0.4711, "--seed", 4, "--ledger", tmp_path / "l.sqlite", "--budget",
               "unlimited")
@@ -110,7 +110,7 @@ def test_release_from_source_database_with_seed_is_marked_not_private(cal_path, 
     assert f"Started a new ledger {ledger} with no budget limit (unlimited)" in res.stderr
     loo = leave_one_out(SAMPLE, id="countyid", by="year", query="mean(murdrate)")
     true = loo.q[loo.labels.index(1985)]
-    assert out["value"] == Calibration.load(cal_path).sampler(seed=7).release(true)
+    assert out["value"] == Calibration.load(cal_path, key=KEY).sampler(seed=7).release(true)
     assert out["value"] != true
     (rec,) = Ledger(ledger, key=KEY).records()
     assert rec["private"] == 0 and rec["database"] == "1985" and rec["noisy_value"] == out["value"]
@@ -202,7 +202,7 @@ def test_help_names_files_and_states_defaults():
 
 
 def test_numbers_shown_to_four_significant_digits(cal_path, tmp_path):
-    cal = Calibration.load(cal_path)
+    cal = Calibration.load(cal_path, key=KEY)
     res = run("calibrate", SAMPLE, *QUERY, "--epsilon", 0.1, "-o", tmp_path / "c.json")
     assert res.exit_code == 0, res.output
     assert f"lambda* (exact, minimal)    {cal.lam:.4g}" in res.stdout and f"{cal.lam:.6g}" not in res.stdout

@@ -59,7 +59,7 @@ def test_non_positive_epsilon_is_refused_and_spends_nothing(cal_dict, tmp_path, 
     assert run("release", good, "--value", 1, "--ledger", ledger, "--budget", 0.15).exit_code == 0
     bad = write(tmp_path, {**cal_dict, "epsilon": eps})
     res = run("release", bad, "--value", 1, "--ledger", ledger, "--budget", 0.15)
-    one_line_error(res, "'epsilon'", str(bad), "empdp calibrate")
+    one_line_error(res, "was edited after", str(bad), "empdp calibrate")  # the signature, before any field
     summary = Ledger(ledger, key=KEY).verify()
     assert summary["n_releases"] == 1 and summary["spent"] == pytest.approx(0.1)
     # the budget was not refunded: a second real release is refused
@@ -131,7 +131,7 @@ def test_old_format_ledger_is_used_only_with_allow_unsigned(tmp_path):
 
 
 def test_calibration_changed_in_python_cannot_release(cal_path, tmp_path):
-    cal = Calibration.load(cal_path)
+    cal = Calibration.load(cal_path, key=KEY)
     cal.epsilon = -1.0
     with pytest.raises(InputError, match="'epsilon'"):
         cal.release(1.0, ledger=tmp_path / "l.sqlite")
@@ -168,16 +168,21 @@ def test_damaged_calibration_field_exits_2_naming_it(cal_dict, tmp_path, path, v
     set_field(cal_dict, path, value)
     bad = write(tmp_path, cal_dict)
     res = run("release", bad, "--value", 1, "--ledger", tmp_path / "l.sqlite", "--budget", 1)
-    one_line_error(res, field, str(bad))
+    one_line_error(res, "was edited after", str(bad))  # signed: the HMAC refuses it before any field is used
+    unsigned = write(tmp_path, {k: v for k, v in cal_dict.items() if k not in ("hmac", "key_id")}, "unsigned.json")
+    res = run("release", unsigned, "--value", 1, "--ledger", tmp_path / "l.sqlite", "--budget", 1,
+              "--allow-unsigned")
+    one_line_error(res, field, str(unsigned))  # unsigned (unsafe): each field is still checked
     assert not (tmp_path / "l.sqlite").exists()
 
 
 def test_nan_epsilon_exits_2(cal_dict, tmp_path):
     bad = tmp_path / "nan.json"
-    cal_dict.pop("digest", None)
+    for k in ("digest", "hmac", "key_id"):
+        cal_dict.pop(k, None)
     bad.write_text(json.dumps(cal_dict).replace('"epsilon": 0.1', '"epsilon": NaN'))
     assert "NaN" in bad.read_text()
-    res = run("release", bad, "--value", 1, "--ledger", tmp_path / "l.sqlite")
+    res = run("release", bad, "--value", 1, "--ledger", tmp_path / "l.sqlite", "--allow-unsigned")
     one_line_error(res, "'epsilon'", "nan")
 
 
@@ -191,7 +196,7 @@ def test_calibration_that_is_not_an_object_exits_2(tmp_path, text):
 # --------------------------------------------------------------- digest
 
 def test_saved_calibration_carries_a_digest_that_matches(cal_path, cal_dict):
-    cal = Calibration.load(cal_path)
+    cal = Calibration.load(cal_path, key=KEY)
     assert cal_dict["digest"] == cal.digest  # the same digest the ledger records
     assert "digest" not in cal.to_dict()
 
@@ -207,7 +212,7 @@ def test_edited_calibration_with_a_digest_is_refused(cal_dict, tmp_path, key, va
 def test_calibration_without_a_digest_still_loads(cal_dict, tmp_path):
     old = write(tmp_path, cal_dict, "old.json")  # as written before calibrations carried a digest
     assert "digest" not in json.loads(old.read_text())
-    assert Calibration.load(old).digest == cal_dict["digest"]
+    assert Calibration.load(old, key=KEY).digest == cal_dict["digest"]
     res = run("release", old, "--value", 1, "--ledger", tmp_path / "l.sqlite", "--budget", "unlimited", "--json")
     assert res.exit_code == 0, res.output
 

@@ -348,3 +348,24 @@ def test_audit_release_checks_the_signature_before_any_field(tmp_path, sample_ca
     res = run("audit", "release", forged, SAMPLE, "--seed", 1, "--allow-unsigned")
     assert res.exit_code == 2 and "--where" in res.output or "where" in res.output, res.output
     assert not target.exists()
+
+
+@pytest.mark.parametrize("field, text", [
+    ("where", "1=1); COPY (SELECT 1) TO '/tmp/x' (HEADER false); SELECT (1"),
+    ("where", "countyid IN (SELECT 1 FROM read_text('/etc/passwd'))"),
+    ("sql", "SELECT avg(murdrate) FROM db; ATTACH 'x.db'"),
+    ("sql", "WITH w AS (DELETE FROM db RETURNING *) SELECT count(*) FROM w"),
+])
+def test_sql_in_a_signed_calibration_is_still_only_one_expression_or_select(tmp_path, sample_cal, field, text):
+    """Signed by the curator or not, a calibration's SQL fields are checked as the options are, naming
+    the file's field (what only the key-holder could write must still not run as anything else)."""
+    from empdp.noise import Calibration
+
+    d = Calibration.load(sample_cal, key=KEY).to_dict()
+    d[field] = text
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    res = run("release", bad, SAMPLE, "--database", 1990, "--budget", 1, "--ledger", tmp_path / "l.sqlite",
+              "--allow-unsigned")
+    one_line_error(res, f"field '{field}'")
+    assert not (tmp_path / "l.sqlite").exists() and not os.path.exists("/tmp/x")

@@ -17,6 +17,7 @@ import polars as pl
 from threadpoolctl import threadpool_limits
 
 from .. import risk
+from ..data.guard import check_select
 from ..density import DEFAULT_KERNEL, DensityModel, select_density
 from ..errors import InputError
 from ..loo import LooEngine, open_engine
@@ -325,6 +326,8 @@ def assess(source: Any, *, id: str, by: str, query: str | list | None = None, wh
         if buckets is not None and (isinstance(buckets, bool) or not isinstance(buckets, (int, np.integer))
                                     or buckets < 1):
             raise InputError(f"--buckets must be a whole number >= 1, got {buckets!r}")  # before the long part
+        if adversary_sql is not None:  # refused naming its own option, before any data are read
+            check_select(adversary_sql.strip().rstrip(";").strip(), "--adversary-sql")
         engine = _open(source, id=id, by=by, query=query, where=where, sql=sql, memory_limit=memory_limit,
                        drop_null_ids=drop_null_ids, threads=threads, engine=engine, spark_master=spark_master,
                        spark_remote=spark_remote, table=table)

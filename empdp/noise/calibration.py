@@ -468,9 +468,23 @@ def _check_fields(d: dict, where: str) -> None:
     for key in ("source", "source_description", "id", "by", "query", "where", "sql", "query_description"):
         if not isinstance(d.get(key), (str, type(None))):
             raise InputError(f"{where}: field {key!r} must be a string or null, got {d[key]!r}; {_FIX}")
+    check_sql_fields(d.get("where"), [d.get("sql")], where)
     for key, typ, name in (("deconvolution", dict, "an object"), ("warnings", list, "a list")):
         if not isinstance(d.get(key, typ()), typ):
             raise InputError(f"{where}: field {key!r} must be {name}, got {d[key]!r}; {_FIX}")
     for key in ("n_bisected", "seconds"):
         if key in d:
             _number(d, key, where, integer=key == "n_bisected")
+
+
+def check_sql_fields(filter_text: str | None, selects: list, where: str) -> None:
+    """The SQL a calibration file carries is data: its ``where`` must be one expression and each ``sql``
+    one read-only SELECT over ``db`` (docs/user-sql.md), else one line naming the file and the field."""
+    if filter_text is None and not any(selects):
+        return
+    from ..data.guard import check_filter, check_select  # DuckDB's parser, loaded only for such a field
+
+    check_filter(filter_text, f"{where}: field 'where'")
+    for text in selects:
+        if text is not None:
+            check_select(text.strip().rstrip(";").strip(), f"{where}: field 'sql'")

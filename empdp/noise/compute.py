@@ -258,7 +258,11 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | lis
         raise InputError("--buckets cuts the databases by what the adversary knows: give --adversary too")
     if adversary and adversary_sql:
         raise InputError("give either --adversary or --adversary-sql, not both")
+    from ..data.guard import check_select
     from ..loo import loo_result, open_engine
+
+    if adversary_sql is not None:  # refused naming its own option, before any data are read
+        check_select(adversary_sql.strip().rstrip(";").strip(), "--adversary-sql")
 
     progress = progress or no_progress
     t0 = time.perf_counter()

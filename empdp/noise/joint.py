@@ -38,6 +38,7 @@ from .calibration import (
     Provenance,
     SignedFile,
     _number,
+    check_sql_fields,
     origin,
     read_calibration_file,
     record_release,
@@ -287,6 +288,7 @@ def _check_fields(d: dict, where: str) -> None:
         v = d.get(key)
         if not (v is None or (isinstance(v, list) and len(v) == dim and all(isinstance(s, str) for s in v))):
             raise InputError(f"{where}: field {key!r} must be null or a list of {dim} strings; {_FIX}")
+    check_sql_fields(d.get("where"), d.get("sql") or [], where)
     if not isinstance(d.get("warnings", []), list):
         raise InputError(f"{where}: field 'warnings' must be a list; {_FIX}")
     if "seconds" in d:
