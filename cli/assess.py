@@ -103,7 +103,7 @@ def query_options(f=None, *, joint: bool = False):
 @click.option("--no-screening", is_flag=True, help="Evaluate every individual exactly (slower; same results).")
 @output_options
 def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel, bandwidth, adversary, adversary_sql, buckets,
-               engine, spark_master, spark_remote, table, out, report, calibration, audit,
+               engine, spark_master, spark_remote, table, out, report, calibration, audit, key_file, allow_unsigned,
                save_result, without_shifts, hash_ids, hash_key_file, memory_limit, threads, workers, drop_null_ids, no_screening,
                as_json, quiet, verbose, debug):
     """Per-individual empirical privacy risk of releasing QUERY of each database.
@@ -140,7 +140,7 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
         raise InputError("--calibration and --audit add sections to the HTML report: give --report FILE.html "
                          "too (or use 'empdp report' on a --save-result file)")
     key = load_hash_key(hash_key_file) if hash_ids or hash_key_file else None
-    cal, aud = load_extras(calibration, audit)
+    cal, aud = load_extras(calibration, audit, key_file, allow_unsigned)
     started = time.perf_counter()
     show = _show_id(key)
     with progress_bars(not (as_json or quiet), log) as progress:

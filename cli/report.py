@@ -9,7 +9,7 @@ import click
 from empdp.errors import InputError
 from empdp.io import load_hash_key, read_json, refuse_overwrite
 
-from ._common import check_output, emit_json, log, output_options, progress_bars, setup_logging
+from ._common import check_output, emit_json, key_options, log, output_options, progress_bars, setup_logging
 
 
 def extras_options(f):
@@ -19,18 +19,24 @@ def extras_options(f):
                           "'empdp audit mpl|renyi|release --json'.")(f)
     f = click.option("--calibration", "calibration", metavar="CAL.json",
                      help="Add a noise-calibration section to the HTML report: the JSON written by "
-                          "'empdp calibrate'.")(f)
-    return f
+                          "'empdp calibrate', its signature checked with the curator key (--key-file or "
+                          "$EMPDP_KEY) before any field is used.")(f)
+    return key_options(f)
 
 
-def load_extras(calibration: str | None, audit: str | None) -> tuple[dict | None, dict | None]:
-    """Read and check the ``--calibration`` and ``--audit`` files (before any long computation)."""
+def load_extras(calibration: str | None, audit: str | None, key_file: str | None = None,
+                allow_unsigned: bool = False) -> tuple[dict | None, dict | None]:
+    """Read and check the ``--calibration`` (its signature first) and ``--audit`` files, before any long
+    computation."""
     if not calibration and not audit:  # nothing to read: no need to import the report (matplotlib)
         return None, None
+    from empdp.keys import load_key
     from empdp.noise import Calibration
     from empdp.report import audit_kind
 
-    cal = Calibration.load(calibration).to_dict() if calibration else None
+    cal = None
+    if calibration:
+        cal = Calibration.load(calibration, key=load_key(key_file), allow_unsigned=allow_unsigned).to_dict()
     aud = None
     if audit:
         aud = read_json(audit, "audit file", " (write one with 'empdp audit ... --json > FILE')")
@@ -71,7 +77,8 @@ def check_joint(saved, epsilon: float | None, calibration: str | None, audit: st
 @click.option("--hash-ids", is_flag=True, help="Replace ids by a keyed hash (HMAC-SHA256) in the report.")
 @click.option("--hash-key-file", metavar="FILE", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
 @output_options
-def report(result, output, calibration, audit, epsilon, hash_ids, hash_key_file, as_json, quiet, verbose, debug):
+def report(result, output, calibration, audit, key_file, allow_unsigned, epsilon, hash_ids, hash_key_file, as_json,
+           quiet, verbose, debug):
     """The HTML report of an assessment saved with 'empdp assess --save-result'.
 
     Renders the same self-contained report as 'empdp assess --report', without
@@ -102,7 +109,7 @@ def report(result, output, calibration, audit, epsilon, hash_ids, hash_key_file,
              saved.individuals.height, len(saved.saved_shifts))
     if joint:
         check_joint(saved, epsilon, calibration, audit)
-    cal, aud = load_extras(calibration, audit)
+    cal, aud = load_extras(calibration, audit, key_file, allow_unsigned)
     audit_key = key
     if aud is not None and aud.get("ids_hashed"):
         audit_key = None  # 'empdp audit release --hash-ids' wrote pseudonyms already
