@@ -171,8 +171,8 @@ def test_too_many_databases_are_refused_before_the_scan(monkeypatch):
     # the check reads empdp.data.physical_memory; the connection's default memory limit its own module's
     for module in (empdp.data, empdp.data.connection):
         monkeypatch.setattr(module, "physical_memory", lambda: 2**30)  # 1 GiB: ~3,900 databases
-    n = 5000
-    df = pd.DataFrame({"id": np.arange(n) % 7, "year": np.arange(n), "x": np.ones(n)})
+    n = 5000 * 3  # three individuals in each database: labels of databases, not of rows
+    df = pd.DataFrame({"id": np.arange(n) % 7, "year": np.arange(n) // 3, "x": np.ones(n)})
     with pytest.raises(InputError, match=r"makes 5,000 databases; .* holds about 3,9\d\d databases: .*coarser --by"):
         assess(df, id="id", by="year", query="mean(x)")
 
@@ -249,3 +249,32 @@ def test_arrow_columns_become_numpy_arrays_without_pandas():
             "[arrow_numpy(t.column(i)) for i in range(3)]; print('pandas' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("by", ["murdrate", "popul", "countyid_copy"])
+def test_a_mistaken_by_fails_fast_naming_the_column_and_the_counts(tmp_path, by):
+    """Issue 34: '--by murdrate' (a float column, by mistake) ran 498 s and 'succeeded' with 18,077 databases;
+    it is refused before any leave-one-out work, naming the column and the counts."""
+    import time
+
+    from helpers import SAMPLE, one_line_error, run
+
+    source = SAMPLE
+    if by == "countyid_copy":  # an id-like column: one database per individual and year
+        import duckdb
+
+        source = tmp_path / "p.parquet"
+        duckdb.sql(f"COPY (SELECT *, countyid * 100 + year % 100 AS countyid_copy FROM '{SAMPLE}') TO '{source}'")
+    t0 = time.perf_counter()
+    line = one_line_error(run("assess", source, "--id", "countyid", "--by", by, "--query", "mean(murdrate)"),
+                          f"--by '{by}' makes", "databases of 37,349 rows", "median database holds")
+    assert time.perf_counter() - t0 < 10, line  # seconds, not minutes
+
+
+def test_three_rows_per_database_at_the_median_are_enough():
+    import pandas as pd
+
+    from empdp import assess
+
+    df = pd.DataFrame({"id": [1, 2, 3] * 4, "db": [d for d in range(4) for _ in range(3)], "x": range(12)})
+    assert assess(df, id="id", by="db", query="mean(x)", kernel="laplace", bandwidth=1.0).n_databases == 4

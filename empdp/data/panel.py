@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -319,8 +320,10 @@ def open_panel(
             f"{n_null_id} rows have a NULL id in column {shorten(id)}; remove them or pass --drop-null-ids"
         )
     panel.n_null_ids = int(n_null_id)
-    labels = [r[0] for r in con.execute(
-        f"SELECT DISTINCT {qb} FROM {SOURCE_VIEW} ORDER BY 1").fetchall()]
+    counts = con.execute(f"SELECT {qb}, count(*) FROM {SOURCE_VIEW} GROUP BY 1 ORDER BY 1").fetchall()
+    labels = [r[0] for r in counts]
+    if database is None:
+        check_databases(by, [r[1] for r in counts])
     if len(labels) < (1 if database is not None else 2):
         raise InputError(
             f"column {shorten(by)} has {len(labels)} distinct value(s); at least 2 databases are needed "
@@ -332,6 +335,24 @@ def open_panel(
                 f"FROM (SELECT DISTINCT {qb} FROM {SOURCE_VIEW}))")
     panel.label_index = _label_index(qb, columns[by], labels)
     return panel
+
+
+#: a database holding fewer rows than this at the median means --by names the wrong column
+MIN_MEDIAN_ROWS = 3
+
+
+def check_databases(by: str, rows: Sequence[int]) -> None:
+    """Refuse, before any leave-one-out work, a ``--by`` that cannot name databases: the median database
+    holds fewer than :data:`MIN_MEDIAN_ROWS` rows, or there are more databases than a third of the rows
+    (a float or id-like column by mistake makes one database per row)."""
+    if len(rows) < 2:
+        return
+    n_rows, median = sum(rows), statistics.median(rows)
+    if median < MIN_MEDIAN_ROWS or len(rows) > n_rows / 3:
+        raise InputError(
+            f"--by {shorten(by)} makes {len(rows):,} databases of {n_rows:,} rows (the median database holds "
+            f"{median:g} row(s)): that is not a column of database labels (a year, month or day) but one that "
+            f"differs from row to row; give the column that names each database with --by")
 
 
 def _keep_one_database(con: duckdb.DuckDBPyConnection, by: str, database: str, description: str) -> None:
