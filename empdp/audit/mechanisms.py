@@ -27,9 +27,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import InputError
-from . import samplers, truth
+from . import samplers, sniper, truth
 from .common import one_line, short
-from .patterns import answer_counts, scale_pairs, statdp_patterns
+from .patterns import answer_counts, neighbour_pairs, scale_pairs, statdp_patterns
 from .samplers import stat as _stat
 from .samplers import vec as _vec
 
@@ -157,6 +157,22 @@ _DEFAULTS: dict[str, dict[str, float]] = {
     "subsampled_laplace": {"epsilon": 1.0, "q": 0.2, "sensitivity": 1.0},
     "subsampled_gaussian": {"sigma": 1.0, "q": 0.2, "sensitivity": 1.0},
     "noisy_gd": {"sigma": 0.1, "lr": 0.1, "steps": 20},
+    # DP-Sniper's suite (Bichsel et al. 2021) with its parameters; its Laplace, ReportNoisyMax1,
+    # SVT2, SVT4, SVT5 and SVT6 are laplace, noisy_max, svt2, svt4, svt5 and svt6 above (DPSNIPER_SUITE)
+    "truncated_geometric": {"epsilon": 0.1, "n": 5},
+    "noisy_hist1": {"epsilon": 0.1},
+    "noisy_hist2": {"epsilon": 0.1},
+    "report_noisy_max2": {"epsilon": 0.1},
+    "report_noisy_max3": {"epsilon": 0.1, "queries": 5},
+    "report_noisy_max4": {"epsilon": 0.1, "queries": 5},
+    "svt1": {"epsilon": 0.1, "c": 1, "threshold": 0.5},
+    "svt3": {"epsilon": 0.1, "c": 1, "threshold": 1.0},
+    "rappor": {"hashes": 4, "filter_size": 20, "f": 0.75, "p": 0.45, "q": 0.55},
+    "one_time_rappor": {"hashes": 4, "filter_size": 20, "f": 0.95},
+    "laplace_parallel": {"epsilon": 0.005, "copies": 20},
+    "svt34_parallel": {"epsilon": 0.1, "c": 2, "threshold": 1.0},
+    "prefix_sum": {"epsilon": 0.1, "queries": 10},
+    "numerical_svt": {"epsilon": 0.1, "c": 2, "threshold": 1.0},
 }
 
 BUILTIN_NAMES = tuple(_DEFAULTS)
@@ -166,6 +182,29 @@ MAX_STEPS = 10_000
 #: range of the scale parameters (epsilon, sigma, sensitivity): beyond it the noise scale or the
 #: outputs overflow or underflow a double
 PARAM_RANGE = (1e-100, 1e100)
+
+
+#: integer parameters and their largest values: noisy_gd's steps, the truncated geometric's n (count
+#: range), the Sparse Vector variants' c (answers above before abort; the exact laws enumerate the
+#: outcomes), the number of queries or parallel copies, RAPPOR's hashes and Bloom filter size
+INTEGER_PARAMS = {"steps": MAX_STEPS, "n": 1000, "c": 10, "queries": 1000, "copies": 1000, "hashes": 64,
+                  "filter_size": 1000}
+
+
+def _check_sniper_params(name: str, p: dict) -> None:
+    """Ranges of the DP-Sniper mechanisms' own parameters (the common ones are checked in ``builtin``)."""
+    if name == "truncated_geometric" and not 1e-9 <= p["epsilon"] < 2:
+        raise InputError(f"parameter epsilon={p['epsilon']:g} of truncated_geometric must be in [1e-9, 2): "
+                         "its noise ratio is 2^-k with k = ceil(ln(2/epsilon)) >= 1")
+    if "f" in p and not 0 < p["f"] <= 1:
+        raise InputError(f"parameter f (RAPPOR's permanent randomization) must be in (0, 1], got {p['f']:g}")
+    if name == "rappor":
+        for key in ("p", "q"):
+            if not 0 < p[key] < 1:
+                raise InputError(f"parameter {key} (RAPPOR's instantaneous report probability) must be in (0, 1), "
+                                 f"got {p[key]:g}")
+    if "c" in p and "queries" in p and p["c"] > p["queries"]:
+        raise InputError(f"parameter c={p['c']:g} exceeds queries={p['queries']:g}")
 
 
 def builtin(name: str, **params) -> Mechanism:
@@ -196,14 +235,16 @@ def builtin(name: str, **params) -> Mechanism:
                          f"double precision")
     if "q" in p and not 0 < p["q"] <= 1:
         raise InputError(f"parameter q (subsampling rate) must be in (0, 1], got {p['q']}")
-    if "p" in p and not 0.5 < p["p"] < 1:
+    if "p" in p and name in ("randomized_response", "shuffled_rr") and not 0.5 < p["p"] < 1:
         raise InputError(f"parameter p (keep probability) must be in (0.5, 1), got {p['p']}")
-    if "steps" in p and (p["steps"] < 1 or int(p["steps"]) != p["steps"]):
-        raise InputError(f"parameter steps must be a positive integer, got {p['steps']}")
+    _check_sniper_params(name, p)
     if "steps" in p and p["steps"] > MAX_STEPS:
         raise InputError(f"parameter steps={p['steps']:g} is over {MAX_STEPS:,}: each step redraws every sampled "
                          f"output, so the audit would take {p['steps'] / 300:.2g} s or more (1,000 steps take "
                          f"~3 s at the default sample sizes); audit at most {MAX_STEPS:,} steps")
+    for key, cap in INTEGER_PARAMS.items():
+        if key in p and (p[key] < 1 or int(p[key]) != p[key] or p[key] > cap):
+            raise InputError(f"parameter {key} must be an integer in [1, {cap:,}], got {p[key]:g}")
     return _BUILDERS[name](p)
 
 
@@ -278,8 +319,10 @@ def _build_svt(variant):
 
             def renyi_div(a, x, y, rho=2 * sens / eps):
                 return truth.svt5_pair_values(x, y, rho, order=a)
-        # SVT6 has neither: every answer vector has positive probability under every input
-        # (D_α and the fixed-m ε are finite), and their exact values are not computed here.
+        elif variant == 6:  # every answer vector is possible under every input: finite for fixed m
+            def pair(x, y, rho=2 * sens / eps):
+                return sniper.svt_free_pair_epsilon(x, y, rho, rho, 1.0)
+        # SVT6's D_α is not computed here.
         return Mechanism(f"svt{variant}", samplers.svt(variant, eps, 1.0, 1, sens), p,
                          statdp_patterns(10, ordered=True, sensitivity=sens),
                          None, None, eps if variant in (2, 4) else math.inf, pair_epsilon=pair,
@@ -343,6 +386,134 @@ def _build_noisy_gd(p):
                      _PAPER_RENYI_PAIR, None, math.inf, renyi_divergence=div, inputs="records")
 
 
+# ----------------------------------------------------------------------------- DP-Sniper's suite
+# Definitions, parameters and pairs of Bichsel et al. 2021 (``dpsniper/mechanisms``,
+# ``dpsniper/experiments/exp_default.py``); the samplers and exact laws are in ``sniper``.
+
+def _build_truncated_geometric(p):
+    eps, n = p["epsilon"], int(p["n"])
+    laws = [sniper.truncated_geometric_pmf(c, eps, n) for c in range(n + 1)]
+    # Balcer and Vadhan 2018, Thm 4.7: ln(1 + 2^-k); the exact maximum over adjacent counts
+    true_eps = max(truth.discrete_epsilon(laws[c], laws[c + 1]) for c in range(n)) if n > 0 else 0.0
+    return Mechanism(
+        "truncated_geometric", sniper.truncated_geometric(eps, n), p, neighbour_pairs(1), None,
+        None, true_eps, inputs="records",
+        pair_epsilon=lambda x, y: truth.discrete_epsilon(laws[sniper._count(x, n)], laws[sniper._count(y, n)]))
+
+
+def _build_noisy_hist(variant):
+    def build(p):
+        scale = 1.0 / p["epsilon"] if variant == 1 else p["epsilon"]  # NoisyHist2 divides where it should not
+        return Mechanism(f"noisy_hist{variant}", sniper.noisy_hist(scale), p, neighbour_pairs(5), None, None,
+                         1.0 / scale, inputs="histogram",
+                         pair_epsilon=lambda x, y: float(np.abs(_vec(x) - _vec(y)).sum()) / scale)
+
+    return build
+
+
+def _build_report_noisy_max(variant):
+    noise = "laplace" if variant == 3 else "exponential"
+
+    def build(p):
+        eps, scale = p["epsilon"], 2.0 / p["epsilon"]
+        k = int(p.get("queries", 5))
+        if variant == 2:  # argmax of exponential noise: ε-DP
+            true_eps = eps
+
+            def pair(x, y):
+                return truth.discrete_epsilon(sniper.noisy_max_exponential_pmf(x, scale),
+                                              sniper.noisy_max_exponential_pmf(y, scale))
+        elif variant == 3:  # the max value: every one of the k densities moves (Askin et al. 2022, Example 1)
+            true_eps = k * eps / 2
+
+            def pair(x, y):
+                return truth.noisy_max_value_epsilon(x, y, scale)
+        else:  # the max of exponential noise: supports [max q, ∞) differ
+            true_eps, pair = math.inf, sniper.noisy_max_exponential_value_epsilon
+        output = "index" if variant == 2 else "value"
+        return Mechanism(f"report_noisy_max{variant}", sniper.report_noisy_max(eps, noise, output), p,
+                         statdp_patterns(k), None, None, true_eps, pair_epsilon=pair, pattern_dim=k,
+                         inputs="queries", input_length=None if variant == 2 else k)
+
+    return build
+
+
+def _svt_pair(rho_scale, nu_scale, threshold, c):
+    """Exact ε of an aborting SVT on a pair, from the law of its answers (None when too many outcomes)."""
+    def pair(x, y):
+        m = _vec(x).size
+        if sum(math.comb(m, j) for j in range(c + 1)) > MAX_OUTCOMES:
+            return None
+        return sniper.law_epsilon(sniper.svt_abort_law(x, rho_scale, nu_scale, threshold, c),
+                                  sniper.svt_abort_law(y, rho_scale, nu_scale, threshold, c))
+
+    return pair
+
+
+#: most outcomes an exact SVT law enumerates (beyond, the exact value is reported unknown)
+MAX_OUTCOMES = 1 << 14
+
+
+def _build_svt1(p):
+    eps, c, t = p["epsilon"], int(p["c"]), p["threshold"]
+    rho, nu = 2.0 / eps, 4.0 * c / eps  # Lyu et al. 2017, Alg. 1: ε1 = ε2 = ε/2, ν ~ Lap(2c/ε2)
+    return Mechanism("svt1", sniper.svt_abort(eps, c, t, rho, nu), p, statdp_patterns(10), None, None, eps,
+                     pair_epsilon=_svt_pair(rho, nu, t, c), pattern_dim=10, ordered_queries=True,
+                     inputs="queries")
+
+
+def _build_svt3(p):
+    # Lyu et al. 2017 show Alg. 3 is not ε-DP; its exact ε over a pair is not computed here
+    return Mechanism("svt3", sniper.svt3(p["epsilon"], p["c"], p["threshold"]), p, statdp_patterns(10), None,
+                     None, None, pattern_dim=10, ordered_queries=True, inputs="queries")
+
+
+def _build_svt34_parallel(p):
+    return Mechanism("svt34_parallel", sniper.svt34_parallel(p["epsilon"], p["c"], p["threshold"]), p,
+                     statdp_patterns(10), None, None, None, pattern_dim=10, ordered_queries=True,
+                     inputs="queries")
+
+
+def _build_numerical_svt(p):
+    eps, c, t = p["epsilon"], int(p["c"]), p["threshold"]
+
+    def pair(x, y):
+        m = _vec(x).size
+        if sum(math.comb(m, j) for j in range(c + 1)) > MAX_OUTCOMES:
+            return None
+        return sniper.numerical_svt_pair_epsilon(x, y, eps, c, t)
+
+    return Mechanism("numerical_svt", sniper.numerical_svt(eps, c, t), p, statdp_patterns(10), None, None, eps,
+                     pair_epsilon=pair, pattern_dim=10, ordered_queries=True, inputs="queries")
+
+
+def _build_rappor(one_time):
+    def build(p):
+        h, size, f = int(p["hashes"]), int(p["filter_size"]), p["f"]
+        pq = (None, None) if one_time else (p["p"], p["q"])
+        bit = sniper.rappor_bit_epsilon(f, *pq)
+        return Mechanism(
+            "one_time_rappor" if one_time else "rappor", sniper.rappor(h, size, f, *pq), p, neighbour_pairs(1),
+            None, None, bit * min(2 * h, size), inputs="value",
+            pair_epsilon=lambda x, y: sniper.rappor_pair_epsilon(x, y, h, size, f, *pq))
+
+    return build
+
+
+def _build_laplace_parallel(p):
+    eps, k = p["epsilon"], int(p["copies"])
+    return Mechanism("laplace_parallel", sniper.laplace_parallel(eps, k), p, neighbour_pairs(1), None, None,
+                     k * eps, inputs="records", pair_epsilon=lambda x, y: k * eps * abs(_stat(x) - _stat(y)))
+
+
+def _build_prefix_sum(p):
+    eps, k = p["epsilon"], int(p["queries"])
+    # the running sums are an invertible linear map of the noisy answers: their ε adds over the queries
+    return Mechanism("prefix_sum", sniper.prefix_sum(eps), p, statdp_patterns(k), None, None, k * eps,
+                     pair_epsilon=lambda x, y: eps * float(np.abs(_vec(x) - _vec(y)).sum()), pattern_dim=k,
+                     ordered_queries=True, inputs="queries", input_length=k)
+
+
 _BUILDERS = {
     "laplace": _build_laplace,
     "gaussian": _build_gaussian,
@@ -358,7 +529,61 @@ _BUILDERS = {
     "subsampled_laplace": _build_subsampled("laplace"),
     "subsampled_gaussian": _build_subsampled("gaussian"),
     "noisy_gd": _build_noisy_gd,
+    "truncated_geometric": _build_truncated_geometric,
+    "noisy_hist1": _build_noisy_hist(1),
+    "noisy_hist2": _build_noisy_hist(2),
+    "report_noisy_max2": _build_report_noisy_max(2),
+    "report_noisy_max3": _build_report_noisy_max(3),
+    "report_noisy_max4": _build_report_noisy_max(4),
+    "svt1": _build_svt1,
+    "svt3": _build_svt3,
+    "rappor": _build_rappor(one_time=False),
+    "one_time_rappor": _build_rappor(one_time=True),
+    "laplace_parallel": _build_laplace_parallel,
+    "svt34_parallel": _build_svt34_parallel,
+    "prefix_sum": _build_prefix_sum,
+    "numerical_svt": _build_numerical_svt,
 }
+
+#: DP-Sniper's 20 mechanisms (Bichsel et al. 2021, each claimed 0.1-DP) as built-ins here:
+#: its name, our built-in, the parameters that make it DP-Sniper's and its input pairs
+#: (None: the built-in's defaults). DP-Sniper also audits each pair swapped, which the
+#: symmetric loss of MPL makes redundant. SVT4 there is Lyu et al.'s original scaling, 7/4·0.1-DP;
+#: our svt4 is scaled to be ε-DP, so DP-Sniper's SVT4 is svt4 at epsilon = 0.175.
+DPSNIPER_SUITE = {
+    "laplace": ("laplace", {"epsilon": 0.1}, "neighbours:1"),
+    "truncated_geometric": ("truncated_geometric", {}, None),
+    "noisy_hist1": ("noisy_hist1", {}, None),
+    "noisy_hist2": ("noisy_hist2", {}, None),
+    "report_noisy_max1": ("noisy_max", {"epsilon": 0.1}, "patterns:5"),
+    "report_noisy_max2": ("report_noisy_max2", {}, None),
+    "report_noisy_max3": ("report_noisy_max3", {}, None),
+    "report_noisy_max4": ("report_noisy_max4", {}, None),
+    "svt1": ("svt1", {}, None),
+    "svt2": ("svt2", {"epsilon": 0.1}, "patterns:10"),
+    "svt3": ("svt3", {}, None),
+    "svt4": ("svt4", {"epsilon": 0.175}, "patterns:10"),
+    "svt5": ("svt5", {"epsilon": 0.1}, "patterns:10"),
+    "svt6": ("svt6", {"epsilon": 0.1}, "patterns:10"),
+    "rappor": ("rappor", {}, None),
+    "one_time_rappor": ("one_time_rappor", {}, None),
+    "laplace_parallel": ("laplace_parallel", {}, None),
+    "svt34_parallel": ("svt34_parallel", {}, None),
+    "prefix_sum": ("prefix_sum", {}, None),
+    "numerical_svt": ("numerical_svt", {}, None),
+}
+
+
+def dpsniper_mechanism(name: str) -> tuple[Mechanism, list]:
+    """DP-Sniper's mechanism ``name`` (a key of :data:`DPSNIPER_SUITE`) and its input pairs."""
+    ours, params, pairs = DPSNIPER_SUITE[name]
+    mech = builtin(ours, **params)
+    if pairs is None:
+        return mech, mech.mpl_pairs
+    kind, _, dim = pairs.partition(":")
+    if kind == "neighbours":
+        return mech, neighbour_pairs(int(dim))
+    return mech, statdp_patterns(int(dim))
 
 
 # ----------------------------------------------------------------------------- loading

@@ -19,6 +19,9 @@ _NO_PATTERNS = {
     "records": "its database is one value per individual and it releases a statistic of them "
                "(a sum or mean), not one answer per query",
     "bits": "its database is a vector of 0/1 bits, and the patterns' values 0, 1, 2 are not all bits",
+    "histogram": "its database is a histogram, whose neighbours differ by one in one bin, not in every "
+                 "entry as the patterns' do",
+    "value": "its database is one value, hashed into a Bloom filter",
 }
 
 
@@ -101,9 +104,9 @@ def _check_pair(mechanism: Mechanism, i: int, item) -> None:
         raise InputError(f"{where}: each pair must be [x, x_prime], got {short(item)}")
     x, y = (_database(db, where) for db in item)
     kind = mechanism.inputs
-    if kind not in ("queries", "bits"):
+    if kind not in ("queries", "bits", "histogram"):
         return
-    what = "query answers" if kind == "queries" else "bits"
+    what = {"queries": "query answers", "bits": "bits", "histogram": "histogram bins"}[kind]
 
     def size(a):
         return "a number" if a.ndim == 0 else f"{a.size} entries"

@@ -71,6 +71,16 @@ def statdp_patterns(dim: int, ordered: bool = False, sensitivity: float = 1.0) -
     ] if ordered else []), sensitivity, centre=1.0)
 
 
+def neighbour_pairs(dim: int) -> list:
+    """DP-Sniper's pairs for mechanisms whose neighbours differ in one entry (Bichsel et al. 2021,
+    ``PatternGenerator`` without component-wise neighbourhood): "one above" and "one below" of
+    StatDP, x = (1, …, 1) against x′ with the first entry 0 or 2 (numbers when ``dim`` is 1)."""
+    if dim == 1:
+        return [(1, 0), (1, 2)]
+    ones = [1] * dim
+    return [(ones, [0] + ones[1:]), (ones, [2] + ones[1:])]
+
+
 def answer_counts(x, x_prime, outputs) -> np.ndarray:
     """Number of "above" answers (1) per group of queries with equal (q_i, q′_i).
 
