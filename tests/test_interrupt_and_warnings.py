@@ -156,22 +156,22 @@ def _warnings(path, *args) -> list[str]:
 @pytest.mark.parametrize("n, warned", [(2, True), (9, True), (10, False)])
 def test_one_statistic_warns_below_10_databases(years, n, warned):
     found = _warnings(years(n), "--query", "mean(murdrate)", "--bandwidth", "0.05")
-    assert found == ([f"the assessment rests on only {n} databases, fewer than 10: a density model fitted to so "
-                      "few query values, and every risk computed from it, is unreliable; use more databases if "
-                      "you can"] if warned else [])
+    assert found == ([f"the assessment rests on only {n} databases; with fewer than 10 databases a density model "
+                      "fitted to the query values, and every risk computed from it, is unreliable; use more "
+                      "databases if you can"] if warned else [])
 
 
 def test_warning_reaches_terminal_and_report(years, tmp_path):
     report = tmp_path / "r.html"
     res = run("assess", years(5), *QUERY, "--bandwidth", "0.05", "--report", report)
     assert res.exit_code == 0, res.output
-    assert "warning: the assessment rests on only 5 databases, fewer than 10" in " ".join(res.output.split())
-    assert "the assessment rests on only 5 databases, fewer than 10" in report.read_text()
+    assert "warning: the assessment rests on only 5 databases; with fewer than 10 databases" in " ".join(res.output.split())
+    assert "the assessment rests on only 5 databases; with fewer than 10 databases" in report.read_text()
 
 
 def test_joint_statistics_warn_below_10_databases(years):
     found = _warnings(years(5), "--query", "mean(murdrate)", "--query", "mean(density)")
-    assert found and all("only 5 databases, fewer than 10" in w for w in found)
+    assert found and all("only 5 databases; with fewer than 10 databases" in w for w in found)
 
 
 def test_grouped_statistic_warns_once_below_10_databases(years):

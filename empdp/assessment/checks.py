@@ -57,9 +57,9 @@ def few_databases(n: int, where: str = "the assessment") -> list[str]:
     """
     if n >= MIN_DATABASES:
         return []
-    return [f"{where} rests on only {n} database{'' if n == 1 else 's'}, fewer than {MIN_DATABASES}: a density "
-            "model fitted to so few query values, and every risk computed from it, is unreliable; use more "
-            "databases if you can"]
+    return [f"{where} rests on only {n} database{'' if n == 1 else 's'}; with fewer than {MIN_DATABASES} databases "
+            "a density model fitted to the query values, and every risk computed from it, is unreliable; use "
+            "more databases if you can"]
 
 
 def independence(q: np.ndarray, alpha: float = 0.05) -> tuple[dict, list[str]]:
