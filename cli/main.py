@@ -127,6 +127,10 @@ def _message(exc: BaseException) -> tuple[str, int]:
         from empdp.data import clip
 
         return "the query or filter is not valid SQL for this source: " + clip(str(exc).splitlines()[0], 200), 2
+    spark = sys.modules.get("empdp.spark.session")  # loaded when the Spark engine ran
+    failure = spark.spark_failure(exc) if spark is not None else None
+    if failure:
+        return failure, 1
     return f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)", 1
 
 

@@ -13,7 +13,9 @@ import os
 import re
 import shutil
 import socket
+import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -78,6 +80,73 @@ def _require_reachable(url: str, what: str, default_port: int) -> None:
                      f"(and that the cluster is running)")
 
 
+@contextmanager
+def _launch_environment(master: str, python_given: bool):
+    """The environment a new session starts in, restored afterwards.
+
+    Without ``$SPARK_REMOTE``: PySpark reads it itself and refuses it beside a master (an explicit
+    master wins). On a local master, ``$PYSPARK_PYTHON`` is this interpreter unless the user chose
+    one (that variable, or ``spark.pyspark.python`` in ``config``): PySpark starts its Python workers
+    with ``$PYSPARK_PYTHON``, else with the ``python3`` on PATH, which lacks empdp and pyarrow when
+    empdp runs from a virtual environment that is not activated (as after ``pipx install``). The
+    SparkContext keeps the interpreter it read when it starts. A cluster's workers run the
+    cluster's Python, whose path the driver's need not be.
+    """
+    saved = {name: os.environ.get(name) for name in ("SPARK_REMOTE", "PYSPARK_PYTHON")}
+    os.environ.pop("SPARK_REMOTE", None)
+    if master.startswith("local") and not (saved["PYSPARK_PYTHON"] or python_given) and sys.executable:
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+#: the head of a Python traceback (a worker's, quoted in Spark's error)
+_TRACEBACK = "Traceback (most recent call last):"
+#: what Spark writes before the stderr of a Python worker that failed to start
+_WORKER_STDERR = "Error from python worker:"
+
+
+def spark_failure(exc: BaseException) -> str | None:
+    """One line for an error Spark raised, or None when ``exc`` is not Spark's (Py4J's or PySpark's).
+
+    A Python worker's failure, quoted inside Spark's pages of Java and Python stack, is the
+    worker's own exception: the last line of the last Python traceback in the text (e.g.
+    "ModuleNotFoundError: No module named 'pyarrow'"), or, for a worker that did not start, the
+    first line it wrote. Any other Spark error is its first meaningful line (:func:`first_line`).
+    """
+    if not type(exc).__module__.startswith(("py4j", "pyspark")):
+        return None
+    lines = str(exc).splitlines()
+    worker = _worker_exception(lines) or _after(lines, _WORKER_STDERR)
+    return "a Spark task failed: " + clip(worker, 300) if worker else "Spark failed: " + first_line(exc)
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _worker_exception(lines: list[str]) -> str | None:
+    """The exception line of the last Python traceback in ``lines``: the first line after it that is
+    indented no deeper than the traceback's head (its frames and their code are deeper)."""
+    heads = [k for k, line in enumerate(lines) if _TRACEBACK in line]
+    if not heads:
+        return None
+    depth = _indent(lines[heads[-1]])
+    return next((line.strip() for line in lines[heads[-1] + 1:] if line.strip() and _indent(line) <= depth), None)
+
+
+def _after(lines: list[str], marker: str) -> str | None:
+    """The first non-empty line after the last line holding ``marker``."""
+    marked = [k for k, line in enumerate(lines) if marker in line]
+    return next((line.strip() for line in lines[marked[-1] + 1:] if line.strip()), None) if marked else None
+
+
 def spark_session(master: str | None = None, remote: str | None = None, config: dict | None = None):
     """The active SparkSession, or a new one on ``master`` (default ``local[*]``) or a Spark
     Connect ``remote`` (``sc://HOST:PORT``; default ``$SPARK_REMOTE`` when no master is given).
@@ -119,18 +188,14 @@ def spark_session(master: str | None = None, remote: str | None = None, config: 
     if master.startswith("local"):
         settings["spark.sql.shuffle.partitions"] = str(4 * (os.cpu_count() or 1))
     settings.update(config or {})
-    # PySpark reads $SPARK_REMOTE itself and refuses it beside a master: an explicit master wins
-    remote_env = os.environ.pop("SPARK_REMOTE", None)
     try:
-        builder = SparkSession.builder.master(master).appName("empdp")
-        for key, value in settings.items():
-            builder = builder.config(key, value)
-        session = builder.getOrCreate()
+        with _launch_environment(master, "spark.pyspark.python" in settings):
+            builder = SparkSession.builder.master(master).appName("empdp")
+            for key, value in settings.items():
+                builder = builder.config(key, value)
+            session = builder.getOrCreate()
     except Exception as exc:  # noqa: BLE001 - e.g. JAVA_GATEWAY_EXITED, a bad master URL
         raise InputError(f"cannot start Spark on master {shorten(master)}: {first_line(exc)}") from None
-    finally:
-        if remote_env is not None:
-            os.environ["SPARK_REMOTE"] = remote_env
     if not logging.getLogger("empdp").isEnabledFor(logging.DEBUG):
         # a failed task logs its Java stack trace on stderr; empdp reports the error in one line
         # (-vv keeps Spark's own log)
