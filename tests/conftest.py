@@ -47,3 +47,13 @@ def curator_key(monkeypatch):
     from helpers import CURATOR_KEY
 
     monkeypatch.setenv("EMPDP_KEY", CURATOR_KEY.decode())
+
+
+@pytest.fixture(scope="module")
+def curator_key_module():
+    """$EMPDP_KEY set for a whole module (for module-scoped fixtures that calibrate and release)."""
+    from helpers import CURATOR_KEY
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EMPDP_KEY", CURATOR_KEY.decode())
+        yield

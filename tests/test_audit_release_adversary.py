@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import one_line_error, run
+from helpers import CURATOR_KEY, one_line_error, run
 from numpy.testing import assert_allclose
 
 import empdp.audit
@@ -181,7 +181,8 @@ def files(tmp_path, knows_k, monkeypatch):
     df.to_parquet(data)
     cal = _calibrate(str(data), adversary="max(season)", buckets=2)
     path = tmp_path / "cal.json"
-    cal.save(path)
+    cal.save(path, key=CURATOR_KEY)  # signed: audit release checks the signature first
+    monkeypatch.setenv("EMPDP_KEY", CURATOR_KEY.decode())
     monkeypatch.setattr(empdp.audit, "audit_release", functools.partial(audit_release, n=3000, N=10000,
                                                                         n_renyi=3000))
     return df, data, cal, path
@@ -220,7 +221,7 @@ def test_bad_input_is_one_line(files, tmp_path, case, fragment):
             del buckets[1]["scale"]
         else:
             buckets[1]["databases"].append(buckets[0]["databases"][0])
-        dataclasses.replace(cal, deconvolution=deconv).save(path)
+        dataclasses.replace(cal, deconvolution=deconv).save(path, key=CURATOR_KEY)
     extra = ["--top", 0] if case == "--top 0" else []
     one_line_error(run("audit", "release", path, data, "--seed", 1, *extra), fragment)
 

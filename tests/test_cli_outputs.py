@@ -65,7 +65,7 @@ def no_work(monkeypatch):
 
     monkeypatch.setattr(assess_cli, "assess", computed)
     monkeypatch.setattr(calibrate_cli, "calibrate_source", computed)
-    monkeypatch.setattr(calibrate_cli, "query_value", computed)
+    monkeypatch.setattr(calibrate_cli, "release_value", computed)
 
 
 @pytest.fixture

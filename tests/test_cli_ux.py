@@ -128,7 +128,8 @@ def test_verbose_calibrate_and_release(tmp_path, monkeypatch):
     assert "curator kernel: laplace" in info
     assert re.search(r"INFO empdp\.noise\.compute: lambda\* = 0\.0386\d* ", info)
     assert "noise: laplace_mixture" in info and f"wrote {cal}" in info
-    res = run(["release", cal, "--value", 0.4711, "--ledger", tmp_path / "l.sqlite", "--json", "-v"])
+    res = run(["release", cal, "--value", 0.4711, "--ledger", tmp_path / "l.sqlite", "--budget", "unlimited", "--json",
+               "-v"])
     assert res.exit_code == 0, res.output
     assert set(json.loads(res.stdout)) >= {"value", "epsilon"}
     assert "released with epsilon 0.1 (CSPRNG)" in res.stderr
@@ -144,7 +145,7 @@ def test_logging_is_restored_after_a_command():
 
 # ------------------------------------------------------------------ empdp report
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, curator_key_module):
     """A saved result with its live report, a calibration and an MPL audit of the real commands."""
     tmp = tmp_path_factory.mktemp("report")
     res = run(["audit", "mpl", "-m", "laplace", "--param", "epsilon=0.7", "--seed", "1", "--n", "2000",

@@ -15,6 +15,7 @@ from empdp.errors import BudgetExceededError, InputError
 from empdp.joint import JointModel, joint_eps_at
 from empdp.joint.panel import read_joint
 from empdp.noise import JointCalibration, Ledger, calibrate, calibrate_joint_values, load_calibration
+from empdp.noise.ledger_format import SCHEMA
 from empdp.noise.sampler import SecureBits
 
 pytestmark = pytest.mark.usefixtures("curator_key")
@@ -164,7 +165,7 @@ def test_tampered_joint_calibration_is_refused(calibrated, tmp_path, edit):
     with pytest.raises(InputError):
         load_calibration(path, key=CURATOR_KEY, allow_unsigned=False)
     ledger = tmp_path / "l.sqlite"
-    one_line_error(run("release", path, "--value", "1,2", "--ledger", ledger))
+    one_line_error(run("release", path, "--value", "1,2", "--ledger", ledger, "--budget", "unlimited"))
     assert not ledger.exists()
 
 
@@ -173,7 +174,7 @@ def test_calibration_changed_in_python_after_loading_is_refused(calibrated, tmp_
     loaded = load_calibration(_signed(cal, tmp_path), key=CURATOR_KEY, allow_unsigned=False)
     loaded.epsilon = 5.0
     with pytest.raises(InputError, match="changed after it was loaded"):
-        loaded.release([1.0, 2.0], ledger=tmp_path / "l.sqlite", key=CURATOR_KEY)
+        loaded.release([1.0, 2.0], budget="unlimited", ledger=tmp_path / "l.sqlite", key=CURATOR_KEY)
     assert not (tmp_path / "l.sqlite").exists()
 
 
@@ -211,12 +212,12 @@ def test_release_without_noise_says_so(paper, tmp_path):
         warnings.simplefilter("ignore")
         assert calibrate_joint_values(panel.q, panel.shifts, epsilon=probe.curator_eps_max * 0.99,
                                       names=QUERIES).noise_added
-    out = cal.release([200.0, 190.5], ledger=tmp_path / "l.sqlite", key=CURATOR_KEY)
+    out = cal.release([200.0, 190.5], budget="unlimited", ledger=tmp_path / "l.sqlite", key=CURATOR_KEY)
     assert out["value"] == [200.0, 190.5] and out["noise_added"] is False
     assert out["guarantee"].startswith("no noise was added")
     assert Ledger(tmp_path / "l.sqlite", key=CURATOR_KEY).records()[0]["noise_added"] == 0
     cal_path = _signed(cal, tmp_path, "none.json")
-    res = run("release", cal_path, "--value", "200,190.5", "--ledger", tmp_path / "cli.sqlite", "--json")
+    res = run("release", cal_path, "--value", "200,190.5", "--ledger", tmp_path / "cli.sqlite", "--budget", "unlimited", "--json")
     assert res.exit_code == 0, res.output
     body = json.loads(res.stdout)
     assert body["noise_added"] is False and body["value"] == [200.0, 190.5]
@@ -284,14 +285,14 @@ def test_bad_release_value_is_one_line(calibrated, tmp_path, value, fragments):
     cal, _ = calibrated
     path = _signed(cal, tmp_path)
     ledger = tmp_path / "l.sqlite"
-    one_line_error(run("release", path, "--value", value, "--ledger", ledger), *fragments)
+    one_line_error(run("release", path, "--value", value, "--ledger", ledger, "--budget", "unlimited"), *fragments)
     assert not ledger.exists()
 
 
 def test_one_statistic_calibration_refuses_a_vector(tmp_path, paper):
     cal_path = tmp_path / "one.json"
     assert run("calibrate", paper[0], *PANEL, "--query", "sum(x)", "-e", 5, "-o", cal_path).exit_code == 0
-    one_line_error(run("release", cal_path, "--value", "1,2", "--ledger", tmp_path / "l.sqlite"),
+    one_line_error(run("release", cal_path, "--value", "1,2", "--ledger", tmp_path / "l.sqlite", "--budget", "unlimited"),
                    "1 statistic(s)")
     assert not (tmp_path / "l.sqlite").exists()
 
@@ -308,10 +309,11 @@ def test_edited_joint_ledger_record_is_refused(calibrated, tmp_path, edit):
     cal, _ = calibrated
     path = _signed(cal, tmp_path)
     ledger = tmp_path / "l.sqlite"
-    assert run("release", path, "--value", "200,190", "--ledger", ledger).exit_code == 0
+    assert run("release", path, "--value", "200,190", "--ledger", ledger, "--budget", "unlimited").exit_code == 0
     con = sqlite3.connect(ledger)
     con.execute("DROP TRIGGER chain_no_update")
     con.execute(edit)
+    con.execute(next(st for st in SCHEMA if "chain_no_update" in st))  # the schema put back as empdp wrote it
     con.commit()
     con.close()
     one_line_error(run("ledger", "verify", ledger), "record 1")
@@ -380,7 +382,7 @@ def test_damaged_joint_calibration_field_is_one_line(calibrated, tmp_path, path,
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(d))
     ledger = tmp_path / "l.sqlite"
-    one_line_error(run("release", bad, "--value", "1,2", "--ledger", ledger, "--allow-unsigned"), fragment)
+    one_line_error(run("release", bad, "--value", "1,2", "--ledger", ledger, "--budget", "unlimited", "--allow-unsigned"), fragment)
     assert not ledger.exists()
 
 
@@ -390,6 +392,6 @@ def test_undamaged_unsigned_joint_calibration_releases_only_with_allow_unsigned(
     good = tmp_path / "good.json"
     good.write_text(json.dumps(cal.to_dict()))
     ledger = tmp_path / "l.sqlite"
-    one_line_error(run("release", good, "--value", "1,2", "--ledger", ledger), "not signed")
-    res = run("release", good, "--value", "1,2", "--ledger", ledger, "--allow-unsigned", "--json")
+    one_line_error(run("release", good, "--value", "1,2", "--ledger", ledger, "--budget", "unlimited"), "not signed")
+    res = run("release", good, "--value", "1,2", "--ledger", ledger, "--budget", "unlimited", "--allow-unsigned", "--json")
     assert res.exit_code == 0 and len(json.loads(res.stdout)["value"]) == 2

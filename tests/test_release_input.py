@@ -13,8 +13,7 @@ from helpers import CURATOR_KEY, SAMPLE, one_line_error, run, set_field
 
 import empdp
 from empdp.errors import InputError
-from empdp.noise import Calibration, Ledger, LedgerError
-from empdp.noise import ledger_v1
+from empdp.noise import Calibration, Ledger, LedgerError, ledger_v1
 from empdp.noise.ledger_v1 import record_hash as _record_hash
 from empdp.noise.sampler import NoiseSampler
 
