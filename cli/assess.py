@@ -8,6 +8,7 @@ import time
 import click
 import polars as pl
 
+from empdp import kernels
 from empdp import query as query_forms
 from empdp.assessment.assess import assess
 from empdp.errors import InputError
@@ -26,6 +27,21 @@ from ._common import (
     write_table,
 )
 from .report import extras_options, load_extras
+
+
+class KernelChoice(click.Choice):
+    """``--kernel``: the kernels of the registry (:mod:`empdp.kernels`) and ``auto``, read when parsed."""
+
+    def __init__(self):
+        super().__init__(kernels.choices())
+
+    @property
+    def choices(self):
+        return kernels.choices()
+
+    @choices.setter
+    def choices(self, value):  # click sets the choices it was given; the registry decides them
+        pass
 
 
 def parse_bandwidth(value: str):
@@ -63,9 +79,10 @@ def query_options(f=None, *, joint: bool = False):
 @click.option("--group-by", "group_by", metavar="COL",
               help="One statistic per group of COL and database (e.g. mean by region each year), released "
                    "together; see the README, \"Grouped statistics\".")
-@click.option("--kernel", type=click.Choice(["laplace", "gaussian", "auto"]), default="laplace", show_default=True,
-              help="Kernel of the density model: laplace (the model calibrate deconvolves; exact eps_i), "
-                   "gaussian (eps_i up to a stated tolerance) or auto (by held-out likelihood).")
+@click.option("--kernel", type=KernelChoice(), default=kernels.DEFAULT.name, show_default=True,
+              help="Kernel of the density model: " + ", ".join(f"{k.name} ({k.summary})" for k in
+                                                              kernels.KERNELS.values())
+                   + " or auto (by held-out likelihood).")
 @click.option("--bandwidth", default="auto", show_default=True,
               help="auto (one global scale by held-out likelihood, as calibrate), variable (Abramson variable "
                    "bandwidths; assess only) or a fixed global kernel scale; for 2-3 statistics auto or one "
@@ -280,7 +297,7 @@ def _refuse_joint_options(p: dict, d: int) -> None:
     not take: one line naming it and why."""
     one_only = "assess the statistics one at a time for it"
     refused = (  # in the command's order, so the first one given is named
-        (p["kernel"] != "laplace", f"--kernel {p['kernel']}",
+        (not kernels.is_laplace(p["kernel"]), f"--kernel {p['kernel']}",
          "the joint model is product Laplace kernels, whose eps_i are exact; drop --kernel"),
         (p["adversary"] is not None, "--adversary", f"the adversary model conditions one statistic; {one_only}"),
         (p["adversary_sql"] is not None, "--adversary-sql",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from empdp import kernels
 from empdp.errors import InputError
 from empdp.keys import KEY_ENV, key_id, load_key
 from empdp.noise import Calibration, JointCalibration, Ledger, load_calibration, release_value
@@ -16,7 +17,7 @@ from empdp.noise.ledger import UNLIMITED, parse_budget
 from empdp.textfmt import fmt, terminal_safe
 
 from . import _common as common
-from .assess import joint_statistics, parse_bandwidth, parse_joint_bandwidth, query_options
+from .assess import KernelChoice, joint_statistics, parse_bandwidth, parse_joint_bandwidth, query_options
 
 
 def _warn(message: str) -> None:
@@ -34,7 +35,7 @@ def _warn(message: str) -> None:
               help="With --adversary: groups of databases (default: as many as keep 10 each, at most 5).")
 @common.engine_options("duckdb (embedded) or spark: compute the leave-one-out (and the adversary statistic) on Spark "
                 "(see docs/spark.md).")
-@click.option("--kernel", type=click.Choice(["laplace", "gaussian", "auto"]), default="laplace", show_default=True,
+@click.option("--kernel", type=KernelChoice(), default=kernels.DEFAULT.name, show_default=True,
               help="Curator kernel. Laplace (default) deconvolves in closed form: the least noise, exactly. A "
                    "Gaussian kernel cannot be deconvolved, so a verified Laplace-mixture fallback is searched "
                    "(slower, about 1% above its least feasible scale); auto picks by held-out likelihood and "
@@ -107,7 +108,7 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
 def _refuse_joint(*, kernel, adversary, adversary_sql, buckets, engine, table) -> None:
     """The options of the one-statistic calibration that a joint one does not take: one line naming the first."""
     one = "calibrate the statistics one at a time for it"
-    refused = ((kernel != "laplace", f"--kernel {kernel}", "the joint model is product Laplace kernels; drop --kernel"),
+    refused = ((not kernels.is_laplace(kernel), f"--kernel {kernel}", "the joint model is product Laplace kernels; drop --kernel"),
                (adversary is not None, "--adversary", f"the adversary model conditions one statistic; {one}"),
                (adversary_sql is not None, "--adversary-sql", f"the adversary model conditions one statistic; {one}"),
                (buckets is not None, "--buckets", f"adversary buckets condition one statistic; {one}"),

@@ -8,6 +8,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from empdp import kernels
 from empdp.errors import InputError
 from empdp.io import load_hash_key, output_batch
 from empdp.textfmt import fmt
@@ -25,7 +26,7 @@ def refuse_grouped_options(p: dict) -> None:
         raise InputError("--group-by computes one statistic per group: give one --query or one --sql "
                          f"(got {len(p['query'])} --query and {len(p['sql'])} --sql)")
     refused = (  # in the command's order, so the first one given is named
-        (p["kernel"] != "laplace", f"--kernel {p['kernel']}",
+        (not kernels.is_laplace(p["kernel"]), f"--kernel {p['kernel']}",
          "grouped statistics use product Laplace kernels, whose eps_i are exact; drop --kernel"),
         (p["adversary"] is not None or p["adversary_sql"] is not None or p["buckets"] is not None,
          "--adversary/--buckets", "the adversary model conditions one statistic without groups"),

@@ -1,6 +1,6 @@
 """The curator's density model of the query (docs/method.md#3-density-model).
 
-p̂(x) = (1/n) Σ_j k_{b_j}(x − q_j) with Laplace or Gaussian kernels and
+p̂(x) = (1/n) Σ_j k_{b_j}(x − q_j) with a kernel of :mod:`empdp.kernels` and
 variable bandwidths b_j = b · (g / p̃(q_j))^a (Abramson / Breiman et al. 1977),
 chosen by leave-one-out log-likelihood. The bandwidths are fitted once and
 reused for every p̂_i (paired kernels).
@@ -11,58 +11,36 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.special import log_ndtr, logsumexp, ndtr
+from scipy.special import logsumexp
 
+from . import kernels
 from .errors import InputError
+from .kernels import Kernel
 from .robust import SILVERMAN_IQR_PER_SD, robust_spread
 
-KERNELS = ("laplace", "gaussian")
 #: the kernel of every command unless the user opts into another (see :func:`select_density`)
-DEFAULT_KERNEL = "laplace"
+DEFAULT_KERNEL = kernels.DEFAULT.name
 SENSITIVITIES = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def kernel_logpdf(kernel: str, u: np.ndarray, b) -> np.ndarray:
-    """log k_b(u) for the Laplace (scale b) or Gaussian (sd b) kernel."""
-    if kernel == "laplace":
-        return -np.abs(u) / b - np.log(2 * b)
-    return -0.5 * (u / b) ** 2 - np.log(b) - 0.5 * np.log(2 * np.pi)
+def kernel_logpdf(kernel, u: np.ndarray, b) -> np.ndarray:
+    """log k_b(u) of a kernel (object or name; :meth:`empdp.kernels.Kernel.logpdf`)."""
+    return kernels.kernel(kernel).logpdf(u, b)
 
 
-def kernel_terms(kernel: str, u: np.ndarray, b):
-    """Kernel value, right and left derivatives, and CDF at u (vectorised).
-
-    The Laplace kernel has a kink at 0, where the one-sided derivatives differ.
-    """
-    if kernel == "laplace":
-        e = np.exp(-np.abs(u) / b)
-        val = e / (2 * b)
-        neg = u < 0
-        d_right = np.where(neg, val, -val) / b
-        d_left = np.where(u > 0, -val, val) / b
-        cdf = np.where(neg, 0.5 * e, 1.0 - 0.5 * e)
-        return val, d_right, d_left, cdf
-    z = u / b
-    val = np.exp(-0.5 * z * z) / (b * np.sqrt(2 * np.pi))
-    d = -z / b * val
-    return val, d, d, ndtr(z)
+def kernel_terms(kernel, u: np.ndarray, b):
+    """Kernel value, right and left derivatives, and CDF at u (:meth:`empdp.kernels.Kernel.terms`)."""
+    return kernels.kernel(kernel).terms(u, b)
 
 
-def kernel_cdf(kernel: str, u: np.ndarray, b) -> np.ndarray:
-    if kernel == "laplace":
-        e = 0.5 * np.exp(-np.abs(u) / b)
-        return np.where(u < 0, e, 1.0 - e)
-    return ndtr(u / b)
+def kernel_cdf(kernel, u: np.ndarray, b) -> np.ndarray:
+    """The kernel's CDF at u (:meth:`empdp.kernels.Kernel.cdf`)."""
+    return kernels.kernel(kernel).cdf(u, b)
 
 
-def kernel_logcdf_both(kernel: str, u, b):
+def kernel_logcdf_both(kernel, u, b):
     """(log F, log (1−F)) of the kernel at u, accurate in both tails."""
-    if kernel == "laplace":
-        a = np.abs(u) / b
-        small = np.log(0.5) - a
-        big = np.log1p(-0.5 * np.exp(-a))
-        return np.where(u < 0, small, big), np.where(u < 0, big, small)
-    return log_ndtr(u / b), log_ndtr(-u / b)
+    return kernels.kernel(kernel).logcdf_both(u, b)
 
 
 @dataclass(kw_only=True)
@@ -90,7 +68,8 @@ class DensityModel(Selection):
 
     Attributes
     ----------
-    kernel : {'laplace', 'gaussian'}
+    kernel : Kernel
+        The kernel (:mod:`empdp.kernels`; a name given here is converted).
     scale : float
         Global bandwidth b (Laplace scale, or Gaussian standard deviation).
     sensitivity : float
@@ -103,11 +82,14 @@ class DensityModel(Selection):
         As :class:`Selection` (keyword-only); each candidate is a (kernel, scale, sensitivity, loglik).
     """
 
-    kernel: str
+    kernel: Kernel
     scale: float
     sensitivity: float
     points: np.ndarray
     bandwidths: np.ndarray
+
+    def __post_init__(self):
+        self.kernel = kernels.kernel(self.kernel)
 
     @property
     def variable(self) -> bool:
@@ -117,7 +99,7 @@ class DensityModel(Selection):
         """log p̂(x), or log p̂_i(x) when ``shifts`` (Δ_ij, shape (n,)) is given."""
         x = np.asarray(x, dtype=np.float64)
         pts = self.points if shifts is None else self.points - np.asarray(shifts)
-        lk = kernel_logpdf(self.kernel, x[..., None] - pts, self.bandwidths)
+        lk = self.kernel.logpdf(x[..., None] - pts, self.bandwidths)
         return logsumexp(lk, axis=-1) - np.log(len(pts))
 
     def pdf(self, x, shifts=None) -> np.ndarray:
@@ -126,14 +108,14 @@ class DensityModel(Selection):
     def cdf(self, x, shifts=None) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
         pts = self.points if shifts is None else self.points - np.asarray(shifts)
-        return kernel_cdf(self.kernel, x[..., None] - pts, self.bandwidths).mean(axis=-1)
+        return self.kernel.cdf(x[..., None] - pts, self.bandwidths).mean(axis=-1)
 
     def describe(self) -> dict:
-        return {"kind": self.kernel, "scale": float(self.scale), "sensitivity": float(self.sensitivity),
+        return {"kind": self.kernel.name, "scale": float(self.scale), "sensitivity": float(self.sensitivity),
                 "variable": self.variable, "loglik": float(self.loglik), "selected_by": self.selected_by}
 
 
-def _bandwidths(kernel: str, q: np.ndarray, b: float, a: float) -> np.ndarray:
+def _bandwidths(kernel, q: np.ndarray, b: float, a: float) -> np.ndarray:
     """Abramson variable bandwidths b_j = b (g / p̃(q_j))^a with a fixed-b pilot p̃."""
     if a == 0:
         return np.full(len(q), b)
@@ -142,7 +124,7 @@ def _bandwidths(kernel: str, q: np.ndarray, b: float, a: float) -> np.ndarray:
     return b * np.exp(a * (log_g - log_pilot))
 
 
-def loo_loglik(kernel: str, q: np.ndarray, bandwidths: np.ndarray) -> float:
+def loo_loglik(kernel, q: np.ndarray, bandwidths: np.ndarray) -> float:
     """Σ_j log p̂_{−j}(q_j): leave-one-out log-likelihood with paired bandwidths."""
     n = len(q)
     lk = kernel_logpdf(kernel, q[:, None] - q[None, :], bandwidths[None, :])
@@ -162,7 +144,7 @@ MIN_BANDWIDTH, MAX_BANDWIDTH = 1e-100, 1e100
 BANDWIDTHS = ("auto", "variable")
 
 
-def select_density(q, kernel: str = DEFAULT_KERNEL, bandwidth="auto", n_scales: int = 41) -> DensityModel:
+def select_density(q, kernel=DEFAULT_KERNEL, bandwidth="auto", n_scales: int = 41) -> DensityModel:
     """Choose kernel, scale b and sensitivity a by leave-one-out log-likelihood.
 
     The default, a Laplace kernel of one global scale, is the model of every
@@ -176,7 +158,8 @@ def select_density(q, kernel: str = DEFAULT_KERNEL, bandwidth="auto", n_scales: 
     ----------
     q : array (n,)
         Query values of the n databases.
-    kernel : 'laplace' (default), 'gaussian' or 'auto' (chosen by likelihood)
+    kernel : a kernel or its name (default 'laplace'; :mod:`empdp.kernels`), or 'auto' (every
+        registered kernel, chosen by likelihood)
     bandwidth : 'auto' (default), 'variable' or float
         'auto' chooses one global scale by likelihood; 'variable' also
         chooses an Abramson sensitivity a ∈ {0, .25, .5, .75, 1} (variable
@@ -184,10 +167,8 @@ def select_density(q, kernel: str = DEFAULT_KERNEL, bandwidth="auto", n_scales: 
         a float fixes the global scale b with no variable part.
     """
     q = np.asarray(q, dtype=np.float64)
-    if kernel not in ("auto",) + KERNELS:
-        raise InputError(f"unknown kernel {kernel!r}; use laplace, gaussian or auto")
+    tried = kernels.candidates(kernel)
     variable = bandwidth == "variable"
-    kernels = KERNELS if kernel == "auto" else (kernel,)
     if len(q) < 2:
         raise InputError("at least 2 databases are needed to fit the density model")
     if bandwidth not in BANDWIDTHS and bandwidth is not None:
@@ -198,10 +179,10 @@ def select_density(q, kernel: str = DEFAULT_KERNEL, bandwidth="auto", n_scales: 
         if not (np.isfinite(b) and MIN_BANDWIDTH <= b <= MAX_BANDWIDTH):
             raise InputError(f"--bandwidth must be a number in [{MIN_BANDWIDTH:g}, {MAX_BANDWIDTH:g}] (in the "
                              f"query's units); got {str(bandwidth)[:40]!r}")
-        fits = [(k, b, 0.0, loo_loglik(k, q, np.full(len(q), b))) for k in kernels]
+        fits = [(k, b, 0.0, loo_loglik(k, q, np.full(len(q), b))) for k in tried]
         best = max(fits, key=lambda f: f[3])
         return DensityModel(best[0], b, 0.0, q, np.full(len(q), b), loglik=best[3], selected_by="fixed",
-                            candidates=[dict(zip(("kernel", "scale", "sensitivity", "loglik"), f)) for f in fits])
+                            candidates=_candidates(fits))
     h0 = reference_scale(q)
     if not h0 > 0:
         raise InputError("all databases give the same query value, so its spread (and any bandwidth) "
@@ -209,7 +190,7 @@ def select_density(q, kernel: str = DEFAULT_KERNEL, bandwidth="auto", n_scales: 
     scales = h0 * np.logspace(np.log10(0.1), np.log10(5.0), n_scales)
     sens = SENSITIVITIES if variable else (0.0,)
     fits = []
-    for k in kernels:
+    for k in tried:
         for a in sens:
             for b in scales:
                 bw = _bandwidths(k, q, b, a)
@@ -220,4 +201,9 @@ def select_density(q, kernel: str = DEFAULT_KERNEL, bandwidth="auto", n_scales: 
                          "pass --bandwidth")
     return DensityModel(best[0], best[1], best[2], q, _bandwidths(best[0], q, best[1], best[2]),
                         loglik=best[3], selected_by="loo-likelihood",
-                        candidates=[dict(zip(("kernel", "scale", "sensitivity", "loglik"), f)) for f in fits])
+                        candidates=_candidates(fits))
+
+
+def _candidates(fits) -> list[dict]:
+    """The candidates tried, for the report: kernels by name, as files store them."""
+    return [{"kernel": k.name, "scale": b, "sensitivity": a, "loglik": ll} for k, b, a, ll in fits]

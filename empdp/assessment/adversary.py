@@ -153,8 +153,7 @@ def bucket_risk(buckets: list[Bucket], shifts: np.ndarray, eps: np.ndarray | Non
         take = e > eps_i
         eps_i[take], which[take] = e[take], k
         if delta is not None:
-            if b.model.kernel != "laplace":  # below the tolerance δ_i is reported as 0
-                d = np.where(d <= risk.EPS_TOLERANCE, 0.0, d)
+            d = b.model.kernel.reported_delta(d)  # below a stated tolerance δ_i is reported as 0
             delta = np.maximum(delta, d)
     return eps_i, delta, which, per
 
@@ -170,7 +169,7 @@ def assess_buckets(engine, q: np.ndarray, buckets: list[Bucket], eps: np.ndarray
     m = len(screen)
     undefined = screen.undefined
     definable = np.flatnonzero(~undefined)
-    laplace = all(b.model.kernel == "laplace" for b in buckets)
+    exact = all(b.model.kernel.exact_eps for b in buckets)  # ε_i exact: screening by M_i
     eps_i = np.full(m, np.nan)
     eps_i[undefined] = np.inf
     which = np.full(m, -1, dtype=np.int64)
@@ -209,7 +208,7 @@ def assess_buckets(engine, q: np.ndarray, buckets: list[Bucket], eps: np.ndarray
     # (Gaussian log-ratios have no finite bound: every individual is evaluated)
     order = definable[np.argsort(-bound[definable], kind="stable")]
     eps_all, pos, batch = 0.0, 0, 256
-    while pos < len(order) and (not laplace or bound[order[pos]] > eps_all):
+    while pos < len(order) and (not exact or bound[order[pos]] > eps_all):
         todo = order[pos:pos + batch]
         run(todo, False, "eps_all")
         eps_all = max(eps_all, float(np.nanmax(eps_i[todo], initial=0.0)))
@@ -217,12 +216,12 @@ def assess_buckets(engine, q: np.ndarray, buckets: list[Bucket], eps: np.ndarray
     if eps is None:
         eps = default_epsilons(eps_all)
     eps = np.asarray(eps, dtype=float)
-    need = definable[bound[definable] > eps[0]] if laplace else definable
+    need = definable[bound[definable] > eps[0]] if exact else definable
     delta = np.zeros((m, len(eps)))
     if len(need):
         delta[need] = run(need, True, "delta_i")
     delta[undefined] = 1.0
-    if laplace:  # exact: δ_i(ε) = 0 for ε ≥ ε_i
+    if exact:  # δ_i(ε) = 0 for ε ≥ ε_i
         known = np.isfinite(eps_i)
         delta[known] = np.where(eps_i[known, None] <= eps[None, :], 0.0, delta[known])
     for k, b in enumerate(buckets):

@@ -126,7 +126,7 @@ class Assessment(RiskSweep):
     def eps_tolerance(self) -> float:
         """τ in the definition of ε_i: 0 for Laplace kernels (δ_i(ε) = 0 exactly for ε ≥ ε_i); for
         Gaussian kernels ε_i is the smallest ε with δ_i(ε) ≤ τ (their log-ratio is unbounded)."""
-        return 0.0 if self.model.kernel == "laplace" else float(risk.EPS_TOLERANCE)
+        return float(self.model.kernel.tolerance)
 
     def riskiest(self, k: int = 10, epsilon: float | None = None) -> pl.DataFrame:
         """The ``k`` riskiest individuals at ``epsilon`` (default: the smallest assessed ε).
@@ -174,9 +174,7 @@ class Assessment(RiskSweep):
                     e, d, _, _ = bucket_risk(self.buckets, shifts, np.array([eps]))
                 else:
                     e, d = risk.evaluate(self.model, shifts, np.array([eps]))
-            out_eps[ok], out_delta[ok] = e, d[:, 0]
-            if self.model.kernel != "laplace":
-                out_delta[ok] = np.where(out_delta[ok] <= risk.EPS_TOLERANCE, 0.0, out_delta[ok])
+            out_eps[ok], out_delta[ok] = e, self.model.kernel.reported_delta(d[:, 0])
         return out_eps, out_delta
 
     def shifts_of(self, ids) -> np.ndarray:
@@ -198,7 +196,7 @@ class Assessment(RiskSweep):
             "by": self.by_column,
             "n_databases": self.n_databases,
             "n_individuals": self.n_individuals,
-            "kernel": self.model.kernel,
+            "kernel": self.model.kernel.name,
             "bandwidth": float(self.model.scale),
             "bandwidth_sensitivity": float(self.model.sensitivity),
             "density_model": self.model.describe(),
@@ -214,9 +212,7 @@ class Assessment(RiskSweep):
             **({"adversary": self.adversary} if self.adversary else {}),
             "warnings": list(self.warnings),
             "notes": ["total_risk assumes the individuals' risks are independent"]
-            + ([f"kernel gaussian: eps_i is the smallest epsilon with delta_i <= eps_tolerance "
-                f"({self.eps_tolerance:g}), and delta_i below it is reported as 0; the log-ratio of Gaussian "
-                "densities is unbounded, so no epsilon makes delta_i exactly 0"] if self.eps_tolerance else []),
+            + [note for note in (self.model.kernel.eps_note(),) if note],
         }
 
 

@@ -134,7 +134,7 @@ class _ShiftCache:
 class _Accumulator:
     """Running max δ_i(ε), Σ log(1 − δ_i(ε)) and at-risk counts over the evaluated individuals."""
 
-    def __init__(self, m: int, kernel: str, E: int):
+    def __init__(self, m: int, kernel, E: int):
         self.kernel = kernel
         self.first = np.zeros(m)  # δ_i at the smallest ε
         # summed in extended precision: the total does not depend (in practice, to the last bit) on
@@ -144,8 +144,7 @@ class _Accumulator:
 
     def add(self, codes: np.ndarray, d: np.ndarray) -> None:
         """Add the δ_i of ``codes`` (NaN: positive, not computed; see :meth:`needed`)."""
-        if self.kernel == "gaussian":  # below the stated tolerance: reported as 0 (the caller's array kept)
-            d = np.where(d <= risk.EPS_TOLERANCE, 0.0, d)
+        d = self.kernel.reported_delta(d)  # below a stated tolerance: 0 (the caller's array kept)
         if not len(codes):
             return
         skipped = np.isnan(d)
@@ -164,11 +163,12 @@ class _Accumulator:
         the other δ_i are; then only δ_i above the largest so far can change the summary, and
         δ_i(ε) ≤ δ_i(ε_min) shows which cannot. δ_i at the smallest ε are always computed (they
         are reported per individual), and whether δ_i > 0 is known at every ε. Laplace kernels
-        only (for Gaussian kernels δ_i > 0 counts from the tolerance, not from sup |L|).
+        only, and kernels with exact ε_i (for Gaussian kernels δ_i > 0 counts from the tolerance, not
+        from sup |L|).
         """
         saturated = self.log_survive <= SATURATED
         saturated[0] = False
-        if self.kernel != "laplace" or not saturated.any():
+        if not self.kernel.exact_eps or not saturated.any():
             return None
         return ~saturated, self.max_delta.copy()
 
@@ -230,7 +230,7 @@ class Evaluation:
         if not on_spark(self.engine):  # Spark keeps the rows on the executors
             self.cache.prefetch(want)
         eps_all, pos = 0.0, 0
-        batch = GAUSSIAN_SEARCH_BATCH if self.model.kernel == "gaussian" else SEARCH_BATCH
+        batch = SEARCH_BATCH if self.model.kernel.exact_eps else GAUSSIAN_SEARCH_BATCH
         # with the default sweep the search's rows get their δ_i later, and ε_i only matters where it
         # can raise ε_all: rows whose ε_i is at most ε_all so far may keep NaN (Gaussian kernels: no
         # search for ε_i(τ) there, ~90% of the rows on a 10^7-row panel)
@@ -278,11 +278,11 @@ class Evaluation:
         if not self.screening:
             return self.definable
         screen = self.screen
-        if self.model.kernel == "laplace":
+        if self.model.kernel.exact_eps:  # δ_i = 0 for ε ≥ M_i
             need = screen.bound > eps_min
         else:
-            need = risk.delta_upper_bound("gaussian", eps_min, screen.bound, screen.n_present,
-                                          self.n) > risk.EPS_TOLERANCE
+            need = risk.delta_upper_bound(self.model.kernel, eps_min, screen.bound, screen.n_present,
+                                          self.n) > self.model.kernel.tolerance
         return np.flatnonzero(need & ~self.undefined)
 
     # ------------------------------------------------------------ evaluation

@@ -52,7 +52,7 @@ class Ranking:
             upper = first
         elif eps > e0:
             upper = np.minimum(upper, first)
-        if a.model.kernel == "laplace":
+        if a.model.kernel.exact_eps:  # δ_i(ε) = 0 for ε ≥ M_i
             upper = np.where(self.bound <= eps, 0.0, upper)
         upper = np.where(self.sole, 1.0, upper)
         self.upper = upper

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from .. import risk
+from .. import kernels, risk
 from ..data import clip as _clip
 from ..density import DensityModel
 from ..errors import InputError
@@ -248,7 +248,7 @@ def _table_dict(top: pl.DataFrame, id_col: str, show, floats) -> dict:
 
 
 def _model_dict(m: DensityModel) -> dict:
-    return {"kernel": m.kernel, "scale": float(m.scale), "sensitivity": float(m.sensitivity),
+    return {"kernel": m.kernel.name, "scale": float(m.scale), "sensitivity": float(m.sensitivity),
             "bandwidths": _enc(m.bandwidths), "loglik": _enc([m.loglik])[0], "selected_by": m.selected_by}
 
 
@@ -304,7 +304,7 @@ _COMMON = {"ids_hashed": FLAG, "source": TEXT, "id": TEXT, "by": TEXT, "labels":
 
 
 def _model_schema(**more) -> Obj:
-    return Obj({"kernel": Kind(choices=("laplace", "gaussian")), "scale": Num(gt=0, hi=1e300),
+    return Obj({"kernel": Kind(choices=kernels.names()), "scale": Num(gt=0, hi=1e300),
                 "sensitivity": Num(0, 1e300), "bandwidths": ListOf(Num(gt=0, hi=1e300)), "loglik": _FLOAT,
                 "selected_by": _SELECTED, "candidates": ListOf(Obj({})), **more}, optional=("candidates",))
 
@@ -413,8 +413,6 @@ def _from_dict(d: dict) -> SavedAssessment:
     model = DensityModel(kernel=md["kernel"], scale=float(md["scale"]), sensitivity=float(md["sensitivity"]),
                          points=q, bandwidths=bandwidths, loglik=float(_dec([md["loglik"]])[0]),
                          selected_by=md["selected_by"], candidates=list(md.get("candidates", [])))
-    if model.kernel not in ("laplace", "gaussian"):
-        raise ValueError(f"unknown kernel {model.kernel!r}")
     adversary, buckets = d.get("adversary"), None
     if adversary is not None:
         from .adversary import Bucket

@@ -19,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import kernels
 from ..errors import InputError
 from ..io import keyed_hash
 from ..textfmt import fmt
@@ -32,35 +33,12 @@ log = logging.getLogger("empdp.audit")
 
 # ----------------------------------------------------------------------------- release density
 
-def release_kernel_logpdf(x, kernel: str, b: float, w: float, lam: float) -> np.ndarray:
-    """log of k ⋆ h at ``x`` for h = w·δ_0 + (1 − w)·Laplace(λ) and k Laplace/Gaussian of scale b.
-
-    For a Gaussian k this is :func:`empdp.noise.deconv.log_smoothed_kernel`, the kernel
+def release_kernel_logpdf(x, kernel, b: float, w: float, lam: float) -> np.ndarray:
+    """log of k ⋆ h at ``x`` for h = w·δ_0 + (1 − w)·Laplace(λ) and the curator kernel k (object or
+    name) of scale b: :meth:`empdp.kernels.Kernel.release_logpdf`, for a Gaussian k the kernel
     calibration certifies (docs/method.md#94-release-audit).
     """
-    x = np.asarray(x, float)
-    if kernel not in ("laplace", "gaussian"):
-        raise InputError(f"unknown curator kernel {kernel!r}; expected 'laplace' or 'gaussian'")
-    noisy = w < 1 and lam > 0
-    if kernel == "gaussian":
-        if noisy:  # the exponentially modified Gaussian, mixed with the atom at 0
-            from ..noise.deconv import log_smoothed_kernel  # scipy.special: imported on first use
-
-            return log_smoothed_kernel(x, b, w, lam)
-        return -0.5 * (x / b) ** 2 - math.log(b * math.sqrt(2 * math.pi))
-    log_k = -np.abs(x) / b - math.log(2 * b)
-    if not noisy:
-        return log_k
-    if abs(lam - b) < 1e-12 * lam:  # ℓ_b ⋆ ℓ_b
-        log_conv = np.log1p(np.abs(x) / b) - np.abs(x) / b - math.log(4 * b)
-    else:  # ℓ_b ⋆ ℓ_λ = (λ e^{−|x|/λ} − b e^{−|x|/b}) / (2(λ² − b²))
-        hi, lo = max(lam, b), min(lam, b)
-        ax = np.abs(x)
-        log_conv = (math.log(hi) - ax / hi + np.log1p(-(lo / hi) * np.exp(-ax / lo + ax / hi))
-                    - math.log(2 * (hi * hi - lo * lo)))
-    if w <= 0:
-        return log_conv
-    return np.logaddexp(math.log(w) + log_k, math.log1p(-w) + log_conv)
+    return kernels.kernel(kernel).release_logpdf(np.asarray(x, float), b, w, lam)
 
 
 def release_logdensity(x, points, kernel, b, w, lam, chunk: int = 4096) -> np.ndarray:
@@ -88,7 +66,7 @@ def exact_values(q, shifted, kernel, b, w, lam, order: float, grid_points: int =
     lr = release_logdensity(x, q, kernel, b, w, lam)
     li = release_logdensity(x, shifted, kernel, b, w, lam)
     diff = lr - li
-    if kernel == "gaussian" and (w >= 1 or lam <= 0) and not np.allclose(np.sort(q), np.sort(shifted)):
+    if not kernels.kernel(kernel).exact_eps and (w >= 1 or lam <= 0) and not np.allclose(np.sort(q), np.sort(shifted)):
         eps = math.inf
     else:
         eps = float(np.max(np.abs(diff)))
@@ -104,12 +82,13 @@ def release_mechanism(q, shifts_top, kernel, b, w, lam) -> Mechanism:
     """Sampler of the release: database −1 is r = P̂ ⋆ k ⋆ h, database k is r_k for top individual k."""
     q = np.asarray(q, float)
     shifts_top = np.atleast_2d(np.asarray(shifts_top, float))
+    kernel = kernels.kernel(kernel)
 
     def sample(database, size, rng):
         k = int(database)
         pts = q if k < 0 else q - shifts_top[k]
         y = pts[rng.integers(0, q.size, size)]
-        y = y + (rng.laplace(0.0, b, size) if kernel == "laplace" else rng.normal(0.0, b, size))
+        y = y + kernel.sample(rng, b, size)
         if w < 1 and lam > 0:
             noisy = rng.random(size) >= w
             y = y + np.where(noisy, rng.laplace(0.0, lam, size), 0.0)
@@ -262,7 +241,7 @@ def _audit_density(q, shifts, rows, name, *, kernel, b, w, lam, target, top, ord
     from ..noise.exact import laplace_kde_eps
 
     noisy = w < 1 and lam > 0
-    eff = (max(lam, b) if kernel == "laplace" else lam) if noisy else b
+    eff = (max(lam, b) if kernels.kernel(kernel).exact_eps else lam) if noisy else b
     rank_eps = laplace_kde_eps(q, q[None, :] - shifts[rows], eff)
     # the ranking is a proxy for other kernels: take 4x as many, keep the top by exact ε_i
     shortlist = rows[np.argsort(-rank_eps, kind="stable")[:4 * top]]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import kernels
 from ..assessment import adversary as adv
 from ..errors import InputError
 from .calibration import Calibration
@@ -34,10 +35,10 @@ from .exact import laplace_kde_eps, minimal_lambda
 
 
 def calibrate_buckets(q, shifts, g, *, epsilon: float, buckets, labels, statistic: str, bandwidth="auto",
-                      undefined=None, kernel: str = "laplace") -> Calibration:
+                      undefined=None, kernel=kernels.DEFAULT.name) -> Calibration:
     """The least noise that makes every bucket's released density ε-private (see the module doc)."""
     t0 = time.perf_counter()
-    if kernel != "laplace":
+    if not kernels.is_laplace(kernel):
         raise InputError("calibrate --adversary deconvolves Laplace curator kernels only: drop --kernel")
     if bandwidth == "variable":
         raise InputError("--bandwidth variable is for assess only: no single noise law deconvolves kernels of "
@@ -49,7 +50,7 @@ def calibrate_buckets(q, shifts, g, *, epsilon: float, buckets, labels, statisti
         raise InputError(f"every individual ({len(undefined)}) is the only contributor to some database: "
                          "no noise level can protect them and there is nothing to calibrate")
     k = adv.check_buckets(buckets, q.size)
-    groups, notes = adv.fit_buckets(q, np.asarray(g, dtype=float), k, kernel="laplace", bandwidth=bandwidth)
+    groups, notes = adv.fit_buckets(q, np.asarray(g, dtype=float), k, kernel=kernel, bandwidth=bandwidth)
     rows = ~undefined & (shifts != 0).any(axis=1)
     at_curator, searches = [], []
     for b in groups:
@@ -88,7 +89,7 @@ def calibrate_buckets(q, shifts, g, *, epsilon: float, buckets, labels, statisti
                   for b, s, e in zip(groups, searches, at_curator)]}}
     return Calibration(
         epsilon=float(epsilon), lam=float(lam), lam_hausdorff=max(s.lam_hausdorff for s in searches),
-        lam_winf=max(s.lam_winf for s in searches), curator_kernel={"kind": "laplace", "scale": b_min},
+        lam_winf=max(s.lam_winf for s in searches), curator_kernel={"kind": kernels.Laplace.name, "scale": b_min},
         noise=noise.to_dict(), expected_abs_noise=noise.expected_abs, verified_eps_max=float(eps_max),
         n_individuals=int(len(shifts)), n_sole_contributors=int(undefined.sum()), n_databases=int(q.size),
         deconvolution=deconv, n_bisected=sum(s.n_bisected for s in searches),

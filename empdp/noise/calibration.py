@@ -22,13 +22,13 @@ from typing import Callable
 
 import numpy as np
 
+from .. import kernels
 from ..digest import VALUE_GIVEN
 from ..errors import InputError
 from ..io import read_json, write_text
 from ..keys import KEY_ENV, key_id, mac, same
 from ..progress import Progress, no_progress
 from ..textfmt import fmt
-from .deconv import KERNELS
 from .exact import MAX_EPSILON
 from .ledger import Ledger
 from .sampler import NoiseSampler
@@ -442,7 +442,7 @@ def _check_fields(d: dict, where: str) -> None:
     if d["verified_eps_max"] > eps:
         raise InputError(f"{where}: verified_eps_max {d['verified_eps_max']!r} exceeds epsilon {eps!r}, which "
                          f"no calibration writes; {_FIX}")
-    for key, valid in (("curator_kernel", KERNELS), ("noise", _NOISE_KINDS)):
+    for key, valid in (("curator_kernel", kernels.names()), ("noise", _NOISE_KINDS)):
         sub = d.get(key)
         if key not in d:
             raise InputError(f"{where}: field {key!r} is missing; {_FIX}")

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import kernels
 from ..errors import InputError
 from ..progress import READING, Progress, no_progress
 from ..textfmt import fmt
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from .joint import JointCalibration
 
 #: the curator kernel by default: it deconvolves in closed form (a Gaussian one needs the fallback)
-DEFAULT_KERNEL = "laplace"
+DEFAULT_KERNEL = kernels.DEFAULT.name
 log = logging.getLogger(__name__)
 
 
@@ -139,7 +140,7 @@ def _laplace_noise(inputs: _Inputs, b: float, search: LambdaSearch) -> _NoiseSte
     return _NoiseStep(noise, eps_max, {"method": "closed form (Laplace kernel)", "feasible": True})
 
 
-def _gaussian_noise(inputs: _Inputs, kind: str, b: float, search: LambdaSearch, progress: Progress) -> _NoiseStep:
+def _gaussian_noise(inputs: _Inputs, kind, b: float, search: LambdaSearch, progress: Progress) -> _NoiseStep:
     """A kernel that cannot be deconvolved: the least-E|y| verified member of w·δ_0 + (1 − w)·ℓ_λ′."""
     check = fourier_deconvolve(kind, b, max(search.lam, b))
     deconv = {"method": "feasible family w*delta_0 + (1-w)*Laplace(lambda') (Gaussian kernel)",
@@ -152,10 +153,11 @@ def _gaussian_noise(inputs: _Inputs, kind: str, b: float, search: LambdaSearch, 
     return _NoiseStep(fb.noise, fb.eps_max, deconv, [note])
 
 
-def _noise(inputs: _Inputs, kind: str, b: float, search: LambdaSearch, progress: Progress) -> _NoiseStep:
-    """The release noise h for curator kernel ``kind`` of scale ``b`` (docs/method.md#83-deconvolution-the-noise-law)."""
+def _noise(inputs: _Inputs, kind, b: float, search: LambdaSearch, progress: Progress) -> _NoiseStep:
+    """The release noise h for curator kernel ``kind`` of scale ``b`` (docs/method.md#83-deconvolution-the-noise-law):
+    the closed form where the kernel deconvolves (Laplace), else the verified fallback."""
     t = time.perf_counter()
-    step = (_laplace_noise(inputs, b, search) if kind == "laplace"
+    step = (_laplace_noise(inputs, b, search) if kind.deconvolves
             else _gaussian_noise(inputs, kind, b, search, progress))
     n = step.noise
     log.info("noise: %s, weight at 0 %s, scale %s, E|y| %s; verified max eps_i %s (%s) in %.2f s", n.kind,
@@ -222,7 +224,7 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
         warnings.warn(note, stacklevel=2)
     return Calibration(
         epsilon=inputs.epsilon, lam=search.lam, lam_hausdorff=search.lam_hausdorff, lam_winf=search.lam_winf,
-        curator_kernel={"kind": kind, "scale": b}, noise=step.noise.to_dict(),
+        curator_kernel={"kind": kind.name, "scale": b}, noise=step.noise.to_dict(),
         expected_abs_noise=step.noise.expected_abs, verified_eps_max=step.eps_max,
         n_individuals=inputs.n_individuals, n_sole_contributors=inputs.n_sole, n_databases=int(inputs.q.size),
         deconvolution=step.deconvolution, n_bisected=search.n_bisected, seconds=time.perf_counter() - t0,
@@ -306,7 +308,7 @@ def _one_or_many(statistic):
 
 def _refuse_joint(*, kernel, adversary, buckets, engine, table) -> None:
     """The options a joint calibration does not take, refused in one line before anything is read."""
-    refused = ((kernel != "laplace", f"kernel={kernel!r}", "the joint model is product Laplace kernels"),
+    refused = ((not kernels.is_laplace(kernel), f"kernel={kernel!r}", "the joint model is product Laplace kernels"),
                (bool(adversary), "an adversary", "the adversary model conditions one statistic"),
                (buckets is not None, "buckets", "adversary buckets condition one statistic"),
                (engine != "duckdb" or table is not None, "the Spark engine", "joint statistics are read by DuckDB"))
@@ -331,11 +333,10 @@ def query_value(cal: Calibration, source: Any, database: str, memory_limit: str 
     progress = progress or no_progress
     t0 = time.perf_counter()
     progress("reading", 0, 2)
-    # DuckDB reads database ``database`` alone (a source may hold only the new period); Spark reads the panel
-    only = {"database": str(database)} if engine == "duckdb" else {}
+    # only database ``database`` is read: a source may hold the new period alone
     eng = open_engine(source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql,
                       memory_limit=memory_limit, engine=engine, spark_master=spark_master,
-                      spark_remote=spark_remote, table=table, **only)
+                      spark_remote=spark_remote, table=table, database=str(database))
     try:
         progress("reading", 1, 2)
         labels = [str(x) for x in eng.panel.labels]

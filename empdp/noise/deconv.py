@@ -18,12 +18,13 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 import numpy as np
-from scipy.special import log_ndtr, logsumexp
+from scipy.special import logsumexp
 
+from .. import kernels
 from .exact import laplace_kde_eps, winf_distance
 
-KERNELS = ("laplace", "gaussian")
 log = logging.getLogger(__name__)
+_GAUSSIAN = kernels.Gaussian()
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,9 @@ def laplace_closed_form(b: float, lam: float) -> NoiseSpec:
     return NoiseSpec.mixture((b / lam) ** 2, lam)
 
 
-def characteristic_function(kind: str, scale: float):
-    """F k(ω) of a centred kernel: Laplace 1/(1 + b²ω²), Gaussian e^{−σ²ω²/2}."""
-    if kind == "laplace":
-        return lambda w: 1.0 / (1.0 + (scale * w) ** 2)
-    if kind == "gaussian":
-        return lambda w: np.exp(-0.5 * (scale * w) ** 2)
-    raise ValueError(f"unknown kernel {kind!r}; choose one of {', '.join(KERNELS)}")
+def characteristic_function(kind, scale: float):
+    """F k(ω) of a centred kernel (object or name): Laplace 1/(1 + b²ω²), Gaussian e^{−σ²ω²/2}."""
+    return kernels.kernel(kind).characteristic(scale)
 
 
 @dataclass(frozen=True)
@@ -107,8 +104,8 @@ def fourier_deconvolve(kernel, scale, lam, *, points_per_scale=256, width_scales
 
     Parameters
     ----------
-    kernel : {"laplace", "gaussian"}
-        The curator kernel k.
+    kernel : Kernel or its name
+        The curator kernel k (:mod:`empdp.kernels`).
     scale : float
         Its scale (b or σ).
     lam : float
@@ -155,24 +152,10 @@ def fourier_deconvolve(kernel, scale, lam, *, points_per_scale=256, width_scales
 
 
 def log_smoothed_kernel(u, sigma, w, lam):
-    """log of k′ = w·g_σ + (1 − w)·(g_σ ⋆ ℓ_λ), the kernel of P̂ ⋆ k ⋆ h for Gaussian k (0 ≤ w < 1, λ > 0).
-
-    g_σ ⋆ ℓ_λ is the exponentially modified Gaussian, written with log Φ for
-    stability: (1/2λ)e^{σ²/2λ²}[e^{−u/λ}Φ(u/σ − σ/λ) + e^{u/λ}Φ(−u/σ − σ/λ)].
-    The one copy: calibration certifies ε with it and the release audit
-    (:func:`empdp.audit.release.release_kernel_logpdf`) computes the exact values with it.
-    """
-    u = np.asarray(u, dtype=float)
-    r = sigma / lam
-    emg = (
-        -np.log(2 * lam)
-        + 0.5 * r * r
-        + np.logaddexp(-u / lam + log_ndtr(u / sigma - r), u / lam + log_ndtr(-u / sigma - r))
-    )
-    if w <= 0:
-        return emg
-    gauss = -0.5 * (u / sigma) ** 2 - np.log(sigma * np.sqrt(2 * np.pi))
-    return np.logaddexp(np.log(w) + gauss, np.log1p(-w) + emg)
+    """log of k′ = w·g_σ + (1 − w)·(g_σ ⋆ ℓ_λ), the kernel of P̂ ⋆ k ⋆ h for Gaussian k (0 ≤ w < 1, λ > 0):
+    :meth:`empdp.kernels.Gaussian.smoothed_logpdf`, the one copy (calibration certifies ε with it
+    and the release audit computes the exact values with it)."""
+    return _GAUSSIAN.smoothed_logpdf(u, sigma, w, lam)
 
 
 def _tail_start(sigma, w, lam, eta=1e-12):

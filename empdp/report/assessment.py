@@ -7,7 +7,9 @@ from typing import Callable
 
 import numpy as np
 
+from .. import kernels
 from ..errors import InputError
+from ..textfmt import fmt
 from . import plots
 from .markup import Html, cards, code, esc, explain, kv, num, p_badge, section, table, td, tr
 
@@ -36,21 +38,25 @@ def databases(a) -> str:
     return Html("{} (by {})").format(a.n_databases, code(a.by_column))
 
 
+def kernel_of(a) -> kernels.Kernel:
+    """The kernel of a result's density model; a joint model's product kernels are Laplace."""
+    return getattr(a.model, "kernel", None) or kernels.Laplace()
+
+
+def _tolerance(a) -> str:
+    """τ of the result's kernel as the report writes numbers."""
+    return fmt(kernel_of(a).tolerance)
+
+
 def summary(a, eps: float, idx, exact: bool) -> str:
     m = a.model
-    model = f"{m.kernel} kernel, scale b = {num(m.scale)}"
+    model = f"{m.kernel.label} kernel, scale b = {num(m.scale)}"
     model += (f", variable bandwidths (sensitivity a = {m.sensitivity:g})" if m.variable else ", fixed bandwidth")
     model += f"; {'fixed by the user' if m.selected_by == 'fixed' else 'chosen by leave-one-out log-likelihood'}"
     model += f" (LOO log-likelihood {num(m.loglik)})"
     upper = "" if exact or idx is None else f" (at assessed ε = {num(a.epsilons[idx])} ≤ ε: an upper bound)"
     val = (lambda arr: num(arr[idx])) if idx is not None else (lambda arr: "–")
-    tol = getattr(a, "eps_tolerance", 0.0)
-    if tol:  # Gaussian kernels: δ_i ≤ τ from ε_all, never "protected"
-        label = f"ε_all (every δᵢ ≤ {num(tol)} from here" + (
-            f", except {a.sole_contributors:,} sole contributor(s))" if a.sole_contributors else ")")
-    else:
-        label = ("ε_all (everyone protected)" if not a.sole_contributors
-                 else f"ε_all (all but {a.sole_contributors:,} sole contributor(s) protected)")
+    label = kernel_of(a).eps_all_label(a.sole_contributors, _tolerance(a))  # "protected" only if exact
     figures = cards([
         (label, num(a.eps_all)),
         ("chosen ε", num(eps)),
@@ -103,7 +109,7 @@ def risk_curves(a, eps: float) -> str:
     text = ("For each privacy level ε (horizontal axis), the red curve is the largest probability δ with which the "
             "release can shift the odds about a single individual by more than a factor e<sup>ε</sup>; the purple "
             "curve is the probability that this happens to at least one individual. Larger ε is a weaker promise, so both curves fall; "
-            "beyond ε_all every individual has δ<sub>i</sub> = 0"
+            + esc(kernel_of(a).beyond_eps_all(_tolerance(a)))
             + (" (points at δ = 0 are not drawn on the log scale)" if log else "") + f". {reach_txt}.")
     if len(e) < 5:
         text += (f" Only {len(e)} ε value(s) were assessed; assess a range of ε (or none, for the default "
@@ -112,9 +118,9 @@ def risk_curves(a, eps: float) -> str:
 
 
 def at_risk(a, eps: float) -> str:
-    text = (f"How many of the {n_individuals(a):,} individuals are not fully protected (δ<sub>i</sub>(ε) > 0) at "
-            "each ε. A steep fall means most individuals are protected at a modest ε and only a few outliers "
-            "drive the worst case" + (f"; the {a.sole_contributors:,} sole contributor(s) are never protected"
+    text = (f"How many of the {n_individuals(a):,} individuals are {esc(kernel_of(a).at_risk(_tolerance(a)))} at "
+            "each ε. A steep fall means that from a modest ε on most individuals are no longer counted and only a "
+            "few outliers drive the worst case" + (f"; the {a.sole_contributors:,} sole contributor(s) are never protected"
                                       if a.sole_contributors else "") + ".")
     return section("at-risk", "Individuals at risk against ε", plots.at_risk(a, eps), explain(text))
 
@@ -146,7 +152,6 @@ def _ranking_note(a, eps: float, k: int) -> str:
 
 
 def riskiest(a, eps: float, rows, note: str) -> str:
-    tol = getattr(a, "eps_tolerance", 0.0)
     head = ("<tr><th class='n'>#</th><th>id</th>"
             f"<th class='n'>δ<sub>i</sub> at ε = {num(eps)}</th><th class='n'>ε<sub>i</sub></th>"
             "<th class='n'>databases present</th><th class='n'>largest shift</th><th>note</th></tr>")
@@ -167,9 +172,7 @@ def riskiest(a, eps: float, rows, note: str) -> str:
             "shown, and the individual that sets ε_all is always listed. ε<sub>i</sub> is the individual's "
             "empirical privacy loss: the largest factor (on the log scale) by which the query's distribution "
             "changes when the individual is removed from every database")
-    text += (f"; with Gaussian kernels this log-ratio is unbounded, so ε<sub>i</sub> is the smallest ε at which "
-             f"δ<sub>i</sub>(ε) ≤ {num(tol)}." if tol else
-             "; they are fully protected (δ<sub>i</sub> = 0) at any ε ≥ ε<sub>i</sub>.")
+    text += esc(kernel_of(a).eps_i_meaning(_tolerance(a)))
     text += (" The largest shift is the biggest change in the query value caused by removing them from one "
              "database.")
     if note:

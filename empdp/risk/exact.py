@@ -28,9 +28,10 @@ MAX_PARTS = 64
 
 
 def grid_plan(model: DensityModel, grid: np.ndarray):
-    """The shared plan for ``grid``: the matrix form (Laplace kernels, :class:`empdp.risk.laplace.GridPlan`)
-    or the series form (Gaussian kernels, :class:`empdp.risk.gaussian.SeriesPlan`)."""
-    if model.kernel == "laplace":
+    """The shared plan for ``grid``: the matrix form (kinked kernels: Laplace,
+    :class:`empdp.risk.laplace.GridPlan`) or the series form (Gaussian kernels,
+    :class:`empdp.risk.gaussian.SeriesPlan`)."""
+    if model.kernel.kinked:
         return _laplace.GridPlan(model.points, model.bandwidths, grid)
     return _gaussian.SeriesPlan(model.points, model.bandwidths, grid)
 
@@ -83,7 +84,7 @@ def evaluate_on_grid(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | 
     fast = np.zeros(C, dtype=bool)
     plan = plan if plan is not None else grid_plan(model, grid)
     scaled = (np.abs(shifts) / model.bandwidths).max(axis=1, initial=0.0)
-    gaussian = model.kernel == "gaussian"
+    gaussian = not model.kernel.kinked  # the series form (see grid_plan)
     if not gaussian:
         fast = scaled <= _laplace.MAX_BOUND
     else:
@@ -115,7 +116,7 @@ def evaluate_on_grid(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | 
         # the floor (NaN, as from tolerance_eps). In the search for ε_all on a bounded 10^7-row panel,
         # 84% of the rows after the first batch; a bound costs ~5% of an exact evaluation. (Not for δ_i:
         # the stage's candidates are those the screening bound leaves, and this one clears ~3% of them.)
-        cleared = ~same & (delta_terms_bound("gaussian", eps_floor, np.abs(shifts) / model.bandwidths)
+        cleared = ~same & (delta_terms_bound(model.kernel, eps_floor, np.abs(shifts) / model.bandwidths)
                            <= EPS_TOLERANCE)
         eps_i[cleared], exact[cleared] = np.nan, False
         skip = same | cleared

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import kernels
 from ..density import DensityModel
 from ..errors import InputError
 from . import cells as _cells
 
-_REACH = {"laplace": 46.0, "gaussian": 12.0}
 _STEP = 1.0 / 6.0  # node spacing, in kernel scales, where the kernels carry mass
 
 #: bytes per grid node and kernel term (+ 2) at the peak of a plan and its evaluation (measured:
@@ -82,7 +82,7 @@ def base_grid(model: DensityModel, extra_points: np.ndarray | None = None, budge
         near = np.minimum(np.abs(extra - q[qs][k - 1]) / b[qs][k - 1], np.abs(q[qs][k] - extra) / b[qs][k])
         far = near > 3.0
         if len(extra):  # the outermost kinks too where their kernels reach 3 of their scales past the points'
-            reach = _REACH[model.kernel]
+            reach = model.kernel.reach
             lo, hi = np.argmin(extra - reach * eb), np.argmax(extra + reach * eb)
             far[lo] |= extra[lo] - reach * eb[lo] < (q - reach * b).min() - 3.0 * eb[lo]
             far[hi] |= extra[hi] + reach * eb[hi] > (q + reach * b).max() + 3.0 * eb[hi]
@@ -93,10 +93,10 @@ def base_grid(model: DensityModel, extra_points: np.ndarray | None = None, budge
         pts, bws = np.r_[q, key[first]], np.r_[b, eb[first]]
     order = np.argsort(pts)
     pts, bws = pts[order], bws[order]
-    reach = _REACH[model.kernel]
+    reach = model.kernel.reach
     template = np.r_[-np.geomspace(reach, 4, 24), np.linspace(-4, 4, 49)[1:-1], np.geomspace(4, reach, 24)]
     prov = np.unique((pts[:, None] + bws[:, None] * template[None, :]).ravel())
-    prov = _fill_gaps(prov, pts, bws, reach, FAR_GAP[model.kernel])
+    prov = _fill_gaps(prov, pts, bws, reach, model.kernel.far_gap)
     # local spacing: b/6 within 4 scales of the nearest point, growing like distance/24 beyond
     k = np.clip(np.searchsorted(pts, prov), 1, len(pts) - 1)
     dl, dr = np.abs(prov - pts[k - 1]), np.abs(pts[k] - prov)
@@ -108,23 +108,26 @@ def base_grid(model: DensityModel, extra_points: np.ndarray | None = None, budge
     cum = np.r_[0.0, np.cumsum(np.diff(prov) * 0.5 * (dens[1:] + dens[:-1]))]
     _check_grid(model, pts, int(min(cum[-1], 2.0**62)) + 3 + len(q), budget, labels)
     nodes = np.interp(np.arange(0, np.floor(cum[-1]) + 1), cum, prov)
-    if model.kernel != "laplace":  # a Gaussian kernel has no kink at its q_j: the spacing suffices
+    if not model.kernel.kinked:  # a smooth kernel (Gaussian) has no kink at its q_j: the spacing suffices
         return np.unique(np.r_[nodes, prov[0], prov[-1]])
     return np.unique(np.r_[nodes, prov[0], prov[-1], q])
 
 
-#: distance, in the kernel scales of a gap's end point, from which a gap between the points'
-#: neighbourhoods gets nodes of its own (:func:`_fill_gaps`): that point's kernel is below e^{−684} there
-FAR_GAP = {"laplace": 700.0, "gaussian": 37.0}
+#: :attr:`empdp.kernels.Kernel.far_gap` by kernel name (the former table)
+FAR_GAP = {name: k.far_gap for name, k in kernels.KERNELS.items()}
 
 
 def _fill_gaps(prov: np.ndarray, pts: np.ndarray, bws: np.ndarray, reach: float, far: float) -> np.ndarray:
     """Provisional nodes in the far parts of the gaps between the points' neighbourhoods.
 
+    ``far`` is the distance, in the kernel scales of a gap's end point, from which a gap between the
+    points' neighbourhoods gets nodes of its own (:attr:`empdp.kernels.Kernel.far_gap`): that
+    point's kernel is below e^{−684} there.
+
     Nodes are placed at equal steps of ∫ dx / spacing, by the trapezoid rule between provisional
     nodes. Across a gap without provisional nodes that integrand stays at its value at the gap's
     ends (spacing ≈ b · reach/24), so a gap of D kernel scales took ~D/2 nodes: 10^9 at a bandwidth
-    of 10^−9 of the query values' spread, 23 GB of grid. With nodes from ``far`` (:data:`FAR_GAP`)
+    of 10^−9 of the query values' spread, 23 GB of grid. With nodes from ``far``
     scales of each end point on, at the template's geometric ratio up to the gap's middle, the spacing grows
     like distance/24 there, as :func:`base_grid` intends: ~50 ln(D / 2 far) nodes. A gap
     narrower than 2 far scales gets none, so its grid is unchanged. The wider spacing is

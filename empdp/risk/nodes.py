@@ -5,16 +5,13 @@ nodes, ε_i as the largest |L|, and δ_i(ε) at many ε in one pass over the int
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import ndtr
 
-from ..density import DensityModel, kernel_terms
+from ..density import DensityModel
 from . import cells as _cells
 from . import gaussian as _gaussian
 from . import laplace as _laplace
-from .bounds import EPS_TOLERANCE, gaussian_eps_bound
+from .bounds import EPS_TOLERANCE
 from .cuts import _P, _PI, _cell_ends, _cut_sums, _end, _turn_sums
-
-_SQRT2PI = float(np.sqrt(2 * np.pi))
 
 
 class _Nodes:
@@ -49,24 +46,12 @@ def _evaluate(model: DensityModel, x: np.ndarray, kinks: np.ndarray, survival: b
     for j in range(len(q)):
         for names, u in ((("p", "pr", "pl", "F", "G", "K"), x - q[j]),
                          (("pi", "pir", "pil", "Fi", "Gi", "Ki"), x - kinks[:, j:j + 1])):
-            if survival and kern == "laplace":  # the smaller tail is b times the value: ½ e^{−|u|/b}
-                terms = kernel_terms(kern, u, b[j])
-                tail = terms[0] * b[j]
-                terms = (*terms, np.where(u < 0, tail, -tail), u >= 0)
-            elif survival:  # one ndtr for both tails: the smaller one, Φ(−|z|), to full relative precision
-                z = u / b[j]
-                val = np.exp(-0.5 * z * z) / (b[j] * _SQRT2PI)
-                tail = ndtr(-np.abs(z))
-                left = z < 0  # the centre lies right of the node
-                terms = (val, -z / b[j] * val, None, np.where(left, tail, 1.0 - tail), np.where(left, tail, -tail),
-                         ~left)
-            else:
-                terms = kernel_terms(kern, u, b[j])
+            terms = kern.tail_terms(u, b[j]) if survival else kern.terms(u, b[j])
             for name, term in zip(names, terms):
                 if term is not None:
                     acc[name] += term
-            if survival and kern != "laplace":
-                acc["pl" if names[0] == "p" else "pil"] += terms[1]
+            if terms[2] is None:  # one slope (a smooth kernel): the left slope is the right one
+                acc[names[2]] += terms[1]
     n = len(q)
     return _Nodes(x=x, **{f: a / n for f, a in acc.items()})
 
@@ -254,7 +239,7 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
             return [v[:, 0] for v in (*a, *c)]
     else:
         kinks = model.points[None, :] - shifts
-        if model.kernel == "laplace":
+        if model.kernel.kinked:  # every kink is a node
             x = np.sort(np.concatenate([np.broadcast_to(grid, (C, len(grid))), kinks], axis=1), axis=1)
         else:
             x = np.broadcast_to(grid, (C, len(grid))).copy()
@@ -265,7 +250,7 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
             extra = [getattr(e, f)[:, 0] for f in TAILS] if e.G is not None else []
             return [getattr(e, f)[:, 0] for f in _Nodes.FIELDS[1:]] + extra
         L, Lr, Ll = _log_ratio(nd)
-    if model.kernel == "laplace":
+    if model.kernel.kinked:  # the kinks' curvature bounds where extrema of L may hide
         b = model.bandwidths
         if K_grid is None:
             K_grid = _cells.row_curvature(shifts, b, _cells.cell_curvature(model.points, b, grid))
@@ -280,11 +265,11 @@ def individual_eps(model: DensityModel, nd: _Nodes, L: np.ndarray, shifts: np.nd
                    floor: float = 0.0) -> np.ndarray:
     """ε_i = sup_x |log p̂ − log p̂_i| (Laplace kernels), or ε_i(τ), the smallest ε with δ_i(ε) ≤ τ
     (Gaussian kernels; see the module docstring), there NaN where ε_i(τ) ≤ ``floor`` (> 0)."""
-    if model.kernel == "laplace":
+    if model.kernel.exact_eps:
         absL = np.abs(L)
         return np.maximum(absL.max(axis=1), _cells._tail_limits(model.points, model.bandwidths, shifts))
     b = model.bandwidths
-    upper = gaussian_eps_bound((np.abs(shifts) / b).max(axis=1), np.count_nonzero(shifts, axis=1) / len(b))
+    upper = model.kernel.eps_bound((np.abs(shifts) / b).max(axis=1), np.count_nonzero(shifts, axis=1) / len(b))
     return _gaussian.tolerance_eps(nd.x, nd.p, nd.pr, nd.pi, nd.pir, upper, EPS_TOLERANCE, floor)
 
 

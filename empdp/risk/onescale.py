@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels import Laplace
 from .laplace import L_CAP, _running
 
 #: (rows × nodes) cells per block: the block's two dozen temporaries stay within a few MB
@@ -35,7 +36,7 @@ BLOCK_CELLS = 50_000
 def applies(model) -> bool:
     """True for a Laplace model whose points all share one scale (the default model)."""
     b = model.bandwidths
-    return model.kernel == "laplace" and len(b) > 0 and bool(np.all(b == b[0]))
+    return isinstance(model.kernel, Laplace) and len(b) > 0 and bool(np.all(b == b[0]))
 
 
 def evaluate(points: np.ndarray, b: float, shifts: np.ndarray, eps: np.ndarray | None = None,
