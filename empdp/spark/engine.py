@@ -25,6 +25,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from ..data.guard import check_spark
 from ..errors import InputError
 from ..loo import LooEngine, Screen
 from ..query import Query, parse_query
@@ -390,7 +391,7 @@ class SparkEngine(LooEngine):
 def make_spark_engine(source: Any = None, *, id: str, by: str, query: str | None = None,
                       where: str | None = None, sql: str | None = None, master: str | None = None,
                       remote: str | None = None, table: str | None = None, drop_null_ids: bool = False,
-                      spark=None) -> SparkEngine:
+                      spark=None, database: str | None = None) -> SparkEngine:
     """Open ``source`` on Spark and parse the query into a :class:`SparkEngine`.
 
     Parameters
@@ -404,11 +405,14 @@ def make_spark_engine(source: Any = None, *, id: str, by: str, query: str | None
         URL ``sc://HOST:PORT`` (default ``$SPARK_REMOTE``).
     spark : SparkSession, optional
         An existing session to use (a DataFrame source brings its own).
+    database : str, optional
+        Read only this database (its label as text): ``release SOURCE --database D``.
 
     Raises :class:`InputError` (one line) for bad input, a missing PySpark or Java, and a
     master or server that does not answer.
     """
     parsed = parse_query(query, where=where, sql=sql)
+    check_spark(where, "--where")  # Spark reads a backslash in a string otherwise than DuckDB's parser did
     if (source is None) == (table is None):
         raise InputError("give a source path (or DataFrame) or --table NAME")
     from .session import is_dataframe, require_pyspark
@@ -419,5 +423,5 @@ def make_spark_engine(source: Any = None, *, id: str, by: str, query: str | None
     elif spark is None:
         spark = spark_session(master=master, remote=remote)
     panel = open_spark_panel(spark, source, id=id, by=by, table=table, value_columns=parsed.columns,
-                             where=parsed.where, drop_null_ids=drop_null_ids)
+                             where=parsed.where, drop_null_ids=drop_null_ids, database=database)
     return SparkEngine(panel, parsed)

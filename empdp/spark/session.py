@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 import pyarrow as pa
 
 from ..data import _kind, clip, shorten
-from ..data.panel import Source
+from ..data.panel import Source, check_databases
 from ..errors import InputError
 
 #: seconds allowed to open a TCP connection to a Spark master or Spark Connect server
@@ -183,8 +183,10 @@ def spark_session(master: str | None = None, remote: str | None = None, config: 
     if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
         raise InputError("the Spark engine needs Java 17 (or 11/21): install a JRE (e.g. apt-get install "
                          "openjdk-17-jre-headless) or set JAVA_HOME")
+    # runSQLOnFiles off: user SQL cannot read files by path (SELECT * FROM parquet.`/x`; docs/user-sql.md)
     settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-                "spark.sql.execution.arrow.pyspark.enabled": "true", "spark.sql.session.timeZone": "UTC"}
+                "spark.sql.execution.arrow.pyspark.enabled": "true", "spark.sql.session.timeZone": "UTC",
+                "spark.sql.runSQLOnFiles": "false"}
     if master.startswith("local"):
         settings["spark.sql.shuffle.partitions"] = str(4 * (os.cpu_count() or 1))
     settings.update(config or {})
@@ -328,12 +330,14 @@ def _is_numeric(typ: str) -> bool:
 
 def open_spark_panel(spark, source: Any, *, id: str, by: str, table: str | None = None,
                      value_columns: Sequence[str] = (), where: str | None = None,
-                     drop_null_ids: bool = False) -> SparkPanel:
+                     drop_null_ids: bool = False, database: str | None = None) -> SparkPanel:
     """Open and validate a repeated-database source on Spark (docs/method.md#1-data-model), in one scan.
 
     The same refusals as :func:`empdp.data.open_panel` (missing columns, nested ids, NULL ids
-    unless ``drop_null_ids``, NULL labels, no rows, fewer than two databases), and NaN or
-    infinite values in the query's float columns among the rows ``where`` keeps.
+    unless ``drop_null_ids``, NULL labels, no rows, fewer than two databases, a ``by`` that
+    cannot name databases), and NaN or infinite values in the query's float columns among the
+    rows ``where`` keeps. With ``database`` only that database is read (``release SOURCE
+    --database D``).
     """
     from pyspark.sql import functions as F
 
@@ -352,6 +356,8 @@ def open_spark_panel(spark, source: Any, *, id: str, by: str, table: str | None 
                              f"or unnest it in the source")
     for col in value_columns:
         panel.require_numeric(col, where)
+    if database is not None:  # the one database a release needs (its label compared as text)
+        panel.df = df = df.filter(F.col(_q(by)).cast("string") == str(database))
     keep = F.col(_q(id)).isNotNull()
     if where:
         try:
@@ -374,7 +380,11 @@ def open_spark_panel(spark, source: Any, *, id: str, by: str, table: str | None 
         raise InputError(f"cannot read {shorten(description)}: {msg}") from None
     n_rows = sum(r["rows"] for r in per_label)
     if n_rows == 0:
+        if database is not None:
+            raise InputError(f"database {shorten(database)} is not in {shorten(by)} of {shorten(description)}")
         raise InputError(f"{description} has no rows")
+    if database is None:
+        check_databases(by, [r["rows"] for r in per_label])
     n_null_by = sum(r["rows"] for r in per_label if r["__label"] is None)
     if n_null_by:
         raise InputError(f"{n_null_by} rows have a NULL database label in column {by!r}; fill or filter them")
@@ -389,7 +399,7 @@ def open_spark_panel(spark, source: Any, *, id: str, by: str, table: str | None 
                              + "; remove or impute them first, or filter them with --where "
                                "(NULLs are ignored like SQL aggregates do)")
     labels = [r["__label"] for r in per_label]
-    if len(labels) < 2:
+    if len(labels) < (1 if database is not None else 2):
         raise InputError(f"column {by!r} has {len(labels)} distinct value(s); at least 2 databases are needed "
                          f"to estimate the query's distribution")
     panel.labels, panel.n_null_ids = labels, int(n_null_id)
