@@ -93,9 +93,12 @@ def _wait(condition, seconds: float) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_ctrl_c_mid_assessment(tmp_path):
+@pytest.mark.parametrize("group", [False, True], ids=["kill -INT", "Ctrl-C at a terminal"])
+def test_ctrl_c_mid_assessment(tmp_path, group):
     """SIGINT while the worker processes evaluate: one line, exit 130, no output, no temporary, no
-    worker left. The Gaussian kernel, every individual exact, in worker processes: tens of seconds."""
+    worker left. The Gaussian kernel, every individual exact, in worker processes: tens of seconds.
+    A terminal's Ctrl-C reaches the whole process group: the workers start with SIGINT blocked, so
+    none prints a traceback of its own."""
     outs = [tmp_path / "o.csv", tmp_path / "r.html", tmp_path / "s.json"]
     cmd = [sys.executable, "-m", "empdp.cli.main", "assess", SAMPLE, *QUERY, "--kernel", "gaussian",
            "--no-screening", "--workers", "processes", "--threads", "2", "-q",
@@ -108,7 +111,10 @@ def test_ctrl_c_mid_assessment(tmp_path):
         assert _wait(lambda: len(_group(proc.pid)) > 1 or proc.poll() is not None, 120)
         time.sleep(1.0)
         assert proc.poll() is None, "the assessment ended before it was interrupted"
-        proc.send_signal(signal.SIGINT)  # as `kill -INT`
+        if group:
+            os.killpg(proc.pid, signal.SIGINT)  # as the terminal does: every process of the group
+        else:
+            proc.send_signal(signal.SIGINT)  # as `kill -INT`
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -171,7 +177,14 @@ def test_warning_reaches_terminal_and_report(years, tmp_path):
 
 def test_joint_statistics_warn_below_10_databases(years):
     found = _warnings(years(5), "--query", "mean(murdrate)", "--query", "mean(density)")
-    assert found and all("only 5 databases; with fewer than 10 databases" in w for w in found)
+    assert len(found) == 1 and found[0].startswith("the assessment rests on only 5 databases")  # once, not per statistic
+
+
+def test_joint_calibration_warns_below_10_databases(years, tmp_path):
+    res = run("calibrate", years(5), *QUERY[:4], "--query", "mean(murdrate)", "--query", "mean(density)", "-e", 1,
+              "-o", tmp_path / "c.json", "--json")
+    assert res.exit_code == 0, res.output
+    assert any(w.startswith("the calibration rests on only 5 databases") for w in json.loads(res.stdout)["warnings"])
 
 
 def test_grouped_statistic_warns_once_below_10_databases(years):

@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import worker_signals as _worker_signals
 from ..density import DensityModel
 from ..risk import blocks as _blocks
 from ..risk import onescale as _onescale
@@ -47,7 +48,8 @@ def _context():
         from multiprocessing import forkserver
 
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["__main__", _blocks.__name__])
+        # first the module that makes the server (and so its workers) ignore Ctrl-C: the command handles it
+        ctx.set_forkserver_preload([_worker_signals.__name__, "__main__", _blocks.__name__])
         try:
             forkserver.ensure_running()
             return ctx

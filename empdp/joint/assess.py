@@ -181,11 +181,12 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
         **{f"max_abs_shift_{k + 1}": np.abs(shifts[:, :, k]).max(axis=1) for k in range(d)},
         "sole_contributor": sole,
     })
-    warnings, independence = [], []
+    few = checks.few_databases(len(q))  # one warning for the databases, not one per statistic
+    warnings, independence = list(few), []
     for k, name in enumerate(names):  # each statistic's series: autocorrelation and trend, as for one
         checked, notes = checks.independence(q[:, k])
         independence.append(checked)
-        warnings += [f"{name}: {w}" for w in notes]
+        warnings += [f"{name}: {w}" for w in notes if w not in few]
     if sole.any():
         warnings.append(f"{int(sole.sum())} individual(s) are the only contributor to some database: "
                         "delta_i = 1, eps_i = inf; no epsilon protects them")

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..assessment.checks import few_databases
 from ..errors import InputError
 from ..progress import READING, Progress, no_progress
 from ..textfmt import fmt
@@ -365,7 +366,7 @@ def calibrate_joint_values(q, shifts, *, epsilon: float, bandwidth="auto", undef
     if eps_max > epsilon:  # pragma: no cover - joint_minimal_lambda verifies before it returns
         raise RuntimeError(f"verification failed: max eps_i = {eps_max} > {epsilon}")
     noise = found.noise
-    notes = []
+    notes = few_databases(len(q), "the calibration")
     if undefined.any():
         notes.append(f"{int(undefined.sum())} sole contributor(s) (the only individual in some database) cannot be "
                      "protected by any noise level: their presence alone is revealed; they are excluded")
