@@ -78,13 +78,32 @@ _seed_option = click.option("--seed", type=SEED, default=None,
 
 def _size(ctx, name: str, value, alias: str, old):
     """A sample size given by its name or by its old, hidden alias (--n, --N): not both, unless equal."""
-    source = ctx.get_parameter_source(name)
     if old is None:
         return value
-    if source is not None and source.name != "DEFAULT" and value != old:
+    if value is not None and value != old:
         raise InputError(f"--{name.replace('_', '-')} and its old name {alias} disagree ({value} vs {old}); "
                          "give one")
     return old
+
+
+#: default --time-budget, seconds
+TIME_BUDGET = 20.0
+
+
+def _budget(ctx, budget, *sizes):
+    """The time budget, or None when sample sizes are given (they fix the run; giving both is an error)."""
+    given = any(v is not None for v in sizes)
+    explicit = ctx.get_parameter_source("time_budget").name != "DEFAULT"
+    if given and explicit:
+        raise InputError("give sample sizes (--search-size/--final-size, --sample-size) or --time-budget, not both")
+    return None if given else budget
+
+
+_budget_option = click.option(
+    "--time-budget", "time_budget", type=float, default=TIME_BUDGET, show_default=True, metavar="SECONDS",
+    help="Choose the sample sizes so that the audit takes about this long (pilot runs time the "
+         "mechanism on this machine; the chosen sizes are in the output and, given back as sizes with "
+         "the same --seed, reproduce the result). Ignored when sizes are given.")
 
 
 def _common_options(f):
@@ -99,7 +118,8 @@ def _common_options(f):
                      help="Mechanism parameter, repeatable: epsilon (pure-DP built-ins), sigma (Gaussian "
                           "noise multiplier: the noise sd is sigma x sensitivity), q (subsampling rate), p "
                           "(keep probability of randomized response), sensitivity (default 1; default pairs "
-                          "differ by it).")(f)
+                          "differ by it); DP-Sniper's mechanisms also c, threshold, queries, n, copies, hashes, "
+                          "filter_size, f (README, audits).")(f)
     f = click.option("--mechanism", "-m", required=True, metavar="NAME|module:function",
                      help=f"Built-in ({', '.join(BUILTIN_NAMES)}) or a sampler f(database, size, rng) importable "
                           "from the working directory or PYTHONPATH.")(f)
@@ -130,7 +150,11 @@ def _print_result(d: dict, title: str):
     if d.get("true_value") is not None or d.get("true_value_infinite"):
         rows.append(("true value", math.inf if d.get("true_value_infinite") else d["true_value"]))
     rows += [("worst pair", json.dumps(d["pair"]))]
-    if d.get("event"):
+    rule = d.get("event_rule")
+    if rule:
+        what = "the output" if rule["score"] == "output" else "the logistic-regression score"
+        rows.append(("worst outputs", f"the event {what} {rule['direction']} {fmt(rule['threshold'])}"))
+    elif d.get("event"):
         rows.append(("worst outputs", f"an event of {d['event_size']} outputs, "
                                       f"most extreme {json.dumps(d['t_hat'])}"))
     elif d.get("t_hat") is not None:
@@ -139,8 +163,11 @@ def _print_result(d: dict, title: str):
         rows.append(("outputs audited as", d["feature"]))
     if d.get("direction"):
         rows.append(("direction", d["direction"]))
-    rows += [("sample sizes", f"n = {d['n']}, N = {d['N']}"), ("alpha", d["alpha"]),
-             ("estimator", "frequencies (TDDE)" if d["discrete"]
+    sizes = d.get("sizes") or {}
+    chosen = (f" (chosen for a {fmt(sizes['time_budget'])} s budget on this machine)"
+              if sizes.get("chosen_by") == "time budget" else "")
+    rows += [("sample sizes", f"n = {d['n']}, N = {d['N']}{chosen}"), ("alpha", d["alpha"]),
+             ("estimator", "frequencies (TDDE)" if d["discrete"] or rule
               else f"KDE, bandwidth {fmt((d.get('bandwidth') or [None])[0])}")]
     for k, v in rows:
         click.echo(f"  {k:20s} {fmt(v) if not isinstance(v, str) else terminal_safe(v)}")
@@ -164,18 +191,21 @@ def audit():
 
 @audit.command("mpl")
 @_common_options
-@click.option("--search-size", "search_size", type=int, default=20000, show_default=True,
-              help="Stage-1 outputs per database: the search for the worst output (old name --n).")
-@click.option("--final-size", "final_size", type=int, default=50000, show_default=True,
-              help="Stage-2 outputs per database, fresh, more than --search-size: the bound (old name --N).")
+@_budget_option
+@click.option("--search-size", "search_size", type=int, default=None,
+              help="Stage-1 outputs per database: the search for the worst output (old name --n). Default: "
+                   "chosen by --time-budget; 20000 when only --final-size is given.")
+@click.option("--final-size", "final_size", type=int, default=None,
+              help="Stage-2 outputs per database, fresh, more than --search-size: the bound (old name --N). "
+                   "Default: 5 x --search-size under --time-budget; 50000 when only --search-size is given.")
 @click.option("--n", "n_old", type=int, default=None, hidden=True)
 @click.option("--N", "N_old", type=int, default=None, hidden=True)
 @click.option("--region", default=None, metavar="LO,HI", callback=lambda ctx, param, value: _region(value),
               help="Region C searched for the worst output (LO < HI). Default: the built-in's region, else "
                    "the central 99% of the stage-1 outputs (discrete outputs: all observed values).")
 @click.pass_context
-def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, search_size, final_size, n_old, N_old, region, as_json,
-            quiet, verbose, debug):
+def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, time_budget, search_size, final_size, n_old, N_old, region,
+            as_json, quiet, verbose, debug):
     """MPL lower bound on the pure-DP epsilon (Askin, Kutta, Dette 2022).
 
     Stage 1 searches for the output t_hat and the pair of databases with the
@@ -187,6 +217,7 @@ def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, search_size, final_size,
       empdp audit mpl -m laplace --param epsilon=0.7 --seed 1
       empdp audit mpl -m noisy_max --pairs patterns --json
       empdp audit mpl -m svt6 --search-size 50000 --final-size 200000
+      empdp audit mpl -m prefix_sum --time-budget 60 --alpha 0.1
       empdp audit mpl -m mymodule:sampler --pairs pairs.json --region -1,1
     """
     from empdp.audit import mpl
@@ -194,18 +225,20 @@ def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, search_size, final_size,
     n = _size(ctx, "search_size", search_size, "--n", n_old)
     N = _size(ctx, "final_size", final_size, "--N", N_old)
     _run_bound(mpl, f"MPL lower bound on pure-DP epsilon ({mechanism})", mechanism, params, pairs,
-               dict(n=n, N=N, region=region, alpha=alpha, rng=seed), as_json, quiet, verbose, debug)
+               dict(n=n, N=N, region=region, alpha=alpha, rng=seed, time_budget=_budget(ctx, time_budget, n, N)),
+               as_json, quiet, verbose, debug)
 
 
 @audit.command("renyi")
 @_common_options
 @click.option("--order", type=float, required=True, help="Rényi order alpha > 1.")
-@click.option("--sample-size", "sample_size", type=int, default=100000, show_default=True,
-              help="Outputs per database for the bound (old name --n).")
+@_budget_option
+@click.option("--sample-size", "sample_size", type=int, default=None,
+              help="Outputs per database for the bound (old name --n). Default: chosen by --time-budget.")
 @click.option("--n", "n_old", type=int, default=None, hidden=True)
 @click.pass_context
-def renyi_cmd(ctx, mechanism, params, pairs, alpha, seed, order, sample_size, n_old, as_json, quiet, verbose,
-              debug):
+def renyi_cmd(ctx, mechanism, params, pairs, alpha, seed, order, time_budget, sample_size, n_old, as_json, quiet,
+              verbose, debug):
     """Lower bound on the Rényi divergence D_alpha (Kutta, Askin, Dunsche 2024).
 
     With several candidates (pairs, both directions) a pilot on a fifth of the
@@ -223,7 +256,8 @@ def renyi_cmd(ctx, mechanism, params, pairs, alpha, seed, order, sample_size, n_
 
     n = _size(ctx, "sample_size", sample_size, "--n", n_old)
     _run_bound(renyi, f"Renyi lower bound, order {order:g} ({mechanism})", mechanism, params, pairs,
-               dict(order=order, n=n, alpha=alpha, rng=seed), as_json, quiet, verbose, debug)
+               dict(order=order, n=n, alpha=alpha, rng=seed, time_budget=_budget(ctx, time_budget, n)), as_json,
+               quiet, verbose, debug)
 
 
 @audit.command("release")

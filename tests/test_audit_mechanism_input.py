@@ -219,9 +219,10 @@ def test_stage_two_must_be_larger(n, N):
 
 
 def test_cli_default_sizes_satisfy_n_below_N():
+    """Sizes default to the time budget's (N = 5n); one size alone takes the other's old default."""
     defaults = {p.name: p.default for p in main_mod.cli.get_command(None, "audit").commands["mpl"].params}
-    assert defaults["search_size"] < defaults["final_size"]
-    one_line_error(run("mpl", "-m", "laplace", "--final-size", defaults["search_size"]), "larger than n")
+    assert defaults["search_size"] is None and defaults["final_size"] is None and defaults["time_budget"] == 20
+    one_line_error(run("mpl", "-m", "laplace", "--final-size", 20000), "larger than n")
 
 
 # ----------------------------------------------------------------------------- 6. no stray warnings

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import InputError
 from .common import continuous_dim
+from .events import ScoreRule, best_threshold, fit_score
 from .kde import GAUSS_R, binned_kde, categorize, frequencies, grid_for, rule_of_thumb, scale_estimate
 
 if TYPE_CHECKING:
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
 #: Stage-1 standard errors subtracted from a candidate's predicted bound when choosing t̂
 #: (see ``_stage1_discrete`` and ``_stage1_continuous``); 0 gives the plain predicted bound.
 SELECT_PENALTY = 1.0
+#: the same for score events: about the expected maximum of the ~10^3 correlated threshold
+#: estimates in standard errors (√(2 ln 1024) ≈ 3.7); with 1 the search chased tail events whose
+#: noisy stage-1 loss was large (Laplace at ε = 0.1: a tail of 0.4% mass, bound below 0)
+SCORE_PENALTY = 3.0
 
 
 @dataclass
@@ -37,6 +42,7 @@ class Candidate:
     loss: np.ndarray
     tau: float  # the floor used
     box: tuple | None  # (lo, hi) corners of the region searched (continuous outputs)
+    rule: ScoreRule | None = None  # a score event {s(t) ≥ c} or {s(t) ≤ c} instead of t̂ (module events)
 
     @property
     def estimate(self) -> float:
@@ -141,6 +147,43 @@ def _stage1_discrete(x, y, tau, zc, N, region, events: bool):
             if c[j] > best_crit:
                 best_crit, members = float(c[j]), order[:j + 1]
     return cats, np.where(keep, loss, 0.0), best_crit, members
+
+
+def score_candidate(x, y, is_discrete: bool, plan: Plan) -> Candidate:
+    """A score event (module :mod:`empdp.audit.events`) chosen by its predicted stage-2 bound,
+    less SCORE_PENALTY stage-1 standard errors."""
+    tau = plan.tau if plan.tau is not None else _default_tau(True, len(x), None)
+    weight = plan.zc / math.sqrt(plan.N) + SCORE_PENALTY / math.sqrt(len(x))
+    rule, crit, cand, loss = best_threshold(fit_score(x, y, is_discrete), x, y, tau, weight)
+    return Candidate(score=crit, t=np.array([rule.threshold]), event=None, pts=cand[:, None], loss=loss, tau=tau,
+                     box=None, rule=rule)
+
+
+#: discrete outputs with at least this many distinct values among the first SPARSE_ROWS get score
+#: events too: their frequencies are too thin for the likelihood-ratio events alone (RAPPOR's
+#: 2^20 bit vectors); with fewer (SVT's answers, 1-d outputs) those events are all there are
+SPARSE_LEVELS, SPARSE_ROWS = 500, 5000
+
+
+def _sparse(x) -> bool:
+    return x.shape[1] > 1 and len(np.unique(x[:SPARSE_ROWS], axis=0)) >= SPARSE_LEVELS
+
+
+def candidate(x, y, is_discrete: bool, plan: Plan) -> Candidate:
+    """The best of DPL's candidate (outputs of at most 3 continuous dimensions, or discrete) and,
+    when ``plan.score_events``, a score event (continuous outputs of any dimension, and discrete
+    vectors of many distinct values)."""
+    d = x.shape[1]
+    point = dpl(x, y, is_discrete, plan) if is_discrete or d <= 3 else None
+    if plan.score_events and (not is_discrete or _sparse(x)):
+        scored = score_candidate(x, y, is_discrete, plan)
+        if point is None or scored.score > point.score:
+            return scored
+    if point is None:
+        raise InputError(f"continuous outputs of dimension {d} > 3 are audited by score events only, which "
+                         "need the default selection and events and no region; drop --region (or "
+                         "selection='max', events=False)")
+    return point
 
 
 def undersmoothed(h, N: int, n: int, d: int, gamma: float):

@@ -35,14 +35,16 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import Callable
 
 import numpy as np
 
 from ..errors import InputError
+from .budget import PILOT_SIZES, check_budget, size_for_budget
 from .common import (
+    MAX_SAMPLES,
     as_rng,
     check_level,
     check_size,
@@ -51,7 +53,7 @@ from .common import (
     exact_or_none,
     jsonable,
 )
-from .dpl import Candidate, check_region, dpl, sigma_discrete, undersmoothed
+from .dpl import Candidate, candidate, check_region, sigma_discrete, undersmoothed
 from .kde import GAUSS_R, as_samples, contains, kde_at, rule_of_thumb
 from .mechanisms import Mechanism, load_mechanism
 from .pairs import resolve_pairs
@@ -90,6 +92,8 @@ class MPLResult:
     true_value: float | None = None
     pairs_true_value: float | None = None
     feature: str | None = None
+    event_rule: dict | None = None
+    sizes: dict = field(default_factory=dict)
     pair_estimates: list = field(default_factory=list)
     loss_curve: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
@@ -104,7 +108,8 @@ class MPLResult:
             "loss_at_t_hat": self.loss_at_t_hat, "sigma": self.sigma,
             "n": self.n, "N": self.N, "alpha": self.alpha, "discrete": self.discrete,
             "tau": self.tau, "bandwidth": self.bandwidth, "region": self.region,
-            "selection": self.selection, "feature": self.feature, "true_value": self.true_value,
+            "selection": self.selection, "feature": self.feature, "event_rule": self.event_rule,
+            "sizes": self.sizes, "true_value": self.true_value,
             "true_value_infinite": self.true_value is not None and math.isinf(self.true_value),
             "pairs_true_value": self.pairs_true_value,
             "pair_estimates": self.pair_estimates, "warnings": self.warnings,
@@ -131,6 +136,7 @@ class Plan:
     bandwidth: object
     undersmooth: float
     feature: Callable | None
+    score_events: bool = False
 
 
 @dataclass
@@ -170,10 +176,18 @@ def _resolve_feature(mech, feature):
                      f"got {feature!r}")
 
 
-def mpl(mechanism, pairs=None, n: int = 20000, N: int = 50000, region=None, alpha: float = 0.05,
+#: sample sizes when neither sizes nor a time budget are given
+DEFAULT_N, DEFAULT_FINAL = 20000, 50000
+#: with a time budget, N = BUDGET_RATIO · n: stage 2's fresh outputs set the bound's standard error
+BUDGET_RATIO = 5
+#: most stage-1 values held at once under a time budget (B pairs × 2 × n × d doubles: 400 MB)
+MAX_STAGE1_VALUES = 5 * 10**7
+
+
+def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, region=None, alpha: float = 0.05,
         rng=None, *, params: dict | None = None, tau: float | None = None, discrete: bool | None = None,
         bandwidth=None, undersmooth: float = UNDERSMOOTH, selection: str = "lb",
-        events: bool = True, feature="default",
+        events: bool = True, feature="default", time_budget: float | None = None,
         progress: Callable[[str, int, int], None] | None = None) -> MPLResult:
     """MPL lower bound on the pure-DP ε of ``mechanism`` over ``pairs`` (Askin et al. 2022, Alg. 4).
 
@@ -183,7 +197,8 @@ def mpl(mechanism, pairs=None, n: int = 20000, N: int = 50000, region=None, alph
     pairs : list of (x, x′) databases (numbers or lists), ``"patterns"``, or None for the
         mechanism's default pairs. With x fixed and x′ over its neighbourhood the bound is
         the data-centric ε_x.
-    n, N : stage-1 and stage-2 sample sizes per database (N > n).
+    n, N : stage-1 and stage-2 sample sizes per database (N > n); default 20000 and 50000, or
+        chosen by ``time_budget``.
     region : the bounded set C, (lo, hi) or one (lo, hi) per output dimension, lo < hi; (lo, hi)
         applies to every coordinate (a box). Default: the built-in's region, else the central
         99% of the stage-1 outputs. Discrete outputs use every observed value, or when a region
@@ -199,16 +214,47 @@ def mpl(mechanism, pairs=None, n: int = 20000, N: int = 50000, region=None, alph
     events : also consider likelihood-ratio events for discrete outputs (``selection="lb"`` only).
     feature : ``"default"`` (the mechanism's own, if any), None (raw outputs), or a function
         ``(x, x_prime, outputs) -> array`` applied to the outputs of each pair (post-processing).
+    time_budget : seconds; instead of n and N, choose n (and N = 5n) so that the audit takes
+        about this long (module :mod:`empdp.audit.budget`: the sizes depend on the machine's
+        speed, are reported in ``sizes``, and give the same result again with the same seed).
     progress : optional callback ``progress(stage, done, total)``.
     """
+    if time_budget is not None and (n is not None or N is not None):
+        raise InputError("give sample sizes (n, N: --search-size, --final-size) or a time budget "
+                         "(--time-budget), not both")
+    sizes = {"chosen_by": "given" if n is not None or N is not None else "default"}
+    if time_budget is not None:
+        plan = _resolve(mechanism, pairs, DEFAULT_N, DEFAULT_FINAL, region, alpha, params, tau, selection, events,
+                        feature, bandwidth, undersmooth)
+        n, sizes = _budget_sizes(plan, check_budget(time_budget), discrete)
+        N = BUDGET_RATIO * n
+    n, N = DEFAULT_N if n is None else n, DEFAULT_FINAL if N is None else N
     plan = _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, events, feature,
                     bandwidth, undersmooth)
-    rng = as_rng(rng)
-    report = progress or _no_progress
+    res = _run(plan, as_rng(rng), discrete, progress or _no_progress)
+    res.sizes = {**sizes, "n": plan.n, "N": plan.N}
+    return res
+
+
+def _run(plan: Plan, rng, discrete, report) -> MPLResult:
     stage1 = _stage1(plan, rng, discrete, report)
     best = stage1.candidates[stage1.selected]
     stage2 = _stage2(plan, stage1.discrete, best, plan.pairs[stage1.selected], rng, report)
     return _result(plan, stage1, stage2)
+
+
+def _budget_sizes(plan: Plan, budget: float, discrete) -> tuple[int, dict]:
+    """n for a time budget (N = BUDGET_RATIO · n), from pilot runs (module :mod:`empdp.audit.budget`)."""
+    exact_or_none(plan.mech.true_epsilon_over, plan.pairs)  # cached: a one-off cost, not the audit's
+    probe = draw(plan.mech, plan.pairs[0][0], 2, np.random.default_rng(0))
+    dim = as_samples(probe).shape[1]
+    cap = max(PILOT_SIZES[-1], min(MAX_STAGE1_VALUES // (2 * len(plan.pairs) * dim),
+                                   MAX_SAMPLES // BUDGET_RATIO))
+
+    def run(size, rng):
+        _run(replace(plan, n=size, N=BUDGET_RATIO * size), rng, discrete, _no_progress)
+
+    return size_for_budget(run, budget, PILOT_SIZES[-1], cap)
 
 
 def _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, events, feature,
@@ -232,7 +278,7 @@ def _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, even
     return Plan(mech=mech, pairs=pairs, n=n, N=N, alpha=alpha, zc=_normal_quantile(1 - alpha),
                  region=mech.region if region is None else region, tau=tau, selection=selection,
                  events=events and selection == "lb", bandwidth=bandwidth, undersmooth=undersmooth,
-                 feature=feature)
+                 feature=feature, score_events=events and selection == "lb" and region is None)
 
 
 def _stage1(plan: Plan, rng, discrete: bool | None, report) -> _Stage1:
@@ -256,7 +302,7 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report) -> _Stage1:
         if b == 0:
             is_discrete = detect_discrete(np.concatenate([np.ravel(xs), np.ravel(ys)]), discrete)
         x, y = as_samples(xs), as_samples(ys)
-        cands.append(dpl(x, y, is_discrete, plan))
+        cands.append(candidate(x, y, is_discrete, plan))
         kept_samples.append((x, y) if extra else None)
         report(stage, b + 1, steps)
     finalists = sorted(range(len(pairs)), key=lambda k: -cands[k].score)[:keep]
@@ -265,7 +311,7 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report) -> _Stage1:
             xs, ys = _draw_pair(plan, pairs[b], extra, rng)
             x = np.concatenate([kept_samples[b][0], as_samples(xs)])
             y = np.concatenate([kept_samples[b][1], as_samples(ys)])
-            cands[b] = dpl(x, y, is_discrete, plan)
+            cands[b] = candidate(x, y, is_discrete, plan)
             report(stage, len(pairs) + j + 1, steps)
         del kept_samples
     selected = max(finalists, key=lambda k: cands[k].score)
@@ -277,18 +323,29 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report) -> _Stage1:
     return _Stage1(cands, selected, is_discrete)
 
 
+#: stage 2 draws at most this many outputs per database at once (counts and kernel sums add up
+#: over chunks), so that a time budget's large N needs no more memory than this
+STAGE2_CHUNK = 1 << 20
+
+
+def _stage2_chunks(plan: Plan, pair, rng):
+    """Stage 2's fresh outputs of both databases, in chunks of STAGE2_CHUNK (one chunk up to it)."""
+    for start in range(0, plan.N, STAGE2_CHUNK):
+        xs, ys = _draw_pair(plan, pair, min(STAGE2_CHUNK, plan.N - start), rng)
+        yield as_samples(xs), as_samples(ys)
+
+
 def _stage2(plan: Plan, is_discrete: bool, best: Candidate, pair, rng, report) -> _Stage2:
     """Fresh outputs of the selected pair and the confidence bound at t̂ (or on its event), eq. 26."""
     t_start = time.perf_counter()
     N = plan.N
     stage = f"MPL stage 2: 2 x {N:,} fresh outputs"
     report(stage, 0, 1)
-    xs, ys = _draw_pair(plan, pair, N, rng)
-    xs, ys = as_samples(xs), as_samples(ys)
-    if is_discrete:
-        fx, fy, sigma, c_n, h2, warnings = _stage2_discrete(xs, ys, best, N)
+    chunks = _stage2_chunks(plan, pair, rng)
+    if is_discrete or best.rule is not None:
+        fx, fy, sigma, c_n, h2, warnings = _stage2_discrete(chunks, best, N)
     else:
-        fx, fy, sigma, c_n, h2, warnings = _stage2_continuous(xs, ys, best, plan)
+        fx, fy, sigma, c_n, h2, warnings = _stage2_continuous(chunks, best, plan)
     if min(fx, fy) <= best.tau:
         warnings.append(f"the floor tau = {best.tau:.3g} binds at t_hat (a density estimate is at the "
                         "floor): too few samples there, the bound is unreliable "
@@ -296,17 +353,25 @@ def _stage2(plan: Plan, is_discrete: bool, best: Candidate, pair, rng, report) -
     loss_star = abs(math.log(max(fx, best.tau)) - math.log(max(fy, best.tau)))
     lb = loss_star - plan.zc * sigma / c_n
     report(stage, 1, 1)
+    where = ("t_hat" if best.event is None and best.rule is None else "a score event" if best.rule is not None
+             else f"an event of {len(best.event)} outputs")
     log.info("MPL stage 2: 2 x %d fresh outputs at %s in %.2f s: loss %.4g, sigma/c_N %.3g, lower bound %.4g",
-             N, "t_hat" if best.event is None else f"an event of {len(best.event)} outputs",
-             time.perf_counter() - t_start, loss_star, sigma / c_n, lb)
+             N, where, time.perf_counter() - t_start, loss_star, sigma / c_n, lb)
     return _Stage2(loss=loss_star, sigma=sigma, c_n=c_n, lower_bound=lb, bandwidth=h2, warnings=warnings)
 
 
-def _stage2_discrete(xs, ys, best: Candidate, N: int):
+def _stage2_discrete(chunks, best: Candidate, N: int):
     """Frequencies of t̂ (or of its event), σ̂ = √(1/f_x + 1/f_x′ − 2) (eq. 25) and c_N = √N."""
     target = best.t[None, :] if best.event is None else best.event
-    fx = float(np.mean(contains(xs, target)))
-    fy = float(np.mean(contains(ys, target)))
+    hits_x = hits_y = 0
+    for xs, ys in chunks:
+        if best.rule is not None:
+            hits_x += int(np.sum(best.rule.members(xs)))
+            hits_y += int(np.sum(best.rule.members(ys)))
+        else:
+            hits_x += int(np.sum(contains(xs, target)))
+            hits_y += int(np.sum(contains(ys, target)))
+    fx, fy = hits_x / N, hits_y / N
     sigma = float(sigma_discrete(max(fx, best.tau), max(fy, best.tau)))
     warnings = []
     if min(fx, fy) * N < 10:
@@ -315,18 +380,25 @@ def _stage2_discrete(xs, ys, best: Candidate, N: int):
     return fx, fy, sigma, math.sqrt(N), None, warnings
 
 
-def _stage2_continuous(xs, ys, best: Candidate, plan: Plan):
-    """KDEs at t̂ with the undersmoothed bandwidth, σ̂² = ∫K²(1/f_x + 1/f_x′) and c_N = √(N h^d)."""
+def _stage2_continuous(chunks, best: Candidate, plan: Plan):
+    """KDEs at t̂ with the undersmoothed bandwidth, σ̂² = ∫K²(1/f_x + 1/f_x′) and c_N = √(N h^d).
+
+    The bandwidth's spread comes from the first chunk (all outputs when N ≤ STAGE2_CHUNK).
+    """
     N = plan.N
-    xs, ys = xs.astype(float), ys.astype(float)
-    d = xs.shape[1]
-    if plan.bandwidth is not None:
-        h2 = undersmoothed(np.broadcast_to(np.asarray(plan.bandwidth, float), (d,)), N, plan.n, d,
-                            plan.undersmooth)
-    else:
-        h2 = (rule_of_thumb(xs, undersmooth=plan.undersmooth) + rule_of_thumb(ys, undersmooth=plan.undersmooth)) / 2
-    fx = float(kde_at(xs, best.t, h2)[0])
-    fy = float(kde_at(ys, best.t, h2)[0])
+    h2 = None
+    fx = fy = 0.0
+    for xs, ys in chunks:
+        xs, ys = xs.astype(float), ys.astype(float)
+        d = xs.shape[1]
+        if h2 is None and plan.bandwidth is not None:
+            h2 = undersmoothed(np.broadcast_to(np.asarray(plan.bandwidth, float), (d,)), N, plan.n, d,
+                                plan.undersmooth)
+        elif h2 is None:
+            h2 = (rule_of_thumb(xs, size=N, undersmooth=plan.undersmooth)
+                  + rule_of_thumb(ys, size=N, undersmooth=plan.undersmooth)) / 2
+        fx += float(kde_at(xs, best.t, h2)[0]) * len(xs) / N
+        fy += float(kde_at(ys, best.t, h2)[0]) * len(ys) / N
     sigma = math.sqrt(GAUSS_R ** d * (1 / max(fx, best.tau) + 1 / max(fy, best.tau)))
     c_n = math.sqrt(N * float(np.prod(h2)))
     warnings = []
@@ -354,7 +426,7 @@ def _result(plan: Plan, stage1: _Stage1, stage2: _Stage2) -> MPLResult:
     if is_discrete:
         region_out = None if plan.region is None else np.asarray(plan.region, float).tolist()
     else:
-        region_out = np.column_stack(best.box).tolist()
+        region_out = None if best.box is None else np.column_stack(best.box).tolist()
     feature = plan.feature
     return MPLResult(
         lower_bound=float(stage2.lower_bound), estimate=best.estimate, pair=tuple(plan.pairs[b]), pair_index=b,
@@ -365,6 +437,7 @@ def _result(plan: Plan, stage1: _Stage1, stage2: _Stage2) -> MPLResult:
         region=region_out, selection=plan.selection, true_value=true_eps,
         pairs_true_value=pairs_true,
         feature=None if feature is None else getattr(feature, "__name__", "feature"),
+        event_rule=None if best.rule is None else best.rule.describe(),
         pair_estimates=[c.estimate for c in stage1.candidates], loss_curve=_loss_curve(best, is_discrete),
         warnings=warnings)
 

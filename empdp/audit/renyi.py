@@ -48,6 +48,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..errors import InputError
+from .budget import PILOT_SIZES, check_budget, size_for_budget
 from .common import (
     as_rng,
     check_level,
@@ -119,6 +120,7 @@ class RenyiResult:
     true_value: float | None = None
     candidates: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
+    sizes: dict = field(default_factory=dict)
 
     @property
     def t_hat(self):
@@ -138,7 +140,7 @@ class RenyiResult:
             "bias_corrected": self.bias_corrected,
             "true_value": self.true_value,
             "true_value_infinite": self.true_value is not None and math.isinf(self.true_value),
-            "candidates": self.candidates, "warnings": self.warnings,
+            "candidates": self.candidates, "warnings": self.warnings, "sizes": self.sizes,
         })
 
 
@@ -274,10 +276,17 @@ def _estimates(x, y, order, discrete, tau, eta, h, grid_size, directions, h_var=
     return out
 
 
-def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: float = 0.05, rng=None,
+#: outputs per database when neither a size nor a time budget is given
+DEFAULT_N = 100000
+#: most outputs per database under a time budget (a 2-d KDE of 10^7 outputs holds ~0.5 GB)
+MAX_BUDGET_N = 10**7
+
+
+def renyi(mechanism, pairs=None, order: float = 2.0, n: int | None = None, alpha: float = 0.05, rng=None,
           *, params: dict | None = None, tau: float | None = None, eta: float | None = None,
           discrete: bool | None = None, bandwidth=None, undersmooth: float = UNDERSMOOTH,
           grid_size: int = GRID, both_directions: bool = True, bias_correction: bool = True,
+          time_budget: float | None = None,
           progress: Callable[[str, int, int], None] | None = None) -> RenyiResult:
     """Lower confidence bound on the Rényi divergence of order ``order`` over ``pairs``.
 
@@ -286,7 +295,7 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
     mechanism : sampler ``f(database, size, rng)``, built-in name, ``"module:function"`` or Mechanism.
     pairs : list of (x, x′), ``"patterns"``, or None for the mechanism's default pairs.
     order : α > 1.
-    n : outputs per database.
+    n : outputs per database (default 100000, or chosen by ``time_budget``).
     alpha : error level of the bound (P(LB ≤ D_α) ≈ 1 − alpha for large n).
     rng : numpy Generator or seed (None: fresh randomness).
     tau, eta : floor of the denominator density and sharpness of the floor (default
@@ -297,8 +306,34 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int = 100000, alpha: flo
     both_directions : audit D_α(M(x) ‖ M(x′)) and D_α(M(x′) ‖ M(x)) (RDP bounds both).
     bias_correction : remove the second-order bias of D̂ (module doc); False is the estimator of
         docs/method.md#92-renyi-dp-lower-bound without it.
+    time_budget : seconds; instead of n, choose n so that the audit takes about this long (module
+        :mod:`empdp.audit.budget`: n depends on the machine's speed, is reported in ``sizes``,
+        and gives the same result again with the same seed).
     progress : optional callback ``progress(stage, done, total)``.
     """
+    if time_budget is not None and n is not None:
+        raise InputError("give a sample size (n, --sample-size) or a time budget (--time-budget), not both")
+    sizes = {"chosen_by": "given" if n is not None else "default"}
+    args = (mechanism, pairs, order)
+    kwargs = dict(alpha=alpha, params=params, tau=tau, eta=eta, discrete=discrete, bandwidth=bandwidth,
+                  undersmooth=undersmooth, grid_size=grid_size, both_directions=both_directions,
+                  bias_correction=bias_correction)
+    if time_budget is not None:
+        plan = _resolve(mechanism, pairs, order, DEFAULT_N, alpha, params, tau, eta, discrete, bandwidth,
+                        undersmooth, grid_size, both_directions, bias_correction)
+        exact_or_none(plan.mech.true_renyi_over, plan.order, plan.pairs, len(plan.directions) == 2)  # cached
+
+        def run(size, pilot_rng):
+            renyi(*args, n=size, rng=pilot_rng, **kwargs)
+
+        n, sizes = size_for_budget(run, check_budget(time_budget), PILOT_SIZES[-1], MAX_BUDGET_N)
+    res = _run(*args, n=DEFAULT_N if n is None else n, rng=rng, progress=progress, **kwargs)
+    res.sizes = {**sizes, "n": res.n}
+    return res
+
+
+def _run(mechanism, pairs, order, n, alpha, rng, params, tau, eta, discrete, bandwidth, undersmooth,
+         grid_size, both_directions, bias_correction, progress) -> RenyiResult:
     plan = _resolve(mechanism, pairs, order, n, alpha, params, tau, eta, discrete, bandwidth, undersmooth,
                     grid_size, both_directions, bias_correction)
     rng = as_rng(rng)

@@ -1,0 +1,177 @@
+"""Score events for MPL: outputs of any dimension (docs/method.md#91-mpl-a-lower-bound-on-pure-dp-epsilon).
+
+A score s maps an output to a number that should grow with the privacy loss
+log f_x/f_x′; an event is {s(t) ≥ c} or {s(t) ≤ c}. Any event is a
+post-processing t ↦ 1{t ∈ S}, so |ln P_x(S) − ln P_x′(S)| ≤ ε, whatever s and c
+are (the idea of DP-Sniper's threshold attacks, Bichsel et al. 2021). Stage 1
+fits s and chooses c on its own outputs; stage 2 counts the event among fresh
+outputs, so the bound keeps its level however the score was learned.
+
+Scores: the output itself for one-dimensional continuous outputs (events are
+half-lines), and otherwise an L2-penalised logistic regression of "from x′"
+against "from x" on features of the output: the standardised coordinates,
+their consecutive differences, indicators of repeated values (codes such as
+"below" or "aborted" among numeric answers) and the number of coordinates in
+each of 16 pooled quantile bins (a symmetric summary for exchangeable
+coordinates). Its logit estimates the log ratio (a linear one exactly when the
+coordinates are independent bits, as for RAPPOR).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+#: most stage-1 rows the logistic regression is fitted on (the fit costs rows × features × iterations)
+FIT_ROWS = 40_000
+#: pooled quantile bins whose counts are features
+POOLED_BINS = 16
+#: a value repeated in at least this share of a column's outputs gets its own indicator
+ATOM_SHARE = 0.01
+#: most thresholds compared in stage 1 (quantiles of the pooled scores)
+MAX_THRESHOLDS = 1024
+#: L2 penalty on the standardised weights (per row of the mean log-loss)
+PENALTY = 1e-4
+
+
+@dataclass
+class ScoreRule:
+    """The event {score(t) ≥ threshold} (direction +1) or {score(t) ≤ threshold} (direction −1)."""
+
+    kind: str  # "output" (the output itself) or "logistic"
+    threshold: float
+    direction: int
+    features: _Features | None = None
+    weights: np.ndarray | None = None
+
+    def score(self, outputs: np.ndarray) -> np.ndarray:
+        if self.kind == "output":
+            return np.asarray(outputs, float)[:, 0]
+        return self.features.transform(outputs) @ self.weights[1:] + self.weights[0]
+
+    def members(self, outputs: np.ndarray) -> np.ndarray:
+        s = self.score(outputs)
+        return s >= self.threshold if self.direction > 0 else s <= self.threshold
+
+    def describe(self) -> dict:
+        return {"score": "output" if self.kind == "output" else "logistic regression",
+                "direction": ">=" if self.direction > 0 else "<=", "threshold": float(self.threshold)}
+
+
+@dataclass
+class _Features:
+    """Feature map learned from stage-1 outputs (see the module doc)."""
+
+    centre: np.ndarray
+    scale: np.ndarray
+    atoms: list  # (column, value) pairs with an indicator
+    diff_scale: np.ndarray | None
+    bins: np.ndarray  # pooled quantile edges of the non-atom values
+
+    @classmethod
+    def fit(cls, x: np.ndarray) -> _Features:
+        atoms = []
+        atom_mask = np.zeros(x.shape, dtype=bool)
+        for j in range(x.shape[1]):
+            values, counts = np.unique(x[:, j], return_counts=True)
+            if len(values) <= 2:  # a bit: its standardised value says it all
+                continue
+            for v in values[counts >= ATOM_SHARE * len(x)][:4]:
+                atoms.append((j, float(v)))
+                atom_mask[:, j] |= x[:, j] == v
+        plain = np.where(atom_mask, np.nan, x)
+        centre = np.nan_to_num(np.nanmedian(plain, axis=0))
+        scale = _spread(plain)
+        diff_scale = _spread(np.diff(x, axis=1)) if x.shape[1] > 1 else None
+        pooled = plain[~np.isnan(plain)]
+        bins = np.unique(np.quantile(pooled, np.linspace(0, 1, POOLED_BINS + 1)[1:-1])) if pooled.size else \
+            np.array([])
+        return cls(centre, scale, atoms, diff_scale, bins)
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, float)
+        parts = []
+        is_atom = np.zeros(x.shape, dtype=bool)
+        for j, v in self.atoms:
+            hit = x[:, j] == v
+            is_atom[:, j] |= hit
+            parts.append(hit[:, None].astype(float))
+        parts.insert(0, np.where(is_atom, 0.0, (x - self.centre) / self.scale))
+        if self.diff_scale is not None:
+            parts.append(np.diff(x, axis=1) / self.diff_scale)
+        if self.bins.size:
+            which = np.searchsorted(self.bins, x)
+            which[is_atom] = -1
+            counts = np.stack([(which == b).sum(axis=1) for b in range(self.bins.size + 1)], axis=1)
+            parts.append(counts / math.sqrt(x.shape[1]))
+        return np.hstack(parts)
+
+
+def _spread(a: np.ndarray) -> np.ndarray:
+    s = np.nanstd(a, axis=0) if a.size else np.ones(a.shape[1])
+    return np.where(np.isfinite(s) & (s > 0), s, 1.0)
+
+
+def fit_score(x: np.ndarray, y: np.ndarray, discrete: bool) -> ScoreRule:
+    """The score for outputs ``x`` (from x) and ``y`` (from x′), as a rule without threshold yet."""
+    if not discrete and x.shape[1] == 1:
+        return ScoreRule("output", 0.0, 1)
+    rows = max(1, len(x) // max(1, FIT_ROWS // 2))
+    xs, ys = x[::rows].astype(float), y[::rows].astype(float)
+    feats = _Features.fit(np.vstack([xs, ys]))
+    design = np.vstack([feats.transform(xs), feats.transform(ys)])
+    labels = np.concatenate([np.zeros(len(xs)), np.ones(len(ys))])
+    return ScoreRule("logistic", 0.0, 1, feats, _logistic(design, labels))
+
+
+def _logistic(design: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Weights (intercept first) of an L2-penalised logistic regression, by L-BFGS."""
+    optimize = importlib.import_module("scipy.optimize")  # lazily: the audit command stays light
+    a = np.hstack([np.ones((len(design), 1)), design])
+    n = len(a)
+
+    def loss(w):
+        z = a @ w
+        lse = np.logaddexp(0.0, z)
+        grad = a.T @ (1 / (1 + np.exp(-z)) - labels) / n + 2 * PENALTY * np.r_[0.0, w[1:]]
+        return float(np.mean(lse - labels * z) + PENALTY * w[1:] @ w[1:]), grad
+
+    res = optimize.minimize(loss, np.zeros(a.shape[1]), jac=True, method="L-BFGS-B",
+                            options={"maxiter": 100})
+    return res.x
+
+
+def best_threshold(rule: ScoreRule, x: np.ndarray, y: np.ndarray, tau: float, weight: float):
+    """The threshold and direction maximising the predicted bound |ln p − ln q| − weight·σ(p, q).
+
+    ``weight`` is z/√N + penalty/√n (as for the discrete events of DPL). Returns
+    (rule with threshold, criterion, thresholds (K,), loss (K,)).
+    """
+    from .dpl import sigma_discrete
+
+    sx, sy = np.sort(rule.score(x)), np.sort(rule.score(y))
+    pooled = np.concatenate([sx, sy])
+    cand = np.unique(pooled)
+    if len(cand) > MAX_THRESHOLDS:
+        cand = np.unique(np.quantile(pooled, np.linspace(0, 1, MAX_THRESHOLDS)))
+    best = (-math.inf, None, None)
+    losses = []
+    for direction in (1, -1):
+        if direction > 0:
+            px = 1 - np.searchsorted(sx, cand, side="left") / len(sx)
+            py = 1 - np.searchsorted(sy, cand, side="left") / len(sy)
+        else:
+            px = np.searchsorted(sx, cand, side="right") / len(sx)
+            py = np.searchsorted(sy, cand, side="right") / len(sy)
+        fx, fy = np.maximum(px, tau), np.maximum(py, tau)
+        loss = np.abs(np.log(fx) - np.log(fy))
+        crit = loss - weight * sigma_discrete(fx, fy)
+        i = int(np.argmax(crit))
+        losses.append(loss)
+        if crit[i] > best[0]:
+            best = (float(crit[i]), direction, float(cand[i]))
+    chosen = ScoreRule(rule.kind, best[2], best[1], rule.features, rule.weights)
+    return chosen, best[0], cand, np.maximum(losses[0], losses[1])
