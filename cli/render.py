@@ -7,8 +7,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from empdp.textfmt import bandwidth_choice, terminal_safe
 from empdp.textfmt import fmt as _fmt
-from empdp.textfmt import terminal_safe
 
 
 def shown(value) -> str:
@@ -28,7 +28,8 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     summary.add_row("query", shown(result.query))
     summary.add_row("databases", f"{result.n_databases}  (by {shown(result.by_column)})")
     summary.add_row("individuals", f"{result.n_individuals}  (id {shown(result.id_column)})")
-    bw = f"{m.kernel}, scale {_fmt(m.scale)}" + (f", variable (a = {m.sensitivity:g})" if m.variable else ", fixed")
+    bw = (f"{m.kernel}, scale {_fmt(m.scale)}" + (f", variable (a = {m.sensitivity:g})" if m.variable else "")
+          + f", {bandwidth_choice(m.selected_by)}")
     summary.add_row("density model", bw + ("  (unconditional; each adversary bucket has its own, below)"
                                            if result.adversary else ""))
     summary.add_row("eps_all", _eps_all(result.eps_all, result.sole_contributors, result.eps_tolerance))
@@ -112,9 +113,9 @@ def print_joint_assessment(result, out: str | None = None, show_id=str, top: int
     summary.add_row("correlation", ", ".join(f"{i + 1}-{j + 1}: {_fmt(r[i, j])}"
                                              for i in range(d) for j in range(i + 1, d)) + "  (over the databases)")
     scales = ", ".join(_fmt(b) for b in m.scales)
-    summary.add_row("density model", f"product Laplace, whitened axes, scales {scales} (whitened units, by "
-                                     "held-out likelihood)" if m.whitened else
-                    f"product Laplace, the statistics' own axes, fixed scales {scales}")
+    summary.add_row("density model", f"product Laplace, whitened axes, scales {scales} (whitened units), "
+                                     f"{bandwidth_choice(m.selected_by)}" if m.whitened else
+                    f"product Laplace, the statistics' own axes, scales {scales}, {bandwidth_choice(m.selected_by)}")
     summary.add_row("eps_all", _eps_all(result.eps_all, result.sole_contributors))
     summary_end(con, summary, result, "risk by epsilon of the joint release")
     shifts = [(f"shift {k + 1}", lambda row, k=k: _fmt(row[f"max_abs_shift_{k + 1}"])) for k in range(d)]

@@ -53,3 +53,9 @@ def terminal_safe(text, multiline: bool = False) -> str:
     if not any(ord(ch) in _CONTROL and ch not in keep for ch in text):
         return text
     return "".join(_shown(ch) if ord(ch) in _CONTROL and ch not in keep else ch for ch in text)
+
+
+def bandwidth_choice(selected_by: str) -> str:
+    """How a density model's bandwidth was set, in the words every output uses (terminal, report): given
+    by the user (``--bandwidth``) or chosen by leave-one-out likelihood."""
+    return "given (--bandwidth)" if selected_by == "fixed" else "chosen by leave-one-out likelihood"

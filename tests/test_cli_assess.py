@@ -244,3 +244,15 @@ def test_bad_options(tmp_path, args, needle):
 def test_usage_error_is_one_line(sample_path):
     line = one_line_error(run(["assess", sample_path, "--by", "year"]))
     assert "--id" in line
+
+
+@pytest.mark.parametrize("extra, words", [([], "chosen by leave-one-out likelihood"),
+                                          (["--bandwidth", "0.05"], "given (--bandwidth)")])
+def test_the_bandwidth_says_how_it_was_set(extra, words):
+    """Issue 34: 'scale 0.01985, fixed' was printed for a bandwidth chosen by likelihood."""
+    from helpers import SAMPLE
+
+    res = run(["assess", SAMPLE, "--id", "countyid", "--by", "year", "--query", "mean(murdrate)", *extra])
+    assert res.exit_code == 0, res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("density model")]
+    assert words in line and "fixed" not in line

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError
+from ..textfmt import bandwidth_choice
 from . import assessment as _a
 from . import plots
 from .markup import Html, cards, code, explain, kv, num, p_badge, section, table, td, tr
@@ -31,7 +32,7 @@ def _model(m) -> str:
                 f"scales b = {scales} in whitened units")
     else:
         text = f"product Laplace kernels on the statistics' own axes, scales b = {scales} in their units"
-    how = "fixed by the user" if m.selected_by == "fixed" else "chosen by leave-one-out log-likelihood"
+    how = bandwidth_choice(m.selected_by)
     return f"{text}; {how} (LOO log-likelihood {num(m.loglik)})"
 
 
