@@ -265,3 +265,30 @@ def test_ids_in_scripts_the_plot_font_lacks_render_without_warnings():
         warnings.simplefilter("error")
         html = report_html(a)
     assert "北京" in html
+
+
+def test_flat_risk_curves_sit_on_a_sensible_axis(monkeypatch):
+    """Issue 34: with every ε above ε_all the δ axis ran from -0.04 to 0.04 and the at-risk axis 0-0.05."""
+    from types import SimpleNamespace
+
+    from empdp.report import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "_img", lambda fig, alt: drawn.append(fig.axes[0]) or "")
+    eps = np.linspace(1.0, 2.0, 5)
+    flat = SimpleNamespace(epsilons=eps, delta=np.zeros(5), total_risk=np.zeros(5), n_at_risk=np.zeros(5, int),
+                           eps_all=0.9)
+    plots.risk_curves(flat, 1.5)
+    plots.at_risk(flat, 1.5)
+    (risk, count) = drawn
+    assert risk.get_ylim() == (0.0, 1.0) and count.get_ylim() == (0.0, 1.0)
+    assert all(t == int(t) for t in count.get_yticks())
+    assert any("every ε shown" in t.get_text() for t in risk.texts)
+    some = SimpleNamespace(epsilons=eps, delta=np.array([0.3, 0.2, 0.1, 0.05, 0.0]),
+                           total_risk=np.array([0.5, 0.3, 0.15, 0.06, 0.0]), n_at_risk=np.array([4, 3, 2, 1, 0]),
+                           eps_all=1.9)
+    drawn.clear()
+    plots.risk_curves(some, 1.5)
+    plots.at_risk(some, 1.5)
+    assert drawn[0].get_ylim()[0] == 0.0 and drawn[0].get_ylim()[1] >= 0.5 and not drawn[0].texts
+    assert drawn[1].get_ylim()[0] == 0.0 and drawn[1].get_ylim()[1] >= 4

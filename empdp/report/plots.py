@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from .markup import esc, num
 
@@ -47,6 +48,11 @@ def _img(fig: Figure, alt: str) -> str:
     return f'<img alt="{esc(alt)}" src="data:image/png;base64,{data}">'
 
 
+def _flat_note(ax, text: str) -> None:
+    """Say in the plot why its curve lies flat on the axis."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color=GREY, fontsize=10)
+
+
 def risk_curves(a, eps: float) -> tuple[str, bool]:
     """δ(ε) and δ*(ε) against ε, and whether the δ axis is logarithmic (zeros not drawn)."""
     fig = _figure()
@@ -65,6 +71,10 @@ def risk_curves(a, eps: float) -> tuple[str, bool]:
         ax.axvline(a.eps_all, color=GREY, ls=":", lw=1.3, label=f"ε_all = {num(a.eps_all, 3)}")
     ax.set_xlabel("privacy level ε")
     ax.set_ylabel("δ" + (" (log scale)" if log else ""))
+    if not log:  # δ is a probability: never below 0, and a flat zero line sits on the axis, not mid-plot
+        ax.set_ylim(bottom=0, top=None if len(pos) else 1)
+    if not len(pos):
+        _flat_note(ax, "δ = 0 at every ε shown")
     ax.legend(frameon=False, fontsize=9)
     _style(ax)
     return _img(fig, "delta and total risk against epsilon"), log
@@ -79,7 +89,10 @@ def at_risk(a, eps: float) -> str:
     ax.axvline(eps, color=BLUE, ls="--", lw=1.3, label=f"chosen ε = {num(eps, 3)}")
     ax.set_xlabel("privacy level ε")
     ax.set_ylabel("individuals with δᵢ(ε) > 0")
-    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # a count of individuals
+    ax.set_ylim(bottom=0, top=None if np.max(a.n_at_risk, initial=0) > 0 else 1)
+    if not np.max(a.n_at_risk, initial=0) > 0:
+        _flat_note(ax, "nobody at risk at any ε shown")
     ax.legend(frameon=False, fontsize=9)
     _style(ax)
     return _img(fig, "individuals at risk against epsilon")
