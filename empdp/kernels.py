@@ -10,7 +10,10 @@ h = w·δ_0 + (1 − w)·ℓ_λ; and the words used for users where these differ
 
 Names are compared here only: elsewhere a kernel is an object from :func:`kernel`, and files keep
 its :attr:`Kernel.name`. Add a kernel with a subclass of :class:`Kernel` and one line in
-:data:`KERNELS`.
+:data:`KERNELS`: the density model (a fixed kernel or ``auto``), ``--kernel``, the screening bounds,
+the reported δ_i and the words then use it. The exact per-individual evaluation has one numerical
+form per kernel (:data:`empdp.risk.exact.PLANS`: the matrix form for Laplace, the series form for
+Gaussian kernels) and refuses a kernel without one.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class Kernel(ABC):
     names keep working; the package itself converts names with :func:`kernel` at its boundaries.
     """
 
-    #: the name users type (``--kernel``) and files store, and the one in sentences
+    #: the name users type (``--kernel``) and files store; the name in sentences
     name: str
     label: str
     #: bounded log-ratios: ε_i = sup |log p̂ − log p̂_i| exists, δ_i(ε) = 0 exactly for ε ≥ ε_i, and
@@ -50,7 +53,9 @@ class Kernel(ABC):
     exact_eps: bool
     #: a kink at the centre: one-sided slopes differ there, and grids hold every q_j and kink
     kinked: bool
-    #: the least noise deconvolves in closed form (else the verified Laplace-mixture fallback)
+    #: the least noise deconvolves in closed form, k_b ⋆ h = ℓ_λ with h = w·δ_0 + (1 − w)·ℓ_λ,
+    #: w = (b/λ)² (:func:`empdp.noise.deconv.laplace_closed_form`: Laplace kernels); else calibration
+    #: searches the verified Laplace-mixture fallback (docs/method.md#83-deconvolution-the-noise-law)
     deconvolves: bool
     #: scales beyond which the kernel's mass is negligible (< 1e-20; grids reach this far), and the
     #: scales from which its density is below e^{−684} (gaps between points get nodes of their own)
@@ -98,8 +103,8 @@ class Kernel(ABC):
     @abstractmethod
     def tail_terms(self, u, b):
         """:meth:`terms` with the CDF's smaller tail: (value, right slope, left slope or None when it is
-        the right one, K, G, centre at or left of u), where G = K − 1 at or right of the centre and
-        G = K left of it, each to full relative precision."""
+        the right one, F, G, K) with K = whether the centre lies at or left of u and G = F − K (F left
+        of the centre, F − 1 at or right of it) to full relative precision."""
 
     # ------------------------------------------------------------------ screening
     @abstractmethod
@@ -163,6 +168,13 @@ class Kernel(ABC):
             return "; they are fully protected (δᵢ = 0) at any ε ≥ εᵢ."
         return (f"; with {self.label} kernels this log-ratio is unbounded, so εᵢ is the smallest ε at which "
                 f"δᵢ(ε) ≤ {tol_text}.")
+
+    def log_ratio_peak(self, tol_text: str) -> str:
+        """What the largest |log p̂ − log p̂ᵢ| of a density plot is."""
+        if self.exact_eps:
+            return "its largest absolute value is εᵢ."
+        return (f"with {self.label} kernels it grows without bound in the tails, so its largest value on the "
+                f"plot is not εᵢ: εᵢ is the smallest ε with δᵢ(ε) ≤ {tol_text}.")
 
     def eps_note(self) -> str | None:
         """The note an assessment's JSON carries about ε_i (None when ε_i is exact)."""

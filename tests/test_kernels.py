@@ -15,7 +15,7 @@ from helpers import SAMPLE, one_line_error, run
 from numpy.testing import assert_allclose
 from scipy import integrate, special, stats
 
-from empdp import kernels
+from empdp import kernels, risk
 from empdp.density import DensityModel, select_density
 from empdp.errors import InputError
 
@@ -291,6 +291,15 @@ def test_a_registered_kernel_is_chosen_and_evaluated_by_the_density_model(logist
     assert {c["kernel"] for c in chosen.candidates} == {"laplace", "gaussian", "logistic"}
 
 
+def test_a_kernel_without_an_exact_risk_evaluation_is_refused_not_misread(logistic):
+    """The exact evaluation has a form per kernel (the Laplace matrix form, the Gaussian series); a new
+    kernel without one is refused by name, never evaluated with another kernel's formulas."""
+    q = np.array([0.0, 0.4, 1.1, 1.5, 2.3])
+    model = select_density(q, kernel="logistic", bandwidth=0.5)
+    with pytest.raises(NotImplementedError, match="'logistic' has no exact risk evaluation"):
+        risk.evaluate(model, np.array([[0.0, 0.1, 0.0, -0.2, 0.0]]), np.array([0.1]))
+
+
 def test_a_registered_kernel_is_a_kernel_choice_of_the_cli(logistic):
     for command in ("assess", "calibrate"):
         assert "laplace|gaussian|logistic|auto" in run(command, "--help").output
@@ -331,9 +340,12 @@ def test_a_gaussian_report_never_says_everyone_is_protected(small_panel):
     assert "beyond ε_all every individual has δᵢ ≤ 1e-12 (reported as 0)" in html
     assert "at risk (δᵢ(ε) &gt; 1e-12" in html
     assert "ε_all (every δᵢ ≤ 1e-12 from here" in html
+    assert "its largest absolute value is ε" not in html  # the plotted log-ratio's peak is not ε_i
+    assert "its largest value on the plot is not εᵢ: εᵢ is the smallest ε with δᵢ(ε) ≤ 1e-12" in html
 
 
 def test_a_laplace_report_says_everyone_is_protected_beyond_eps_all(small_panel):
     _, html = _report(small_panel, "laplace")
     assert "beyond ε_all every individual has δᵢ = 0" in html
     assert "not fully protected (δᵢ(ε) &gt; 0)" in html
+    assert "its largest absolute value is εᵢ." in html

@@ -140,9 +140,9 @@ def _laplace_noise(inputs: _Inputs, b: float, search: LambdaSearch) -> _NoiseSte
     return _NoiseStep(noise, eps_max, {"method": "closed form (Laplace kernel)", "feasible": True})
 
 
-def _gaussian_noise(inputs: _Inputs, kind, b: float, search: LambdaSearch, progress: Progress) -> _NoiseStep:
+def _gaussian_noise(inputs: _Inputs, kernel, b: float, search: LambdaSearch, progress: Progress) -> _NoiseStep:
     """A kernel that cannot be deconvolved: the least-E|y| verified member of w·δ_0 + (1 − w)·ℓ_λ′."""
-    check = fourier_deconvolve(kind, b, max(search.lam, b))
+    check = fourier_deconvolve(kernel, b, max(search.lam, b))
     deconv = {"method": "feasible family w*delta_0 + (1-w)*Laplace(lambda') (Gaussian kernel)",
               "feasible": check.feasible, "reason": check.reason}
     note = ("a Gaussian curator kernel cannot be deconvolved "
@@ -153,12 +153,12 @@ def _gaussian_noise(inputs: _Inputs, kind, b: float, search: LambdaSearch, progr
     return _NoiseStep(fb.noise, fb.eps_max, deconv, [note])
 
 
-def _noise(inputs: _Inputs, kind, b: float, search: LambdaSearch, progress: Progress) -> _NoiseStep:
-    """The release noise h for curator kernel ``kind`` of scale ``b`` (docs/method.md#83-deconvolution-the-noise-law):
+def _noise(inputs: _Inputs, kernel, b: float, search: LambdaSearch, progress: Progress) -> _NoiseStep:
+    """The release noise h for curator kernel ``kernel`` of scale ``b`` (docs/method.md#83-deconvolution-the-noise-law):
     the closed form where the kernel deconvolves (Laplace), else the verified fallback."""
     t = time.perf_counter()
-    step = (_laplace_noise(inputs, b, search) if kind.deconvolves
-            else _gaussian_noise(inputs, kind, b, search, progress))
+    step = (_laplace_noise(inputs, b, search) if kernel.deconvolves
+            else _gaussian_noise(inputs, kernel, b, search, progress))
     n = step.noise
     log.info("noise: %s, weight at 0 %s, scale %s, E|y| %s; verified max eps_i %s (%s) in %.2f s", n.kind,
              fmt(n.weight_zero), fmt(n.scale), fmt(n.expected_abs), fmt(step.eps_max), step.deconvolution["method"],
@@ -206,14 +206,14 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
     progress = progress or no_progress
     if density is None:
         density = _curator_model(inputs.q, kernel, bandwidth, progress)
-    kind, b = density.kernel, float(density.scale)
+    curator, b = density.kernel, float(density.scale)
     notes = []
     if inputs.n_sole:
         notes.append(f"{inputs.n_sole} sole contributor(s) (the only individual in some database) "
                      "cannot be protected by any noise level: their presence alone is revealed; they are "
                      "excluded from lambda")
     search = _lambda_search(inputs, progress)
-    step = _noise(inputs, kind, b, search, progress)
+    step = _noise(inputs, curator, b, search, progress)
     notes += step.notes
     if step.noise.kind == "none":
         notes.append("no noise is added: the curator's density model is already epsilon-private for every "
@@ -224,7 +224,7 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
         warnings.warn(note, stacklevel=2)
     return Calibration(
         epsilon=inputs.epsilon, lam=search.lam, lam_hausdorff=search.lam_hausdorff, lam_winf=search.lam_winf,
-        curator_kernel={"kind": kind.name, "scale": b}, noise=step.noise.to_dict(),
+        curator_kernel={"kind": curator.name, "scale": b}, noise=step.noise.to_dict(),
         expected_abs_noise=step.noise.expected_abs, verified_eps_max=step.eps_max,
         n_individuals=inputs.n_individuals, n_sole_contributors=inputs.n_sole, n_databases=int(inputs.q.size),
         deconvolution=step.deconvolution, n_bisected=search.n_bisected, seconds=time.perf_counter() - t0,

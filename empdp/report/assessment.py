@@ -192,7 +192,7 @@ def densities(a, eps: float, rows, shifts) -> str:
             "p̂<sub>i</sub> with the individual removed from every database. Blue ticks mark the observed query "
             "values q<sub>j</sub>, orange ticks the values without the individual. The lower panels show the log "
             "ratio of the two curves; where it leaves the shaded band ±ε the individual is at risk at the chosen "
-            "ε, and its largest absolute value is ε<sub>i</sub>.")
+            "ε; " + esc(kernel_of(a).log_ratio_peak(_tolerance(a))))
     return section("densities", "The query's density with and without the riskiest individuals",
                    plots.densities(a, eps, rows, shifts, pick), explain(text))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..density import DensityModel
+from ..kernels import Gaussian, Laplace
 from . import gaussian as _gaussian
 from . import laplace as _laplace
 from . import onescale as _onescale
@@ -27,13 +28,18 @@ FINE_SHIFT = 4.0
 MAX_PARTS = 64
 
 
+#: the exact evaluation's shared plan for each kernel: the matrix form for Laplace kernels, the series
+#: form for Gaussian ones (a kernel registered in :mod:`empdp.kernels` without a form here is refused)
+PLANS = {Laplace: _laplace.GridPlan, Gaussian: _gaussian.SeriesPlan}
+
+
 def grid_plan(model: DensityModel, grid: np.ndarray):
-    """The shared plan for ``grid``: the matrix form (kinked kernels: Laplace,
-    :class:`empdp.risk.laplace.GridPlan`) or the series form (Gaussian kernels,
-    :class:`empdp.risk.gaussian.SeriesPlan`)."""
-    if model.kernel.kinked:
-        return _laplace.GridPlan(model.points, model.bandwidths, grid)
-    return _gaussian.SeriesPlan(model.points, model.bandwidths, grid)
+    """The shared plan for ``grid`` of the model's kernel (:data:`PLANS`)."""
+    form = PLANS.get(type(model.kernel))
+    if form is None:
+        raise NotImplementedError(f"kernel {model.kernel.name!r} has no exact risk evaluation: add its form to "
+                                  "empdp.risk.exact.PLANS")
+    return form(model.points, model.bandwidths, grid)
 
 
 def evaluate(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | None = None,
@@ -84,7 +90,7 @@ def evaluate_on_grid(model: DensityModel, shifts: np.ndarray, eps: np.ndarray | 
     fast = np.zeros(C, dtype=bool)
     plan = plan if plan is not None else grid_plan(model, grid)
     scaled = (np.abs(shifts) / model.bandwidths).max(axis=1, initial=0.0)
-    gaussian = not model.kernel.kinked  # the series form (see grid_plan)
+    gaussian = isinstance(plan, _gaussian.SeriesPlan)  # the series form, ε_i at a tolerance
     if not gaussian:
         fast = scaled <= _laplace.MAX_BOUND
     else:
