@@ -9,7 +9,8 @@ and on the commit after it, then comparing the two files::
 
 The runs go through the command line of the tree that provides the ``empdp`` package imported
 here (``PYTHONPATH`` decides which), each in a fresh interpreter: assess one statistic with a
-Laplace and a Gaussian kernel (summary, sweep, riskiest rows and the ``--out`` table), joint
+Laplace and a Gaussian kernel (summary, sweep, riskiest rows and the ``--out`` table) and with
+variable Laplace bandwidths (the general path, on a grid), joint
 statistics, an adversary, grouped statistics, calibrate with both kernels, release with a seed
 and ``audit release`` with a seed. Options that a tree does not know yet (e.g. ``--budget``) are
 dropped and the run retried, so one script serves every commit of the issue.
@@ -42,6 +43,7 @@ BOTH = ("out", "saved")
 RUNS = {
     "assess_laplace": (["assess", "{data}", *ONE, "--kernel", "laplace", "--bandwidth", "0.05"], BOTH),
     "assess_gaussian": (["assess", "{data}", *ONE, "--kernel", "gaussian", "--bandwidth", "0.05"], BOTH),
+    "assess_variable": (["assess", "{data}", *ONE, "--kernel", "laplace", "--bandwidth", "variable"], ("out",)),
     "assess_joint": (["assess", "{data}", *SOURCE, "--query", "mean(murdrate)", "--query", "sum(murders)",
                       "--bandwidth", "0.05,1000"], BOTH),
     "assess_adversary": (["assess", "{data}", *ONE, "--kernel", "laplace", "--bandwidth", "0.05",
