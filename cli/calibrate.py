@@ -185,14 +185,20 @@ def _print_joint(cal: JointCalibration, output: str) -> None:
     ]
     if n["kind"] != "none":
         rows += [("lambda_k", ", ".join(fmt(n["scales"][k]) for k in axes)),
-                 ("w_k", ", ".join(fmt(n["weights"][k]) for k in axes)),
-                 ("expected |z_k|", ", ".join(fmt(v) for v in cal.expected_abs_noise))]
+                 ("w_k", ", ".join(fmt(n["weights"][k]) for k in axes))]
+        rows += [(f"noise on {name}", noise_words(cal, k)) for k, name in enumerate(cal.statistics)]
     rows += [
         ("verified max eps_i", f"{fmt(cal.verified_eps_max)}  (curator model alone: {fmt(cal.curator_eps_max)})"),
         ("individuals", f"{fmt(cal.n_individuals)} ({fmt(cal.n_sole_contributors)} sole contributors, "
                         "unprotectable)"),
     ]
     _print_rows(rows, cal, output)
+
+
+def noise_words(cal: JointCalibration, k: int) -> str:
+    """Statistic ``k``'s noise in its own units: its expected size and its central 95% interval."""
+    q = cal.noise_interval_95[k][1]
+    return f"expected |noise| {fmt(cal.expected_abs_noise[k])}, 95% within ±{fmt(q)}  (its own units)"
 
 
 def _values(text: str, d: int) -> float | list[float]:
@@ -310,6 +316,9 @@ def release(calibration, source, value, database, ledger, budget, expect_head, s
         click.echo(shown)  # the released value itself, in full (a joint release: comma-separated, in order)
         click.echo(f"epsilon {fmt(out['epsilon'])}; ledger {terminal_safe(ledger)}: {fmt(out['budget_spent'])} spent, {left}; "
                    f"record {out['seq']}, chain head {out['head']}", err=True)
+    if joint and out["noise_added"] and not quiet:  # the size of what was added, in each statistic's units
+        for k, name in enumerate(cal.statistics):
+            click.echo(f"noise on {terminal_safe(name)}: {noise_words(cal, k)}", err=True)
     if out["created"]:
         limit = "no budget limit (unlimited)" if budget == UNLIMITED else f"a total-epsilon budget of {fmt(budget)}"
         click.echo(f"Started a new ledger {terminal_safe(ledger)} with {limit}", err=True)

@@ -146,7 +146,7 @@ def test_tampered_joint_calibration_is_refused(calibrated, tmp_path, edit):
         d["expected_abs_noise"] = [(1 - w) * v for w, v in zip(d["noise"]["weights"], d["noise"]["scales"])]
     elif edit == "noise_none":
         d["noise"].update(kind="none", scales=[0.0, 0.0], weights=[1.0, 1.0])
-        d["t"], d["expected_abs_noise"] = 1.0, [0.0, 0.0]
+        d["t"], d["expected_abs_noise"], d["noise_interval_95"] = 1.0, [0.0, 0.0], [[0.0, 0.0], [0.0, 0.0]]
     elif edit == "weights":
         d["noise"]["weights"] = [0.9, 0.9]
     elif edit == "strip_hmac":
@@ -231,7 +231,7 @@ def test_cli_round_trip(paper, tmp_path):
               "--json")
     assert res.exit_code == 0, res.output
     body = json.loads(res.stdout)
-    assert body["format"] == "empdp-joint-calibration/1" and body["statistics"] == QUERIES
+    assert body["format"] == "empdp-joint-calibration/2" and body["statistics"] == QUERIES
     assert body["query"] == QUERIES and len(body["noise"]["scales"]) == 2 and body["verified_eps_max"] <= EPS
     cal = load_calibration(cal_path, key=CURATOR_KEY, allow_unsigned=False)  # signed with $EMPDP_KEY
     assert isinstance(cal, JointCalibration) and cal.t == body["t"]

@@ -35,7 +35,9 @@ from .sampler import NoiseSampler
 
 FORMAT = "empdp-calibration/1"
 #: the format of a joint calibration (:mod:`empdp.noise.joint`), named here so one-statistic readers can say so
-JOINT_FORMAT = "empdp-joint-calibration/1"
+JOINT_FORMAT = "empdp-joint-calibration/2"
+#: every version of the joint calibration file ("/1": its expected |noise| per whitened axis, not per statistic)
+JOINT_FORMATS = ("empdp-joint-calibration/1", JOINT_FORMAT)
 log = logging.getLogger(__name__)
 
 
@@ -97,7 +99,10 @@ class SignedFile(ABC):
 
     @property
     def digest(self) -> str:
-        """SHA-256 of the canonical JSON of :meth:`to_dict`: ties ledger records to this calibration."""
+        """SHA-256 of the canonical JSON of the file this calibration was read from (of :meth:`to_dict` for one
+        computed here): ties ledger records to the calibration file as it is, also one of an older format."""
+        if self._signature is not None:
+            return hashlib.sha256(self._signature[2].encode()).hexdigest() if self._signature[2] else ""
         return _digest(self.to_dict())
 
     def save(self, path, key: bytes | None = None) -> None:
@@ -217,7 +222,7 @@ class Calibration(SignedFile, Provenance):
         recompute a SHA-256). The signature is checked again before
         :meth:`release`.
         """
-        if isinstance(d, dict) and d.get("format") == JOINT_FORMAT:
+        if isinstance(d, dict) and d.get("format") in JOINT_FORMATS:
             raise InputError(f"{where} is a joint calibration of {len(d.get('statistics') or [])} statistics; "
                              "this takes the calibration of one statistic (see the README, joint queries)")
         if not isinstance(d, dict) or d.get("format") != FORMAT:

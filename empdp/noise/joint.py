@@ -34,6 +34,7 @@ from .calibration import (
     _FIX,
     GUARANTEE,
     JOINT_FORMAT,
+    JOINT_FORMATS,
     MAX_SCALE,
     Calibration,
     Provenance,
@@ -74,7 +75,8 @@ class JointCalibration(SignedFile, Provenance):
         scales (b_k, whitened units), selected_by}``: the density model the noise deconvolves.
     noise : ``{kind: "none" | "laplace_mixture", weights (w_k), scales (λ_k), unwhitening}``
         (:meth:`empdp.joint.JointNoise.to_dict`).
-    expected_abs_noise : (1 − w_k) λ_k, the mean |z_k| on each whitened axis.
+    expected_abs_noise : E|noise| of each statistic, in its own units (the noise is W^{−1} z).
+    noise_interval_95 : each statistic's central 95% noise interval [−q, q], in its own units.
     verified_eps_max : the largest exact ε_i of the released density (≤ epsilon).
     curator_eps_max : the largest exact ε_i of the curator's own model (ε_all of ``assess``).
     """
@@ -86,6 +88,7 @@ class JointCalibration(SignedFile, Provenance):
     noise: dict
     expected_abs_noise: list
     curator_eps_max: float
+    noise_interval_95: list | None = None
     query: list | None = None
     sql: list | None = None
     n_evaluated: int = 0
@@ -141,11 +144,17 @@ class JointCalibration(SignedFile, Provenance):
                   allow_unsigned: bool = False) -> "JointCalibration":
         """A joint calibration from its JSON dict: the HMAC verified first, then every field and the digest,
         as :meth:`Calibration.from_dict`."""
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            got = d.get("format") if isinstance(d, dict) else None
+        got = d.get("format") if isinstance(d, dict) else None
+        if got not in JOINT_FORMATS:
             raise InputError(f"{where} is not an empdp joint calibration file (format {str(got)[:40]!r}, "
                              f"expected {FORMAT!r}); make one with 'empdp calibrate --query Q1 --query Q2'")
-        d, signature, text = cls._open(d, where, _check_fields, key, allow_unsigned)
+        first = got != FORMAT  # its expected |noise| is per whitened axis: the figures per statistic are derived
+        d, signature, text = cls._open(d, where, _check_first if first else _check_fields, key, allow_unsigned)
+        if first:
+            from ..joint.noise import JointNoise
+
+            d.update(_noise_in_units(JointNoise(**{k: _floats(v) if k != "kind" else v
+                                                   for k, v in d["noise"].items()})))
         cal = cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
         return cal._sealed(signature, text, where)
 
@@ -235,7 +244,35 @@ def _vector(d: dict, key: str, dim: int, where: str, prefix: str, *, positive=Fa
     return np.asarray(v, dtype=np.float64)
 
 
-def _check_fields(d: dict, where: str) -> None:
+def _check_first(d: dict, where: str) -> None:
+    """:func:`_check_fields` for a file of the first format (``empdp-joint-calibration/1``)."""
+    _check_fields(d, where, whitened=True)
+
+
+def _check_noise_in_units(d: dict, dim: int, kind: str, where: str) -> None:
+    """Each statistic's expected |noise| and 95% interval [−q, q]: all 0 without noise; with noise every expected
+    |noise| > 0 (W^{−1} has no zero row), and q may be 0 only where the atom at 0 holds 95%."""
+    expected = _vector(d, "expected_abs_noise", dim, where, "")
+    spans = d.get("noise_interval_95")
+    if not (isinstance(spans, list) and len(spans) == dim and all(
+            isinstance(v, list) and len(v) == 2 and _real(v[0]) and _real(v[1]) and v[0] == -v[1] <= 0
+            for v in spans)):
+        raise InputError(f"{where}: field 'noise_interval_95' must list {dim} intervals [-q, q]; {_FIX}")
+    none = not expected.any() and not any(v[1] for v in spans)
+    if (kind == "none" and not none) or (kind != "none" and not expected.all()):
+        raise InputError(f"{where}: expected_abs_noise must be > 0 for every statistic when noise is added, and it "
+                         f"and noise_interval_95 0 when none is; {_FIX}")
+
+
+def _noise_in_units(noise) -> dict:
+    """What a calibration states of its noise in each statistic's own units (the noise is W^{−1} z)."""
+    if noise.kind == "none":
+        d = len(noise.scales)
+        return {"expected_abs_noise": [0.0] * d, "noise_interval_95": [[0.0, 0.0]] * d}
+    return {"expected_abs_noise": noise.expected_abs(), "noise_interval_95": noise.interval(0.95)}
+
+
+def _check_fields(d: dict, where: str, whitened: bool = False) -> None:
     """Check every field of a joint calibration dict once, at the boundary: shapes, ranges, and that the noise
     is the deconvolution of the curator model it names (w_k = (b_k/λ_k)², λ_k = t b_k, the same W^{−1})."""
     eps = _number(d, "epsilon", where, positive=True, at_most=MAX_EPSILON)
@@ -279,9 +316,11 @@ def _check_fields(d: dict, where: str) -> None:
     if not ok:
         raise InputError(f"{where}: noise of kind {kind!r} must have {need}: it must be the deconvolution of the "
                          f"curator model; {_FIX}")
-    expected = _vector(d, "expected_abs_noise", dim, where, "")
-    if not np.allclose(expected, (1 - w) * lam, rtol=1e-9, atol=1e-300):
-        raise InputError(f"{where}: expected_abs_noise does not match the noise; {_FIX}")
+    if whitened:  # the first format: the mean |z_k| on each whitened axis
+        if not np.allclose(_vector(d, "expected_abs_noise", dim, where, ""), (1 - w) * lam, rtol=1e-9, atol=1e-300):
+            raise InputError(f"{where}: expected_abs_noise does not match the noise; {_FIX}")
+    else:
+        _check_noise_in_units(d, dim, kind, where)
     for key in ("source", "source_description", "id", "by", "where"):
         if not isinstance(d.get(key), (str, type(None))):
             raise InputError(f"{where}: field {key!r} must be a string or null; {_FIX}")
@@ -301,7 +340,7 @@ def load_calibration(path, *, key: bytes | None = None, allow_unsigned: bool = F
     ``key`` verified before any field is used (unsigned files only with ``allow_unsigned``, unsafe), then
     every field; damaged or edited files are refused."""
     d, where = read_calibration_file(path)
-    if isinstance(d, dict) and d.get("format") == FORMAT:
+    if isinstance(d, dict) and d.get("format") in JOINT_FORMATS:
         return JointCalibration.from_dict(d, where, key=key, allow_unsigned=allow_unsigned)
     return Calibration.from_dict(d, where, key=key, allow_unsigned=allow_unsigned)
 
@@ -384,7 +423,7 @@ def calibrate_joint_values(q, shifts, *, epsilon: float, bandwidth="auto", undef
                "selected_by": model.selected_by}
     return JointCalibration(
         epsilon=epsilon, t=float(found.t), statistics=names, curator_model=curator, noise=noise.to_dict(),
-        expected_abs_noise=((1 - noise.weights) * noise.scales).tolist(), verified_eps_max=eps_max,
+        **_noise_in_units(noise), verified_eps_max=eps_max,
         curator_eps_max=float(found.eps_curator.max(initial=0.0)), n_individuals=int(len(s)),
         n_sole_contributors=int(undefined.sum()), n_databases=int(n), n_evaluated=int(found.n_evaluated),
         seconds=time.perf_counter() - t0, warnings=notes)
