@@ -57,3 +57,14 @@ def curator_key_module():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EMPDP_KEY", CURATOR_KEY.decode())
         yield
+
+
+@pytest.fixture(scope="module")
+def cal_path(tmp_path_factory):
+    """A calibration signed with ``helpers.CURATOR_KEY``, at epsilon 0.1 of 15 databases and 40 individuals,
+    noise added (modules that need another define their own ``cal_path``)."""
+    from test_release_security import KEY, make_calibration
+
+    path = tmp_path_factory.mktemp("cal") / "cal.json"
+    make_calibration().save(path, key=KEY)
+    return path

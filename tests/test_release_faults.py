@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import QUERY, SAMPLE, run
-from test_release_security import KEY, make_calibration
+from test_release_security import KEY
 
 from empdp.errors import InputError
 from empdp.noise import Calibration, Ledger
@@ -23,13 +23,6 @@ CHILD_ENV = {**os.environ, "EMPDP_KEY": KEY.decode()}
 
 
 pytestmark = pytest.mark.usefixtures("curator_key")  # $EMPDP_KEY = KEY (tests/conftest.py)
-
-
-@pytest.fixture(scope="module")
-def cal_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cal") / "cal.json"
-    make_calibration().save(path, key=KEY)
-    return path
 
 
 def files(folder):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 from helpers import SAMPLE, one_line_error, run, write_key
-from test_release_security import KEY, make_calibration
+from test_release_security import KEY
 
 from empdp.digest import VALUE_GIVEN, source_digest
 from empdp.errors import InputError
@@ -24,13 +24,6 @@ from empdp.noise import Ledger
 from empdp.noise import ledger as ledger_module
 
 pytestmark = pytest.mark.usefixtures("curator_key")  # $EMPDP_KEY = KEY (tests/conftest.py)
-
-
-@pytest.fixture(scope="module")
-def cal_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cal") / "cal.json"
-    make_calibration().save(path, key=KEY)
-    return path
 
 
 @pytest.fixture(scope="module")
