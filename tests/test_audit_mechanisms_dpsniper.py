@@ -343,3 +343,15 @@ def test_score_event_bounds_cover_the_truth_on_rappor():
     mech, pairs = dpsniper_mechanism("rappor")
     lbs = [mpl(mech, pairs, n=5000, N=40_000, alpha=0.1, rng=s).lower_bound for s in range(8)]
     assert sum(lb > mech.true_epsilon_over(pairs) for lb in lbs) <= 2, lbs
+
+
+def test_score_features_of_code_only_columns_warn_nothing():
+    """SVT4's answers beside SVT3's values: a column of codes only has no plain values to centre."""
+    import warnings
+
+    from empdp.audit.events import _Features
+
+    x = np.array([[1.0, -1.0, 0.5], [0.0, 1.0, 0.2], [-1.0, 0.0, 0.3]] * 100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.all(np.isfinite(_Features.fit(x).transform(x)))

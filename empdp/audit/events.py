@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,8 +84,10 @@ class _Features:
                 atoms.append((j, float(v)))
                 atom_mask[:, j] |= x[:, j] == v
         plain = np.where(atom_mask, np.nan, x)
-        centre = np.nan_to_num(np.nanmedian(plain, axis=0))
-        scale = _spread(plain)
+        with warnings.catch_warnings():  # a column of codes only has no plain values: centre 0, scale 1
+            warnings.simplefilter("ignore", RuntimeWarning)
+            centre = np.nan_to_num(np.nanmedian(plain, axis=0))
+            scale = _spread(plain)
         diff_scale = _spread(np.diff(x, axis=1)) if x.shape[1] > 1 else None
         pooled = plain[~np.isnan(plain)]
         bins = np.unique(np.quantile(pooled, np.linspace(0, 1, POOLED_BINS + 1)[1:-1])) if pooled.size else \
