@@ -233,8 +233,7 @@ def test_tampered_ledger_is_refused(tmp_path, ledger, case):
 
 def test_ledger_signed_with_another_key_is_refused(tmp_path, cal_dict, ledger):
     other_cal = tmp_path / "other.json"
-    Calibration.from_dict({k: v for k, v in cal_dict.items() if k not in ("hmac", "key_id")}).save(other_cal,
-                                                                                                    key=OTHER)
+    Calibration.from_dict(cal_dict, key=KEY).save(other_cal, key=OTHER)  # re-signed with the other key
     before = ledger.read_bytes()
     res = run("release", other_cal, "--value", 1, "--ledger", ledger, "--json", env={"EMPDP_KEY": OTHER.decode()})
     assert_refused(res, ledger, before, "signed with another key", key_id(KEY))

@@ -206,7 +206,7 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
     progress = progress or no_progress
     if density is None:
         density = _curator_model(inputs.q, kernel, bandwidth, progress)
-    curator, b = density.kernel, float(density.scale)
+    curator, b = kernels.kernel(density.kernel), float(density.scale)  # a name (e.g. a duck-typed model) too
     notes = []
     if inputs.n_sole:
         notes.append(f"{inputs.n_sole} sole contributor(s) (the only individual in some database) "
