@@ -195,3 +195,11 @@ def test_grouped_statistic_warns_once_below_10_databases(years):
 def test_no_small_sample_warning_from_10_databases(years):
     assert _warnings(SAMPLE, "--query", "mean(murdrate)", "--bandwidth", "0.05") == []
     assert _warnings(years(10), "--query", "mean(murdrate)", "--group-by", "half") == []
+
+
+def test_calibration_warns_below_10_databases(years, tmp_path):
+    for extra in ([], ["--adversary", "sum(popul)", "--buckets", "1"]):
+        res = run("calibrate", years(5), *QUERY, "-e", 1, "-o", tmp_path / "c.json", "--json", *extra)
+        assert res.exit_code == 0, res.output
+        assert [w for w in json.loads(res.stdout)["warnings"] if SMALL in w][0].startswith(
+            "the calibration rests on only 5 databases"), extra

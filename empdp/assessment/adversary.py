@@ -26,9 +26,10 @@ import polars as pl
 from .. import risk
 from ..density import DensityModel, select_density
 from ..errors import InputError
+from . import checks
 
 #: databases a bucket should hold at least (fewer: the bucket's density estimate is unreliable)
-MIN_BUCKET = 10
+MIN_BUCKET = checks.MIN_DATABASES  # the one threshold of "too few databases" (assessment.checks)
 #: the default number of buckets is at most this
 MAX_DEFAULT_BUCKETS = 5
 #: rows evaluated together (dense shifts of one block, each bucket's columns in turn)

@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import kernels
 from ..assessment import adversary as adv
+from ..assessment.checks import few_databases
 from ..errors import InputError
 from .calibration import Calibration
 from .deconv import laplace_closed_form
@@ -51,6 +52,7 @@ def calibrate_buckets(q, shifts, g, *, epsilon: float, buckets, labels, statisti
                          "no noise level can protect them and there is nothing to calibrate")
     k = adv.check_buckets(buckets, q.size)
     groups, notes = adv.fit_buckets(q, np.asarray(g, dtype=float), k, kernel=kernel, bandwidth=bandwidth)
+    notes = few_databases(int(q.size), "the calibration") + notes
     rows = ~undefined & (shifts != 0).any(axis=1)
     at_curator, searches = [], []
     for b in groups:

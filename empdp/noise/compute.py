@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import kernels
+from ..assessment.checks import few_databases
 from ..errors import InputError
 from ..progress import READING, Progress, no_progress
 from ..textfmt import fmt
@@ -207,7 +208,7 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
     if density is None:
         density = _curator_model(inputs.q, kernel, bandwidth, progress)
     curator, b = kernels.kernel(density.kernel), float(density.scale)  # a name (e.g. a duck-typed model) too
-    notes = []
+    notes = few_databases(int(inputs.q.size), "the calibration")
     if inputs.n_sole:
         notes.append(f"{inputs.n_sole} sole contributor(s) (the only individual in some database) "
                      "cannot be protected by any noise level: their presence alone is revealed; they are "
