@@ -369,3 +369,13 @@ def test_assess_with_rows_fetched_in_small_chunks_equals_the_held_matrix(kernel,
     np.testing.assert_allclose(a["eps_i"], b["eps_i"], rtol=0 if exact else 1e-9)
     np.testing.assert_allclose(a["delta"], b["delta"], rtol=0, atol=0 if exact else 1e-14)
     np.testing.assert_allclose(held.total_risk, fetched.total_risk, rtol=0, atol=0 if exact else 1e-14)
+
+
+def test_every_decomposable_form_has_its_spark_formula():
+    """A query form added to loo.forms.FORMS must be added to the Spark engine too (it refuses forms it
+    has no formula for, instead of computing them by another's)."""
+    pytest.importorskip("pyspark")
+    from empdp.loo.forms import FORMS
+    from empdp.spark.engine import SPARK_FORMS
+
+    assert set(FORMS) == set(SPARK_FORMS)

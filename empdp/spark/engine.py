@@ -388,6 +388,11 @@ class SparkEngine(LooEngine):
         return column("__row", np.int64), column("__j", np.int64), column("delta", np.float64), column("undef", bool)
 
 
+#: the decomposable query forms whose formulas this engine has (empdp.loo.forms.FORMS holds DuckDB's); a form
+#: missing here is refused, never computed by another form's formula
+SPARK_FORMS = ("count", "sum", "mean", "var", "std", "ratio")
+
+
 def make_spark_engine(source: Any = None, *, id: str, by: str, query: str | None = None,
                       where: str | None = None, sql: str | None = None, master: str | None = None,
                       remote: str | None = None, table: str | None = None, drop_null_ids: bool = False,
@@ -412,6 +417,8 @@ def make_spark_engine(source: Any = None, *, id: str, by: str, query: str | None
     master or server that does not answer.
     """
     parsed = parse_query(query, where=where, sql=sql)
+    if parsed.is_decomposable and parsed.form not in SPARK_FORMS:
+        raise InputError(f"the Spark engine has no formula for the query form {parsed.form!r}; use --engine duckdb")
     check_spark(where, "--where")  # Spark reads a backslash in a string otherwise than DuckDB's parser did
     if (source is None) == (table is None):
         raise InputError("give a source path (or DataFrame) or --table NAME")
