@@ -257,3 +257,20 @@ def test_cli_calibrate_with_adversary(panel_file, tmp_path):
     bad = CliRunner().invoke(cli, ["calibrate", panel_file, "--id", "id", "--by", "db", "--query", "mean(x)",
                                    "-e", "0.5", "--buckets", "2", "-o", str(tmp_path / "c2.json")])
     _one_line_error(bad, "--adversary")
+
+
+def test_out_is_complete_with_an_adversary(tmp_path):
+    """Issue 34: 'assess --adversary ... --out' left eps_i and bucket empty for 916 of 2,197 counties (those
+    screened out of both stages); without an adversary no row is empty."""
+    import polars as pl
+    from helpers import SAMPLE
+
+    out = tmp_path / "o.parquet"
+    res = CliRunner().invoke(cli, ["assess", SAMPLE, "--id", "countyid", "--by", "year", "--query", "mean(murdrate)",
+                                   "--adversary", "sum(popul)", "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    table = pl.read_parquet(out)
+    assert table.height == 2197 and table["eps_i"].null_count() == 0
+    positive = table.filter(pl.col("eps_i") > 0)
+    assert positive.height > 2000 and positive["bucket"].null_count() == 0
+    assert (table["eps_i"] <= table["eps_bound"] * (1 + 1e-9)).all()  # each ε_i under its screening bound

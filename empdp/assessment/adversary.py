@@ -225,6 +225,9 @@ def assess_buckets(engine, q: np.ndarray, buckets: list[Bucket], eps: np.ndarray
     if exact:  # δ_i(ε) = 0 for ε ≥ ε_i
         known = np.isfinite(eps_i)
         delta[known] = np.where(eps_i[known, None] <= eps[None, :], 0.0, delta[known])
+    rest = definable[np.isnan(eps_i[definable])]  # screened out of both stages: their ε_i (and bucket) too,
+    if len(rest):                                   # so that every row of the table is complete, as without
+        run(rest, False, "eps_i")                   # an adversary
     for k, b in enumerate(buckets):
         b.eps_all = float(per_bucket[k])
     return dict(screen=screen, eps=eps, eps_i=eps_i, delta=delta, which=which, eps_all=eps_all,
