@@ -274,3 +274,24 @@ def test_out_is_complete_with_an_adversary(tmp_path):
     positive = table.filter(pl.col("eps_i") > 0)
     assert positive.height > 2000 and positive["bucket"].null_count() == 0
     assert (table["eps_i"] <= table["eps_bound"] * (1 + 1e-9)).all()  # each ε_i under its screening bound
+
+
+def test_report_density_panels_plot_the_model_that_sets_eps_i(monkeypatch):
+    """Issue 34: a panel titled with the bucket's ε_i (0.349) plotted the pooled model, whose log ratio peaks at
+    the unconditional ε_i (0.21). Each panel's log ratio now peaks at the ε_i in its title."""
+    from helpers import SAMPLE
+
+    from empdp.report import assessment as sections
+    from empdp.report import plots
+
+    a = assess(SAMPLE, id="countyid", by="year", query="mean(murdrate)", adversary="sum(popul)", buckets=2,
+               kernel="laplace")
+    rows, shifts, _ = sections.top_rows(a, float(a.epsilons[0]), str, 3)
+    figures = []
+    monkeypatch.setattr(plots, "_img", lambda fig, alt: figures.append(fig) or "")
+    plots.densities(a, float(a.epsilons[0]), rows, shifts, [0, 1, 2])
+    bottoms = figures[0].axes[3:6] if len(figures[0].axes) >= 6 else figures[0].axes[1::2]
+    for r, ax in zip(rows, bottoms):
+        peak = max(float(np.max(np.abs(line.get_ydata()))) for line in ax.get_lines()[:1])
+        assert r["bucket"] is not None and f"(bucket {r['bucket']})" in " ".join(x.get_title() for x in figures[0].axes)
+        assert peak == pytest.approx(r["eps_i"], rel=1e-6)

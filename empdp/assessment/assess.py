@@ -137,7 +137,7 @@ class Assessment(RiskSweep):
         rows that need them, in decreasing order of certified upper bounds, until no other
         individual can enter the table. Columns: the id, ``epsilon`` (the ε of ``delta``),
         ``delta``, ``eps_i``, ``n_databases``, ``max_abs_shift``, ``sole_contributor`` and
-        ``sets_eps_all``.
+        ``sets_eps_all``; against an adversary also ``bucket``, the bucket whose model sets ε_i.
         """
         eps = float(self.epsilons[0] if epsilon is None else epsilon)
         if not (math.isfinite(eps) and eps >= 0):
@@ -154,6 +154,7 @@ class Assessment(RiskSweep):
             "max_abs_shift": ind["max_abs_shift"],
             "sole_contributor": ind["sole_contributor"],
             "sets_eps_all": codes == setter,
+            **({"bucket": ind["bucket"]} if "bucket" in ind.columns else {}),
         })
 
     def exact_risk(self, codes: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:

@@ -108,7 +108,7 @@ class SavedAssessment(Assessment):
         if setter.height and not top["sets_eps_all"].any():
             top = pl.concat([top, setter.head(1)])
         return top.select([self.id_column, "epsilon", "delta", "eps_i", "n_databases", "max_abs_shift",
-                           "sole_contributor", "sets_eps_all"])
+                           "sole_contributor", "sets_eps_all", *(["bucket"] if "bucket" in top.columns else [])])
 
     def _at_saved_epsilon(self, eps: float) -> bool:
         return math.isclose(eps, float(self.epsilons[0]), rel_tol=1e-12, abs_tol=0.0)

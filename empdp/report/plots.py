@@ -98,13 +98,23 @@ def at_risk(a, eps: float) -> str:
     return _img(fig, "individuals at risk against epsilon")
 
 
+def _model_of(a, row, shift):
+    """The model that sets the row's ε_i, with its databases' values and the row's shifts there: the adversary
+    bucket's (within its databases) when the assessment conditions on one, else the curator's over all."""
+    buckets, k = getattr(a, "buckets", None), row.get("bucket")
+    if buckets and k is not None and 0 <= int(k) < len(buckets):
+        b = buckets[int(k)]
+        return b.model, np.asarray(a.q)[b.databases], np.asarray(shift)[b.databases], f" (bucket {int(k)})"
+    return a.model, a.q, shift, ""
+
+
 def densities(a, eps: float, rows, shifts, pick) -> str:
-    """For the rows ``pick``: p̂ and p̂_i over the query values, and their log ratio against ±ε."""
-    m, q = a.model, a.q
+    """For the rows ``pick``: p̂ and p̂_i over the query values, and their log ratio against ±ε, each from the
+    model that sets the individual's ε_i (an adversary bucket's, within its databases)."""
     fig = _figure(3.4 * len(pick) + 0.8, 5.2)
     axes = fig.subplots(2, len(pick), squeeze=False, sharex="col", gridspec_kw={"height_ratios": [2.2, 1]})
     for c, k in enumerate(pick):
-        s = shifts[k]
+        m, q, s, where = _model_of(a, rows[k], shifts[k])
         pts = np.concatenate([q, q - s])
         pad = 4 * float(np.median(m.bandwidths))  # not max: one outlier's wide kernel would flatten the view
         x = np.union1d(np.linspace(pts.min() - pad, pts.max() + pad, 700), pts)
@@ -115,7 +125,7 @@ def densities(a, eps: float, rows, shifts, pick) -> str:
         top.plot(q, np.zeros_like(q), "|", color=BLUE, ms=12, mew=1.2, transform=tr, clip_on=False)
         top.plot(q - s, np.full_like(q, 0.06), "|", color=ORANGE, ms=8, mew=1, transform=tr, clip_on=False)
         r = rows[k]
-        top.set_title(f"id {_text(r['shown_id'])}\nεᵢ = {num(r['eps_i'], 3)}, δᵢ(ε) = {num(r['delta'], 3)}",
+        top.set_title(f"id {_text(r['shown_id'])}{where}\nεᵢ = {num(r['eps_i'], 3)}, δᵢ(ε) = {num(r['delta'], 3)}",
                       fontsize=10)
         lr = m.logpdf(x) - m.logpdf(x, shifts=s)
         bot.plot(x, lr, color=PURPLE, lw=1.4)
