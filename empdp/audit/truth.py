@@ -294,3 +294,39 @@ def mixture_epsilon(noise: str, x, y, q: float, scale: float) -> float:
     left = abs(_scipy("special").logsumexp(sx / scale, b=wx) - _scipy("special").logsumexp(sy / scale, b=wy))
     right = abs(_scipy("special").logsumexp(-sx / scale, b=wx) - _scipy("special").logsumexp(-sy / scale, b=wy))
     return float(max(at.max(), left, right))
+
+
+# ----------------------------------------------------------------------------- (ε, δ) curves
+
+def gaussian_delta(eps: float, shift: float, sd: float) -> float:
+    """δ(ε) = sup_S P(N(Δ, σ²) ∈ S) − e^ε P(N(0, σ²) ∈ S) (Balle & Wang 2018, Thm 8).
+
+    δ(ε) = Φ(Δ/(2σ) − εσ/Δ) − e^ε Φ(−Δ/(2σ) − εσ/Δ), written as
+    Φ(a)·(1 − exp(ε + log Φ(b) − log Φ(a))) so that it keeps its relative
+    precision where both terms are tiny (large ε).
+    """
+    special = _scipy("special")
+    if shift == 0:
+        return 0.0
+    r = abs(shift) / sd
+    a, b = r / 2 - eps / r, -r / 2 - eps / r
+    log_a = float(special.log_ndtr(a))
+    return float(math.exp(log_a) * -math.expm1(eps + float(special.log_ndtr(b)) - log_a))
+
+
+def gaussian_epsilon_delta(delta: float, shift: float, sd: float) -> float:
+    """The smallest ε with δ(ε) ≤ ``delta`` for N(Δ, σ²) vs N(0, σ²) (the analytic Gaussian; 0 when
+    already the total variation distance δ(0) is at most ``delta``), by root finding on ε."""
+    if gaussian_delta(0.0, shift, sd) <= delta:
+        return 0.0
+    hi = 1.0
+    while gaussian_delta(hi, shift, sd) > delta:  # δ(ε) falls like e^{-ε²σ²/(2Δ²)}: a few doublings
+        hi *= 2
+    return _scipy("optimize").brentq(lambda e: gaussian_delta(e, shift, sd) - delta, 0.0, hi,
+                                     xtol=1e-13, rtol=1e-13)
+
+
+def laplace_epsilon_delta(delta: float, eps: float) -> float:
+    """ε(δ) of the Laplace mechanism with pure ε = Δ/b: δ(ε) = 1 − e^{(ε − ε₀)/2} on [0, ε₀], so
+    ε(δ) = max(0, ε₀ + 2 log(1 − δ))."""
+    return max(0.0, eps + 2 * math.log1p(-delta))
