@@ -126,8 +126,9 @@ def _common_options(f):
     return f
 
 
-def _run_bound(bound, title, mechanism, params, pairs, options, as_json, quiet, verbose, debug):
-    """Run ``bound`` (mpl or renyi) with progress bars (the library logs its stages), then print."""
+def _run_bound(bound, title, mechanism, params, pairs, options, as_json, quiet, verbose, debug, printer=None):
+    """Run ``bound`` (mpl, renyi or approx) with progress bars (the library logs its stages), then print
+    (``printer(d, title)``, default :func:`_print_result`)."""
     from empdp.audit.mechanisms import parse_params
 
     setup_logging(verbose, quiet, debug)
@@ -137,7 +138,7 @@ def _run_bound(bound, title, mechanism, params, pairs, options, as_json, quiet, 
     if as_json:
         emit_json(d)
     elif not quiet:
-        _print_result(d, title)
+        (printer or _print_result)(d, title)
 
 
 def _print_result(d: dict, title: str):
@@ -177,13 +178,14 @@ def _print_result(d: dict, title: str):
 
 @click.group("audit")
 def audit():
-    """Black-box lower bounds on a mechanism's privacy (MPL, Rényi) and release audits.
+    """Black-box lower bounds on a mechanism's privacy (MPL, Rényi, (epsilon, delta)) and release audits.
 
     \b
     Examples:
       empdp audit mpl -m laplace --param epsilon=0.7 --seed 1
       empdp audit mpl -m noisy_max --pairs patterns --json
       empdp audit renyi -m gaussian --param sigma=1 --order 2
+      empdp audit approx -m gaussian --param sigma=1 --delta 1e-5
       empdp audit mpl -m mymodule:sampler --pairs pairs.json --region -1,1
       empdp audit release calibration.json data.parquet --top 5
     """
@@ -258,6 +260,64 @@ def renyi_cmd(ctx, mechanism, params, pairs, alpha, seed, order, time_budget, sa
     _run_bound(renyi, f"Renyi lower bound, order {order:g} ({mechanism})", mechanism, params, pairs,
                dict(order=order, n=n, alpha=alpha, rng=seed, time_budget=_budget(ctx, time_budget, n)), as_json,
                quiet, verbose, debug)
+
+
+@audit.command("approx")
+@_common_options
+@click.option("--delta", type=float, required=True, help="The delta at which epsilon is bounded, in (0, 1), e.g. 1e-5.")
+@_budget_option
+@click.option("--search-size", "search_size", type=int, default=None,
+              help="Stage-1 outputs per database: the search for the event. Default: chosen by --time-budget; "
+                   "200000 when only --final-size is given.")
+@click.option("--final-size", "final_size", type=int, default=None,
+              help="Stage-2 outputs per database, fresh, more than --search-size: the bound. Default: chosen by "
+                   "--time-budget; 1000000 when only --search-size is given.")
+@click.pass_context
+def approx_cmd(ctx, mechanism, params, pairs, alpha, seed, delta, time_budget, search_size, final_size, as_json,
+               quiet, verbose, debug):
+    """Lower bound on epsilon at a given delta, for (epsilon, delta)-DP mechanisms.
+
+    Stage 1 picks an event S (a half-line of the output, or of a learned score
+    for vector outputs) and a pair; stage 2 counts S among fresh outputs of
+    both databases, with exact binomial bounds p_lo and q_hi, and reports
+    log((p_lo - delta) / q_hi): every (epsilon, delta)-DP mechanism has
+    p <= e^epsilon q + delta (docs/method.md#9-audits).
+
+    \b
+    Examples:
+      empdp audit approx -m gaussian --param sigma=1 --delta 1e-5 --seed 1
+      empdp audit approx -m gaussian --param sigma=0.5 --delta 1e-3 --time-budget 60 --json
+      empdp audit approx -m mymodule:sampler --pairs pairs.json --delta 1e-6
+    """
+    from empdp.audit import approx
+
+    _run_bound(approx, f"Lower bound on epsilon at delta = {delta:g} ({mechanism})", mechanism, params, pairs,
+               dict(delta=delta, n=search_size, N=final_size, alpha=alpha, rng=seed,
+                    time_budget=_budget(ctx, time_budget, search_size, final_size)),
+               as_json, quiet, verbose, debug, printer=_print_approx)
+
+
+def _print_approx(d: dict, title: str) -> None:
+    """The terminal summary of an (epsilon, delta) audit (``ApproxResult.to_dict``)."""
+    click.echo(title)
+    rule = d["event"]
+    what = "the output" if rule["score"] == "output" else "the logistic-regression score"
+    x_name = "x_prime" if d["event_database"] == "x_prime" else "x"
+    rows = [("lower bound", d["epsilon_lower_bound"])]
+    if d.get("true_value") is not None:
+        rows.append(("true value", f"{fmt(d['true_value'])} ({d['true_value_kind']})"))
+    sizes = d.get("sizes") or {}
+    chosen = (f" (chosen for a {fmt(sizes['time_budget'])} s budget on this machine)"
+              if sizes.get("chosen_by") == "time budget" else "")
+    rows += [("worst pair", json.dumps(d["pair"])),
+             ("event", f"{what} {rule['direction']} {fmt(rule['threshold'])}"),
+             (f"P(event | {x_name})", f"{fmt(d['p_hat'])} (lower bound {fmt(d['p_lower'])})"),
+             ("P(event | other)", f"{fmt(d['q_hat'])} (upper bound {fmt(d['q_upper'])})"),
+             ("sample sizes", f"n = {d['n']}, N = {d['N']}{chosen}"), ("alpha", d["alpha"])]
+    for k, v in rows:
+        click.echo(f"  {k:20s} {fmt(v) if not isinstance(v, str) else terminal_safe(v)}")
+    for w in d.get("warnings", []):
+        click.echo(f"  warning: {terminal_safe(w)}", err=True)
 
 
 @audit.command("release")

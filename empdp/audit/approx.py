@@ -14,7 +14,8 @@ threshold c that maximises the bound stage 2 is predicted to give. The
 prediction floors q̂ at (k + 1)/(n + 1) (k stage-1 outputs in the event), so
 that an event no output of x′ reached in stage 1 does not look certain.
 With several pairs, stage 1 first spends n outputs per database shared over
-all pairs, then n more on the most promising one.
+all pairs, ranked by the bound their own outputs would give, then n more on
+the most promising one, whose event is chosen for N outputs.
 
 Stage 2 counts the chosen event among N fresh outputs of each database and
 takes exact one-sided binomial (Clopper-Pearson) bounds, each at level α/2: a
@@ -219,14 +220,15 @@ def _stage1(plan: _Plan, rng, report) -> _Event:
         x, y = _draw(plan, pair, first, rng)
         if discrete is None:
             discrete = detect_discrete(np.concatenate([np.ravel(x), np.ravel(y)]), None)
-        event = _best_event(x, y, discrete, plan, b)
+        event = _best_event(x, y, discrete, plan, b, first if len(pairs) > 1 else plan.N)
         if best is None or event.predicted > best.predicted:
             best, samples = event, {b: (x, y)}
         report(stage, b + 1, steps)
     if len(pairs) > 1:  # the second round: n more outputs for the most promising pair
         x0, y0 = samples[best.pair_index]
         x, y = _draw(plan, pairs[best.pair_index], n, rng)
-        best = _best_event(np.concatenate([x0, x]), np.concatenate([y0, y]), discrete, plan, best.pair_index)
+        best = _best_event(np.concatenate([x0, x]), np.concatenate([y0, y]), discrete, plan, best.pair_index,
+                           plan.N)
         report(stage, steps, steps)
     log.info("(eps, delta) stage 1: %d pairs x 2 x %d outputs%s in %.2f s; pair %d, predicted bound %.4g",
              len(pairs), first, f", then 2 x {n} more on one" if len(pairs) > 1 else "",
@@ -238,8 +240,13 @@ def _draw(plan: _Plan, pair, size: int, rng) -> tuple[np.ndarray, np.ndarray]:
     return as_samples(draw(plan.mech, pair[0], size, rng)), as_samples(draw(plan.mech, pair[1], size, rng))
 
 
-def _best_event(x: np.ndarray, y: np.ndarray, discrete: bool, plan: _Plan, b: int) -> _Event:
-    """The half-line of the pair's score with the largest predicted stage-2 bound, either order."""
+def _best_event(x: np.ndarray, y: np.ndarray, discrete: bool, plan: _Plan, b: int, size: int) -> _Event:
+    """The half-line of the pair's score with the largest bound predicted for ``size`` outputs, either order.
+
+    The first round ranks pairs by what their own outputs would certify (``size``
+    = n): predictions for N outputs rest on a few stage-1 outputs in the tails,
+    and their noise would pick a pair by chance.
+    """
     rule = fit_score(x, y, discrete)
     sx, sy = np.sort(rule.score(x)), np.sort(rule.score(y))
     cand = _thresholds(sx, sy)
@@ -247,7 +254,7 @@ def _best_event(x: np.ndarray, y: np.ndarray, discrete: bool, plan: _Plan, b: in
     for direction in (1, -1):
         kx, ky = _counts(sx, cand, direction), _counts(sy, cand, direction)
         for reverse, (kp, kq) in ((False, (kx, ky)), (True, (ky, kx))):
-            pred = _predicted(kp, kq, len(sx), plan)
+            pred = _predicted(kp, kq, len(sx), size, plan)
             i = int(np.argmax(pred))
             if pred[i] > best.predicted:
                 best = _Event(float(pred[i]), replace(rule, threshold=float(cand[i]), direction=direction),
@@ -272,8 +279,8 @@ def _counts(s_sorted: np.ndarray, cand: np.ndarray, direction: int) -> np.ndarra
     return np.searchsorted(s_sorted, cand, side="right")
 
 
-def _predicted(kp: np.ndarray, kq: np.ndarray, n: int, plan: _Plan) -> np.ndarray:
-    """The bound stage 2 would give if its counts were N times stage 1's frequencies.
+def _predicted(kp: np.ndarray, kq: np.ndarray, n: int, size: int, plan: _Plan) -> np.ndarray:
+    """The bound from ``size`` outputs whose frequencies were stage 1's (n outputs).
 
     q is floored at (k + 1)/(n + 1): an event that no stage-1 output of the other
     database reached is not taken for impossible. The binomial bounds are
@@ -282,11 +289,11 @@ def _predicted(kp: np.ndarray, kq: np.ndarray, n: int, plan: _Plan) -> np.ndarra
     more than the sampling.
     """
     z = NormalDist().inv_cdf(1 - plan.alpha / 2)
-    kp_n, kq_n = np.floor(kp / n * plan.N), np.floor((kq + 1) / (n + 1) * plan.N)
+    kp_n, kq_n = np.floor(kp / n * size), np.floor((kq + 1) / (n + 1) * size)
     with np.errstate(divide="ignore", invalid="ignore"):
         lo = np.where(kp_n > 0, kp_n * np.clip(1 - 1 / (9 * kp_n) - z / (3 * np.sqrt(kp_n)), 0, None) ** 3, 0)
         hi = (kq_n + 1) * (1 - 1 / (9 * (kq_n + 1)) + z / (3 * np.sqrt(kq_n + 1))) ** 3
-        lo, hi = lo / plan.N, np.minimum(hi / plan.N, 1.0)
+        lo, hi = lo / size, np.minimum(hi / size, 1.0)
         return np.where(lo > plan.delta, np.log((lo - plan.delta) / hi), -math.inf)
 
 
@@ -312,10 +319,11 @@ def _stage2(plan: _Plan, best: _Event, rng, report) -> ApproxResult:
     log.info("(eps, delta) stage 2: 2 x %d fresh outputs in %.2f s: %d and %d in the event, bound %.4g",
              plan.N, time.perf_counter() - t_start, kp, kq, bound)
     warnings = []
-    if p_lo <= plan.delta:
-        warnings.append(f"the chosen event's probability is not shown to exceed delta = {plan.delta:g} "
-                        f"({kp} of {plan.N} outputs; its lower bound is {p_lo:.3g}), so the bound is 0: "
-                        "increase N (--final-size or --time-budget) or delta")
+    if bound == 0:
+        warnings.append(f"the bound is 0: the chosen event's probability is not shown to exceed delta = "
+                        f"{plan.delta:g} plus its probability under the other database (lower bound {p_lo:.3g}, "
+                        f"upper bound {q_hi:.3g}); delta may be at or above the outputs' total variation "
+                        "distance, or N (--final-size, --time-budget) too small")
     true_value, pairs_true, kind = _truth(plan)
     return ApproxResult(
         epsilon_lower_bound=bound, delta=plan.delta, alpha=plan.alpha, pair=tuple(pair),
