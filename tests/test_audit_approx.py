@@ -89,7 +89,9 @@ def test_gaussian_bound_below_truth_and_not_trivial(seed):
     assert res.true_value == pytest.approx(truth)
     assert 0.6 * truth < res.epsilon_lower_bound <= truth
     assert res.pair == (0.0, 1.0)  # the pair at the full sensitivity
-    # the bound is the Clopper-Pearson one on the reported counts
+    # the bound is the Clopper-Pearson one on the reported counts, each at level alpha/2
+    assert res.p_lower == pytest.approx(clopper_pearson_lower(res.counts["event_database"], res.N, res.alpha / 2))
+    assert res.q_upper == pytest.approx(clopper_pearson_upper(res.counts["other_database"], res.N, res.alpha / 2))
     assert res.epsilon_lower_bound == pytest.approx(math.log((res.p_lower - res.delta) / res.q_upper))
 
 
