@@ -6,11 +6,13 @@ import warnings
 import numpy as np
 import pytest
 from audit_cli_helpers import run
-from helpers import SAMPLE, one_line_error
+from helpers import CURATOR_KEY, SAMPLE, one_line_error
 
 import empdp.cli.main as main_mod
 from empdp.audit import audit_release
 from empdp.cli.audit import audit
+
+pytestmark = pytest.mark.usefixtures("curator_key")  # $EMPDP_KEY verifies the signed calibrations
 
 assert main_mod.cli.get_command(None, "audit") is audit  # registered in cli/main.py
 
@@ -105,7 +107,7 @@ def test_release_cli_on_sample_data(tmp_path):
         warnings.simplefilter("ignore")
         cal = calibrate(SAMPLE, id="countyid", by="year", query="mean(murdrate)", epsilon=1.0)
     path = tmp_path / "cal.json"
-    cal.save(path)
+    cal.save(path, key=CURATOR_KEY)  # signed: audit release checks the signature first
     res = run("release", path, SAMPLE, "--top", 3, "--seed", 1, "--json")
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)

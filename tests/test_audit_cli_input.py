@@ -9,11 +9,13 @@ import warnings
 import numpy as np
 import pytest
 from audit_cli_helpers import run
-from helpers import SAMPLE, one_line_error, write_key
+from helpers import CURATOR_KEY, SAMPLE, one_line_error, write_key
 
 from empdp.audit import audit_release, mpl
 from empdp.audit.common import as_rng
 from empdp.errors import InputError
+
+pytestmark = pytest.mark.usefixtures("curator_key")  # $EMPDP_KEY verifies the signed calibrations
 
 FAST = ("--search-size", 2000, "--final-size", 5000)
 
@@ -28,7 +30,7 @@ def calibration(tmp_path_factory):
         warnings.simplefilter("ignore")
         cal = calibrate(SAMPLE, id="countyid", by="year", query="mean(murdrate)", epsilon=1.0)
     path = tmp_path_factory.mktemp("cal") / "cal.json"
-    cal.save(path)
+    cal.save(path, key=CURATOR_KEY)  # signed: audit release checks the signature first
     return path
 
 

@@ -286,7 +286,8 @@ def test_calibrating_a_source_of_sole_contributors_only_is_refused(tmp_path):
     import pandas as pd
 
     src = tmp_path / "oneid.parquet"
-    pd.DataFrame({"id": [1] * 4, "year": [2000, 2001, 2002, 2003], "x": [1.0, 2.0, 1.5, 3.0]}).to_parquet(src)
+    pd.DataFrame({"id": [1] * 12, "year": [2000, 2001, 2002, 2003] * 3,  # three rows of it in each
+                  "x": [1.0, 2.0, 1.5, 3.0] * 3}).to_parquet(src)
     out = tmp_path / "cal.json"
     res = run("calibrate", src, "--id", "id", "--by", "year", "--query", "mean(x)", "--epsilon", 1, "-o", out)
     one_line_error(res, "only contributor to some database")
