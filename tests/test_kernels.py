@@ -175,7 +175,7 @@ def test_saved_kernel_names_become_objects():
 
 #: comparisons with these operands name something else: the noise laws of the release ('none',
 #: 'laplace', 'laplace_mixture') and of the audited mechanisms
-OTHER_CONCEPTS = {"noise", "kind"}
+OTHER_CONCEPTS = {"noise", "kind", "mech.name"}
 
 
 def _named(node) -> set:

@@ -305,7 +305,7 @@ def test_cli_table_release_and_audit_on_spark(cli_panel, tmp_path):
     released = []
     for source in (["--table", table, "--engine", "spark"], [path]):
         res = _cli("release", cal, *source, "--database", "2003", "--seed", "7", "--ledger",
-                   tmp_path / f"l{len(released)}.sqlite", "--json")
+                   tmp_path / f"l{len(released)}.sqlite", "--budget", "unlimited", "--json")
         assert res.exit_code == 0, res.output
         released.append(json.loads(res.output.splitlines()[0])["value"])
     assert released[0] == pytest.approx(released[1], rel=RTOL)
@@ -322,7 +322,7 @@ def test_cli_table_release_and_audit_on_spark(cli_panel, tmp_path):
     # the Python API takes the same engine options as the command
     from empdp.audit import audit_release
 
-    api = audit_release(str(cal), table=table, engine="spark", top=2, rng=3).to_dict()
+    api = audit_release(str(cal), table=table, engine="spark", top=2, rng=3, key=b"k" * 32).to_dict()
     assert api["exact_epsilon_max"] == pytest.approx(ja["exact_epsilon_max"], rel=RTOL)
     assert [d["id"] for d in api["individuals"]] == [d["id"] for d in ja["individuals"]]
 
@@ -350,7 +350,7 @@ def test_cli_bad_engine_input_is_one_line_and_writes_nothing(cli_panel, tmp_path
         good = _cli("calibrate", path, *q, "-e", "0.3", "-o", tmp_path / "good.json", "-q")
         assert good.exit_code == 0, good.output
         runs["release"] = ["release", tmp_path / "good.json", *source, *extra, "--database", "2003",
-                           "--ledger", tmp_path / "l.sqlite"]
+                           "--ledger", tmp_path / "l.sqlite", "--budget", "unlimited"]
         runs["audit release"] = ["audit", "release", tmp_path / "good.json", *source, *extra]
     for name, args in runs.items():
         res = _cli(*args)
