@@ -38,7 +38,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
-from .budget import PILOT_SIZES, check_budget, size_for_budget
+from .budget import PILOT_SIZES, check_budget, given_sizes, size_for_budget
 from .common import MAX_SAMPLES, as_rng, check_level, check_size, detect_discrete, draw, exact_or_none, jsonable, short
 from .events import ScoreRule, fit_score
 from .kde import as_samples
@@ -153,10 +153,7 @@ def approx(mechanism, pairs=None, delta: float | None = None, n: int | None = No
         in ``sizes`` and, given back with the same seed, reproduce the result).
     progress : optional callback ``progress(stage, done, total)``.
     """
-    if time_budget is not None and (n is not None or N is not None):
-        raise InputError("give sample sizes (n, N: --search-size, --final-size) or a time budget "
-                         "(--time-budget), not both")
-    sizes = {"chosen_by": "given" if n is not None or N is not None else "default"}
+    sizes = given_sizes({"n, N: --search-size, --final-size": n if n is not None else N}, time_budget)
     if time_budget is not None:
         plan = _resolve(mechanism, pairs, delta, DEFAULT_N, DEFAULT_FINAL, alpha, params, discrete)
         N, sizes = _budget_sizes(plan, check_budget(time_budget))

@@ -31,6 +31,17 @@ SAFETY = 0.8
 MAX_BUDGET = 86400.0
 
 
+def given_sizes(sizes: dict, time_budget) -> dict:
+    """How the sample sizes are chosen when no budget applies: ``sizes`` maps each size's option (e.g.
+    ``"n, N: --search-size, --final-size"``) to its value or None. Sizes and a time budget together are
+    refused in one line."""
+    given = any(v is not None for v in sizes.values())
+    if time_budget is not None and given:
+        names = "; ".join(sizes)
+        raise InputError(f"give sample sizes ({names}) or a time budget (--time-budget), not both")
+    return {"chosen_by": "given" if given else "default"}
+
+
 def check_budget(seconds) -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
             or not 1 <= seconds <= MAX_BUDGET:

@@ -42,7 +42,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
-from .budget import PILOT_SIZES, check_budget, size_for_budget
+from .budget import PILOT_SIZES, check_budget, given_sizes, size_for_budget
 from .common import (
     MAX_SAMPLES,
     as_rng,
@@ -219,10 +219,7 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
         speed, are reported in ``sizes``, and give the same result again with the same seed).
     progress : optional callback ``progress(stage, done, total)``.
     """
-    if time_budget is not None and (n is not None or N is not None):
-        raise InputError("give sample sizes (n, N: --search-size, --final-size) or a time budget "
-                         "(--time-budget), not both")
-    sizes = {"chosen_by": "given" if n is not None or N is not None else "default"}
+    sizes = given_sizes({"n, N: --search-size, --final-size": n if n is not None else N}, time_budget)
     if time_budget is not None:
         plan = _resolve(mechanism, pairs, DEFAULT_N, DEFAULT_FINAL, region, alpha, params, tau, selection, events,
                         feature, bandwidth, undersmooth)

@@ -48,7 +48,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..errors import InputError
-from .budget import PILOT_SIZES, check_budget, size_for_budget
+from .budget import PILOT_SIZES, check_budget, given_sizes, size_for_budget
 from .common import (
     as_rng,
     check_level,
@@ -311,9 +311,7 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int | None = None, alpha
         and gives the same result again with the same seed).
     progress : optional callback ``progress(stage, done, total)``.
     """
-    if time_budget is not None and n is not None:
-        raise InputError("give a sample size (n, --sample-size) or a time budget (--time-budget), not both")
-    sizes = {"chosen_by": "given" if n is not None else "default"}
+    sizes = given_sizes({"n, --sample-size": n}, time_budget)
     args = (mechanism, pairs, order)
     kwargs = dict(alpha=alpha, params=params, tau=tau, eta=eta, discrete=discrete, bandwidth=bandwidth,
                   undersmooth=undersmooth, grid_size=grid_size, both_directions=both_directions,
