@@ -238,11 +238,14 @@ class Ledger:
         """A read-only connection; on a read-only file system (a WAL file whose shared-memory file cannot
         be created there) the file is opened as immutable, which no one can then change."""
         uri = self.path.absolute().as_uri()
+        con = None
         try:
             con = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=30, isolation_level=None)
             con.execute("SELECT count(*) FROM sqlite_master").fetchone()
             return con
         except sqlite3.OperationalError as exc:
+            if con is not None:
+                con.close()
             if "unable to open" not in str(exc) and "readonly" not in str(exc).replace("-", "").replace(" ", ""):
                 raise
         return sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None)
