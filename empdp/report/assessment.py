@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import kernels
 from ..errors import InputError
-from ..textfmt import fmt
+from ..textfmt import bandwidth_choice, fmt
 from . import plots
 from .markup import Html, cards, code, esc, explain, kv, num, p_badge, section, table, td, tr
 
@@ -52,7 +52,7 @@ def summary(a, eps: float, idx, exact: bool) -> str:
     m = a.model
     model = f"{m.kernel.label} kernel, scale b = {num(m.scale)}"
     model += (f", variable bandwidths (sensitivity a = {m.sensitivity:g})" if m.variable else ", fixed bandwidth")
-    model += f"; {'fixed by the user' if m.selected_by == 'fixed' else 'chosen by leave-one-out log-likelihood'}"
+    model += f"; {bandwidth_choice(m.selected_by)}"
     model += f" (LOO log-likelihood {num(m.loglik)})"
     upper = "" if exact or idx is None else f" (at assessed ε = {num(a.epsilons[idx])} ≤ ε: an upper bound)"
     val = (lambda arr: num(arr[idx])) if idx is not None else (lambda arr: "–")
