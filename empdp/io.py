@@ -10,6 +10,7 @@ import json
 import math
 import os
 import tempfile
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 #: the targets and temporary files of the enclosing :func:`output_batch`, if any
@@ -332,21 +333,29 @@ def read_json(path: str | os.PathLike, what: str, hint: str = ""):
 
 # ------------------------------------------------------------------ fields of files read back
 
-class Field:
+class Field(ABC):
     """What one field of a JSON file read back must hold (:func:`check_fields`); ``what`` names it
     in the error. Subclasses check one kind; a field the reader never uses has no spec."""
 
     what = "a value"
 
+    @abstractmethod
     def problem(self, value, path: str) -> tuple[str, str, object] | None:
         """``(path, expected, got)`` of the first value that does not fit, or None."""
+
+
+class _Leaf(Field):
+    """A field of one value (not a container): it fits or it does not."""
+
+    def problem(self, value, path: str) -> tuple[str, str, object] | None:
         return None if self.fits(value) else (path, self.what, value)
 
+    @abstractmethod
     def fits(self, value) -> bool:
-        raise NotImplementedError
+        """Whether ``value`` is of this field's kind and range."""
 
 
-class Num(Field):
+class Num(_Leaf):
     """A number in ``[lo, hi]`` (``gt``: above it); ``integer`` for counts; ``null`` allows null (a
     missing or NaN value); ``inf`` allows ±∞, as a float or the strings "inf"/"-inf" result files write."""
 
@@ -371,7 +380,7 @@ class Num(Field):
         return self.lo <= value <= self.hi and (self.gt is None or value > self.gt)
 
 
-class Kind(Field):
+class Kind(_Leaf):
     """A value of one of the JSON ``types`` (bool is never a number here), or one of ``choices``."""
 
     def __init__(self, *types: type, choices: tuple = (), what: str = ""):

@@ -296,7 +296,7 @@ def test_a_kernel_without_an_exact_risk_evaluation_is_refused_not_misread(logist
     kernel without one is refused by name, never evaluated with another kernel's formulas."""
     q = np.array([0.0, 0.4, 1.1, 1.5, 2.3])
     model = select_density(q, kernel="logistic", bandwidth=0.5)
-    with pytest.raises(NotImplementedError, match="'logistic' has no exact risk evaluation"):
+    with pytest.raises(InputError, match="'logistic' has no exact risk evaluation"):
         risk.evaluate(model, np.array([[0.0, 0.1, 0.0, -0.2, 0.0]]), np.array([0.1]))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..density import DensityModel
+from ..errors import InputError
 from ..kernels import Gaussian, Laplace
 from . import gaussian as _gaussian
 from . import laplace as _laplace
@@ -37,8 +38,8 @@ def grid_plan(model: DensityModel, grid: np.ndarray):
     """The shared plan for ``grid`` of the model's kernel (:data:`PLANS`)."""
     form = PLANS.get(type(model.kernel))
     if form is None:
-        raise NotImplementedError(f"kernel {model.kernel.name!r} has no exact risk evaluation: add its form to "
-                                  "empdp.risk.exact.PLANS")
+        raise InputError(f"kernel {model.kernel.name!r} has no exact risk evaluation (its numerical form is "
+                         "not in empdp.risk.exact.PLANS); use --kernel laplace or gaussian")
     return form(model.points, model.bandwidths, grid)
 
 
