@@ -45,6 +45,7 @@ from .kde import as_samples
 from .mechanisms import Mechanism, load_mechanism
 from .pairs import resolve_pairs
 from .samplers import stat
+from .truth import gaussian_epsilon_delta, laplace_epsilon_delta
 
 log = logging.getLogger("empdp.audit")
 
@@ -360,11 +361,9 @@ def _truth(plan: _Plan) -> tuple[float | None, float | None, str | None]:
     if mech.name == "gaussian" and mech.inputs == "records":
         sd = p["sigma"] * p["sensitivity"]
         shift = max(abs(stat(x) - stat(y)) for x, y in plan.pairs)
-        return (exact_or_none(_gaussian, plan.delta, p["sensitivity"], sd),
-                exact_or_none(_gaussian, plan.delta, shift, sd), "exact epsilon(delta), analytic Gaussian")
+        return (exact_or_none(gaussian_epsilon_delta, plan.delta, p["sensitivity"], sd),
+                exact_or_none(gaussian_epsilon_delta, plan.delta, shift, sd), "exact epsilon(delta), analytic Gaussian")
     if mech.name == "laplace" and mech.inputs == "records":
-        from .truth import laplace_epsilon_delta
-
         eps_pairs = exact_or_none(mech.true_epsilon_over, plan.pairs)
         return (laplace_epsilon_delta(plan.delta, mech.epsilon),
                 None if eps_pairs is None else laplace_epsilon_delta(plan.delta, eps_pairs),
@@ -373,12 +372,6 @@ def _truth(plan: _Plan) -> tuple[float | None, float | None, str | None]:
         return mech.epsilon, exact_or_none(mech.true_epsilon_over, plan.pairs), \
             "pure epsilon (an upper bound on epsilon(delta))"
     return None, None, None
-
-
-def _gaussian(delta: float, shift: float, sd: float) -> float:
-    from .truth import gaussian_epsilon_delta
-
-    return gaussian_epsilon_delta(delta, shift, sd)
 
 
 def _no_progress(stage: str, done: int, total: int) -> None:

@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import numpy as np
 
 from ..errors import InputError
 from .common import continuous_dim
 from .events import ScoreRule, best_threshold, fit_score
-from .kde import GAUSS_R, binned_kde, categorize, frequencies, grid_for, rule_of_thumb, scale_estimate
-
-if TYPE_CHECKING:
-    from .mpl import Plan
+from .kde import (
+    GAUSS_R,
+    binned_kde,
+    categorize,
+    frequencies,
+    grid_for,
+    rule_of_thumb,
+    scale_estimate,
+    sigma_discrete,
+)
+from .mechanisms import Mechanism
 
 #: Stage-1 standard errors subtracted from a candidate's predicted bound when choosing t̂
 #: (see ``_stage1_discrete`` and ``_stage1_continuous``); 0 gives the plain predicted bound.
@@ -29,6 +36,26 @@ SELECT_PENALTY = 1.0
 #: estimates in standard errors (√(2 ln 1024) ≈ 3.7); with 1 the search chased tail events whose
 #: noisy stage-1 loss was large (Laplace at ε = 0.1: a tail of 0.4% mass, bound below 0)
 SCORE_PENALTY = 3.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The checked inputs of one MPL run (``region`` is the user's, else the mechanism's, else None)."""
+
+    mech: Mechanism
+    pairs: list
+    n: int
+    N: int
+    alpha: float
+    zc: float
+    region: object
+    tau: float | None
+    selection: str
+    events: bool
+    bandwidth: object
+    undersmooth: float
+    feature: Callable | None
+    score_events: bool = False
 
 
 @dataclass
@@ -105,11 +132,6 @@ def _stage1_continuous(x, y, h, lo, hi, tau, zc, c_n2):
     c_n1 = math.sqrt(len(x) * float(np.prod(h)))
     penalty = SELECT_PENALTY if x.shape[1] > 1 else 0.0  # 1-d: a few dozen bandwidths compete, not thousands
     return pts, loss, loss - (zc / c_n2 + penalty / c_n1) * sigma
-
-
-def sigma_discrete(fx, fy):
-    """σ̂ of ln f̂_x − ln f̂_x′ for frequencies (Askin et al. 2022, eq. 25): √(1/f_x + 1/f_x′ − 2)."""
-    return np.sqrt(np.maximum(1 / fx + 1 / fy - 2, 0.0))
 
 
 def _stage1_discrete(x, y, tau, zc, N, region, events: bool):

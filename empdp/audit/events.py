@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .kde import sigma_discrete
+
 #: most stage-1 rows the logistic regression is fitted on (the fit costs rows × features × iterations)
 FIT_ROWS = 40_000
 #: pooled quantile bins whose counts are features
@@ -153,8 +155,6 @@ def best_threshold(rule: ScoreRule, x: np.ndarray, y: np.ndarray, tau: float, we
     ``weight`` is z/√N + penalty/√n (as for the discrete events of DPL). Returns
     (rule with threshold, criterion, thresholds (K,), loss (K,)).
     """
-    from .dpl import sigma_discrete
-
     sx, sy = np.sort(rule.score(x)), np.sort(rule.score(y))
     pooled = np.concatenate([sx, sy])
     cand = np.unique(pooled)

@@ -231,6 +231,11 @@ def frequencies(codes: np.ndarray, k: int) -> np.ndarray:
     return np.bincount(codes, minlength=k) / len(codes)
 
 
+def sigma_discrete(fx, fy):
+    """σ̂ of ln f̂_x − ln f̂_x′ for frequencies (Askin et al. 2022, eq. 25): √(1/f_x + 1/f_x′ − 2)."""
+    return np.sqrt(np.maximum(1 / fx + 1 / fy - 2, 0.0))
+
+
 def looks_discrete(values: np.ndarray, max_levels: int = 1000) -> bool:
     """Discrete if integer/bool dtype, or few distinct values (≤ max_levels and ≤ 5% of rows)."""
     arr = np.asarray(values)

@@ -53,9 +53,9 @@ from .common import (
     exact_or_none,
     jsonable,
 )
-from .dpl import Candidate, candidate, check_region, sigma_discrete, undersmoothed
-from .kde import GAUSS_R, as_samples, contains, kde_at, rule_of_thumb
-from .mechanisms import Mechanism, load_mechanism
+from .dpl import Candidate, Plan, candidate, check_region, undersmoothed
+from .kde import GAUSS_R, as_samples, contains, kde_at, rule_of_thumb, sigma_discrete
+from .mechanisms import load_mechanism
 from .pairs import resolve_pairs
 
 log = logging.getLogger("empdp.audit")
@@ -117,26 +117,6 @@ class MPLResult:
         if curve:
             out["loss_curve"] = self.loss_curve
         return jsonable(out)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The checked inputs of one MPL run (``region`` is the user's, else the mechanism's, else None)."""
-
-    mech: Mechanism
-    pairs: list
-    n: int
-    N: int
-    alpha: float
-    zc: float
-    region: object
-    tau: float | None
-    selection: str
-    events: bool
-    bandwidth: object
-    undersmooth: float
-    feature: Callable | None
-    score_events: bool = False
 
 
 @dataclass

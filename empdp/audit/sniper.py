@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from ..errors import InputError
 from . import truth
 from .samplers import stat, vec
 
@@ -58,8 +59,6 @@ def truncated_geometric(epsilon=0.1, n=5):
 def _count(database, n: int) -> int:
     c = stat(database)
     if c != round(c) or not 0 <= c <= n:
-        from ..errors import InputError
-
         raise InputError(f"truncated_geometric counts individuals: a database is an integer count in [0, {n}] "
                          f"(parameter n), got {c:g}")
     return int(round(c))
