@@ -12,7 +12,11 @@ here (``PYTHONPATH`` decides which), each in a fresh interpreter: assess one sta
 Laplace and a Gaussian kernel (summary, sweep, riskiest rows and the ``--out`` table) and with
 variable Laplace bandwidths (the general path, on a grid), joint
 statistics, an adversary, grouped statistics, calibrate with both kernels, release with a seed
-and ``audit release`` with a seed. Options that a tree does not know yet (e.g. ``--budget``) are
+and ``audit release`` with a seed. Two synthetic panels with many databases, made here from a fixed
+seed (:func:`write_panel`), reach the paths whose cost grows with the number of databases n
+(issue 35): 5 individuals × 10^4 databases (the default command, its ``--out`` table and a
+calibration) and 5 × 2,000 (variable Laplace bandwidths, and a Gaussian kernel of one and of
+variable bandwidths, all chosen by leave-one-out likelihood). Options that a tree does not know yet (e.g. ``--budget``) are
 dropped and the run retried, so one script serves every commit of the issue.
 
 ``--compare OLD.json`` prints every number that differs (its absolute and relative difference),
@@ -31,11 +35,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 #: a fixed curator key for the release's ledger and the calibration signatures (32 characters)
 KEY = "reference-runs-curator-key-01234"
 SOURCE = ["--id", "countyid", "--by", "year"]
+#: the synthetic panels' columns and the statistic asked of them
+PANEL = ["--id", "id", "--by", "db", "--query", "mean(x)"]
+#: synthetic panel name -> (individuals, databases)
+PANELS = {"long": (5, 10_000), "mid": (5, 2_000)}
 ONE = [*SOURCE, "--query", "mean(murdrate)"]
 #: outputs of an assessment kept besides its JSON: the --out table, the saved result (its riskiest rows)
 BOTH = ("out", "saved")
@@ -57,7 +66,15 @@ RUNS = {
     "release": (["release", "{tmp}/cal_laplace.json", "--value", "1", "--seed", "3", "--budget", "unlimited",
                  "--ledger", "{tmp}/ledger.sqlite"], ()),
     "audit_release": (["audit", "release", "{tmp}/cal_laplace.json", "{data}", "--seed", "1", "--top", "2"], ()),
+    "long_default": (["assess", "{long}", *PANEL], ("out",)),
+    "long_calibrate": (["calibrate", "{long}", *PANEL, "-e", "1", "-o", "{tmp}/cal_long.json"], ()),
+    "mid_variable": (["assess", "{mid}", *PANEL, "--kernel", "laplace", "--bandwidth", "variable"], ("out",)),
+    "mid_gaussian": (["assess", "{mid}", *PANEL, "--kernel", "gaussian"], ("out",)),
+    "mid_gaussian_variable": (["assess", "{mid}", *PANEL, "--kernel", "gaussian", "--bandwidth", "variable"],
+                              ("out",)),
 }
+#: calibrations kept whole: cal_<name>.json
+CALIBRATIONS = ("laplace", "gaussian", "long")
 #: options some commits do not have, or not with these values: dropped (with their value) when an
 #: error names them
 OPTIONAL = {"--budget": 1}
@@ -115,13 +132,28 @@ def table(path: Path) -> dict:
     return {c: frame[c].to_list() for c in frame.columns}
 
 
+def write_panel(path: Path, n_ind: int, n_db: int) -> str:
+    """A synthetic panel (columns id, db, x), the same on every run: x = 50 + 10 z + u_i + t_j
+    with z standard normal, a bounded individual effect u_i on [0, 20) and a slow seasonal
+    swing t_j, so the statistic's density and the trend checks have something to find."""
+    rng = np.random.default_rng([35, n_ind, n_db])
+    effect = rng.uniform(0.0, 20.0, n_ind)
+    season = 3.0 * np.sin(2 * np.pi * np.arange(n_db) / 365.25)
+    x = 50.0 + 10.0 * rng.standard_normal((n_db, n_ind)) + effect[None, :] + season[:, None]
+    pl.DataFrame({"id": np.tile(np.arange(n_ind, dtype=np.int32), n_db),
+                  "db": np.repeat(np.arange(n_db, dtype=np.int32), n_ind),
+                  "x": x.ravel()}).write_parquet(path)
+    return str(path)
+
+
 def reference(root: Path) -> dict:
     """Every run's JSON (and ``--out`` table) of the tree at ``root``."""
     data = str(root / "sample_data" / "countymurders.parquet")
     out = {"tree": str(root)}
     with tempfile.TemporaryDirectory() as tmp:
+        panels = {name: write_panel(Path(tmp) / f"{name}.parquet", *shape) for name, shape in PANELS.items()}
         for name, (template, files) in RUNS.items():
-            args = [a.format(data=data, tmp=tmp) for a in template]
+            args = [a.format(data=data, tmp=tmp, **panels) for a in template]
             args += ["--out", f"{tmp}/{name}.parquet"] if "out" in files else []
             args += ["--save-result", f"{tmp}/{name}.json"] if "saved" in files else []
             print(f"{name}: empdp {' '.join(args[:3])} ...", file=sys.stderr, flush=True)
@@ -130,7 +162,7 @@ def reference(root: Path) -> dict:
                 out[name + ".out"] = table(Path(f"{tmp}/{name}.parquet"))
             if "saved" in files:
                 out[name + ".saved"] = json.loads(Path(f"{tmp}/{name}.json").read_text())
-        for kind in ("laplace", "gaussian"):
+        for kind in CALIBRATIONS:
             out[f"calibration_{kind}"] = json.loads(Path(f"{tmp}/cal_{kind}.json").read_text())
     return out
 
