@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 import time
 from contextlib import contextmanager
 
 import click
-import numpy as np
 
+from empdp.io import jsonable
 from empdp.keys import KEY_ENV
 
 log = logging.getLogger("empdp.cli")
@@ -54,26 +53,24 @@ def setup_logging(verbose: int, quiet: bool, debug: bool) -> None:
     ctx.call_on_close(restore)
 
 
-def _clean(obj):
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating, float)):
-        v = float(obj)
-        return v if math.isfinite(v) else None
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    if isinstance(obj, np.ndarray):
-        return _clean(obj.tolist())
-    return obj
+#: library parameters whose flag is not ``--`` and the parameter's name with dashes
+_FLAGS = {"screening": "--no-screening", "n": "--search-size", "N": "--final-size"}
+
+
+def flag(param: str) -> str:
+    """The command-line flag of a library parameter (errors name parameters; the CLI shows flags)."""
+    ctx = click.get_current_context(silent=True)
+    if param in _FLAGS:
+        return _FLAGS[param]
+    for p in (ctx.command.params if ctx is not None else ()):
+        if p.name == param and isinstance(p, click.Option):
+            return max(p.opts, key=len)
+    return "--" + param.replace("_", "-")
 
 
 def emit_json(obj) -> None:
     """Print ``obj`` as strict JSON (non-finite numbers become null)."""
-    click.echo(json.dumps(_clean(obj), allow_nan=False))
+    click.echo(json.dumps(jsonable(obj), allow_nan=False))
 
 
 class StageLog:

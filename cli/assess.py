@@ -13,7 +13,7 @@ from empdp import query as query_forms
 from empdp.assessment.assess import assess
 from empdp.errors import InputError
 from empdp.io import keyed_hash, load_hash_key, output_batch, refuse_overwrite
-from empdp.joint.model import MAX_DIM
+from empdp.models import GROUPED, JOINT, MAX_DIM, ONE, model_for
 
 from ._common import (
     check_output,
@@ -42,15 +42,6 @@ class KernelChoice(click.Choice):
     @choices.setter
     def choices(self, value):  # click sets the choices it was given; the registry decides them
         pass
-
-
-def parse_bandwidth(value: str):
-    if value is None or value in ("auto", "variable"):
-        return value or "auto"
-    try:
-        return float(value)
-    except ValueError:
-        raise InputError(f"--bandwidth must be auto, variable or a positive number; got {value!r}") from None
 
 
 def query_options(f=None, *, joint: bool = False):
@@ -143,14 +134,11 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
       empdp assess data.parquet --id person --by year --query "mean(income)" --group-by region
     """
     setup_logging(verbose, quiet, debug)
-    if group_by is not None:  # one statistic per group, released together
-        from .grouped import assess_grouped_command
-
-        return assess_grouped_command(click.get_current_context().params)
-    if len(query) > 1 or len(sql) > 1:  # statistics released together (one of each: the library's message)
-        return _assess_joint(click.get_current_context().params)
-    query, sql = query[0] if query else None, sql[0] if sql else None
+    ctx = click.get_current_context()
     # every input is checked before the long computation, so bad input writes nothing
+    model, d = model_for(list(query), list(sql), group_by)
+    model.refuse(given_options(ctx, REFUSABLE), d)
+    bandwidth = parse_bandwidth(bandwidth, model, d)
     engine_kw = engine_settings(source, engine, spark_master, spark_remote, table)
     check_outputs(source, out, report, save_result, without_shifts, calibration, audit)
     if (calibration or audit) and not report:
@@ -159,37 +147,93 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
     key = load_hash_key(hash_key_file) if hash_ids or hash_key_file else None
     cal, aud = load_extras(calibration, audit, key_file, allow_unsigned)
     started = time.perf_counter()
-    show = _show_id(key)
     with progress_bars(not (as_json or quiet), log) as progress:
-        result = assess(source, id=id_col, by=by, query=query, where=where, sql=sql,
-                        epsilon=list(epsilon) or None, kernel=kernel, bandwidth=parse_bandwidth(bandwidth),
-                        memory_limit=memory_limit, threads=threads, workers=workers, drop_null_ids=drop_null_ids,
-                        exact_all=bool(out), screening=not no_screening, adversary=adversary,
-                        adversary_sql=adversary_sql, buckets=buckets, progress=progress, **engine_kw)
-    log_summary(result, time.perf_counter() - started)
-    # all outputs are committed together: a failure writing one leaves none of them
-    with progress_bars(not (as_json or quiet), log) as progress, output_batch():
-        if out:
-            cols = [result.id_column, "eps_i", "delta", "n_databases", "max_abs_shift", "epsilon", "eps_bound",
-                    "sole_contributor"]
-            if result.adversary:
-                cols.append("bucket")  # the adversary bucket that sets the individual's eps_i
-            _write(progress, out, write_table, _out_rows(result, cols, key), out)
-        if report:
-            from empdp.report import render_report
+        result = assess(source, id=id_col, by=by, query=list(query) or None, sql=list(sql) or None,
+                        group_by=group_by, where=where, epsilon=list(epsilon) or None, kernel=kernel,
+                        bandwidth=bandwidth, memory_limit=memory_limit, threads=threads, workers=workers,
+                        drop_null_ids=drop_null_ids, exact_all=bool(out), screening=not no_screening,
+                        adversary=adversary, adversary_sql=adversary_sql, buckets=buckets, progress=progress,
+                        **engine_kw)
+    with result:
+        log_summary(result, time.perf_counter() - started)
+        # all outputs are committed together: a failure writing one leaves none of them
+        with progress_bars(not (as_json or quiet), log) as progress, output_batch():
+            if out:
+                _write(progress, out, write_table, out_rows(result, key), out)
+            if report:
+                from empdp.report import render_report
 
-            _write(progress, report, render_report, result, report, epsilon=min(epsilon) if epsilon else None,
-                   calibration=cal, audit=aud, hash_ids=key or False)
-        if save_result:
-            from empdp.assessment.result import save_result as save
+                _write(progress, report, render_report, result, report, epsilon=min(epsilon) if epsilon else None,
+                       calibration=cal, audit=aud, hash_ids=key or False)
+            if save_result:
+                from empdp.assessment.result import save_result as save
 
-            _write(progress, save_result, save, result, save_result, hash_ids=key, shifts=not without_shifts)
-    if as_json:
-        emit_json(result.to_dict())
-    elif not quiet:
-        from .render import print_assessment
+                _write(progress, save_result, save, result, save_result, hash_ids=key, shifts=not without_shifts)
+        if as_json:
+            emit_json(result.to_dict())
+        elif not quiet:
+            from .render import print_result
 
-        print_assessment(result, out=out, report=report, saved=save_result, show_id=show)
+            print_result(result, out=out, report=report, saved=save_result, show_id=_show_id(key))
+
+
+#: the options some curator models do not take (:mod:`empdp.models`), in the command's order
+REFUSABLE = ("kernel", "adversary", "adversary_sql", "buckets", "engine", "table", "report", "calibration", "audit",
+             "save_result", "without_shifts", "workers", "no_screening")
+#: command-line names of library parameters where they differ
+_PARAMETER = {"no_screening": "screening"}
+
+
+def given_options(ctx, names) -> list[tuple[str, str]]:
+    """(library parameter, how the command line shows it) of the options among ``names`` given a value
+    other than their default, in ``names``' order: ``--kernel gaussian``, ``--adversary``."""
+    options = {p.name: p for p in ctx.command.params}
+    given = []
+    for name in names:
+        value, option = ctx.params[name], options[name]
+        if value in (option.default, None, False, ()):
+            continue
+        shown = max(option.opts, key=len)
+        if isinstance(option.type, click.Choice):
+            shown += f" {value}"
+        given.append((_PARAMETER.get(name, name), shown))
+    return given
+
+
+def parse_bandwidth(value: str, model=ONE, d: int = 1):
+    """``--bandwidth`` for the library: ``auto``; for one statistic ``variable`` or a positive scale; for
+    2–3 statistics one positive scale per statistic in its own units, ``B1,B2[,B3]``; for grouped
+    statistics one scale for every group or one per group (a count the library checks once it knows the
+    groups)."""
+    if value is None or value == "auto":
+        return "auto"
+    if model is ONE:
+        if value == "variable":
+            return value
+        scales = _scales(value, "auto, variable or a positive number")
+        if len(scales) != 1:
+            raise InputError(f"--bandwidth must be auto, variable or a positive number; got {value!r}")
+        return scales[0]
+    form = ",".join(f"B{k + 1}" for k in range(d)) if model is JOINT else "B1,B2,..."
+    what = f"{d} statistics" if model is JOINT else "grouped statistics"
+    if value == "variable":
+        raise InputError(f"--bandwidth variable (Abramson variable bandwidths) is for one statistic; for {what} "
+                         f"give auto or one scale per {'statistic' if model is JOINT else 'group'}, {form}")
+    scales = _scales(value, f"auto or positive numbers {form}")
+    if model is JOINT and len(scales) != d:
+        raise InputError(f"--bandwidth gives {len(scales)} scale(s) for {d} statistics: give one per statistic "
+                         f"in its own units, {form}, or auto")
+    return scales[0] if model is GROUPED and len(scales) == 1 else scales
+
+
+def _scales(value: str, expected: str) -> list[float]:
+    try:
+        scales = [float(b) for b in value.split(",")]
+    except ValueError:
+        raise InputError(f"--bandwidth must be {expected}; got {value!r}") from None
+    if not all(0 < b < float("inf") for b in scales):
+        raise InputError(f"--bandwidth scales must be positive numbers; got {value!r}")
+    return scales
 
 
 def check_outputs(source, out, report, save_result, without_shifts, calibration=None, audit=None) -> None:
@@ -215,30 +259,15 @@ def _write(progress, path: str, write, *args, **kwargs) -> None:
 
 def log_summary(r, seconds: float) -> None:
     """The facts of an assessment at INFO (sizes, model, eps_all), details at DEBUG; stderr only."""
-    m = r.model
-    log.info("%s of %s: %d databases (by %s), %d individuals (id %s), %d sole contributor(s)", r.query, r.source,
-             r.n_databases, r.by_column, r.n_individuals, r.id_column, r.sole_contributors)
-    log.info("density model: %s kernel, scale %.6g, %s bandwidths (sensitivity %g), %s among %d candidate(s), "
-             "LOO log-likelihood %.6g", m.kernel, m.scale, "variable" if m.variable else "fixed", m.sensitivity,
-             m.selected_by, len(m.candidates), m.loglik)
-    log.info("eps_all %.6g; %d individual(s) evaluated exactly (screening %s); %d epsilon(s) in [%.4g, %.4g]; "
-             "assessed in %.2f s", r.eps_all, r.n_evaluated, "on" if r.screening else "off", len(r.epsilons),
+    for line in r.log_lines():
+        log.info("%s", line)
+    log.info("eps_all %.6g; %d epsilon(s) in [%.4g, %.4g]; assessed in %.2f s", r.eps_all, len(r.epsilons),
              r.epsilons[0], r.epsilons[-1], seconds)
-    if not log.isEnabledFor(logging.DEBUG):
-        return
-    best = sorted(m.candidates, key=lambda c: -c["loglik"])[:5]
-    log.debug("best candidates: %s", "; ".join(
-        f"{c['kernel']} b={c['scale']:.4g} a={c['sensitivity']:g} loglik={c['loglik']:.4g}" for c in best))
-    log.debug("bandwidths b_j in [%.4g, %.4g]; query values in [%.4g, %.4g]", m.bandwidths.min(),
-              m.bandwidths.max(), r.q.min(), r.q.max())
-    log.debug("independence: %s; representativeness: %s", r.independence,
-              {k: v for k, v in r.representativeness.items() if k != "histogram"})
-    _log_sweep(r)
-
-
-def _log_sweep(r) -> None:
-    for e, d, t, c in zip(r.epsilons, r.delta, r.total_risk, r.n_at_risk):
-        log.debug("epsilon %.4g: delta %.4g, total risk %.4g, %d at risk", e, d, t, c)
+    if log.isEnabledFor(logging.DEBUG):
+        for line in r.debug_lines():
+            log.debug("%s", line)
+        for e, dl, t, c in zip(r.epsilons, r.delta, r.total_risk, r.n_at_risk):
+            log.debug("epsilon %.4g: delta %.4g, total risk %.4g, %d at risk", e, dl, t, c)
 
 
 def _show_id(key: bytes | None):
@@ -246,131 +275,9 @@ def _show_id(key: bytes | None):
     return (lambda v: keyed_hash(v, key)) if key else str
 
 
-def _out_rows(result, cols: list, key: bytes | None) -> pl.DataFrame:
-    """The ``--out`` table: ``cols`` of the individuals, with the ε its delta column is at (the smallest
-    assessed) travelling with it, and the ids hashed under ``key``."""
-    rows = result.individuals.with_columns(pl.lit(float(result.epsilons[0])).alias("epsilon")).select(cols)
+def out_rows(result, key: bytes | None) -> pl.DataFrame:
+    """The ``--out`` table (:meth:`out_table`), with the ids hashed under ``key``."""
+    rows = result.out_table()
     if key:
         rows = rows.with_columns(pl.col(result.id_column).map_elements(_show_id(key), return_dtype=pl.Utf8))
     return rows
-
-
-# ------------------------------------------------------------------- 2–3 statistics released together
-def joint_statistics(query: tuple, sql: tuple) -> dict:
-    """``{"queries": [...]}`` or ``{"sql": [...]}`` for :func:`empdp.joint.assess.assess_joint`: 2 to
-    :data:`MAX_DIM` statistics, all named query forms or all SQL."""
-    if query and sql:
-        raise InputError(f"give the statistics of a joint query all as --query or all as --sql, not both "
-                         f"(got {len(query)} --query and {len(sql)} --sql)")
-    option, items = ("--query", query) if query else ("--sql", sql)
-    if len(items) > MAX_DIM:
-        raise InputError(f"{option} given {len(items)} times: a joint query has at most {MAX_DIM} statistics")
-    return {"queries": list(query)} if query else {"sql": list(sql)}
-
-
-def parse_joint_bandwidth(value: str, d: int | None):
-    """``auto`` or one positive Laplace scale per statistic, ``B1,B2[,B3]`` in each statistic's own units.
-
-    ``d`` None (``--group-by``): one scale for every group or one per group, a count the library checks
-    once it knows the groups; a single scale is returned as a number."""
-    if value == "auto":
-        return value
-    form = ",".join(f"B{k + 1}" for k in range(d)) if d else "B1,B2,..."
-    what = f"{d} statistics" if d else "grouped statistics"
-    if value == "variable":
-        raise InputError(f"--bandwidth variable (Abramson variable bandwidths) is for one statistic; for {what} "
-                         f"give auto or one scale per {'statistic' if d else 'group'}, {form}")
-    try:
-        scales = [float(b) for b in value.split(",")]
-    except ValueError:
-        raise InputError(f"--bandwidth must be auto or positive numbers {form}; got {value!r}") from None
-    if d and len(scales) != d:
-        raise InputError(f"--bandwidth gives {len(scales)} scale(s) for {d} statistics: give one per statistic "
-                         f"in its own units, {form}, or auto")
-    if not all(0 < b < float("inf") for b in scales):
-        raise InputError(f"--bandwidth scales must be positive numbers; got {value!r}")
-    return scales[0] if d is None and len(scales) == 1 else scales
-
-
-def _refuse_joint_options(p: dict, d: int) -> None:
-    """Refuse, before anything is read, an option of the one-statistic assessment that a joint query does
-    not take: one line naming it and why."""
-    one_only = "assess the statistics one at a time for it"
-    refused = (  # in the command's order, so the first one given is named
-        (not kernels.is_laplace(p["kernel"]), f"--kernel {p['kernel']}",
-         "the joint model is product Laplace kernels, whose eps_i are exact; drop --kernel"),
-        (p["adversary"] is not None, "--adversary", f"the adversary model conditions one statistic; {one_only}"),
-        (p["adversary_sql"] is not None, "--adversary-sql",
-         f"the adversary model conditions one statistic; {one_only}"),
-        (p["buckets"] is not None, "--buckets", f"adversary buckets condition one statistic; {one_only}"),
-        (p["engine"] != "duckdb", f"--engine {p['engine']}", "joint queries read through DuckDB only so far"),
-        (p["table"] is not None, "--table", "a catalog table is read by Spark, and joint queries read through "
-                                            "DuckDB only so far; give a file, glob or folder as SOURCE"),
-        (p["calibration"] is not None, "--calibration",
-         "the joint report has no calibration section yet; report the calibration of one statistic"),
-        (p["audit"] is not None, "--audit",
-         "the joint report has no audit section yet; report the audit of one statistic"),
-        (p["workers"] != "auto", f"--workers {p['workers']}", "the joint evaluation runs in this process"),
-        (p["no_screening"], "--no-screening", "every individual's eps_i is exact already, and screening only "
-                                              "skips delta_i(epsilon) certified to be 0; drop it"),
-    )
-    for given, option, why in refused:
-        if given:
-            raise InputError(f"{option} does not apply to a joint query of {d} statistics: {why}")
-
-
-def _assess_joint(p: dict) -> None:
-    """``empdp assess`` with 2–3 ``--query`` or ``--sql``: :func:`empdp.joint.assess.assess_joint` (issue 19).
-
-    ``p`` are the command's parameters. Every input is checked first, so bad input writes nothing.
-    """
-    from empdp.joint.assess import assess_joint
-
-    stats = joint_statistics(p["query"], p["sql"])
-    d = len(next(iter(stats.values())))
-    _refuse_joint_options(p, d)
-    bandwidth = parse_joint_bandwidth(p["bandwidth"], d)
-    engine_settings(p["source"], p["engine"], p["spark_master"], p["spark_remote"], p["table"])
-    out, report, saved = p["out"], p["report"], p["save_result"]
-    check_outputs(p["source"], out, report, saved, p["without_shifts"])
-    key = load_hash_key(p["hash_key_file"]) if p["hash_ids"] or p["hash_key_file"] else None
-    started = time.perf_counter()
-    with progress_bars(not (p["as_json"] or p["quiet"]), log) as progress:
-        result = assess_joint(p["source"], id=p["id_col"], by=p["by"], **stats, where=p["where"],
-                              epsilon=list(p["epsilon"]) or None, bandwidth=bandwidth,
-                              drop_null_ids=p["drop_null_ids"], memory_limit=p["memory_limit"], threads=p["threads"],
-                              exact_all=bool(out), progress=progress)
-    log_joint_summary(result, time.perf_counter() - started)
-    with progress_bars(not (p["as_json"] or p["quiet"]), log) as progress, output_batch():
-        if out:
-            cols = [result.id_column, "eps_i", "delta", "n_databases",
-                    *[f"max_abs_shift_{k + 1}" for k in range(d)], "epsilon", "sole_contributor"]
-            _write(progress, out, write_table, _out_rows(result, cols, key), out)
-        if report:
-            from empdp.report import render_report
-
-            _write(progress, report, render_report, result, report, hash_ids=key or False)
-        if saved:
-            from empdp.assessment.result import save_result
-
-            _write(progress, saved, save_result, result, saved, hash_ids=key, shifts=not p["without_shifts"])
-    if p["as_json"]:
-        emit_json(result.to_dict())
-    elif not p["quiet"]:
-        from .render import print_joint_assessment
-
-        print_joint_assessment(result, out=out, report=report, saved=saved, show_id=_show_id(key))
-
-
-def log_joint_summary(r, seconds: float) -> None:
-    """The facts of a joint assessment at INFO (sizes, model, eps_all), the sweep at DEBUG; stderr only."""
-    m = r.model
-    log.info("%s of %s: %d databases (by %s), %d individuals (id %s), %d sole contributor(s)",
-             " & ".join(r.queries), r.source, len(r.labels), r.by_column, r.individuals.height, r.id_column,
-             r.sole_contributors)
-    log.info("joint model: product Laplace kernels on %s axes, scales %s, %s, LOO log-likelihood %.6g",
-             "whitened" if m.whitened else "the statistics' own", ", ".join(f"{b:.6g}" for b in m.scales),
-             m.selected_by, m.loglik)
-    log.info("eps_all %.6g; %d epsilon(s) in [%.4g, %.4g]; assessed in %.2f s", r.eps_all, len(r.epsilons),
-             r.epsilons[0], r.epsilons[-1], seconds)
-    _log_sweep(r)

@@ -369,7 +369,7 @@ def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key
                     "query and filter run on SOURCE", fg="yellow", err=True)
     loo = None
     if engine != "duckdb" or table is not None:  # read by the chosen engine, after the options are checked
-        from empdp.noise.compute import SourceShifts
+        from empdp.noise.source import SourceShifts
 
         loo = SourceShifts(cal, source, **engine_kw)
     with progress_bars(enabled=not as_json and not quiet) as progress:

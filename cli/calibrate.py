@@ -10,14 +10,15 @@ import click
 from empdp import kernels
 from empdp.errors import InputError
 from empdp.keys import KEY_ENV, key_id, load_key
+from empdp.models import model_for
 from empdp.noise import Calibration, JointCalibration, Ledger, load_calibration, release_value
 from empdp.noise import calibrate as calibrate_source
-from empdp.noise.exact import check_epsilon
 from empdp.noise.ledger import UNLIMITED, parse_budget
+from empdp.params import target_epsilon
 from empdp.textfmt import fmt, terminal_safe
 
 from . import _common as common
-from .assess import KernelChoice, joint_statistics, parse_bandwidth, parse_joint_bandwidth, query_options
+from .assess import KernelChoice, given_options, parse_bandwidth, query_options
 
 
 def _warn(message: str) -> None:
@@ -77,46 +78,20 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
     """
     common.setup_logging(verbose, quiet, debug)
     engine_kw = common.engine_settings(source, engine, spark_master, spark_remote, table)
-    if not (isinstance(epsilon, float) and epsilon == epsilon and 0 < epsilon < float("inf")):
-        raise InputError(f"--epsilon must be a positive number; got {epsilon!r}")
-    check_epsilon(epsilon)  # before the data are read
+    target_epsilon(epsilon)  # before the data are read
+    model, d = model_for(list(query), list(sql))
+    model.refuse(given_options(click.get_current_context(), ("kernel", "adversary", "adversary_sql", "buckets",
+                                                             "engine", "table")), d)
+    bandwidth = parse_bandwidth(bandwidth, model, d)
     key = load_key(key_file)
     common.check_output(output, "-o", (".json",), ".json")
-    if len(query) + len(sql) > 1:  # statistics released together
-        stats = joint_statistics(query, sql)
-        _refuse_joint(kernel=kernel, adversary=adversary, adversary_sql=adversary_sql, buckets=buckets,
-                      engine=engine, table=table)
-        d = len(query) or len(sql)
-        with warnings.catch_warnings(), common.progress_bars(not (as_json or quiet)) as progress:
-            warnings.simplefilter("ignore")
-            cal = calibrate_source(source, id=id_col, by=by, query=stats.get("queries"), sql=stats.get("sql"),
-                                   where=where, epsilon=epsilon,
-                                   bandwidth=parse_joint_bandwidth(bandwidth, d), memory_limit=memory_limit,
-                                   drop_null_ids=drop_null_ids, progress=progress)
-        _finish(cal, output, key, as_json, quiet)
-        return
-    query, sql = (query[0] if query else None), (sql[0] if sql else None)
     with warnings.catch_warnings(), common.progress_bars(not (as_json or quiet)) as progress:
         warnings.simplefilter("ignore")  # the notes are shown below and kept in the JSON
-        cal = calibrate_source(source, id=id_col, by=by, query=query, where=where, sql=sql, epsilon=epsilon,
-                               kernel=kernel, bandwidth=parse_bandwidth(bandwidth), memory_limit=memory_limit,
+        cal = calibrate_source(source, id=id_col, by=by, query=list(query) or None, where=where, sql=list(sql) or None,
+                               epsilon=epsilon, kernel=kernel, bandwidth=bandwidth, memory_limit=memory_limit,
                                drop_null_ids=drop_null_ids, adversary=adversary, adversary_sql=adversary_sql,
                                buckets=buckets, progress=progress, **engine_kw)
     _finish(cal, output, key, as_json, quiet)
-
-
-def _refuse_joint(*, kernel, adversary, adversary_sql, buckets, engine, table) -> None:
-    """The options of the one-statistic calibration that a joint one does not take: one line naming the first."""
-    one = "calibrate the statistics one at a time for it"
-    refused = ((not kernels.is_laplace(kernel), f"--kernel {kernel}", "the joint model is product Laplace kernels; drop --kernel"),
-               (adversary is not None, "--adversary", f"the adversary model conditions one statistic; {one}"),
-               (adversary_sql is not None, "--adversary-sql", f"the adversary model conditions one statistic; {one}"),
-               (buckets is not None, "--buckets", f"adversary buckets condition one statistic; {one}"),
-               (engine != "duckdb" or table is not None, "--engine spark",
-                "joint statistics are read by DuckDB; give a file, glob or folder as SOURCE"))
-    for bad, option, why in refused:
-        if bad:
-            raise InputError(f"{option} is not available for statistics released together: {why}")
 
 
 def _finish(cal, output: str, key, as_json: bool, quiet: bool) -> None:

@@ -10,7 +10,7 @@ import traceback
 import click
 
 from empdp import __version__
-from empdp.errors import EmpdpError
+from empdp.errors import EmpdpError, InputError
 from empdp.textfmt import terminal_safe
 
 #: command -> (module, object, one-line help); modules load only when their command runs, so
@@ -117,6 +117,10 @@ def _message(exc: BaseException) -> tuple[str, int]:
         ctx = getattr(exc, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         return exc.format_message() + hint, 2 if isinstance(exc, click.UsageError) else exc.exit_code
+    if isinstance(exc, InputError):
+        from ._common import flag
+
+        return exc.shown(flag), exc.exit_code
     if isinstance(exc, EmpdpError):
         return str(exc), exc.exit_code
     bad_sql, no_memory = _duckdb_errors()

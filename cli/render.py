@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from empdp.textfmt import bandwidth_choice, terminal_safe
+from empdp.textfmt import bandwidth_choice, fmt, terminal_safe
 from empdp.textfmt import fmt as _fmt
 
 
@@ -150,7 +150,7 @@ def riskiest_table(con, result, top: int, show_id, note: str, columns: list) -> 
         t.add_column(col, justify="right" if col else "left")
     for row in result.riskiest(top).iter_rows(named=True):
         t.add_row(shown(show_id(row[result.id_column])), *[cell(row) for _, cell in columns],
-                  "sets eps_all" if row["sets"] else "")
+                  "sets eps_all" if row["sets_eps_all"] else "")
     con.print(t)
 
 
@@ -165,3 +165,44 @@ def _print_adversary(con, result) -> None:
         t.add_row(str(k), _fmt(b["lo"]), _fmt(b["hi"]), str(b["n_databases"]), _fmt(b["bandwidth"]),
                   _fmt(b["eps_all"]))
     con.print(t)
+
+
+def print_grouped_assessment(result, out: str | None = None, show_id=str, top: int = 10,
+                             console: Console | None = None, report: str | None = None,
+                             saved: str | None = None) -> None:
+    """Summary of a grouped assessment: the groups, ε_all (and its bound when some individuals are only
+    bounded), the sweep (with the unresolved counts, :func:`.render._sweep`), and the riskiest individuals (exact values; bounds
+    only in the eps_bound column)."""
+    con = console or Console(highlight=False, soft_wrap=True)
+    G = len(result.groups)
+    con.print(f"[bold]empdp assess[/bold]  {shown(result.source)}  ({shown(result.query)} by {shown(result.group_by)}, "
+              f"{G} groups)")
+    summary = Table.grid(padding=(0, 2))
+    groups = ", ".join(shown(g) for g in result.groups[:8]) + (", ..." if G > 8 else "")
+    summary.add_row("groups", f"{G}: {groups}")
+    summary.add_row("assessed", "as one joint query of the groups' statistics" if result.joint else
+                    "each individual jointly on the groups their rows are in (at most 3; more: a bound)")
+    summary.add_row("databases", f"{result.n_databases}  (by {shown(result.by_column)})")
+    summary.add_row("individuals", f"{result.individuals.height}  (id {shown(result.id_column)})")
+    if result.n_bound_only:  # eps_all is over the exact eps_i; only the bound covers everyone
+        summary.add_row("eps_all", f"{fmt(result.eps_all)}  (over the individuals with exact eps_i)")
+        summary.add_row("eps_all bound", f"{_eps_all(result.eps_all_bound, result.sole_contributors)}; "
+                                         f"{result.n_bound_only} individual(s) in more than 3 groups are only "
+                                         "bounded (eps_bound)")
+    else:
+        summary.add_row("eps_all", _eps_all(result.eps_all, result.sole_contributors))
+    summary_end(con, summary, result, "risk by epsilon of the release of every group")
+    riskiest_table(con, result, top, show_id, "", [
+        ("delta", lambda row: "-" if row["delta"] is None else fmt(row["delta"])), ("eps_i", eps_i_cell),
+        ("eps_bound", lambda row: fmt(row["eps_bound"])), ("groups", lambda row: str(row["groups"])),
+        ("databases", lambda row: str(row["n_databases"]))])
+    _written(con, out, report, saved)
+
+
+#: the terminal summary of each curator model (:mod:`empdp.models`)
+PRINTERS = {"one": print_assessment, "joint": print_joint_assessment, "grouped": print_grouped_assessment}
+
+
+def print_result(result, **options) -> None:
+    """The terminal summary of any assessment, by its curator model."""
+    PRINTERS[result.kind.key](result, **options)

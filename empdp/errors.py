@@ -8,9 +8,27 @@ class EmpdpError(Exception):
 
 
 class InputError(EmpdpError, ValueError):
-    """Bad input: the message says what is wrong, where, and how to fix it (exit 2)."""
+    """Bad input: the message says what is wrong, where, and how to fix it (exit 2).
+
+    ``param`` names the library parameter(s) the message names (``InputError("threads must be ...",
+    param="threads")``): the command line shows their flags there instead (``--threads must be ...``).
+    A message that names parameters uses each name only for the parameter.
+    """
 
     exit_code = 2
+
+    def __init__(self, message: str = "", *, param: str | tuple | None = None):
+        super().__init__(message)
+        self.param = (param,) if isinstance(param, str) else tuple(param or ())
+
+    def shown(self, flag) -> str:
+        """The message with each parameter it names shown as ``flag(param)`` shows it."""
+        import re
+
+        text = str(self)
+        for name in self.param:
+            text = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", lambda _m, n=name: flag(n), text)
+        return text
 
 
 class BudgetExceededError(EmpdpError):

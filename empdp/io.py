@@ -298,6 +298,21 @@ def load_hash_key(path: str | None = None) -> bytes:
 _MAX_DIGITS = 308
 
 
+def jsonable(value):
+    """``value`` as strict JSON holds it: numpy scalars and arrays as Python numbers and lists, bools as
+    bools, non-finite numbers as null, keys as text, and any other scalar (a date, a decimal id) as its
+    text. The one JSON cleaner of every output: terminal ``--json``, result files and the report."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "tolist"):  # a numpy array or scalar (numpy is not imported for this)
+        return jsonable(value.tolist())
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return value if value is None or isinstance(value, (bool, int, str)) else str(value)
+
+
 def _json_int(text: str) -> int | float:
     return int(text) if len(text) <= _MAX_DIGITS else float(text)
 

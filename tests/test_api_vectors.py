@@ -7,9 +7,9 @@ from test_joint_assess import paper_table
 from test_joint_groups import EPS, grouped_table
 
 from empdp.assessment import Assessment, assess
+from empdp.assessment.groups import GroupedAssessment, assess_grouped
+from empdp.assessment.joint import JointAssessment, assess_joint
 from empdp.errors import InputError
-from empdp.joint.assess import JointAssessment, assess_joint
-from empdp.joint.groups import GroupedAssessment, assess_grouped
 
 
 def test_a_list_of_queries_is_the_joint_assessment():

@@ -9,7 +9,7 @@ import pytest
 from helpers import one_line_error, run
 from test_joint_groups import EPS, grouped_table
 
-from empdp.joint.groups import assess_grouped
+from empdp.assessment.groups import assess_grouped
 
 PANEL = ["--id", "id", "--by", "year", "--group-by", "region", "--query", "mean(x)"]
 EPS_ARGS = [a for e in EPS for a in ("-e", e)]
@@ -35,7 +35,7 @@ def test_json_and_out_are_the_librarys(five, tmp_path):
     assert summary["n_bound_only"] == ref.n_bound_only == 2
     assert [s["n_unresolved"] for s in summary["sweep"]] == ref.n_unresolved.tolist()
     rows = pl.read_parquet(out)
-    assert rows.columns == ["id", "eps_i", "eps_bound", "delta", "n_databases", "groups", "epsilon",
+    assert rows.columns == ["id", "eps_i", "eps_bound", "delta", "epsilon", "n_databases", "groups",
                             "sole_contributor"]
     assert rows["epsilon"].unique().to_list() == [min(EPS)]
     np.testing.assert_allclose(rows["eps_i"].fill_null(np.nan).to_numpy(), ref.eps_i, rtol=1e-12)

@@ -64,8 +64,8 @@ def test_out_columns_and_fixed_scales(tmp_path):
               "--bandwidth", "10,3,2", "-e", "0.5", "-e", "0.2", "--out", out, "--json")
     assert res.exit_code == 0, res.output
     rows = pl.read_csv(out)
-    assert rows.columns == ["id", "eps_i", "delta", "n_databases", "max_abs_shift_1", "max_abs_shift_2",
-                            "max_abs_shift_3", "epsilon", "sole_contributor"]
+    assert rows.columns == ["id", "eps_i", "eps_bound", "delta", "epsilon", "n_databases", "max_abs_shift_1",
+                            "max_abs_shift_2", "max_abs_shift_3", "sole_contributor"]
     assert rows.height == 8 and rows["epsilon"].unique().to_list() == [0.2]  # the ε of the delta column
     summary = json.loads(res.output)
     assert summary["query"] == ["sum(x)", "max(x)", "median(x)"] and summary["bandwidth"] == [10.0, 3.0, 2.0]
@@ -91,13 +91,13 @@ def test_one_query_is_the_one_statistic_assessment(paper):
     from rich.console import Console
 
     from empdp.assessment import assess
-    from empdp.cli._common import _clean
     from empdp.cli.render import print_assessment
+    from empdp.io import jsonable
 
     path, _ = paper
     args = ["assess", path, *PANEL, "--query", "sum(x)", "--bandwidth", "3", "-e", "0.1", "-e", "0.5"]
     one = assess(path, id="id", by="db", query="sum(x)", bandwidth=3.0, epsilon=[0.1, 0.5], workers="auto")
-    assert run(*args, "--json").output == json.dumps(_clean(one.to_dict()), allow_nan=False) + "\n"
+    assert run(*args, "--json").output == json.dumps(jsonable(one.to_dict()), allow_nan=False) + "\n"
     text = io.StringIO()
     print_assessment(one, console=Console(file=text, highlight=False, soft_wrap=True))
     assert run(*args).output == text.getvalue()

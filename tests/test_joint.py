@@ -6,16 +6,9 @@ from scipy.special import logsumexp
 
 from empdp.density import select_density
 from empdp.errors import InputError
-from empdp.joint import (
-    SingularCovarianceError,
-    joint_bound,
-    joint_eps_at,
-    joint_minimal_lambda,
-    joint_noise,
-    joint_risk,
-    select_joint_model,
-)
+from empdp.noise.joint_exact import joint_eps_at, joint_minimal_lambda, joint_noise
 from empdp.risk import evaluate
+from empdp.risk.joint import SingularCovarianceError, joint_bound, joint_risk, select_joint_model
 
 
 # ------------------------------------------------------------------ brute-force references (ours)
@@ -185,7 +178,7 @@ def test_d2_exposed_individual_at_levels_near_its_eps_is_not_lost_to_cancellatio
 @pytest.mark.parametrize("d", [2, 3])
 def test_only_and_cap_skip_exactly_what_cannot_exceed_the_cap(d):
     """δ_i at the levels outside ``only`` only where the chord bound (convexity in e^ε) exceeds the cap."""
-    from empdp.joint._cells import chord_bound
+    from empdp.risk.joint._cells import chord_bound
 
     q, S = random_panel(3, 10 if d == 2 else 7, d, 12 if d == 2 else 3, size=0.6)
     model = select_joint_model(q)
@@ -209,7 +202,7 @@ def test_only_and_cap_skip_exactly_what_cannot_exceed_the_cap(d):
 
 def test_d2_quadrant_sums_by_prefix_sums_equal_the_matrix_product(monkeypatch):
     """Rows spanning more than 2 FAST_SPAN scales take the matrix product; both forms give one δ_i."""
-    from empdp.joint import _cells
+    from empdp.risk.joint import _cells
 
     q, S = random_panel(6, 9, 2, 4, p_present=0.8)
     model = select_joint_model(q)
@@ -227,7 +220,7 @@ def test_d2_quadrant_sums_on_the_kink_grid_equal_their_definition(span):
     the sums by definition: the points at or before vertex line i (rank ≤ i) referred to x_i, those
     after it referred to x_{i+1} (none on the last line); with ties (absent databases put b_j on a_j,
     repeated coordinates) and rows spanning more than the prefix sums' range (the product form)."""
-    from empdp.joint import _cells
+    from empdp.risk.joint import _cells
 
     rng = np.random.default_rng(5)
     n, C = 7, 5
@@ -300,7 +293,7 @@ def test_d3_with_a_constant_statistic_reduces_to_d2():
 def test_d3_cut_cells_in_chunks_give_the_same_delta(monkeypatch):
     """The cut cells' coefficients are formed a chunk of cells at a time: chunks of 7 cells (many
     boundaries, a last partial chunk) give the same δ_i as one chunk."""
-    from empdp.joint import _generic
+    from empdp.risk.joint import _generic
 
     q, S = random_panel(4, 6, 3, 2, size=0.7)
     model = select_joint_model(q)
@@ -427,7 +420,7 @@ def test_noise_deconvolves_the_curator_kernel_per_whitened_axis():
 def test_any_gauss_node_count_in_the_adaptive_cells():
     """``nodes`` is any count (a rule outside the cached 2, 3, 4, 6, 8 raised KeyError where a cut
     cell needs refinement); a count below 1 is refused."""
-    from empdp.joint import _cutcell
+    from empdp.risk.joint import _cutcell
 
     rng = np.random.default_rng(4)
     x = rng.normal(5.0, 2.0, size=(30, 20))

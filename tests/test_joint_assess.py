@@ -4,8 +4,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from empdp.joint import SingularCovarianceError
-from empdp.joint.assess import assess_joint
+from empdp.assessment.joint import assess_joint
+from empdp.risk.joint import SingularCovarianceError
 
 
 def paper_table(K=7, n_db=40, n_ind=30, seed=0, steady=0.05):
@@ -32,7 +32,7 @@ def test_the_papers_warning_each_statistic_private_together_they_expose_k():
     assert joint.delta[-1] == 0.0  # 1.25 ε_all: everyone protected
     assert {"max_abs_shift_1", "max_abs_shift_2"} <= set(joint.individuals.columns)
     top = joint.riskiest(3)
-    assert top.height == 3 and top["sets"].sum() == 1 and top.filter(pl.col("sets"))["id"][0] == K
+    assert top.height == 3 and top["sets_eps_all"].sum() == 1 and top.filter(pl.col("sets_eps_all"))["id"][0] == K
     assert np.all(np.diff(top["delta"].to_numpy()) <= 0)  # ranked by exact δ_i at the smallest ε
 
 
@@ -60,8 +60,8 @@ def test_a_statistic_that_is_an_exact_function_of_the_other_is_a_finding():
 def test_the_sweep_skips_only_what_cannot_change_the_summary(monkeypatch):
     """Forced saturation after the first block: the largest δ_i and δ_i at the smallest ε are unchanged,
     and every δ_i left out (NaN) is positive and at most the largest."""
-    import empdp.joint._evaluation as ja
-    from empdp.joint import joint_risk, select_joint_model
+    import empdp.assessment.joint_evaluation as ja
+    from empdp.risk.joint import joint_risk, select_joint_model
 
     rng = np.random.default_rng(3)
     q = rng.normal(size=(12, 2))

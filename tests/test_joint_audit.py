@@ -14,7 +14,7 @@ from test_joint_release import EPS, QUERIES, paper_panel
 from empdp.audit import audit_release
 from empdp.audit.common import draw
 from empdp.audit.joint_release import JointReleaseAudit, exact_renyi, joint_release_mechanism
-from empdp.joint.panel import read_joint
+from empdp.loo.joint import read_joint
 from empdp.noise import calibrate
 
 pytestmark = pytest.mark.usefixtures("curator_key")

@@ -7,9 +7,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from empdp.assessment.groups import assess_grouped
 from empdp.errors import InputError
-from empdp.joint import select_joint_model
-from empdp.joint.groups import assess_grouped
+from empdp.risk.joint import select_joint_model
 
 EPS = [0.05, 0.2, 0.6]
 
@@ -33,7 +33,7 @@ def grouped_table(groups="abcde", n_db=24, n_ind=50, movers=None, seed=0):
 
 
 def test_two_groups_are_the_joint_query_of_the_filtered_statistics():
-    from empdp.joint.assess import assess_joint
+    from empdp.assessment.joint import assess_joint
 
     table = grouped_table(groups="ab", movers={20: "ab", 21: "ab"})
     filtered = [f"SELECT avg(x) FROM db WHERE region = '{g}'" for g in "ab"]
@@ -192,7 +192,7 @@ def test_bad_input_is_one_line(options, match):
 
 
 def test_too_many_groups_are_refused(monkeypatch):
-    import empdp.joint.panel as jp
+    import empdp.loo.joint as jp
 
     monkeypatch.setattr(jp, "MAX_GROUPS", 4)
     with pytest.raises(InputError, match="has 5 groups; a grouped statistic takes at most 4"):
@@ -212,7 +212,7 @@ def test_the_only_contributor_to_a_group_is_exposed():
 
 
 def test_group_names_and_values_are_quoted_and_fixed_scales_match_the_joint_query():
-    from empdp.joint.assess import assess_joint
+    from empdp.assessment.joint import assess_joint
 
     table = grouped_table(groups="ab", movers={20: "ab"}).with_columns(
         pl.col("region").replace({"a": "O'Hare", "b": 'say "b"'}).alias('area "x"'))
@@ -230,7 +230,7 @@ def test_group_names_and_values_are_quoted_and_fixed_scales_match_the_joint_quer
 
 
 def test_groups_whose_statistics_are_exactly_dependent_are_a_finding():
-    from empdp.joint import SingularCovarianceError
+    from empdp.risk.joint import SingularCovarianceError
 
     rng = np.random.default_rng(5)
     # one row per individual and year, some moving: count(*) of the three regions always sums to 30
@@ -245,7 +245,7 @@ def test_groups_whose_statistics_are_exactly_dependent_are_a_finding():
 def test_the_sweep_skips_only_what_cannot_change_the_summary(five, monkeypatch):
     """Forced saturation of δ*(ε) by the one-group individuals: the joint rows then get δ_i(ε) only where it
     can exceed the largest so far; the summary and δ_i at the smallest ε are unchanged."""
-    import empdp.joint._evaluation as je
+    import empdp.assessment.joint_evaluation as je
 
     table, full = five
     monkeypatch.setattr(je, "SWEEP_ROWS", 1)
@@ -260,9 +260,9 @@ def test_the_sweep_skips_only_what_cannot_change_the_summary(five, monkeypatch):
 
 
 def test_a_wrong_number_of_scales_is_refused_before_any_group_is_read(monkeypatch):
-    import empdp.joint.panel as jp
+    import empdp.loo.joint as jp
 
-    monkeypatch.setattr(jp, "open_engine", lambda *args, **kwargs: pytest.fail("a group was read"))
+    monkeypatch.setattr(jp, "make_engine", lambda *args, **kwargs: pytest.fail("a group was read"))
     with pytest.raises(InputError, match=r"^--bandwidth needs one scale, or one per group \(5\); got 3$"):
         assess_grouped(grouped_table(), id="id", by="year", group_by="region", query="mean(x)",
                        bandwidth=[0.1, 0.2, 0.3])
@@ -271,7 +271,7 @@ def test_a_wrong_number_of_scales_is_refused_before_any_group_is_read(monkeypatc
 def test_grouped_results_do_not_depend_on_the_thread_count(monkeypatch):
     """The joint rows are swept in blocks side by side; with saturation forced early (so that which δ_i
     are skipped matters) one thread and four give the same assessment."""
-    import empdp.joint._evaluation as je
+    import empdp.assessment.joint_evaluation as je
 
     monkeypatch.setattr(je, "SWEEP_ROWS", 2)
     monkeypatch.setattr(je, "SATURATED", -0.05)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from helpers import CURATOR_KEY, SAMPLE, run
 
-from empdp.joint.noise import JointNoise
 from empdp.keys import key_id, mac
 from empdp.noise import JointCalibration, Ledger, load_calibration
+from empdp.noise.joint_exact import JointNoise
 
 pytestmark = pytest.mark.usefixtures("curator_key")
 

@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 
 from empdp.errors import InputError
-from empdp.joint import panel as joint_panel
-from empdp.joint.panel import read_grouped, read_joint
 from empdp.loo import DecomposableSet, leave_one_out
+from empdp.loo import joint as joint_panel
+from empdp.loo.joint import read_grouped, read_joint
 
 WHERE = "g <> 'drop'"
 

@@ -12,11 +12,12 @@ import pytest
 from helpers import CURATOR_KEY, one_line_error, parquet_file, run, set_field
 
 from empdp.errors import BudgetExceededError, InputError
-from empdp.joint import JointModel, joint_eps_at
-from empdp.joint.panel import read_joint
+from empdp.loo.joint import read_joint
 from empdp.noise import JointCalibration, Ledger, calibrate, calibrate_joint_values, load_calibration
+from empdp.noise.joint_exact import joint_eps_at
 from empdp.noise.ledger_format import SCHEMA
 from empdp.noise.sampler import SecureBits
+from empdp.risk.joint import JointModel
 
 pytestmark = pytest.mark.usefixtures("curator_key")
 PANEL = ["--id", "id", "--by", "db"]
@@ -343,7 +344,7 @@ def test_one_ledger_counts_joint_and_single_releases_together(calibrated, paper,
 def test_no_noise_exactly_when_assess_finds_nobody_at_risk(paper, bandwidth):
     """One model from assess to release: calibrate adds no noise at epsilon exactly when the joint assessment
     with the same statistics and bandwidth puts nobody at risk there (both sides of eps_all, 1e-6 apart)."""
-    from empdp.joint.assess import assess_joint
+    from empdp.assessment.joint import assess_joint
 
     path, _ = paper
     eps_all = assess_joint(path, id="id", by="db", queries=QUERIES, bandwidth=bandwidth, epsilon=[1.0]).eps_all

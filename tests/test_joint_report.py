@@ -16,9 +16,9 @@ from numpy.testing import assert_allclose
 from scipy.integrate import quad
 from test_joint_assess import paper_table
 
+from empdp.assessment.joint import assess_joint
 from empdp.assessment.result import JOINT_FORMAT, keep_shifts, load_result, save_result
 from empdp.errors import InputError
-from empdp.joint.assess import assess_joint
 from empdp.report import JOINT_SECTIONS, render_report, report_html
 from empdp.report.contours import density_grid, log_margin
 
@@ -160,7 +160,7 @@ def _direct_margin(model, xy, axes, shifts) -> float:
 
 
 def test_three_statistics_margins_against_quadrature():
-    from empdp.joint.model import select_joint_model
+    from empdp.risk.joint.model import select_joint_model
 
     rng = np.random.default_rng(3)
     q = rng.normal(size=(12, 3)) @ np.array([[1, 0.6, 0.2], [0, 1, 0.5], [0, 0, 1.0]]) * [10, 1, 3]
@@ -329,5 +329,5 @@ def test_a_joint_query_of_one_statistic_draws_curves():
     sec = _sections(report_html(a))
     assert tuple(sec) == JOINT_SECTIONS and "curves, not contours" in sec["contours"]
     top = a.riskiest(10)
-    drawn = 1 + (not top["sets"][0])  # the riskiest, and the ε_all setter when another
+    drawn = 1 + (not top["sets_eps_all"][0])  # the riskiest, and the ε_all setter when another
     assert len(re.findall(r"data:image/png;base64,", sec["contours"])) == drawn

@@ -252,18 +252,18 @@ def test_the_digest_of_several_files_is_that_of_their_sorted_digests(tmp_path):
 
 
 def test_a_source_that_changes_while_it_is_read_is_not_released(tmp_path, sample_cal, monkeypatch):
-    import empdp.noise.compute as compute
+    import empdp.noise.source as source
 
     data = tmp_path / "d.parquet"
     data.write_bytes(open(SAMPLE, "rb").read())
-    real = compute.query_value
+    real = source.database_values
 
     def touched(*args, **kwargs):
         value = real(*args, **kwargs)
         os.utime(data, ns=(time.time_ns(), time.time_ns() + 10**9))
         return value
 
-    monkeypatch.setattr(compute, "query_value", touched)
+    monkeypatch.setattr(source, "database_values", touched)
     one_line_error(run("release", sample_cal, data, "--database", 1990, "--ledger", tmp_path / "l.sqlite",
                        "--budget", 1), "changed while it was read")
     assert not (tmp_path / "l.sqlite").exists()

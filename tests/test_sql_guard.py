@@ -19,8 +19,8 @@ from helpers import SAMPLE, one_line_error, run
 import empdp
 from empdp.data import open_panel
 from empdp.errors import InputError
-from empdp.joint.panel import read_grouped
 from empdp.loo import leave_one_out
+from empdp.loo.joint import read_grouped
 
 PASSWD = "/etc/passwd"
 

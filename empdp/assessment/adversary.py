@@ -17,15 +17,15 @@ scales). See ``docs/method.md`` ("Adversarial knowledge").
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
-from .. import risk
 from ..density import DensityModel, select_density
 from ..errors import InputError
+from ..io import jsonable
+from ..risk.buckets import bucket_risk
 from . import checks
 
 #: databases a bucket should hold at least (fewer: the bucket's density estimate is unreliable)
@@ -48,12 +48,8 @@ class Bucket:
 
     def to_dict(self, labels) -> dict:
         return {"lo": self.lo, "hi": self.hi, "n_databases": int(len(self.databases)),
-                "eps_all": self.eps_all, "databases": [_plain(labels[j]) for j in self.databases],
+                "eps_all": self.eps_all, "databases": [jsonable(labels[j]) for j in self.databases],
                 "bandwidth": float(self.model.scale)}
-
-
-def _plain(v):
-    return v if isinstance(v, (bool, int, float, str)) or v is None else str(v)
 
 
 def default_buckets(n: int) -> int:
@@ -100,7 +96,7 @@ def read_statistic(source, labels, *, id: str, by: str, adversary: str | None, a
     the assessment reads with (``engine``: the keywords of :func:`empdp.loo.open_engine`, e.g.
     ``engine="spark"``, ``table=``): only one number per database leaves it."""
     from ..data.guard import check_select
-    from ..loo import open_engine
+    from ..engines import open_engine
 
     if adversary_sql is not None:  # named as the user gave it (the engine would say --sql)
         check_select(adversary_sql.strip().rstrip(";").strip(), "--adversary-sql")
@@ -136,27 +132,6 @@ def scales(buckets: list[Bucket], n: int) -> np.ndarray:
     for b in buckets:
         out[b.databases] = b.model.bandwidths
     return out
-
-
-def bucket_risk(buckets: list[Bucket], shifts: np.ndarray, eps: np.ndarray | None):
-    """ε_i, δ_i(eps) (maxima over buckets) and the bucket that sets ε_i, for rows of dense shifts.
-
-    Returns ``(eps_i, delta, which, per_bucket_eps)`` with ``delta`` None without ``eps``.
-    """
-    C = len(shifts)
-    eps_i = np.zeros(C)
-    which = np.zeros(C, dtype=np.int64)
-    per = np.zeros((C, len(buckets)))
-    delta = None if eps is None else np.zeros((C, len(eps)))
-    for k, b in enumerate(buckets):
-        e, d = risk.evaluate(b.model, shifts[:, b.databases], eps)
-        per[:, k] = e
-        take = e > eps_i
-        eps_i[take], which[take] = e[take], k
-        if delta is not None:
-            d = b.model.kernel.reported_delta(d)  # below a stated tolerance δ_i is reported as 0
-            delta = np.maximum(delta, d)
-    return eps_i, delta, which, per
 
 
 def assess_buckets(engine, q: np.ndarray, buckets: list[Bucket], eps: np.ndarray | None, *,
@@ -238,16 +213,11 @@ def summary(buckets: list[Bucket], labels, statistic: str, unconditional) -> dic
     """The JSON ``adversary`` object."""
     return {"statistic": statistic,
             "buckets": [b.to_dict(labels) for b in buckets],
-            "unconditional": {"eps_all": _finite(unconditional.eps_all),
+            "unconditional": {"eps_all": jsonable(unconditional.eps_all),
                               "sweep": [{"epsilon": float(e), "delta": float(d), "total_risk": float(t),
                                          "n_at_risk": int(c)}
                                         for e, d, t, c in zip(unconditional.epsilons, unconditional.delta,
                                                               unconditional.total_risk, unconditional.n_at_risk)]}}
-
-
-def _finite(v):
-    v = float(v)
-    return v if math.isfinite(v) else None
 
 
 def bucket_column(which: np.ndarray, eps_i: np.ndarray) -> pl.Series:

@@ -16,65 +16,23 @@ import numpy as np
 import polars as pl
 from threadpoolctl import threadpool_limits
 
-from .. import risk
+from .. import params, risk
 from ..data.guard import check_select
 from ..density import DEFAULT_KERNEL, DensityModel, select_density
+from ..engines import open_engine
 from ..errors import InputError
-from ..loo import LooEngine, open_engine
+from ..io import jsonable
+from ..loo import LooEngine
+from ..models import GROUPED, ONE, given, model_for, statistics
 from ..progress import READING, Progress, no_progress
+from ..risk.buckets import bucket_risk
 from . import checks
 from .evaluation import FETCH_CELLS, Evaluation, default_epsilons, on_spark
-from .parallel import WORKERS, available_cores
+from .groups import assess_grouped
+from .joint import assess_joint
+from .parallel import available_cores
 from .ranking import Ranking, eps_all_code
-
-
-def _check_threads(threads) -> int:
-    if threads is None:
-        return available_cores()
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
-        raise InputError(f"--threads must be a whole number >= 1, got {threads!r}")
-    return int(threads)
-
-
-#: the largest ε any command takes: e^ε overflows a double just beyond 709
-MAX_EPSILON = 700.0
-
-
-def _check_epsilons(epsilon) -> np.ndarray:
-    eps = np.atleast_1d(np.asarray(epsilon, dtype=float))
-    if not len(eps) or np.any(~np.isfinite(eps)) or np.any(eps < 0) or np.any(eps > MAX_EPSILON):
-        raise InputError(f"--epsilon values must be in [0, {MAX_EPSILON:g}] (e^epsilon overflows beyond)")
-    return np.unique(eps)
-
-
-@dataclass(kw_only=True)
-class RiskSweep:
-    """What every assessment holds, of one statistic or of several released together
-    (:class:`Assessment`, :class:`empdp.joint.assess.JointAssessment`): the source's databases and
-    query values ``q``, the ε swept with δ(ε), δ*(ε) and the at-risk counts, ε_all, and one row
-    per individual."""
-
-    source: str
-    id_column: str
-    by_column: str
-    labels: list
-    q: np.ndarray
-    epsilons: np.ndarray
-    delta: np.ndarray
-    total_risk: np.ndarray
-    n_at_risk: np.ndarray
-    eps_all: float
-    individuals: pl.DataFrame
-    sole_contributors: int
-
-    @property
-    def n_databases(self) -> int:
-        return len(self.labels)
-
-    def epsilon_for_total_risk(self, target: float) -> float | None:
-        """Smallest assessed ε with δ*(ε) ≤ target (None if no assessed ε reaches it)."""
-        ok = np.flatnonzero(self.total_risk <= target)
-        return float(self.epsilons[ok[0]]) if len(ok) else None
+from .sweep import RiskSweep
 
 
 @dataclass(kw_only=True)
@@ -118,9 +76,39 @@ class Assessment(RiskSweep):
     adversary: dict | None = None
     buckets: list | None = field(default=None, repr=False)
 
+    kind = ONE
+
     @property
     def n_individuals(self) -> int:
         return self.individuals.height
+
+    @property
+    def statistic(self) -> str:
+        return self.query
+
+    def close(self) -> None:
+        """Close the leave-one-out engine the result keeps (for exact values on demand); the values stay."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    def log_lines(self) -> list[str]:
+        m = self.model
+        return [*super().log_lines(),
+                f"density model: {m.kernel} kernel, scale {m.scale:.6g}, {'variable' if m.variable else 'fixed'} "
+                f"bandwidths (sensitivity {m.sensitivity:g}), {m.selected_by} among {len(m.candidates)} "
+                f"candidate(s), LOO log-likelihood {m.loglik:.6g}",
+                f"{self.n_evaluated} individual(s) evaluated exactly (screening {'on' if self.screening else 'off'})"]
+
+    def debug_lines(self) -> list[str]:
+        m = self.model
+        best = sorted(m.candidates, key=lambda c: -c["loglik"])[:5]
+        return ["best candidates: " + "; ".join(f"{c['kernel']} b={c['scale']:.4g} a={c['sensitivity']:g} "
+                                                f"loglik={c['loglik']:.4g}" for c in best),
+                f"bandwidths b_j in [{m.bandwidths.min():.4g}, {m.bandwidths.max():.4g}]; query values in "
+                f"[{self.q.min():.4g}, {self.q.max():.4g}]",
+                f"independence: {self.independence}; representativeness: "
+                f"{ {k: v for k, v in self.representativeness.items() if k != 'histogram'} }"]
 
     @property
     def eps_tolerance(self) -> float:
@@ -170,8 +158,6 @@ class Assessment(RiskSweep):
             shifts = self.engine.shifts(codes[ok])
             with threadpool_limits(limits=1, user_api="blas"):  # as in assess: the same bits
                 if self.buckets:
-                    from .adversary import bucket_risk
-
                     e, d, _, _ = bucket_risk(self.buckets, shifts, np.array([eps]))
                 else:
                     e, d = risk.evaluate(self.model, shifts, np.array([eps]))
@@ -201,10 +187,9 @@ class Assessment(RiskSweep):
             "bandwidth": float(self.model.scale),
             "bandwidth_sensitivity": float(self.model.sensitivity),
             "density_model": self.model.describe(),
-            "eps_all": _num(self.eps_all),
-            "sweep": [{"epsilon": float(e), "delta": float(d), "total_risk": float(t), "n_at_risk": int(c)}
-                      for e, d, t, c in zip(self.epsilons, self.delta, self.total_risk, self.n_at_risk)],
-            "independence": {k: _num(v) for k, v in self.independence.items()},
+            "eps_all": jsonable(self.eps_all),
+            "sweep": self.sweep_rows(),
+            "independence": jsonable(self.independence),
             "representativeness": self.representativeness,
             "sole_contributors": int(self.sole_contributors),
             "n_evaluated": int(self.n_evaluated),
@@ -215,13 +200,6 @@ class Assessment(RiskSweep):
             "notes": ["total_risk assumes the individuals' risks are independent"]
             + [note for note in (self.model.kernel.eps_note(),) if note],
         }
-
-
-def _num(v):
-    if v is None:
-        return None
-    v = float(v)
-    return v if math.isfinite(v) else None
 
 
 def assess(source: Any, *, id: str, by: str, query: str | list | None = None, where: str | None = None,
@@ -243,8 +221,8 @@ def assess(source: Any, *, id: str, by: str, query: str | list | None = None, wh
     query, where, sql
         ``query`` (e.g. ``"mean(x)"``) with an optional SQL ``where`` filter,
         or ``sql`` reading the table ``db``. A list of 2–3 of either assesses the
-        statistics released together: :func:`empdp.joint.assess.assess_joint`,
-        whose :class:`~empdp.joint.assess.JointAssessment` is returned.
+        statistics released together: :func:`empdp.assessment.joint.assess_joint`,
+        whose :class:`~empdp.assessment.joint.JointAssessment` is returned.
     epsilon
         One ε or a list; default: 50 values log-spaced over [ε_all/20, 1.25 ε_all].
     kernel, bandwidth
@@ -282,35 +260,29 @@ def assess(source: Any, *, id: str, by: str, query: str | list | None = None, wh
         evaluate the candidates on the executors (docs/spark.md).
     group_by
         A column: one statistic per group and database, released together
-        (:func:`empdp.joint.groups.assess_grouped`, whose
-        :class:`~empdp.joint.groups.GroupedAssessment` is returned).
+        (:func:`empdp.assessment.groups.assess_grouped`, whose
+        :class:`~empdp.assessment.groups.GroupedAssessment` is returned).
 
     Returns
     -------
     Assessment, or for several statistics a JointAssessment or GroupedAssessment
     """
-    query, sql = _one_or_list(query), _one_or_list(sql)
-    if isinstance(query, list) or isinstance(sql, list) or group_by is not None:
-        _refuse_for_vectors(kernel=kernel, adversary=adversary, adversary_sql=adversary_sql, buckets=buckets,
-                            engine=engine, table=table, screening=screening)
+    model, d = model_for(query, sql, group_by)
+    model.refuse(given(kernel=kernel, adversary=adversary, adversary_sql=adversary_sql, buckets=buckets,
+                        engine=engine, table=table, workers=workers, screening=screening), d)
+    if model is not ONE:
+        queries, sqls = statistics(query, sql)
         common = dict(id=id, by=by, where=where, epsilon=epsilon, bandwidth=bandwidth, drop_null_ids=drop_null_ids,
-                      memory_limit=memory_limit, threads=threads)
-        if group_by is not None:
-            if isinstance(query, list) or isinstance(sql, list):
-                raise InputError("group_by computes one statistic per group: give one query or one sql")
-            from ..joint.groups import assess_grouped
-
-            return assess_grouped(source, group_by=group_by, query=query, sql=sql, progress=progress or no_progress,
+                      memory_limit=memory_limit, threads=threads, progress=progress or no_progress)
+        if model is GROUPED:
+            return assess_grouped(source, group_by=group_by, query=(queries or [None])[0], sql=(sqls or [None])[0],
                                   **common)
-        from ..joint.assess import assess_joint
-
-        return assess_joint(source, queries=query, sql=sql, exact_all=exact_all, progress=progress or no_progress,
-                            **common)
+        return assess_joint(source, queries=queries or None, sql=sqls or None, exact_all=exact_all, **common)
+    query, sql = _one(query), _one(sql)
     progress = progress or no_progress
-    eps = None if epsilon is None else _check_epsilons(epsilon)
-    threads = _check_threads(threads)
-    if workers not in WORKERS:
-        raise InputError(f"--workers must be one of {', '.join(WORKERS)}, got {workers!r}")
+    eps = None if epsilon is None else params.epsilons(epsilon)
+    threads = available_cores() if threads is None else params.whole(threads, "threads")
+    params.workers(workers)
     with ExitStack() as stack:
         # blocks of individuals are evaluated side by side, each with single-threaded BLAS (also
         # when threads=1, so that results do not depend on the thread count)
@@ -339,21 +311,9 @@ def assess(source: Any, *, id: str, by: str, query: str | list | None = None, wh
                             progress=progress)
 
 
-def _one_or_list(statistic):
-    """A statistic as given, a list of 2 or more as a list, and a list of one as that one."""
-    if isinstance(statistic, (list, tuple)):
-        return statistic[0] if len(statistic) == 1 else list(statistic)
-    return statistic
-
-
-def _refuse_for_vectors(**given) -> None:
-    """The options of the one-statistic assessment that a joint or grouped one does not take."""
-    defaults = {"kernel": DEFAULT_KERNEL, "adversary": None, "adversary_sql": None, "buckets": None,
-                "engine": "duckdb", "table": None, "screening": True}
-    for name, value in given.items():
-        if value != defaults[name]:
-            raise InputError(f"{name}={value!r} applies to one statistic only: statistics released together "
-                             "use product Laplace kernels, read through DuckDB, without an adversary model")
+def _one(statistic):
+    """The one statistic of a one-statistic request (given as it is, or as a list of one)."""
+    return statistic[0] if isinstance(statistic, (list, tuple)) else statistic
 
 
 def _open(source, **options) -> LooEngine:

@@ -4,7 +4,7 @@ year (docs/method.md#102-joint-queries, issue 19).
 The release is the vector (f(X^j ∩ g))_g of the G groups. An individual changes only the groups
 their rows are in (k of them):
 
-* G ≤ 3: the vector is one joint query, exactly :func:`empdp.joint.assess.assess_joint` of the
+* G ≤ 3: the vector is one joint query, exactly :func:`empdp.assessment.joint.assess_joint` of the
   statistic filtered to each group;
 * G > 3 and k ≤ 3: the exact joint risk of those k groups' statistics (the joint model of their
   series, one model per set of groups; k = 1 is the group's one-statistic model);
@@ -17,33 +17,33 @@ their rows are in (k of them):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from ..assessment import checks
-from ..assessment.assess import RiskSweep
-from ..assessment.evaluation import default_epsilons
-from ..assessment.parallel import available_cores
 from ..errors import InputError
+from ..io import jsonable
+from ..loo.joint import GroupPanel, read_grouped
+from ..models import GROUPED
 from ..progress import READING, Progress, no_progress
-from . import JointModel, joint_bound, joint_risk, select_joint_model
-from ._evaluation import Summary, exact_eps, sweep
-from .model import MAX_DIM
-from .panel import GroupPanel, read_grouped
+from ..risk.joint import MAX_DIM, JointModel, joint_bound, joint_risk, select_joint_model
+from . import checks
+from .evaluation import default_epsilons
+from .joint_evaluation import Summary, exact_eps, sweep
+from .parallel import available_cores
+from .sweep import RiskSweep, check_rank_epsilon, ranked
 
 
 @dataclass(kw_only=True)
 class GroupedAssessment(RiskSweep):
-    """Result of :func:`assess_grouped`: as :class:`empdp.joint.assess.JointAssessment`, for one
+    """Result of :func:`assess_grouped`: as :class:`empdp.assessment.joint.JointAssessment`, for one
     statistic per group.
 
     ``individuals`` has the id, ``eps_i`` (exact; ∞ for sole contributors; null where only a bound
     is known: the individual touches more than 3 of G > 3 groups), ``eps_bound`` (a certified bound
-    ≥ ε_i, as in :class:`empdp.joint.assess.JointAssessment`: the screening bound M_i of the
+    ≥ ε_i, as in :class:`empdp.assessment.joint.JointAssessment`: the screening bound M_i of the
     individual's model, and for the bounded the sum Σ_g M_ig of their groups'), ``delta`` (δ_i at
     the smallest ε; null where only bounded and the bound exceeds it), ``n_databases``, ``groups``
     (k, the groups the individual's rows are in) and ``sole_contributor``. ``group_risks`` has, for
@@ -67,6 +67,16 @@ class GroupedAssessment(RiskSweep):
     #: the independence checks of each group's series over the databases (as for one statistic)
     independence: list = field(default_factory=list)
 
+    kind = GROUPED
+
+    @property
+    def statistic(self) -> str:
+        return f"{self.query} by {self.group_by}"
+
+    def log_lines(self) -> list[str]:
+        how = "one joint query" if self.joint else "each individual on the groups their rows are in"
+        return [*super().log_lines(), f"{len(self.groups)} groups ({how}), {self.n_bound_only} bounded only"]
+
     @property
     def joint(self) -> bool:
         """True when the groups are few enough (≤ 3) to be assessed as one joint query."""
@@ -82,16 +92,16 @@ class GroupedAssessment(RiskSweep):
         """Exact ε_i (NaN where only a bound is known)."""
         return self.individuals["eps_i"].fill_null(np.nan).to_numpy()
 
-    def riskiest(self, k: int = 10) -> pl.DataFrame:
-        """The ``k`` riskiest individuals by exact δ_i at the smallest ε, ties by ε_i, the individuals
-        known only by a bound last; the individual that sets ε_all (column ``sets``) always included."""
-        ind = self.individuals
-        eps_i, sole = self.eps_i, ind["sole_contributor"].to_numpy()
-        sets = ~sole & (eps_i == self.eps_all) & (self.eps_all > 0)
-        ranked = ind.with_columns(pl.Series("sets", sets)).sort(["delta", "eps_i"], descending=True, nulls_last=True,
-                                                                maintain_order=True)
-        head = ranked.head(k)
-        return head if head["sets"].any() else head.vstack(ranked.filter(pl.col("sets")).head(1))
+    def riskiest(self, k: int = 10, epsilon: float | None = None) -> pl.DataFrame:
+        """The ``k`` riskiest individuals by exact δ_i at ``epsilon``, ties by ε_i, the individuals known
+        only by a bound last; the individual that sets ε_all always included (as
+        :meth:`empdp.assessment.Assessment.riskiest`). A grouped result keeps δ_i at its smallest
+        assessed ε only, the one ``epsilon`` may be (default)."""
+        eps = float(self.epsilons[0]) if epsilon is None else check_rank_epsilon(epsilon)
+        if eps != float(self.epsilons[0]):
+            raise InputError(f"a grouped result ranks at its smallest assessed epsilon, "
+                             f"{float(self.epsilons[0]):g}; to rank at {eps:g}, assess with --epsilon {eps:g}")
+        return ranked(self, eps, self.individuals["delta"].fill_null(np.nan).to_numpy(), ["eps_bound", "groups"], k)
 
     def to_dict(self) -> dict:
         G = len(self.groups)
@@ -101,13 +111,13 @@ class GroupedAssessment(RiskSweep):
         else:
             bandwidth = [float(self.models[(g,)].scales[0]) for g in range(G)]
             density = {"kind": "laplace-product per set of groups", "models": [
-                {"groups": [_json(self.groups[g]) for g in S], **m.describe()} for S, m in self.models.items()]}
+                {"groups": [jsonable(self.groups[g]) for g in S], **m.describe()} for S, m in self.models.items()]}
         return {
             "source": self.source, "query": self.query, "group_by": self.group_by,
-            "groups": [_json(g) for g in self.groups], "id": self.id_column, "by": self.by_column,
+            "groups": [jsonable(g) for g in self.groups], "id": self.id_column, "by": self.by_column,
             "n_databases": self.n_databases, "n_individuals": self.individuals.height,
             "kernel": "laplace", "bandwidth": bandwidth, "density_model": density,
-            "eps_all": _num(self.eps_all), "eps_all_bound": _num(self.eps_all_bound),
+            "eps_all": jsonable(self.eps_all), "eps_all_bound": jsonable(self.eps_all_bound),
             "n_bound_only": self.n_bound_only,
             "sweep": [{"epsilon": float(e), "delta": float(d), "total_risk": float(t), "n_at_risk": int(c),
                        "n_unresolved": int(u)}
@@ -123,16 +133,6 @@ class GroupedAssessment(RiskSweep):
                 "independent statistics; delta, total_risk and n_at_risk leave out, at each epsilon, the "
                 "n_unresolved such individuals whose bound exceeds it"]),
         }
-
-
-def _num(v):
-    v = float(v)
-    return v if math.isfinite(v) else None
-
-
-def _json(v):
-    """A group's value as JSON writes it (text for dates and other non-JSON types)."""
-    return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
 
 
 def _fixed_scales(bandwidth, G: int):
@@ -207,7 +207,7 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
     empdp.errors.InputError
         Bad input (one line), among others a NULL group, a group missing from a database, or a
         set of groups whose statistics are exactly dependent over the databases
-        (:class:`empdp.joint.SingularCovarianceError`).
+        (:class:`empdp.risk.joint.SingularCovarianceError`).
     """
     given = None if epsilon is None else np.sort(np.atleast_1d(np.asarray(epsilon, float)))
     if given is not None and not np.all(np.isfinite(given) & (given >= 0)):
@@ -294,8 +294,8 @@ class _Rows:
         """δ_i(ε) (m, E): exact; 1 for sole contributors; for the bounded 0 from their bound on, NaN below.
 
         One-group models first (closed form, all rows at once), then each set of groups by
-        :func:`empdp.joint._evaluation.sweep` (riskiest ε_i first, blocks in ``threads``), all
-        sharing one running total: once Σ log(1 − δ_i(ε)) ≤ :data:`empdp.joint._evaluation.SATURATED`, δ*(ε) is 1.0 whatever
+        :func:`empdp.assessment.joint_evaluation.sweep` (riskiest ε_i first, blocks in ``threads``), all
+        sharing one running total: once Σ log(1 − δ_i(ε)) ≤ :data:`empdp.assessment.joint_evaluation.SATURATED`, δ*(ε) is 1.0 whatever
         the rest are, and the next blocks need δ_i(ε) only where it can exceed the largest so far
         (NaN elsewhere, positive); δ_i at the smallest ε is always computed.
         """

@@ -1,27 +1,29 @@
 """Assess a joint release of 2–3 statistics from a table (docs/method.md#102-joint-queries, issue 19).
 
-Thin I/O over :mod:`empdp.joint`: the query values and shifts (:func:`.panel.read_joint`), the
+Thin I/O over :mod:`empdp.risk.joint`: the query values and shifts (:func:`.panel.read_joint`), the
 joint model, then ε_all and δ_i(ε) over a sweep, exact, evaluating only the individuals they need
 (:mod:`._evaluation`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from ..assessment import checks
-from ..assessment.assess import RiskSweep
-from ..assessment.parallel import available_cores
 from ..errors import InputError
+from ..io import jsonable
+from ..loo.joint import read_joint
+from ..models import JOINT
 from ..progress import READING, Progress, no_progress
-from . import JointModel, joint_bound, select_joint_model
-from ._evaluation import exact_eps, search_eps_all, sweep
-from .panel import read_joint
+from ..risk.joint import JointModel, joint_bound, select_joint_model
+from . import checks
+from .evaluation import default_epsilons
+from .joint_evaluation import exact_eps, search_eps_all, sweep
+from .parallel import available_cores
+from .sweep import RiskSweep, check_rank_epsilon, ranked
 
 
 @dataclass(kw_only=True)
@@ -44,6 +46,19 @@ class JointAssessment(RiskSweep):
     #: Δ_ij (m, n, d) of every individual (row order of ``individuals``), for exact values on demand
     shifts: np.ndarray | None = field(default=None, repr=False)
 
+    kind = JOINT
+
+    @property
+    def statistic(self) -> str:
+        return " & ".join(self.queries)
+
+    def log_lines(self) -> list[str]:
+        m = self.model
+        return [*super().log_lines(),
+                f"joint model: product Laplace kernels on {'whitened' if m.whitened else 'the statistics own'} "
+                f"axes, scales {', '.join(f'{b:.6g}' for b in m.scales)}, {m.selected_by}, LOO log-likelihood "
+                f"{m.loglik:.6g}"]
+
     @property
     def eps_i(self) -> np.ndarray:
         """``individuals["eps_i"]`` as floats: NaN where it was not evaluated (see the class docstring)."""
@@ -52,31 +67,43 @@ class JointAssessment(RiskSweep):
     #: rows per batch when :meth:`riskiest` makes ε_i exact
     RANK_BATCH = 256
 
-    def riskiest(self, k: int = 10) -> pl.DataFrame:
-        """The ``k`` riskiest individuals, as :meth:`empdp.assessment.Assessment.riskiest`: by δ_i at the
-        smallest ε, ties by ε_i (sole contributors first), and the individual that sets ε_all even
-        when it is not among them (column ``sets``); every value is exact.
+    def riskiest(self, k: int = 10, epsilon: float | None = None) -> pl.DataFrame:
+        """The ``k`` riskiest individuals at ``epsilon`` (default: the smallest assessed ε), as
+        :meth:`empdp.assessment.Assessment.riskiest`: by exact δ_i(ε), ties by ε_i (sole contributors
+        first), and the individual that sets ε_all even when it is not among them; every value is exact.
 
-        δ_i at the smallest ε is exact for everyone, and every row with δ_i > 0 has its exact ε_i. Rows
-        at δ_i = 0 are ranked by ε_i: those without one get it exactly, in decreasing order of
-        ``eps_bound``, until the next bound cannot enter the table (branch and bound; written back to
-        ``individuals``).
+        δ_i at the smallest ε is exact for everyone (at another ε it is computed here for every row whose
+        screening bound exceeds it), and every row with δ_i > 0 has its exact ε_i. Rows at δ_i = 0 are
+        ranked by ε_i: those without one get it exactly, in decreasing order of ``eps_bound``, until the
+        next bound cannot enter the table (branch and bound; written back to ``individuals``).
         """
-        self._rank_exact(k)
-        ind = self.individuals
-        eps_i, sole = self.eps_i, ind["sole_contributor"].to_numpy()
-        sets = ~sole & (eps_i == self.eps_all) & (self.eps_all > 0)
-        ranked = ind.with_columns(pl.Series("sets", sets)).sort(["delta", "eps_i"], descending=True,
-                                                                nulls_last=True, maintain_order=True)
-        head = ranked.head(k)
-        return head if head["sets"].any() else head.vstack(ranked.filter(pl.col("sets")).head(1))
+        eps = float(self.epsilons[0]) if epsilon is None else check_rank_epsilon(epsilon)
+        delta = self._delta_at(eps)
+        self._rank_exact(k, delta)
+        own = ["eps_bound", *[f"max_abs_shift_{j + 1}" for j in range(len(self.queries))]]
+        return ranked(self, eps, delta, own, k)
 
-    def _rank_exact(self, k: int) -> None:
+    def _delta_at(self, eps: float) -> np.ndarray:
+        """Exact δ_i(eps) of every individual (1 for sole contributors)."""
+        delta = self.individuals["delta"].to_numpy().astype(float)
+        if eps == float(self.epsilons[0]):
+            return delta
+        if self.shifts is None:
+            raise InputError(f"this result has no shifts to rank at epsilon {eps:g}: rank at the smallest "
+                             f"assessed epsilon, {float(self.epsilons[0]):g}")
+        sole = self.individuals["sole_contributor"].to_numpy()
+        bound = self.individuals["eps_bound"].to_numpy()
+        delta = np.where(sole, 1.0, 0.0)
+        need = np.flatnonzero(~sole & (bound > eps))
+        if len(need):
+            delta[need] = sweep(self.model, self.shifts, np.array([eps]), need, bound, available_cores())[1][:, 0]
+        return delta
+
+    def _rank_exact(self, k: int, delta: np.ndarray) -> None:
         """Exact ε_i for the rows at δ_i = 0 that can rank among the first ``k`` (see :meth:`riskiest`)."""
         eps_i = self.eps_i
         if self.shifts is None or not np.isnan(eps_i).any():
             return
-        delta = self.individuals["delta"].to_numpy()
         sole = self.individuals["sole_contributor"].to_numpy()
         need = k - int(((delta > 0) | sole).sum())
         if need <= 0:
@@ -100,18 +127,11 @@ class JointAssessment(RiskSweep):
             "source": self.source, "query": list(self.queries), "id": self.id_column, "by": self.by_column,
             "n_databases": self.n_databases, "n_individuals": self.individuals.height,
             "kernel": "laplace", "bandwidth": self.model.scales.tolist(), "density_model": self.model.describe(),
-            "eps_all": self.eps_all if math.isfinite(self.eps_all) else None,
-            "sweep": [{"epsilon": float(e), "delta": float(d), "total_risk": float(t), "n_at_risk": int(c)}
-                      for e, d, t, c in zip(self.epsilons, self.delta, self.total_risk, self.n_at_risk)],
+            "eps_all": jsonable(self.eps_all),
+            "sweep": self.sweep_rows(),
             "independence": list(self.independence),
             "sole_contributors": int(self.sole_contributors), "warnings": list(self.warnings),
         }
-
-
-def _default_epsilons(eps_all: float, count: int = 50) -> np.ndarray:
-    from ..assessment.evaluation import default_epsilons
-
-    return default_epsilons(eps_all, count)
 
 
 def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = None, sql: list[str] | None = None,
@@ -142,7 +162,7 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
 
     Raises
     ------
-    empdp.joint.SingularCovarianceError
+    empdp.risk.joint.SingularCovarianceError
         A statistic is constant or an exact linear function of the others over the databases.
     """
     progress(READING, 0, 1)
@@ -157,7 +177,7 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
     bound = np.full(m, np.inf)
     bound[ok] = joint_bound(model, shifts[ok])
     eps_i, eps_all = search_eps_all(model, shifts, ok, bound, cores, progress)
-    eps = _default_epsilons(eps_all) if epsilon is None else np.sort(np.atleast_1d(np.asarray(epsilon, float)))
+    eps = default_epsilons(eps_all) if epsilon is None else np.sort(np.atleast_1d(np.asarray(epsilon, float)))
     if not np.all(np.isfinite(eps) & (eps >= 0)):
         raise InputError(f"epsilon must be finite and >= 0, got {epsilon!r}")
     delta = np.ones((m, len(eps)))

@@ -19,8 +19,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..progress import Progress, no_progress
-from .model import JointModel
-from .risk import joint_risk
+from ..risk.joint import JointModel, joint_risk
 
 #: individuals per call of the risk core in the sweep: the saturation test runs between calls
 SWEEP_ROWS = 64
@@ -90,7 +89,7 @@ class Summary:
             self.log_survive += np.log1p(-known).sum(axis=0, dtype=np.longdouble)
 
     def needed(self):
-        """(only, cap) for :func:`empdp.joint.joint_risk`, or (None, None) while nothing is saturated."""
+        """(only, cap) for :func:`empdp.risk.joint.joint_risk`, or (None, None) while nothing is saturated."""
         saturated = self.log_survive <= SATURATED
         saturated[0] = False  # δ_i at the smallest ε is reported per individual
         return (~saturated, self.largest.copy()) if saturated.any() else (None, None)
@@ -105,7 +104,7 @@ def sweep(model: JointModel, shifts: np.ndarray, eps: np.ndarray, rows: np.ndarr
     total risk saturates early), :data:`SWEEP_ROWS` per call. Once Σ log(1 − δ_i(ε)) ≤
     :data:`SATURATED` over the blocks a plan has seen, δ*(ε) is 1.0 whatever the others are, so
     the next blocks need δ_i(ε) only where its chord bound exceeds the largest so far (``only`` and
-    ``cap`` of :func:`empdp.joint.joint_risk`); δ_i at the smallest ε is always computed (it is
+    ``cap`` of :func:`empdp.risk.joint.joint_risk`); δ_i at the smallest ε is always computed (it is
     reported per individual), and whether δ_i > 0 is known from the exact ε_i.
 
     ``summary`` carries the running totals in from other rows of the same release (and is updated);

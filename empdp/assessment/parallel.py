@@ -25,7 +25,6 @@ from ..risk.blocks import GridBudget, PlanCache, evaluate_block, evaluate_in_wor
 #: kernels, bounded 10^7-row panel, paired whole commands against threads: 0.97 at 10^5 individuals,
 #: 0.99 at 5 × 10^4)
 PROCESS_ROWS = 50_000
-WORKERS = ("threads", "processes", "auto")
 
 
 def available_cores() -> int:

@@ -30,6 +30,7 @@ import datetime as _dt
 import json
 import math
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import numpy as np
@@ -40,9 +41,10 @@ from ..data import clip as _clip
 from ..density import DensityModel
 from ..errors import InputError
 from ..io import FLAG, SCALAR, TEXT, Kind, ListOf, MapOf, Num, Obj, atomic_path, check_fields, keyed_hash, read_json
-from ..joint.assess import JointAssessment
-from ..joint.model import MAX_DIM, JointModel
+from ..risk.buckets import bucket_risk
+from ..risk.joint import MAX_DIM, JointModel
 from .assess import Assessment
+from .joint import JointAssessment
 
 FORMAT = "empdp-result/1"
 #: the result of a joint release of 2–3 statistics (:class:`SavedJointAssessment`)
@@ -94,8 +96,6 @@ class SavedAssessment(Assessment):
             ok = np.flatnonzero(~sole[:shifted] & np.isfinite(self.saved_shifts[:shifted]).all(axis=1))
             if len(ok):
                 if self.buckets:
-                    from .adversary import bucket_risk
-
                     _, d, _, _ = bucket_risk(self.buckets, self.saved_shifts[ok], np.array([eps]))
                 else:
                     _, d = risk.evaluate(self.model, self.saved_shifts[ok], np.array([eps]))
@@ -259,7 +259,7 @@ def save_result(a: Assessment, path, *, hash_ids: bytes | None = None, shifts: b
     ----------
     a : Assessment or JointAssessment
         A live result of :func:`empdp.assessment.assess` (it needs its data for the shift rows), or of
-        :func:`empdp.joint.assess.assess_joint`.
+        :func:`empdp.assessment.joint.assess_joint`.
     hash_ids : bytes, optional
         Key of :func:`empdp.io.keyed_hash`: ids are saved as pseudonyms.
     shifts : bool
@@ -442,7 +442,7 @@ def _from_dict(d: dict) -> SavedAssessment:
 
 @dataclass(kw_only=True)
 class SavedJointAssessment(JointAssessment):
-    """A :class:`~empdp.joint.assess.JointAssessment` with the shift rows Δ_i (n, d) of its riskiest
+    """A :class:`~empdp.assessment.joint.JointAssessment` with the shift rows Δ_i (n, d) of its riskiest
     individuals, which the report's contours and the result file need: a live one's (:func:`keep_shifts`),
     or one read back by :func:`load_result` (``individuals`` then holds the saved riskiest rows only;
     ``n_individuals`` is still the full count)."""
@@ -474,7 +474,7 @@ def keep_shifts(a: JointAssessment) -> SavedJointAssessment:
     ids = a.riskiest(SHIFT_ROWS)[a.id_column].to_list() if a.shifts is not None else []
     pos = {v: k for k, v in enumerate(a.individuals[a.id_column].to_list())}
     shifts = a.shifts[[pos[v] for v in ids]] if ids else np.zeros((0, a.n_databases, a.model.d))
-    fields = {f: getattr(a, f) for f in a.__dataclass_fields__}
+    fields = {f.name: getattr(a, f.name) for f in dataclass_fields(a)}
     return SavedJointAssessment(**fields, total_individuals=a.individuals.height, saved_ids=ids, saved_shifts=shifts)
 
 

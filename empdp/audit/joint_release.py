@@ -9,7 +9,7 @@ vector, so the pure-DP ε is the same, and the kernel estimates MPL uses are not
 strongly correlated statistics. Beside it, the exact ε_i of the released density: per whitened
 axis ℓ_{b_k} ⋆ h_k = ℓ_{λ_k} (the file's checks make the noise this deconvolution), so r is the
 product Laplace(λ_k) KDE of the whitened points, and ε_i = sup |log r − log r_i| is computed exactly
-on its kink grid (:func:`empdp.joint.joint_eps_at`), for every individual.
+on its kink grid (:func:`empdp.noise.joint_exact.joint_eps_at`), for every individual.
 
 The Rényi bound runs on the same pairs, beside the exact D_α both ways: ∫ r^α r_i^{1−α} by a tensor
 quadrature aligned on the kinks (:func:`exact_renyi`), exact in the tails and Gauss–Legendre inside.
@@ -198,7 +198,7 @@ def _read(cal, source, loo):
             raise InputError("give the source the calibration was made from")
         if cal.id is None or cal.by is None or (cal.query is None and cal.sql is None):
             raise InputError("this calibration stores no query (it was made from arrays); pass loo=")
-        from ..joint.panel import read_joint
+        from ..loo.joint import read_joint
 
         panel = read_joint(source, id=cal.id, by=cal.by, queries=cal.query, sql=cal.sql, where=cal.where)
         return panel.q, panel.shifts, list(panel.ids.to_list()), panel.sole
@@ -226,7 +226,7 @@ def audit_joint_release(cal, source=None, *, loo=None, top: int = 5, order: floa
     if q.ndim != 2 or q.shape[1] != cal.d or shifts.shape[1:] != q.shape:
         raise InputError(f"the source gives {q.shape[1] if q.ndim == 2 else 1} statistics over {q.shape[0]} "
                          f"databases, but the calibration has {cal.d} over {cal.n_databases}")
-    from ..joint import joint_eps_at
+    from ..noise.joint_exact import joint_eps_at
 
     usable = ~sole & (shifts != 0).any(axis=(1, 2))
     if not usable.any():

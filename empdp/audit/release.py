@@ -284,7 +284,7 @@ def _read_shifts(cal, source, loo, engine: dict):
         raise InputError("this calibration stores no query (it was made from arrays); pass loo=")
     if engine.get("engine", "duckdb") != "duckdb" or any(engine.get(k) for k in ("spark_master", "spark_remote",
                                                                                   "table")):
-        from ..noise.compute import SourceShifts
+        from ..noise.source import SourceShifts
 
         return SourceShifts(cal, source, **engine)
     from ..loo import leave_one_out
@@ -329,7 +329,7 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
         table instead of ``source``).
     """
     from ..noise import Calibration, JointCalibration, load_calibration
-    from ..noise.compute import SourceShifts
+    from ..noise.source import SourceShifts
 
     # check the options before the calibration is read and the exact values computed
     # (order = 1 would otherwise fail in exact_values, after the slow part)

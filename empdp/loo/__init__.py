@@ -10,7 +10,7 @@ One engine per strategy, all answering the protocol of :class:`LooEngine` (``val
 * :mod:`.order` — min, max, median, quantile: rank arithmetic on each database's sorted values;
 * :mod:`.sql` — ``--sql``: one correlated query per database.
 
-The Spark engine (:mod:`empdp.spark`) implements the same protocol.
+The Spark engine (:mod:`empdp.spark`) implements the same protocol; :mod:`empdp.engines` opens either.
 """
 
 from __future__ import annotations
@@ -126,25 +126,3 @@ def loo_result(engine: LooEngine) -> LooResult:
     return LooResult(labels=list(engine.panel.labels), q=q, shifts=shifts, present=present,
                      undefined=screen.undefined, ids=screen.ids, query=engine.query.describe(),
                      source=engine.panel.description)
-
-
-#: where the leave-one-out runs: embedded DuckDB (the default) or Apache Spark (docs/spark.md)
-ENGINE_KINDS = ("duckdb", "spark")
-
-
-def open_engine(source: Any, *, engine: str = "duckdb", spark_master: str | None = None,
-                spark_remote: str | None = None, table: str | None = None, memory_limit: str | None = None,
-                threads: int | None = None, **query) -> LooEngine:
-    """The leave-one-out engine of ``source`` of the kind ``engine`` (``query``: id, by, query, where, sql,
-    drop_null_ids, as for :func:`make_engine`)."""
-    if engine not in ENGINE_KINDS:
-        raise InputError(f"--engine must be one of {', '.join(ENGINE_KINDS)}, got {str(engine)[:40]!r}")
-    if engine == "duckdb":
-        if spark_master or spark_remote or table:
-            raise InputError("--spark-master, --spark-remote and --table go with --engine spark")
-        return make_engine(source, memory_limit=memory_limit, threads=threads, **query)
-    try:
-        from ..spark import make_spark_engine
-    except ImportError:
-        raise InputError("--engine spark needs PySpark: pip install \"empdp[spark]\" (and Java 17)") from None
-    return make_spark_engine(source, master=spark_master, remote=spark_remote, table=table, **query)

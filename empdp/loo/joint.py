@@ -2,7 +2,7 @@
 
 Decomposable statistics (count, sum, mean, var, std, ratio) are read together, one scan for all
 (:class:`empdp.loo.DecomposableSet`); other forms through one leave-one-out engine per statistic
-(:func:`empdp.loo.open_engine`) on the one opened source. The d-dimensional query values q_j and
+(:func:`empdp.loo.make_engine`) on the one opened source. The d-dimensional query values q_j and
 shifts Δ_ij aligned by database and individual. Shared by the joint assessment, the joint
 calibration and release, and the grouped statistics (one statistic per group of a column,
 :func:`read_grouped`).
@@ -20,8 +20,8 @@ from ..data import open_panel
 from ..data.guard import check_filter, check_select, filter_sql
 from ..data.sql import group_cells, group_filter, shorten
 from ..errors import InputError
-from ..loo import _replace_db, open_decomposable_set, open_engine
-from .model import MAX_DIM
+from ..risk.joint.model import MAX_DIM
+from . import _replace_db, make_engine, open_decomposable_set
 
 #: the most groups a grouped statistic may have: each group is one leave-one-out pass over the table
 MAX_GROUPS = 100
@@ -118,7 +118,7 @@ def read_joint(source: Any, *, id: str, by: str, queries=None, sql=None, where: 
     panel = open_panel(source, **opened)
     try:  # one engine per statistic on the one panel, one after the other
         labels = list(panel.labels)
-        read = [read_statistic(open_engine(source, panel=panel, where=where, **opened, **st)) for st in stats]
+        read = [read_statistic(make_engine(source, panel=panel, where=where, **opened, **st)) for st in stats]
     finally:
         panel.close()
     ids = pl.concat([r.ids for r in read]).unique().sort()
@@ -217,7 +217,7 @@ def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | N
             st = ({"query": query, "where": f"{filter_sql(where)} AND {cond}" if where else cond} if query is not None
                   else {"sql": _replace_db(sql, f"(SELECT * FROM db WHERE {cond}) AS db")})
             try:  # each group's engine on the one panel: opened and checked once, not once a group
-                engine = open_engine(source, panel=base, id=id, by=by, drop_null_ids=drop_null_ids,
+                engine = make_engine(source, panel=base, id=id, by=by, drop_null_ids=drop_null_ids,
                                      memory_limit=memory_limit, threads=threads, **st)
                 read.append(read_statistic(engine, presence=True))
             except InputError as exc:

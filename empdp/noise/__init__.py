@@ -10,19 +10,18 @@ first, unkeyed format).
 """
 
 from .calibration import Calibration
-from .compute import calibrate, calibrate_values, query_value
+from .compute import calibrate, calibrate_values
 from .deconv import NoiseSpec, fourier_deconvolve, gaussian_fallback, laplace_closed_form
 from .exact import hausdorff_distance, laplace_kde_eps, minimal_lambda, winf_distance
 from .joint import (
     JointCalibration,
     calibrate_joint,
     calibrate_joint_values,
-    joint_query_value,
     load_calibration,
-    release_value,
 )
 from .ledger import Ledger, LedgerError
 from .sampler import NoiseSampler
+from .source import SourceShifts, joint_query_value, query_value, release_value
 
 __all__ = [
     "Calibration",
@@ -31,6 +30,7 @@ __all__ = [
     "LedgerError",
     "NoiseSampler",
     "NoiseSpec",
+    "SourceShifts",
     "calibrate",
     "calibrate_joint",
     "calibrate_joint_values",

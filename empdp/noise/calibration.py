@@ -18,7 +18,8 @@ import numbers
 import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from dataclasses import fields as dataclass_fields
+from typing import Callable, ClassVar
 
 import numpy as np
 
@@ -27,9 +28,10 @@ from ..digest import VALUE_GIVEN
 from ..errors import InputError
 from ..io import read_json, write_text
 from ..keys import KEY_ENV, key_id, mac, same
+from ..models import ONE, CuratorModel
+from ..params import MAX_EPSILON
 from ..progress import Progress, no_progress
 from ..textfmt import fmt
-from .exact import MAX_EPSILON
 from .ledger import Ledger
 from .sampler import NoiseSampler
 
@@ -188,6 +190,8 @@ class Calibration(SignedFile, Provenance):
     sql: str | None = None
     query_description: str | None = None
     n_bisected: int = 0
+    #: the curator model calibrated (:mod:`empdp.models`)
+    kind: ClassVar[CuratorModel] = ONE
 
     # ------------------------------------------------------------- JSON
     def _fields(self) -> dict:
@@ -231,7 +235,7 @@ class Calibration(SignedFile, Provenance):
                              f"{FORMAT!r}); make one with 'empdp calibrate'")
         d, signature, text = cls._open(d, where, _check_fields, key, allow_unsigned)
         d["lam"], d["lam_hausdorff"], d["lam_winf"] = d.pop("lambda"), d.pop("lambda_hausdorff"), d.pop("lambda_winf")
-        cal = cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        cal = cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclass_fields(cls)}})
         return cal._sealed(signature, text, where)
 
     @classmethod

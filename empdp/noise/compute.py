@@ -15,26 +15,25 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .. import kernels
 from ..assessment.checks import few_databases
 from ..errors import InputError
+from ..models import JOINT, given, model_for, statistics
+from ..params import target_epsilon
 from ..progress import READING, Progress, no_progress
 from ..textfmt import fmt
 from .calibration import Calibration
 from .deconv import NoiseSpec, fourier_deconvolve, gaussian_fallback, laplace_closed_form
 from .exact import LambdaSearch, laplace_kde_eps, minimal_lambda
-
-if TYPE_CHECKING:
-    from .joint import JointCalibration
+from .joint import JointCalibration, calibrate_joint
 
 #: the curator kernel by default: it deconvolves in closed form (a Gaussian one needs the fallback)
 DEFAULT_KERNEL = kernels.DEFAULT.name
@@ -65,17 +64,6 @@ class _NoiseStep:
     eps_max: float
     deconvolution: dict
     notes: list = field(default_factory=list)
-
-
-def target_epsilon(epsilon) -> float:
-    """The target ε as a float, or a one-line InputError when it is not a positive number."""
-    try:
-        epsilon = float(epsilon)
-    except (TypeError, ValueError):
-        raise InputError(f"--epsilon must be a positive number; got {epsilon!r}") from None
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise InputError(f"--epsilon must be a positive number; got {epsilon!r}")
-    return epsilon
 
 
 def _check_inputs(q, shifts, epsilon, undefined, bandwidth) -> _Inputs:
@@ -248,21 +236,22 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | lis
     density is made ε-private (:mod:`empdp.noise.adversary`), as ``assess`` with the same
     options measures it.
     """
-    query, sql = _one_or_many(query), _one_or_many(sql)
-    if isinstance(query, list) or isinstance(sql, list):
-        from .joint import calibrate_joint
-
-        _refuse_joint(kernel=kernel, adversary=adversary or adversary_sql, buckets=buckets, engine=engine,
-                      table=table)
-        return calibrate_joint(source, id=id, by=by, epsilon=epsilon, queries=query, sql=sql, where=where,
-                               bandwidth=bandwidth, memory_limit=memory_limit, drop_null_ids=drop_null_ids,
-                               progress=progress)
+    model, d = model_for(query, sql)
+    model.refuse(given(kernel=kernel, adversary=adversary, adversary_sql=adversary_sql, buckets=buckets,
+                        engine=engine, table=table), d)
+    if model is JOINT:
+        queries, sqls = statistics(query, sql)
+        return calibrate_joint(source, id=id, by=by, epsilon=epsilon, queries=queries or None, sql=sqls or None,
+                               where=where, bandwidth=bandwidth, memory_limit=memory_limit,
+                               drop_null_ids=drop_null_ids, progress=progress)
+    query, sql = (v[0] if isinstance(v, (list, tuple)) else v for v in (query, sql))
     if buckets is not None and not (adversary or adversary_sql):
         raise InputError("--buckets cuts the databases by what the adversary knows: give --adversary too")
     if adversary and adversary_sql:
         raise InputError("give either --adversary or --adversary-sql, not both")
     from ..data.guard import check_select
-    from ..loo import loo_result, open_engine
+    from ..engines import open_engine
+    from ..loo import loo_result
 
     if adversary_sql is not None:  # refused naming its own option, before any data are read
         check_select(adversary_sql.strip().rstrip(";").strip(), "--adversary-sql")
@@ -298,99 +287,3 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | lis
     return cal
 
 
-def _one_or_many(statistic):
-    """A query or SQL given as a list: its one item, or the list of 2-3 statistics released together."""
-    if isinstance(statistic, (list, tuple)):
-        if not 1 <= len(statistic) <= 3:
-            raise InputError(f"a joint query has 1 to 3 statistics; got {len(statistic)}")
-        return statistic[0] if len(statistic) == 1 else list(statistic)
-    return statistic
-
-
-def _refuse_joint(*, kernel, adversary, buckets, engine, table) -> None:
-    """The options a joint calibration does not take, refused in one line before anything is read."""
-    refused = ((not kernels.is_laplace(kernel), f"kernel={kernel!r}", "the joint model is product Laplace kernels"),
-               (bool(adversary), "an adversary", "the adversary model conditions one statistic"),
-               (buckets is not None, "buckets", "adversary buckets condition one statistic"),
-               (engine != "duckdb" or table is not None, "the Spark engine", "joint statistics are read by DuckDB"))
-    for bad, option, why in refused:
-        if bad:
-            raise InputError(f"a joint calibration (2-3 statistics) does not take {option}: {why}; calibrate the "
-                             "statistics one at a time for it")
-
-
-def query_value(cal: Calibration, source: Any, database: str, memory_limit: str | None = None,
-                progress: Progress | None = None, *, engine: str = "duckdb", spark_master: str | None = None,
-                spark_remote: str | None = None, table: str | None = None) -> float:
-    """f(X) on database ``database`` of ``source`` with the calibration's query (for ``release``).
-
-    ``engine``, ``spark_master``, ``spark_remote``, ``table``: where the query runs, as for
-    :func:`calibrate` (a catalog ``table`` instead of ``source`` on Spark; docs/spark.md).
-    ``progress("reading", done, total)``: open the source, then compute the query.
-    """
-    from ..loo import open_engine
-
-    _require_query(cal)
-    progress = progress or no_progress
-    t0 = time.perf_counter()
-    progress("reading", 0, 2)
-    # only database ``database`` is read: a source may hold the new period alone
-    eng = open_engine(source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql,
-                      memory_limit=memory_limit, engine=engine, spark_master=spark_master,
-                      spark_remote=spark_remote, table=table, database=str(database))
-    try:
-        progress("reading", 1, 2)
-        labels = [str(x) for x in eng.panel.labels]
-        if str(database) not in labels:
-            shown = ", ".join(labels[:10]) + (" ..." if len(labels) > 10 else "")
-            raise InputError(f"database {database!r} is not in {cal.by!r} of this source; it has: {shown}")
-        value = float(eng.values()[labels.index(str(database))])
-        progress("reading", 2, 2)
-        log.info("computed %s on database %s of %s (%d databases) in %.2f s", eng.query.describe(), database,
-                 eng.panel.description, len(labels), time.perf_counter() - t0)
-    finally:
-        eng.close()
-    return value
-
-
-def _require_query(cal: Calibration) -> None:
-    if cal.id is None or cal.by is None:
-        raise InputError("this calibration has no stored query (it was made from arrays); pass --value")
-
-
-class SourceShifts:
-    """The leave-one-out of a calibration's query on ``source``, read on first use (for ``audit release``).
-
-    Has the ``q``, ``shifts``, ``ids``, ``undefined`` and ``labels`` of :class:`empdp.loo.LooResult`, read by
-    the engine named in ``engine`` (``"duckdb"`` or ``"spark"``, with ``spark_master``,
-    ``spark_remote``, ``table`` as for :func:`calibrate`). Reading waits for the first attribute:
-    :func:`empdp.audit.audit_release` checks its options and the calibration before it asks, so
-    bad options never cost a pass over the data.
-    """
-
-    def __init__(self, calibration: Calibration, source: Any = None, **engine):
-        if not isinstance(calibration, Calibration):  # a file is loaded, and its signature checked, by the caller
-            raise TypeError("SourceShifts takes a loaded Calibration (empdp.noise.load_calibration)")
-        self._calibration, self._source, self._engine = calibration, source, engine
-        self._result = None
-
-    def _read(self):
-        if self._result is None:
-            from ..loo import loo_result, open_engine
-
-            cal = self._calibration
-            if cal.id is None or cal.by is None:
-                raise InputError("this calibration stores no query (it was made from arrays); nothing to read")
-            eng = open_engine(self._source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql,
-                              **self._engine)
-            try:
-                self._result = loo_result(eng)
-            finally:
-                eng.close()
-        return self._result
-
-    q = property(lambda self: self._read().q)
-    shifts = property(lambda self: self._read().shifts)
-    ids = property(lambda self: self._read().ids)
-    undefined = property(lambda self: self._read().undefined)
-    labels = property(lambda self: self._read().labels)

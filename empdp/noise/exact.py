@@ -28,15 +28,10 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
+from ..params import target_epsilon
 
 log = logging.getLogger(__name__)
 
-#: the largest ε whose ε_i(λ) is computable: KDE terms e^{-gap/λ} underflow past e^{-708}, so a log
-#: ratio above ~700 comes out as inf and λ* could never be verified (the search used to spin forever)
-MAX_EPSILON = 700.0
-#: the smallest ε accepted: ε_i(λ) ~ gap/λ is then a difference of logs of sums near n, whose rounding
-#: (~1e-16 relative) becomes a relative error of ~1e-16/ε in λ* (6e-6 at 1e-9, 3e-4 at 1e-12, too small a λ*)
-MIN_EPSILON = 1e-9
 #: the largest λ* returned: noise of ~700 scales must still be a finite double
 MAX_LAMBDA = 1e300
 
@@ -175,18 +170,6 @@ def _nearest_other(x, mark):
     return np.where(mark, dist, 0.0).max(axis=0)
 
 
-def check_epsilon(epsilon: float) -> None:
-    """Refuse a target ε outside [MIN_EPSILON, MAX_EPSILON], where λ* cannot be computed and verified."""
-    if epsilon > MAX_EPSILON:
-        raise InputError(f"--epsilon {epsilon:g} is above {MAX_EPSILON:g}, where the densities' ratio "
-                         f"(e^{MAX_EPSILON:g}) can no longer be computed in double precision and so cannot be "
-                         "verified; such an epsilon protects nobody: use a smaller one")
-    if epsilon < MIN_EPSILON:
-        raise InputError(f"--epsilon {epsilon:g} is below {MIN_EPSILON:g}, where epsilon_i(lambda) can no longer be "
-                         "computed exactly in double precision (rounding would make the noise too small); use "
-                         f"--epsilon {MIN_EPSILON:g} or more")
-
-
 @dataclass(frozen=True)
 class LambdaSearch:
     """Result of :func:`minimal_lambda` (docs/method.md#82-the-minimal-scale-exact).
@@ -249,7 +232,7 @@ def minimal_lambda(a, B, epsilon, *, rtol=1e-10, max_steps=400,
     a, B = _as_rows(a, B)
     if not np.isfinite(epsilon) or epsilon <= 0:
         raise ValueError(f"epsilon must be a positive number, got {epsilon!r}")
-    check_epsilon(epsilon)
+    epsilon = target_epsilon(epsilon)
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(B))):
         raise ValueError("query values and shifts must be finite")
     winf = winf_distance(a, B)

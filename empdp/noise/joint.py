@@ -5,7 +5,7 @@ The joint release adds noise on each *whitened* axis of the curator's model y = 
     z_k ~ w_k δ_0 + (1 − w_k) Laplace(λ_k),   released = x + W^{−1} z,
 
 with λ_k = t b_k and w_k = (b_k/λ_k)², t the least factor that makes every individual
-ε-private, verified exactly on the d-dimensional log-ratio (:func:`empdp.joint.joint_minimal_lambda`).
+ε-private, verified exactly on the d-dimensional log-ratio (:func:`empdp.noise.joint_exact.joint_minimal_lambda`).
 A :class:`JointCalibration` is that mechanism: its file (digest and curator-key HMAC, the
 :class:`~empdp.noise.calibration.SignedFile` a one-statistic calibration is too, docs/release-security.md), its secure
 noise (one CSPRNG sampler per whitened axis, exact on a 2^-k grid, docs/method.md#84-secure-sampling)
@@ -21,13 +21,16 @@ import numbers
 import time
 import warnings
 from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..assessment.checks import few_databases
 from ..errors import InputError
+from ..models import JOINT, CuratorModel
+from ..params import MAX_EPSILON, target_epsilon
 from ..progress import READING, Progress, no_progress
 from ..textfmt import fmt
 from .calibration import (
@@ -45,7 +48,6 @@ from .calibration import (
     read_calibration_file,
     record_release,
 )
-from .exact import MAX_EPSILON, check_epsilon
 from .sampler import NoiseSampler, bits_source
 
 FORMAT = JOINT_FORMAT
@@ -74,7 +76,7 @@ class JointCalibration(SignedFile, Provenance):
     curator_model : ``{kind: "laplace-product", whitened, whitening (W), unwhitening (W^{-1}),
         scales (b_k, whitened units), selected_by}``: the density model the noise deconvolves.
     noise : ``{kind: "none" | "laplace_mixture", weights (w_k), scales (λ_k), unwhitening}``
-        (:meth:`empdp.joint.JointNoise.to_dict`).
+        (:meth:`empdp.noise.joint_exact.JointNoise.to_dict`).
     expected_abs_noise : E|noise| of each statistic, in its own units (the noise is W^{−1} z).
     noise_interval_95 : each statistic's central 95% noise interval [−q, q], in its own units.
     verified_eps_max : the largest exact ε_i of the released density (≤ epsilon).
@@ -92,6 +94,8 @@ class JointCalibration(SignedFile, Provenance):
     query: list | None = None
     sql: list | None = None
     n_evaluated: int = 0
+    #: the curator model calibrated (:mod:`empdp.models`)
+    kind: ClassVar[CuratorModel] = JOINT
 
     # ---------------------------------------------------------------- arrays
     @property
@@ -116,9 +120,9 @@ class JointCalibration(SignedFile, Provenance):
         return self.noise_scales if self.noise_added else self.curator_scales
 
     def release_model(self, q):
-        """The released density for the databases ``q`` (n, d), as a :class:`empdp.joint.JointModel`: the product
+        """The released density for the databases ``q`` (n, d), as a :class:`empdp.risk.joint.JointModel`: the product
         Laplace KDE of scales :attr:`release_scales` in the stored whitened coordinates (ℓ_{b_k} ⋆ h_k = ℓ_{λ_k})."""
-        from ..joint import JointModel
+        from ..risk.joint import JointModel
 
         q = np.asarray(q, dtype=np.float64)
         if q.ndim != 2 or q.shape[1] != self.d:
@@ -151,11 +155,11 @@ class JointCalibration(SignedFile, Provenance):
         first = got != FORMAT  # its expected |noise| is per whitened axis: the figures per statistic are derived
         d, signature, text = cls._open(d, where, _check_first if first else _check_fields, key, allow_unsigned)
         if first:
-            from ..joint.noise import JointNoise
+            from .joint_exact import JointNoise
 
             d.update(_noise_in_units(JointNoise(**{k: _floats(v) if k != "kind" else v
                                                    for k, v in d["noise"].items()})))
-        cal = cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        cal = cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclass_fields(cls)}})
         return cal._sealed(signature, text, where)
 
     # --------------------------------------------------------------- release
@@ -359,7 +363,7 @@ def calibrate_joint_values(q, shifts, *, epsilon: float, bandwidth="auto", undef
     epsilon : float
         Target empirical ε of the released vector.
     bandwidth : ``"auto"`` or d positive scales
-        The curator's model (:func:`empdp.joint.select_joint_model`): whitened product Laplace
+        The curator's model (:func:`empdp.risk.joint.select_joint_model`): whitened product Laplace
         kernels by leave-one-out likelihood, or fixed scales in the statistics' units (W = I).
     undefined : (m,) bool, optional
         Sole contributors: excluded (no noise protects them), counted and warned about.
@@ -372,12 +376,11 @@ def calibrate_joint_values(q, shifts, *, epsilon: float, bandwidth="auto", undef
         No noise exactly when the curator's model is already ε-private for everyone (``assess``
         with the same statistics and bandwidth finds nobody at risk at ε).
     """
-    from ..joint import joint_minimal_lambda, select_joint_model
-    from .compute import target_epsilon
+    from ..risk.joint import select_joint_model
+    from .joint_exact import joint_minimal_lambda
 
     t0 = time.perf_counter()
     epsilon = target_epsilon(epsilon)
-    check_epsilon(epsilon)
     q = np.asarray(q, dtype=np.float64)
     if q.ndim != 2 or not MIN_DIM <= q.shape[1] <= MAX_DIM:
         raise InputError(f"a joint calibration takes {MIN_DIM} to {MAX_DIM} statistics (q of shape (n, d)); got "
@@ -438,7 +441,7 @@ def calibrate_joint(source: Any, *, id: str, by: str, epsilon: float, queries=No
     ``queries`` (named query forms) or ``sql`` (SQL over ``db``): one per statistic. The other
     parameters as for :func:`empdp.noise.calibrate` and :func:`calibrate_joint_values`.
     """
-    from ..joint.panel import read_joint
+    from ..loo.joint import read_joint
 
     progress = progress or no_progress
     t0 = time.perf_counter()
@@ -457,52 +460,3 @@ def calibrate_joint(source: Any, *, id: str, by: str, epsilon: float, queries=No
     cal.sql = None if sql is None else list(sql)
     cal.seconds = time.perf_counter() - t0
     return cal
-
-
-def joint_query_value(cal: JointCalibration, source: Any, database: str, memory_limit: str | None = None,
-                      progress: Progress | None = None) -> list[float]:
-    """The calibration's statistics on database ``database`` of ``source`` (for ``release``), in its order."""
-    from ..loo import open_engine
-
-    if cal.id is None or cal.by is None or (cal.query is None and cal.sql is None):
-        raise InputError("this calibration has no stored query (it was made from arrays); pass --value")
-    progress = progress or no_progress
-    items = [{"query": s} for s in cal.query] if cal.query is not None else [{"sql": s} for s in cal.sql]
-    out = []
-    for k, item in enumerate(items):
-        progress("reading", k, len(items))
-        eng = open_engine(source, id=cal.id, by=cal.by, where=cal.where, memory_limit=memory_limit,
-                          database=str(database), **item)
-        try:
-            labels = [str(x) for x in eng.panel.labels]
-            if str(database) not in labels:
-                shown = ", ".join(labels[:10]) + (" ..." if len(labels) > 10 else "")
-                raise InputError(f"database {database!r} is not in {cal.by!r} of this source; it has: {shown}")
-            out.append(float(eng.values()[labels.index(str(database))]))
-        finally:
-            eng.close()
-    progress("reading", len(items), len(items))
-    return out
-
-
-def release_value(cal, source: Any, database: str, *, memory_limit: str | None = None,
-                  progress: Progress | None = None, **engine) -> tuple[float | list[float], str]:
-    """The calibration's statistic(s) on database ``database`` of ``source`` (or a Spark ``table``), and the
-    digest of the data they were computed from (:func:`empdp.digest.source_digest`), for ``release``.
-
-    The digest is taken before the data are read; a file that changes while they are read (its size or
-    modification time) is refused, so the digest recorded is that of the data released from.
-    """
-    from ..digest import source_digest, source_stamp
-    from .compute import query_value
-
-    stamp = source_stamp(source)
-    digest = source_digest(source, engine.get("table"))
-    if isinstance(cal, JointCalibration):
-        value = joint_query_value(cal, source, database, memory_limit=memory_limit, progress=progress)
-    else:
-        value = query_value(cal, source, database, memory_limit=memory_limit, progress=progress, **engine)
-    if source_stamp(source) != stamp:
-        raise InputError(f"the source {str(source)[:200]!r} changed while it was read; nothing was released: "
-                         "release again once it is complete")
-    return value, digest

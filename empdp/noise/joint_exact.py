@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
-from ._generic import _check_shifts
-from .model import JointModel
-from .risk import exact_eps, joint_bound
+from ..risk.joint._generic import _check_shifts
+from ..risk.joint.exact import exact_eps, joint_bound
+from ..risk.joint.model import JointModel
 
 
 @dataclass(frozen=True)
@@ -150,11 +150,11 @@ def joint_minimal_lambda(model: JointModel, shifts, epsilon: float, *, rtol: flo
     the bracket. The result is verified exactly on every row. No noise exactly when the curator
     model itself is ε-private for everyone (max_i ε_i(1) ≤ ε).
     """
-    from ..noise.exact import check_epsilon
+    from ..params import target_epsilon
 
     if not (np.isfinite(epsilon) and epsilon > 0):
         raise InputError(f"epsilon must be a positive number; got {epsilon!r}")
-    check_epsilon(float(epsilon))
+    epsilon = target_epsilon(epsilon)
     s = _check_shifts(model, shifts)
     bound = joint_bound(model, s)
     eps1 = joint_eps_at(model, s, 1.0)

@@ -85,7 +85,7 @@ def riskiest(a, rows, show) -> str:
     body = []
     for n, r in enumerate(rows, 1):
         notes = ["sole contributor to a database"] if r["sole_contributor"] else []
-        if r["sets"]:
+        if r["sets_eps_all"]:
             notes.append("sets ε_all")
         eps_i = Html("∞") if r["sole_contributor"] else r["eps_i"]
         body.append(tr(n, td(code(show(r[a.id_column])), None), r["delta"], eps_i,
@@ -115,7 +115,7 @@ def drawn(a, rows) -> list[int]:
     """Rows whose density is drawn: the riskiest that is no sole contributor (whose shifts are defined),
     and the ε_all setter if another."""
     defined = [k for k, r in enumerate(rows) if not r["sole_contributor"]]
-    setter = [k for k in defined if rows[k]["sets"]]
+    setter = [k for k in defined if rows[k]["sets_eps_all"]]
     return sorted(set(defined[:1] + setter[:1]))
 
 

@@ -25,15 +25,15 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
                 audit: dict | None = None, hash_ids=False, audit_hash_ids=None) -> str:
     """The risk report of an assessment as one self-contained HTML string.
 
-    A joint assessment (:class:`empdp.joint.assess.JointAssessment`, 2–3 statistics released
+    A joint assessment (:class:`empdp.assessment.joint.JointAssessment`, 2–3 statistics released
     together) gets the joint sections (:data:`empdp.report.joint.JOINT_SECTIONS`) at the smallest
     assessed ε, with the joint density's contours with and without the riskiest individual when the
     result holds their shifts (:func:`empdp.assessment.result.keep_shifts`).
 
     Parameters
     ----------
-    assessment : empdp.assessment.assess.Assessment or empdp.joint.assess.JointAssessment
-        The result of :func:`empdp.assessment.assess.assess` or :func:`empdp.joint.assess.assess_joint`,
+    assessment : empdp.assessment.assess.Assessment or empdp.assessment.joint.JointAssessment
+        The result of :func:`empdp.assessment.assess.assess` or :func:`empdp.assessment.joint.assess_joint`,
         live or loaded (:func:`empdp.assessment.result.load_result`).
     epsilon : float, optional
         The ε to mark and to evaluate the table at; default the smallest assessed ε.
@@ -86,7 +86,7 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
 
 
 def is_joint(a) -> bool:
-    """A release of 2–3 statistics (:class:`empdp.joint.assess.JointAssessment`, live or saved)."""
+    """A release of 2–3 statistics (:class:`empdp.assessment.joint.JointAssessment`, live or saved)."""
     return hasattr(a, "queries")
 
 

@@ -6,7 +6,7 @@ passed to :func:`empdp.risk.evaluate` in a Python worker (``applyInPandas``), wi
 model shipped to the executors once per task in the function's closure. Only (row, ε_i, δ_i(ε))
 come back. A block holds the same individuals as ``codes[b·B:(b+1)·B]``, so the results are
 exactly those of ``risk.evaluate`` run locally on those blocks. With an adversary
-(:func:`evaluate_buckets_on_executors`) each block runs :func:`empdp.assessment.adversary.bucket_risk`
+(:func:`evaluate_buckets_on_executors`) each block runs :func:`empdp.risk.buckets.bucket_risk`
 with every bucket's model instead.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..density import DensityModel
+from ..risk.buckets import bucket_risk
 
 #: candidates per block evaluated by one Python worker call (the risk layer's own block size)
 BLOCK_ROWS = 8192
@@ -103,7 +104,7 @@ def evaluate_on_executors(engine, model: DensityModel, codes: np.ndarray, eps: n
 
 def evaluate_buckets_on_executors(engine, buckets: list, codes: np.ndarray, eps: np.ndarray | None,
                                   block_rows: int = BLOCK_ROWS):
-    """:func:`empdp.assessment.adversary.bucket_risk` of the individuals ``codes`` of a screened
+    """:func:`empdp.risk.buckets.bucket_risk` of the individuals ``codes`` of a screened
     :class:`SparkEngine`, on the executors: the adversary buckets' models travel in the function,
     the candidates' Δ rows stay on the cluster.
 
@@ -117,8 +118,6 @@ def evaluate_buckets_on_executors(engine, buckets: list, codes: np.ndarray, eps:
     delta = None if eps is None else np.zeros((len(codes), len(eps)))
     if len(codes):
         def evaluate(dense):
-            from empdp.assessment.adversary import bucket_risk
-
             e, d, w, p = bucket_risk(buckets, dense, eps)
             return {"eps_i": e, "which": w, "per": p, **({} if eps is None else {"delta": d})}
 

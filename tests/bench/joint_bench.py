@@ -4,7 +4,7 @@
 
 Times ε_i alone (the ε_all search) and ε_i with δ_i over the default 50-level sweep, on ``--rows``
 individuals of a panel of sum(x) and sum(x·z) (d = 2) and count-weighted third statistic (d = 3);
-and the default command's core as :func:`empdp.joint.assess.assess_joint` runs it (the ε_all search
+and the default command's core as :func:`empdp.assessment.joint.assess_joint` runs it (the ε_all search
 in decreasing M_i, then δ_i for the rows with M_i > ε_min, riskiest bound first; levels where δ* is
 already 1.0 only for rows that can exceed the largest δ_i) over ``--sweep`` individuals (d = 2).
 Single-threaded BLAS; the median of 3 runs. The whole command at 10^7 rows: ``joint_default_bench.py``.
@@ -18,7 +18,7 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from empdp.joint import joint_risk, select_joint_model
+from empdp.risk.joint import joint_risk, select_joint_model
 
 
 def panel(individuals: int, databases: int, d: int, seed: int = 0):
@@ -66,10 +66,10 @@ def main() -> None:
 def sweep(model, S) -> None:
     """The default command's core on ``len(S)`` individuals: the ε_all search, then the saturating
     sweep of the rows with M_i > ε_min (one thread, as the rest of this bench)."""
-    from empdp.joint import joint_bound
-    from empdp.joint._evaluation import search_eps_all
-    from empdp.joint._evaluation import sweep as run_sweep
-    from empdp.joint.assess import _default_epsilons
+    from empdp.assessment.joint import _default_epsilons
+    from empdp.assessment.joint_evaluation import search_eps_all
+    from empdp.assessment.joint_evaluation import sweep as run_sweep
+    from empdp.risk.joint import joint_bound
 
     bound = joint_bound(model, S)
     rows = np.arange(len(S))

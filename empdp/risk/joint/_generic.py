@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError
+from ...errors import InputError
 from .model import JointModel
 
 #: scaled units beyond the outermost kink where the tail cells end: e^{−40} ≈ 4e−18 of mass is left out

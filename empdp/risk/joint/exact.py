@@ -9,19 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError
+from ...errors import InputError
+from .. import onescale
 from . import _cells, _generic
 from ._generic import QUAD_NODES, _check_shifts
 from .model import JointModel
-
-
-def _onescale():
-    """The one-statistic closed form (imported late: the module is being moved within empdp)."""
-    try:
-        from ..risk import onescale
-    except ImportError:
-        from .. import _onescale as onescale
-    return onescale
 
 
 def joint_bound(model: JointModel, shifts) -> np.ndarray:
@@ -48,7 +40,7 @@ def _risk(a, su, eps, nodes, only=None, cap=None):
     if m == 0:
         return np.zeros(0), None if eps is None else np.zeros((0, len(eps)))
     if d == 1:
-        return _onescale().evaluate(a[:, 0], 1.0, su[:, :, 0], eps, only, cap)
+        return onescale.evaluate(a[:, 0], 1.0, su[:, :, 0], eps, only, cap)
     if d == 2 and eps is None:
         e, ok = _cells.eps_rows(a, su)
         dl, rest = None, np.flatnonzero(~ok)

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
-from ..density import Selection
-from ..errors import InputError
+from ...density import Selection
+from ...errors import InputError
+from ...models import MAX_DIM
 
-#: statistics a joint query may have
-MAX_DIM = 3
 #: singular values of the standardised statistics below this fraction of the largest: rank < d
 SINGULAR_RTOL = 1e-7
 
@@ -215,7 +214,7 @@ def select_joint_model(q, bandwidth="auto", n_scales: int = 41, names=None) -> J
         return JointModel(q, np.eye(d), np.eye(d), b, loglik=ll, selected_by="fixed",
                           candidates=[{"scales": b.tolist(), "loglik": ll}])
     if d == 1:
-        from ..density import select_density
+        from ...density import select_density
 
         dm = select_density(q[:, 0], kernel="laplace", bandwidth="auto", n_scales=n_scales)
         return JointModel(q, np.eye(1), np.eye(1), np.array([dm.scale]), loglik=dm.loglik,

@@ -1,0 +1,68 @@
+"""One validator per concept of the entry points' parameters (ε, threads, workers, buckets).
+
+Each error names the library parameter (``InputError.param``): the command line shows its flag
+instead. Every stage that takes the concept calls the same function, so the ranges agree.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import InputError
+
+#: the largest ε any command takes: e^ε overflows a double just beyond 709; for a calibration, KDE terms
+#: e^{-gap/λ} underflow past e^{-708}, so a log ratio above ~700 comes out as inf and λ* could never be
+#: verified
+MAX_EPSILON = 700.0
+#: the smallest target ε of a calibration: ε_i(λ) ~ gap/λ is then a difference of logs of sums near n,
+#: whose rounding (~1e-16 relative) becomes a relative error of ~1e-16/ε in λ* (6e-6 at 1e-9, 3e-4 at
+#: 1e-12: too small a λ*)
+MIN_TARGET_EPSILON = 1e-9
+#: where the evaluation of individuals runs (:mod:`empdp.assessment.parallel`)
+WORKERS = ("threads", "processes", "auto")
+
+
+def epsilons(epsilon) -> np.ndarray:
+    """The ε values to assess: one or a list, each in [0, :data:`MAX_EPSILON`]; sorted, unique."""
+    try:
+        eps = np.atleast_1d(np.asarray(epsilon, dtype=float))
+    except (TypeError, ValueError):
+        eps = np.array([np.nan])
+    if not len(eps) or eps.ndim != 1 or np.any(~np.isfinite(eps)) or np.any(eps < 0) or np.any(eps > MAX_EPSILON):
+        raise InputError(f"epsilon values must be numbers in [0, {MAX_EPSILON:g}] (e^epsilon overflows beyond); "
+                         f"got {epsilon!r}", param="epsilon")
+    return np.unique(eps)
+
+
+def target_epsilon(epsilon) -> float:
+    """The target ε of a calibration: a number in [:data:`MIN_TARGET_EPSILON`, :data:`MAX_EPSILON`]."""
+    try:
+        eps = float(epsilon)
+    except (TypeError, ValueError):
+        eps = math.nan
+    if not (math.isfinite(eps) and eps > 0):
+        raise InputError(f"epsilon must be a positive number; got {epsilon!r}", param="epsilon")
+    if eps > MAX_EPSILON:
+        raise InputError(f"epsilon {eps:g} is above {MAX_EPSILON:g}, where the densities' ratio "
+                         f"(e^{MAX_EPSILON:g}) can no longer be computed in double precision and so cannot be "
+                         "verified; such an epsilon protects nobody: use a smaller one", param="epsilon")
+    if eps < MIN_TARGET_EPSILON:
+        raise InputError(f"epsilon {eps:g} is below {MIN_TARGET_EPSILON:g}, where epsilon_i(lambda) can no longer "
+                         "be computed exactly in double precision (rounding would make the noise too small); use "
+                         f"{MIN_TARGET_EPSILON:g} or more", param="epsilon")
+    return eps
+
+
+def whole(value, name: str, least: int = 1) -> int:
+    """A whole number ≥ ``least`` (bools refused), for the parameter ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise InputError(f"{name} must be a whole number >= {least}, got {value!r}", param=name)
+    return int(value)
+
+
+def workers(value) -> str:
+    if value not in WORKERS:
+        raise InputError(f"workers must be one of {', '.join(WORKERS)}, got {value!r}", param="workers")
+    return value
