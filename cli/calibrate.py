@@ -128,7 +128,7 @@ def _print_calibration(cal: Calibration, output: str) -> None:
         ("curator kernel", f"{cal.curator_kernel['kind']}, scale {fmt(cal.curator_kernel['scale'])}"),
         ("noise", noise.get(n["kind"], n["kind"])),
         ("expected |noise|", f"{fmt(cal.expected_abs_noise)}  (plain Laplace(lambda*): {fmt(cal.lam)})"),
-        ("verified max eps_i", fmt(cal.verified_eps_max)),
+        ("verified_eps_max", f"{fmt(cal.verified_eps_max)}  (the largest exact eps_i of the release)"),
         ("individuals", f"{fmt(cal.n_individuals)} ({fmt(cal.n_sole_contributors)} sole contributors, "
                         "unprotectable)"),
     ]
@@ -163,7 +163,8 @@ def _print_joint(cal: JointCalibration, output: str) -> None:
                  ("w_k", ", ".join(fmt(n["weights"][k]) for k in axes))]
         rows += [(f"noise on {name}", noise_words(cal, k)) for k, name in enumerate(cal.statistics)]
     rows += [
-        ("verified max eps_i", f"{fmt(cal.verified_eps_max)}  (curator model alone: {fmt(cal.curator_eps_max)})"),
+        ("verified_eps_max", f"{fmt(cal.verified_eps_max)}  (the largest exact eps_i of the release; curator model alone: "
+                             f"{fmt(cal.curator_eps_max)})"),
         ("individuals", f"{fmt(cal.n_individuals)} ({fmt(cal.n_sole_contributors)} sole contributors, "
                         "unprotectable)"),
     ]

@@ -6,15 +6,18 @@ calibrate-and-release noise (:mod:`empdp.noise`), and black-box audits
 
 Code map, in the order data flows (the method: ``docs/method.md``)::
 
+    models.py, params.py  the curator models (one statistic, joint, grouped) every stage asks for;
+                        one validator per parameter concept
     data/, query.py     the source as DuckDB sees it; the query forms
-    loo/                query values q_j and leave-one-out shifts Δ_ij, one engine per strategy
+    loo/, engines.py    query values q_j and leave-one-out shifts Δ_ij, one engine per strategy;
+                        the engine objects (DuckDB, Spark)
     density.py          the curator's density model (Laplace, one scale, by default)
-    risk/               exact δ_i(ε), ε_i and screening bounds (closed form for the default model)
-    assessment/         the assessment: screening, ε_all search, sweep, riskiest table, adversary,
-                        checks, saved results
+    risk/               exact δ_i(ε), ε_i and screening bounds (closed form for the default model;
+                        joint/ for 2–3 statistics released together)
+    assessment/         the assessment of each curator model: screening, ε_all search, sweep,
+                        riskiest table, adversary, checks, saved results
     noise/              calibration (λ*, deconvolution), secure sampling, release ledger
     audit/              black-box lower bounds (MPL, Rényi) and the release audit
-    joint/              two or three statistics released together, and grouped statistics
     spark/              the leave-one-out and the exact evaluation on a Spark cluster
     report/             the HTML report
     io.py, keys.py, robust.py, errors.py
@@ -35,10 +38,10 @@ _EXPORTS = {
     "EmpdpError": ".errors", "InputError": ".errors", "BudgetExceededError": ".errors",
     "LooResult": ".loo", "leave_one_out": ".loo",
     "Calibration": ".noise", "calibrate": ".noise", "JointCalibration": ".noise", "load_calibration": ".noise",
-    "JointAssessment": ".joint.assess", "GroupedAssessment": ".joint.groups",
+    "JointAssessment": ".assessment.joint", "GroupedAssessment": ".assessment.groups",
 }
 #: submodules reachable as attributes (``empdp.audit.mpl(...)``, ``empdp.risk``)
-_SUBMODULES = ("assessment", "audit", "noise", "risk", "density", "report", "io", "loo", "data", "joint")
+_SUBMODULES = ("assessment", "audit", "noise", "risk", "density", "report", "io", "loo", "data", "engines", "models")
 
 __all__ = [*_EXPORTS, "audit"]
 

@@ -149,7 +149,7 @@ def _noise(inputs: _Inputs, kernel, b: float, search: LambdaSearch, progress: Pr
     step = (_laplace_noise(inputs, b, search) if kernel.deconvolves
             else _gaussian_noise(inputs, kernel, b, search, progress))
     n = step.noise
-    log.info("noise: %s, weight at 0 %s, scale %s, E|y| %s; verified max eps_i %s (%s) in %.2f s", n.kind,
+    log.info("noise: %s, weight at 0 %s, scale %s, E|y| %s; verified_eps_max %s (%s) in %.2f s", n.kind,
              fmt(n.weight_zero), fmt(n.scale), fmt(n.expected_abs), fmt(step.eps_max), step.deconvolution["method"],
              time.perf_counter() - t)
     return step

@@ -418,7 +418,7 @@ def calibrate_joint_values(q, shifts, *, epsilon: float, bandwidth="auto", undef
                      "exact vector is released")
     for note in notes:
         warnings.warn(note, stacklevel=2)
-    log.info("joint calibration: %d statistics, t = %s, noise scales %s (whitened), verified max eps_i %s, "
+    log.info("joint calibration: %d statistics, t = %s, noise scales %s (whitened), verified_eps_max %s, "
              "%d individuals evaluated, in %.2f s", dim, fmt(found.t), [fmt(v) for v in noise.scales],
              fmt(eps_max), found.n_evaluated, time.perf_counter() - t0)
     curator = {"kind": "laplace-product", "whitened": bool(model.whitened), "whitening": model.whitening.tolist(),

@@ -38,7 +38,7 @@ def calibration(c: dict) -> str:
             ("curator kernel", Html("{}, scale {}").format(ck.get("kind", "–"), num(ck.get("scale")))),
             ("noise", _noise_text(noise)),
             ("expected |noise| (expected error)", num(c.get("expected_abs_noise"))),
-            ("verified max εᵢ at λ*", num(c.get("verified_eps_max"))),
+            ("verified_eps_max: the largest exact εᵢ at λ*", num(c.get("verified_eps_max"))),
             ("individuals", Html("{} ({} sole contributor(s): no noise protects them)").format(
                 num(c.get("n_individuals")), num(c.get("n_sole_contributors")))) if "n_individuals" in c else None,
             ("classical DP ε (fixed database)", "not claimed (see below)" if kind == "laplace"
