@@ -7,6 +7,7 @@ import math
 
 import click
 
+from empdp.audit.common import SIZE_KEYS, STAGE1_MAX
 from empdp.audit.mechanisms import BUILTIN_NAMES
 from empdp.data import shorten as short
 from empdp.errors import InputError
@@ -141,13 +142,24 @@ def _run_bound(bound, title, mechanism, params, pairs, options, as_json, quiet, 
         (printer or _print_result)(d, title)
 
 
+def _size_rows(d: dict) -> list[tuple[str, str]]:
+    """One terminal row per sample size in ``d``, worded as its key and flag; a time budget's choice said once."""
+    sizes = d.get("sizes") or {}
+    chosen = (f" (chosen for a {fmt(sizes['time_budget'])} s budget on this machine)"
+              if sizes.get("chosen_by") == "time budget" else "")
+    rows = [(key.replace("_", " "), f"{d[key]}") for key in SIZE_KEYS if d.get(key) is not None]
+    if rows:
+        rows[-1] = (rows[-1][0], rows[-1][1] + chosen)
+    return rows
+
+
 def _print_result(d: dict, title: str):
     click.echo(title)
     if d.get("method") == "renyi":
         rows = [("lower bound", d["lower_bound"]), ("estimate", d["estimate"])]
     else:  # MPL's estimate is the largest of the noisy stage-1 losses, biased up
         rows = [("lower bound", d["lower_bound"]), ("loss at t_hat", d.get("loss_at_t_hat")),
-                ("stage-1 max loss", d["estimate"])]
+                ("stage-1 max loss", d["stage1_max_loss"])]
     if d.get("true_value") is not None or d.get("true_value_infinite"):
         rows.append(("true value", math.inf if d.get("true_value_infinite") else d["true_value"]))
     rows += [("worst pair", json.dumps(d["pair"]))]
@@ -164,10 +176,7 @@ def _print_result(d: dict, title: str):
         rows.append(("outputs audited as", d["feature"]))
     if d.get("direction"):
         rows.append(("direction", d["direction"]))
-    sizes = d.get("sizes") or {}
-    chosen = (f" (chosen for a {fmt(sizes['time_budget'])} s budget on this machine)"
-              if sizes.get("chosen_by") == "time budget" else "")
-    rows += [("sample sizes", f"n = {d['n']}, N = {d['N']}{chosen}"), ("alpha", d["alpha"]),
+    rows += [*_size_rows(d), ("alpha", d["alpha"]),
              ("estimator", "frequencies (TDDE)" if d["discrete"] or rule
               else f"KDE, bandwidth {fmt((d.get('bandwidth') or [None])[0])}")]
     for k, v in rows:
@@ -303,17 +312,14 @@ def _print_approx(d: dict, title: str) -> None:
     rule = d["event"]
     what = "the output" if rule["score"] == "output" else "the logistic-regression score"
     x_name = "x_prime" if d["event_database"] == "x_prime" else "x"
-    rows = [("lower bound", d["epsilon_lower_bound"])]
+    rows = [("lower bound", d["lower_bound"])]
     if d.get("true_value") is not None:
         rows.append(("true value", f"{fmt(d['true_value'])} ({d['true_value_kind']})"))
-    sizes = d.get("sizes") or {}
-    chosen = (f" (chosen for a {fmt(sizes['time_budget'])} s budget on this machine)"
-              if sizes.get("chosen_by") == "time budget" else "")
     rows += [("worst pair", json.dumps(d["pair"])),
              ("event", f"{what} {rule['direction']} {fmt(rule['threshold'])}"),
              (f"P(event | {x_name})", f"{fmt(d['p_hat'])} (lower bound {fmt(d['p_lower'])})"),
              ("P(event | other)", f"{fmt(d['q_hat'])} (upper bound {fmt(d['q_upper'])})"),
-             ("sample sizes", f"n = {d['n']}, N = {d['N']}{chosen}"), ("alpha", d["alpha"])]
+             *_size_rows(d), ("alpha", d["alpha"])]
     for k, v in rows:
         click.echo(f"  {k:20s} {fmt(v) if not isinstance(v, str) else terminal_safe(v)}")
     for w in d.get("warnings", []):
@@ -387,17 +393,19 @@ def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key
     click.echo(f"Release audit: target epsilon {fmt(d['target_epsilon'])}, noise {terminal_safe(d['noise']['kind'])}, "
                f"curator kernel {d['curator_kernel']['kind']}")
     buckets = "buckets" in d  # an adversary calibration: audited bucket by bucket
-    click.echo(f"  {'id':>12s} {'exact eps_i':>12s} {'stage-1 max':>11s} {'exact D_' + format(order, 'g'):>10s}"
+    click.echo(f"  {'id':>12s} {'exact eps_i':>12s} {STAGE1_MAX:>16s} {'exact D_' + format(order, 'g'):>10s}"
                + ("  bucket" if buckets else ""))
     for row in d["individuals"]:
         click.echo(f"  {terminal_safe(row['id']):>12s} {fmt(row['exact_epsilon']):>12s} "
-                   f"{fmt(row.get('mpl_estimate')):>11s} {fmt(row['exact_renyi']):>10s}"
+                   f"{fmt(row.get('stage1_max_loss')):>16s} {fmt(row['exact_renyi']):>10s}"
                    + (f"  {row.get('bucket', '')}" if buckets else ""))
-    click.echo("  (stage-1 max: MPL's largest noisy loss estimate for the individual, biased up; a screening "
-               "statistic, not a bound)")
+    click.echo(f"  ({STAGE1_MAX}: {STAGE1_MAX_MEANS})")
+    _echo_release_sizes(d)
     click.echo(f"  MPL lower bound   {fmt(d['mpl_lower_bound'])}  <=  exact max eps {fmt(d['exact_epsilon_max'])}"
                f"  <=  target {fmt(d['target_epsilon'])}")
     click.echo(f"  Renyi lower bound {fmt(d['renyi_lower_bound'])}  vs exact max D {fmt(d['exact_renyi_max'])}")
+    for line in _at_delta_lines(d):
+        click.echo(line)
     if not d["renyi_consistent"]:
         click.echo(f"  note: the Renyi lower bound exceeds the exact D; at level alpha = {d['alpha']:g} this happens "
                    f"by chance with probability at most alpha (rerun with another --seed); repeated, it means the "
@@ -409,18 +417,40 @@ def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key
         click.echo(f"  warning: {terminal_safe(w)}", err=True)
 
 
+STAGE1_MAX_MEANS = "MPL's largest noisy loss estimate for the individual, biased up; a screening statistic, not a bound"
+
+
+def _at_delta_lines(d: dict) -> list[str]:
+    """A curator kernel that is not pure DP: the (epsilon, delta) audit at its tolerance delta, which sets the
+    verdict, and the exact curve eps(delta) of the audited individuals (none for pure-DP kernels)."""
+    if d.get("delta") is None:
+        return []
+    curve = d["exact_curve"]
+    return [f"  (epsilon, delta) audit at delta = {fmt(d['delta'])} (the kernel is not pure DP; this sets the "
+            f"verdict):",
+            f"    lower bound {fmt(d['approx_lower_bound'])}  <=  exact max eps(delta) "
+            f"{fmt(d['exact_epsilon_at_delta_max'])}  <=  target {fmt(d['target_epsilon'])}",
+            "    exact curve, largest eps_i(delta) of the audited: "
+            + ", ".join(f"{fmt(e)} at {fmt(dl)}" for dl, e in zip(curve["delta"], curve["epsilon"]))]
+
+
+def _echo_release_sizes(d: dict) -> None:
+    """The release audit's sample sizes: MPL's search and final sizes, the Rényi sample size."""
+    click.echo("  " + ", ".join(f"{name} {value}" for name, value in _size_rows(d)))
+
+
 def _print_joint_audit(d: dict) -> None:
     """The terminal summary of a joint release audit (``JointReleaseAudit.to_dict``)."""
     click.echo(f"Release audit of {d['d']} statistics released together ({terminal_safe('; '.join(d['statistics']))}): target "
                f"epsilon {fmt(d['target_epsilon'])}, noise {terminal_safe(d['noise']['kind'])}, curator model product Laplace "
                f"{'whitened' if d['curator_model'].get('whitened') else 'axis-aligned'}")
     order = format(d["order"], "g")
-    click.echo(f"  {'id':>12s} {'exact eps_i':>12s} {'stage-1 max':>11s} {'exact D_' + order:>10s}")
+    click.echo(f"  {'id':>12s} {'exact eps_i':>12s} {STAGE1_MAX:>16s} {'exact D_' + order:>10s}")
     for row in d["individuals"]:
-        click.echo(f"  {terminal_safe(row['id']):>12s} {fmt(row['exact_epsilon']):>12s} {fmt(row.get('mpl_estimate')):>11s} "
-                   f"{fmt(row.get('exact_renyi')):>10s}")
-    click.echo("  (exact: the released vector's density; stage-1 max: MPL's largest noisy loss estimate, biased up, "
-               "not a bound)")
+        click.echo(f"  {terminal_safe(row['id']):>12s} {fmt(row['exact_epsilon']):>12s} "
+                   f"{fmt(row.get('stage1_max_loss')):>16s} {fmt(row.get('exact_renyi')):>10s}")
+    click.echo(f"  (exact: the released vector's density; {STAGE1_MAX}: {STAGE1_MAX_MEANS})")
+    _echo_release_sizes(d)
     click.echo(f"  MPL lower bound   {fmt(d['mpl_lower_bound'])}  <=  exact max eps {fmt(d['exact_epsilon_max'])}"
                f"  <=  target {fmt(d['target_epsilon'])}")
     click.echo(f"  Renyi lower bound {fmt(d['renyi_lower_bound'])}  vs exact max D {fmt(d['exact_renyi_max'])}")

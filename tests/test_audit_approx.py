@@ -87,21 +87,21 @@ def test_gaussian_bound_below_truth_and_not_trivial(seed):
     res = approx("gaussian", delta=1e-3, params={"sigma": 1.0}, rng=seed, **SMALL)
     truth = gaussian_epsilon_delta(1e-3, 1.0, 1.0)
     assert res.true_value == pytest.approx(truth)
-    assert 0.6 * truth < res.epsilon_lower_bound <= truth
+    assert 0.6 * truth < res.lower_bound <= truth
     assert res.pair == (0.0, 1.0)  # the pair at the full sensitivity
     # the bound is the Clopper-Pearson one on the reported counts, each at level alpha/2
-    assert res.p_lower == pytest.approx(clopper_pearson_lower(res.counts["event_database"], res.N, res.alpha / 2))
-    assert res.q_upper == pytest.approx(clopper_pearson_upper(res.counts["other_database"], res.N, res.alpha / 2))
-    assert res.epsilon_lower_bound == pytest.approx(math.log((res.p_lower - res.delta) / res.q_upper))
+    assert res.p_lower == pytest.approx(clopper_pearson_lower(res.counts["event_database"], res.final_size, res.alpha / 2))
+    assert res.q_upper == pytest.approx(clopper_pearson_upper(res.counts["other_database"], res.final_size, res.alpha / 2))
+    assert res.lower_bound == pytest.approx(math.log((res.p_lower - res.delta) / res.q_upper))
 
 
 def test_laplace_bound_below_its_curve():
     res = approx("laplace", delta=1e-2, params={"epsilon": 1.0}, rng=5, **SMALL)
-    assert 0.8 < res.epsilon_lower_bound <= laplace_epsilon_delta(1e-2, 1.0) == res.true_value
+    assert 0.8 < res.lower_bound <= laplace_epsilon_delta(1e-2, 1.0) == res.true_value
 
 
 def test_monotone_in_delta():
-    bounds = [approx("gaussian", delta=d, params={"sigma": 1.0}, rng=3, **SMALL).epsilon_lower_bound
+    bounds = [approx("gaussian", delta=d, params={"sigma": 1.0}, rng=3, **SMALL).lower_bound
               for d in (1e-1, 1e-2, 1e-3, 1e-4)]
     assert all(a < b for a, b in zip(bounds, bounds[1:])), bounds
 
@@ -114,7 +114,7 @@ def test_seed_reproduces():
 
 def test_large_delta_gives_zero_with_a_warning():
     res = approx("gaussian", delta=0.9, params={"sigma": 1.0}, rng=0, **SMALL)
-    assert res.epsilon_lower_bound == 0.0
+    assert res.lower_bound == 0.0
     assert any("the bound is 0" in w and "total variation" in w for w in res.warnings)
 
 
@@ -122,7 +122,7 @@ def test_vector_outputs_scored_and_below_pure_epsilon():
     res = approx("laplace_parallel", delta=1e-3, rng=1, n=5000, N=20000)
     assert res.event["score"] == "logistic regression"
     assert res.truth_kind.startswith("pure epsilon")
-    assert 0 <= res.epsilon_lower_bound <= res.true_value
+    assert 0 <= res.lower_bound <= res.true_value
 
 
 def test_user_sampler_both_orders(tmp_path, monkeypatch):
@@ -135,7 +135,7 @@ def test_user_sampler_both_orders(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = approx("onesided:sampler", pairs=[[0, 1]], delta=1e-3, rng=2, **SMALL)
     assert res.reversed_pair and res.true_value is None
-    assert math.log((0.5 - 1e-3) / 0.05) * 0.9 < res.epsilon_lower_bound <= math.log((0.5 - 1e-3) / 0.05)
+    assert math.log((0.5 - 1e-3) / 0.05) * 0.9 < res.lower_bound <= math.log((0.5 - 1e-3) / 0.05)
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -179,12 +179,12 @@ def test_cli_json_keys():
               "--final-size", 100000, "--seed", 1, "--json")
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
-    assert {"method", "epsilon_lower_bound", "delta", "alpha", "sizes", "event", "pair", "event_database",
+    assert {"method", "lower_bound", "delta", "alpha", "sizes", "event", "pair", "event_database",
             "counts", "p_lower", "q_upper", "true_value", "true_value_kind", "warnings"} <= set(d)
     assert d["method"] == "approx" and d["delta"] == 1e-3 and d["alpha"] == 0.05
-    assert d["sizes"] == {"chosen_by": "given", "n": 20000, "N": 100000}
+    assert d["sizes"] == {"chosen_by": "given", "search_size": 20000, "final_size": 100000}
     assert d["true_value"] == pytest.approx(gaussian_epsilon_delta(1e-3, 1.0, 1.0))
-    assert 0 < d["epsilon_lower_bound"] <= d["true_value"]
+    assert 0 < d["lower_bound"] <= d["true_value"]
     assert d["event"]["score"] == "output" and d["event"]["direction"] in (">=", "<=")
 
 

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.usefixtures("curator_key")  # $EMPDP_KEY verifies the s
 
 assert main_mod.cli.get_command(None, "audit") is audit  # registered in cli/main.py
 
-KEYS = {"lower_bound", "estimate", "pair", "t_hat", "n", "N", "alpha", "true_value"}
+KEYS = {"lower_bound", "stage1_max_loss", "pair", "t_hat", "search_size", "final_size", "alpha", "true_value"}
+RENYI_KEYS = {"lower_bound", "estimate", "pair", "t_hat", "sample_size", "alpha", "true_value"}
 
 
 def test_mpl_json_builtin():
@@ -25,7 +26,7 @@ def test_mpl_json_builtin():
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
     assert KEYS <= set(d)
-    assert d["true_value"] == 0.7 and d["n"] == 3000 and d["N"] == 8000 and d["alpha"] == 0.05
+    assert d["true_value"] == 0.7 and d["search_size"] == 3000 and d["final_size"] == 8000 and d["alpha"] == 0.05
     assert d["lower_bound"] <= d["loss_at_t_hat"]
 
 
@@ -33,7 +34,7 @@ def test_renyi_json_and_human_output():
     res = run("renyi", "-m", "randomized_response", "--order", 2, "--sample-size", 5000, "--seed", 2, "--json")
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
-    assert KEYS <= set(d) and d["t_hat"] is None and d["discrete"] is True
+    assert RENYI_KEYS <= set(d) and d["t_hat"] is None and d["discrete"] is True and d["sample_size"] == 5000
     res = run("renyi", "-m", "gaussian", "--order", 2, "--sample-size", 5000, "--seed", 2)
     assert res.exit_code == 0 and "lower bound" in res.output
 
@@ -144,7 +145,7 @@ def test_old_size_names_still_work():
     new = run("mpl", "-m", "laplace", "--search-size", 2000, "--final-size", 5000, "--seed", 1, "--json")
     old = run("mpl", "-m", "laplace", "--n", 2000, "--N", 5000, "--seed", 1, "--json")
     assert new.exit_code == old.exit_code == 0 and json.loads(new.output) == json.loads(old.output)
-    assert json.loads(old.output)["n"] == 2000 and json.loads(old.output)["N"] == 5000
+    assert json.loads(old.output)["search_size"] == 2000 and json.loads(old.output)["final_size"] == 5000
     new = run("renyi", "-m", "gaussian", "--order", 2, "--sample-size", 2000, "--seed", 1, "--json")
     old = run("renyi", "-m", "gaussian", "--order", 2, "--n", 2000, "--seed", 1, "--json")
     assert new.exit_code == old.exit_code == 0 and json.loads(new.output) == json.loads(old.output)

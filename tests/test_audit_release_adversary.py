@@ -32,7 +32,8 @@ EPS = 0.5
 #: small samples: the bounds are loose but every check below has a wide margin
 SIZES = dict(top=2, n=3000, N=10000, n_renyi=3000)
 BUCKET_KEYS = {"lo", "hi", "n_databases", "curator_kernel", "alpha", "ok", "renyi_consistent", "mpl_lower_bound",
-               "mpl_estimate", "exact_epsilon_max", "renyi_lower_bound", "exact_renyi_max", "individuals"}
+               "stage1_max_loss", "exact_epsilon_max", "renyi_lower_bound", "exact_renyi_max", "individuals",
+               "delta", "approx_lower_bound", "exact_epsilon_at_delta_max", "exact_curve"}
 
 
 def panel(seed: int, high_spike: float = 4.0, low_spike: float = 0.0, n_db: int = 24, n_ind: int = 30):

@@ -193,7 +193,7 @@ def terminal(monkeypatch):
 def test_json_stays_pure_on_a_terminal(terminal):
     res = run("mpl", "-m", "laplace", "--search-size", 3000, "--final-size", 8000, "--seed", 1, "--json")
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)["n"] == 3000
+    assert json.loads(res.stdout)["search_size"] == 3000
     assert BAR not in res.stderr and ESC not in res.stderr and ESC not in res.stdout
 
 

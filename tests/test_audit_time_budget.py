@@ -18,24 +18,24 @@ def test_mpl_budget_chooses_reports_and_reproduces_sizes():
     took = time.perf_counter() - t0
     s = res.sizes
     assert s["chosen_by"] == "time budget" and s["time_budget"] == 2
-    assert s["n"] == res.n >= 4000 and s["N"] == res.N == 5 * res.n
+    assert s["search_size"] == res.search_size >= 4000 and s["final_size"] == res.final_size == 5 * res.search_size
     assert took < 8  # about the budget (a loaded machine may overrun it somewhat)
-    again = mpl("laplace", params={"epsilon": 0.5}, n=s["n"], N=s["N"], rng=3)
+    again = mpl("laplace", params={"epsilon": 0.5}, n=s["search_size"], N=s["final_size"], rng=3)
     assert again.lower_bound == res.lower_bound and again.sizes["chosen_by"] == "given"
     assert 0 < res.lower_bound <= 0.5
 
 
 def test_renyi_budget_chooses_reports_and_reproduces_sizes():
     res = renyi("gaussian", order=2, time_budget=2, rng=5)
-    assert res.sizes["chosen_by"] == "time budget" and res.sizes["n"] == res.n >= 4000
-    again = renyi("gaussian", order=2, n=res.n, rng=5)
+    assert res.sizes["chosen_by"] == "time budget" and res.sizes["sample_size"] == res.sample_size >= 4000
+    again = renyi("gaussian", order=2, n=res.sample_size, rng=5)
     assert again.lower_bound == res.lower_bound
-    assert res.to_dict()["sizes"]["n"] == res.n
+    assert res.to_dict()["sizes"]["sample_size"] == res.sample_size
 
 
 def test_without_budget_or_sizes_the_old_defaults_hold():
     res = mpl("randomized_response", rng=1)
-    assert (res.n, res.N) == (20000, 50000) and res.sizes["chosen_by"] == "default"
+    assert (res.search_size, res.final_size) == (20000, 50000) and res.sizes["chosen_by"] == "default"
 
 
 @pytest.mark.parametrize("budget", [0, -1, float("nan"), 1e9, True])
@@ -58,9 +58,9 @@ def test_cli_budget_in_json_and_sizes_override_the_default_budget():
     res = run("mpl", "-m", "laplace", "--param", "epsilon=0.5", "--time-budget", 2, "--seed", 1, "--json")
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
-    assert d["sizes"]["chosen_by"] == "time budget" and d["sizes"]["n"] == d["n"]
-    given = run("mpl", "-m", "laplace", "--param", "epsilon=0.5", "--search-size", d["n"], "--final-size",
-                d["N"], "--seed", 1, "--json")
+    assert d["sizes"]["chosen_by"] == "time budget" and d["sizes"]["search_size"] == d["search_size"]
+    given = run("mpl", "-m", "laplace", "--param", "epsilon=0.5", "--search-size", d["search_size"], "--final-size",
+                d["final_size"], "--seed", 1, "--json")
     assert json.loads(given.output)["lower_bound"] == d["lower_bound"]  # the default budget is not used
     text = run("renyi", "-m", "gaussian", "--order", 2, "--time-budget", 2, "--seed", 1)
     assert text.exit_code == 0 and "chosen for a 2 s budget" in text.output

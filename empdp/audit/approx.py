@@ -76,7 +76,7 @@ def check_delta(delta) -> float:
 class ApproxResult:
     """Outcome of one (ε, δ) audit: the bound and the event it rests on."""
 
-    epsilon_lower_bound: float
+    lower_bound: float  # on ε at δ
     delta: float
     alpha: float
     pair: tuple
@@ -89,8 +89,8 @@ class ApproxResult:
     p_lower: float
     q_upper: float
     predicted: float
-    n: int
-    N: int
+    search_size: int  # stage-1 outputs per database (--search-size)
+    final_size: int  # stage-2 outputs per database (--final-size)
     sizes: dict = field(default_factory=dict)
     true_value: float | None = None
     pairs_true_value: float | None = None
@@ -100,11 +100,12 @@ class ApproxResult:
     def to_dict(self) -> dict:
         """JSON-ready summary (non-finite numbers become null)."""
         return jsonable({
-            "method": "approx", "epsilon_lower_bound": self.epsilon_lower_bound, "delta": self.delta,
+            "method": "approx", "lower_bound": self.lower_bound, "delta": self.delta,
             "alpha": self.alpha, "pair": list(self.pair), "pair_index": self.pair_index,
             "event_database": "x_prime" if self.reversed_pair else "x", "event": self.event,
             "counts": self.counts, "p_hat": self.p_hat, "q_hat": self.q_hat, "p_lower": self.p_lower,
-            "q_upper": self.q_upper, "stage1_predicted_bound": self.predicted, "n": self.n, "N": self.N,
+            "q_upper": self.q_upper, "stage1_predicted_bound": self.predicted,
+            "search_size": self.search_size, "final_size": self.final_size,
             "sizes": self.sizes, "true_value": self.true_value, "pairs_true_value": self.pairs_true_value,
             "true_value_kind": self.truth_kind, "warnings": self.warnings,
         })
@@ -162,7 +163,7 @@ def approx(mechanism, pairs=None, delta: float | None = None, n: int | None = No
     n, N = DEFAULT_N if n is None else n, DEFAULT_FINAL if N is None else N
     plan = _resolve(mechanism, pairs, delta, n, N, alpha, params, discrete)
     res = _run(plan, as_rng(rng), progress or _no_progress)
-    res.sizes = {**sizes, "n": plan.n, "N": plan.N}
+    res.sizes = {**sizes, "search_size": plan.n, "final_size": plan.N}
     return res
 
 
@@ -324,10 +325,10 @@ def _stage2(plan: _Plan, best: _Event, rng, report) -> ApproxResult:
                         "distance, or N (--final-size, --time-budget) too small")
     true_value, pairs_true, kind = _truth(plan)
     return ApproxResult(
-        epsilon_lower_bound=bound, delta=plan.delta, alpha=plan.alpha, pair=tuple(pair),
+        lower_bound=bound, delta=plan.delta, alpha=plan.alpha, pair=tuple(pair),
         pair_index=best.pair_index, reversed_pair=best.reverse, event=best.rule.describe(),
         counts={"event_database": kp, "other_database": kq}, p_hat=kp / plan.N, q_hat=kq / plan.N,
-        p_lower=p_lo, q_upper=q_hi, predicted=best.predicted, n=plan.n, N=plan.N, true_value=true_value,
+        p_lower=p_lo, q_upper=q_hi, predicted=best.predicted, search_size=plan.n, final_size=plan.N, true_value=true_value,
         pairs_true_value=pairs_true, truth_kind=kind, warnings=warnings)
 
 

@@ -9,6 +9,12 @@ import numpy as np
 from ..errors import InputError
 from .kde import as_samples, looks_discrete
 
+#: the sample sizes in the audits' JSON and attributes, each named as its flag (--search-size is
+#: "search_size", and "search size" in the terminal and the report)
+SIZE_KEYS = ("search_size", "final_size", "sample_size", "renyi_sample_size")
+#: MPL's largest stage-1 loss (JSON and attribute ``stage1_max_loss``) in the terminal and the report
+STAGE1_MAX = "stage-1 max loss"
+
 
 def as_rng(rng) -> np.random.Generator:
     """A NumPy Generator from a Generator, a seed, or None (fresh entropy)."""

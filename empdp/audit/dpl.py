@@ -72,7 +72,7 @@ class Candidate:
     rule: ScoreRule | None = None  # a score event {s(t) ≥ c} or {s(t) ≤ c} instead of t̂ (module events)
 
     @property
-    def estimate(self) -> float:
+    def max_loss(self) -> float:
         return float(self.loss.max())
 
 

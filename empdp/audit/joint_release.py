@@ -44,14 +44,14 @@ class JointReleaseAudit:
     statistics: list
     individuals: list
     mpl_lower_bound: float
-    mpl_estimate: float
+    stage1_max_loss: float  # MPL's largest stage-1 loss: biased up, not a bound
     exact_epsilon_max: float
     renyi_lower_bound: float
     exact_renyi_max: float | None
     order: float
-    n: int
-    N: int
-    n_renyi: int
+    search_size: int
+    final_size: int
+    renyi_sample_size: int
     alpha: float
     noise: dict
     curator_model: dict
@@ -80,10 +80,11 @@ class JointReleaseAudit:
         return jsonable({
             "method": "release", "joint": True, "d": self.d, "statistics": self.statistics,
             "target_epsilon": self.target_epsilon, "order": self.order, "ok": self.ok,
-            "mpl_lower_bound": self.mpl_lower_bound, "mpl_estimate": self.mpl_estimate,
+            "mpl_lower_bound": self.mpl_lower_bound, "stage1_max_loss": self.stage1_max_loss,
             "exact_epsilon_max": self.exact_epsilon_max, "renyi_lower_bound": self.renyi_lower_bound,
             "exact_renyi_max": self.exact_renyi_max, "renyi_consistent": self.renyi_consistent,
-            "individuals": self.individuals, "n": self.n, "N": self.N, "n_renyi": self.n_renyi, "alpha": self.alpha,
+            "individuals": self.individuals, "search_size": self.search_size, "final_size": self.final_size,
+            "renyi_sample_size": self.renyi_sample_size, "alpha": self.alpha,
             "noise": self.noise,
             "curator_kernel": {"kind": self.curator_model.get("kind"), "scales": self.curator_model.get("scales")},
             "curator_model": self.curator_model, "warnings": self.warnings, "ids_hashed": self.ids_hashed,
@@ -248,8 +249,8 @@ def audit_joint_release(cal, source=None, *, loo=None, top: int = 5, order: floa
     individuals = [{"id": name(int(k)), "exact_epsilon": float(e)} for k, e in zip(chosen, exact[rank])]
     mech = joint_release_mechanism(cal, q, shifts[chosen])
     m = mpl(mech, [(-1, k) for k in range(len(chosen))], n=n, N=N, alpha=alpha, rng=rng, progress=progress)
-    for k, est in enumerate(m.pair_estimates):
-        individuals[k]["mpl_estimate"] = est
+    for k, est in enumerate(m.stage1_max_loss_by_pair):
+        individuals[k]["stage1_max_loss"] = est
     T = cal.release_model(q).transform
     for row, k in zip(individuals, chosen):
         both = exact_renyi(q @ T.T, (q - shifts[k]) @ T.T, order)
@@ -262,9 +263,9 @@ def audit_joint_release(cal, source=None, *, loo=None, top: int = 5, order: floa
     r = renyi(mech, [(-1, k) for k in range(len(chosen))], order=order, n=n_renyi, alpha=alpha, rng=rng,
               progress=progress)
     return JointReleaseAudit(target_epsilon=float(cal.epsilon), statistics=list(cal.statistics),
-                             individuals=individuals, mpl_lower_bound=m.lower_bound, mpl_estimate=m.estimate,
+                             individuals=individuals, mpl_lower_bound=m.lower_bound, stage1_max_loss=m.stage1_max_loss,
                              exact_epsilon_max=float(exact.max()), renyi_lower_bound=r.lower_bound,
-                             exact_renyi_max=None if None in exact_d else max(exact_d), order=float(order), n=n,
-                             N=N, n_renyi=n_renyi, alpha=alpha, noise=dict(cal.noise),
+                             exact_renyi_max=None if None in exact_d else max(exact_d), order=float(order),
+                             search_size=n, final_size=N, renyi_sample_size=n_renyi, alpha=alpha, noise=dict(cal.noise),
                              curator_model=dict(cal.curator_model), warnings=warnings + m.warnings + r.warnings,
                              ids_hashed=bool(hash_key))

@@ -74,15 +74,15 @@ class MPLResult:
     """Outcome of one MPL run (all values refer to the selected pair)."""
 
     lower_bound: float
-    estimate: float
+    stage1_max_loss: float  # the largest stage-1 loss of the selected pair: biased up, not a bound
     pair: tuple
     pair_index: int
     t_hat: object
     event: list | None
     loss_at_t_hat: float
     sigma: float
-    n: int
-    N: int
+    search_size: int  # stage-1 outputs per database (--search-size)
+    final_size: int  # stage-2 outputs per database (--final-size)
     alpha: float
     discrete: bool
     tau: float
@@ -94,7 +94,7 @@ class MPLResult:
     feature: str | None = None
     event_rule: dict | None = None
     sizes: dict = field(default_factory=dict)
-    pair_estimates: list = field(default_factory=list)
+    stage1_max_loss_by_pair: list = field(default_factory=list)
     loss_curve: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
 
@@ -102,17 +102,17 @@ class MPLResult:
         """JSON-ready summary (non-finite numbers become null; see ``true_value_infinite``)."""
         out = {
             "method": "mpl",
-            "lower_bound": self.lower_bound, "estimate": self.estimate,
+            "lower_bound": self.lower_bound, "stage1_max_loss": self.stage1_max_loss,
             "pair": list(self.pair), "pair_index": self.pair_index, "t_hat": self.t_hat,
             "event": self.event, "event_size": 1 if self.event is None else len(self.event),
             "loss_at_t_hat": self.loss_at_t_hat, "sigma": self.sigma,
-            "n": self.n, "N": self.N, "alpha": self.alpha, "discrete": self.discrete,
+            "search_size": self.search_size, "final_size": self.final_size, "alpha": self.alpha, "discrete": self.discrete,
             "tau": self.tau, "bandwidth": self.bandwidth, "region": self.region,
             "selection": self.selection, "feature": self.feature, "event_rule": self.event_rule,
             "sizes": self.sizes, "true_value": self.true_value,
             "true_value_infinite": self.true_value is not None and math.isinf(self.true_value),
             "pairs_true_value": self.pairs_true_value,
-            "pair_estimates": self.pair_estimates, "warnings": self.warnings,
+            "stage1_max_loss_by_pair": self.stage1_max_loss_by_pair, "warnings": self.warnings,
         }
         if curve:
             out["loss_curve"] = self.loss_curve
@@ -209,7 +209,7 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
     plan = _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, events, feature,
                     bandwidth, undersmooth)
     res = _run(plan, as_rng(rng), discrete, progress or _no_progress)
-    res.sizes = {**sizes, "n": plan.n, "N": plan.N}
+    res.sizes = {**sizes, "search_size": plan.n, "final_size": plan.N}
     return res
 
 
@@ -293,10 +293,10 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report) -> _Stage1:
         del kept_samples
     selected = max(finalists, key=lambda k: cands[k].score)
     log.info("MPL stage 1 (DPL): %d pairs x 2 x %d outputs%s, %s estimate, in %.2f s; selected pair %d, "
-             "stage-1 loss max %.4g", len(pairs), n1,
+             "stage-1 max loss %.4g", len(pairs), n1,
              f", then {keep} pairs x 2 x {extra} more" if extra else "",
              "frequency" if is_discrete else "kernel density", time.perf_counter() - t_start, selected,
-             cands[selected].estimate)
+             cands[selected].max_loss)
     return _Stage1(cands, selected, is_discrete)
 
 
@@ -406,16 +406,16 @@ def _result(plan: Plan, stage1: _Stage1, stage2: _Stage2) -> MPLResult:
         region_out = None if best.box is None else np.column_stack(best.box).tolist()
     feature = plan.feature
     return MPLResult(
-        lower_bound=float(stage2.lower_bound), estimate=best.estimate, pair=tuple(plan.pairs[b]), pair_index=b,
+        lower_bound=float(stage2.lower_bound), stage1_max_loss=best.max_loss, pair=tuple(plan.pairs[b]), pair_index=b,
         t_hat=_point(best.t), event=None if best.event is None else [_point(t) for t in best.event],
-        loss_at_t_hat=float(stage2.loss), sigma=float(stage2.sigma), n=plan.n, N=plan.N, alpha=plan.alpha,
+        loss_at_t_hat=float(stage2.loss), sigma=float(stage2.sigma), search_size=plan.n, final_size=plan.N, alpha=plan.alpha,
         discrete=is_discrete, tau=float(best.tau),
         bandwidth=None if stage2.bandwidth is None else [float(v) for v in np.atleast_1d(stage2.bandwidth)],
         region=region_out, selection=plan.selection, true_value=true_eps,
         pairs_true_value=pairs_true,
         feature=None if feature is None else getattr(feature, "__name__", "feature"),
         event_rule=None if best.rule is None else best.rule.describe(),
-        pair_estimates=[c.estimate for c in stage1.candidates], loss_curve=_loss_curve(best, is_discrete),
+        stage1_max_loss_by_pair=[c.max_loss for c in stage1.candidates], loss_curve=_loss_curve(best, is_discrete),
         warnings=warnings)
 
 

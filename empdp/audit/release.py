@@ -23,6 +23,7 @@ from .. import kernels
 from ..errors import InputError
 from ..io import keyed_hash
 from ..textfmt import fmt
+from .approx import approx
 from .common import as_rng, check_level, check_order, check_size, jsonable
 from .mechanisms import Mechanism
 from .mpl import mpl
@@ -52,12 +53,14 @@ def release_logdensity(x, points, kernel, b, w, lam, chunk: int = 4096) -> np.nd
     return out - math.log(points.size)
 
 
-def exact_values(q, shifted, kernel, b, w, lam, order: float, grid_points: int = 20000):
-    """Exact ε_i = sup_x |log r − log r_i| and D_α both ways, on a fine grid with all points.
+def exact_values(q, shifted, kernel, b, w, lam, order: float, deltas=(), grid_points: int = 20000):
+    """Exact ε_i = sup_x |log r − log r_i|, D_α both ways and ε_i(δ) at each of ``deltas``, on a fine
+    grid with all points.
 
     For Laplace-based release densities the log-ratio is constant in the far
     tails, so a grid reaching 40 scales beyond the points captures the sup;
-    with a purely Gaussian release (no noise, Gaussian kernel) ε_i = ∞.
+    with a purely Gaussian release (no noise, Gaussian kernel) ε_i = ∞, while
+    ε_i(δ) (:func:`epsilon_at_delta`) is finite.
     """
     scale = max(b, lam if w < 1 else 0.0)
     pts = np.concatenate([q, shifted])
@@ -75,7 +78,32 @@ def exact_values(q, shifted, kernel, b, w, lam, order: float, grid_points: int =
         y = np.exp(order * la + (1 - order) * lb)
         return math.log(float(np.trapezoid(y, x))) / (order - 1)
 
-    return eps, max(div(lr, li), div(li, lr))
+    return eps, max(div(lr, li), div(li, lr)), epsilon_at_delta(x, lr, li, deltas)
+
+
+#: bisection steps of :func:`epsilon_at_delta` (the bracket [0, max |log r − log r_i|] shrinks 2^-60)
+BISECTIONS = 60
+
+
+def hockey_stick(x, lp, lq, eps) -> np.ndarray:
+    """δ(ε) = ∫ (p − e^ε q)_+ for each ε of ``eps``, by the trapezoid rule on the grid ``x`` (log-densities
+    ``lp``, ``lq`` there; Balle & Wang 2018, eq. 4)."""
+    eps = np.atleast_1d(np.asarray(eps, float))
+    y = np.maximum(np.exp(lp)[None, :] - np.exp(eps[:, None] + lq[None, :]), 0.0)
+    return np.trapezoid(y, x, axis=1)
+
+
+def epsilon_at_delta(x, lr, li, deltas) -> np.ndarray:
+    """The exact curve ε(δ) of the pair (r, r_i): for each δ the smallest ε ≥ 0 with
+    max(δ_{r‖r_i}(ε), δ_{r_i‖r}(ε)) ≤ δ (the hockey-stick divergence both ways, :func:`hockey_stick`),
+    by bisection; δ(ε) falls with ε and is 0 at ε = max |lr − li| on the grid."""
+    deltas = np.asarray(deltas, float)
+    lo, hi = np.zeros(deltas.size), np.full(deltas.size, float(np.max(np.abs(lr - li))))
+    for _ in range(BISECTIONS):
+        mid = (lo + hi) / 2
+        above = np.maximum(hockey_stick(x, lr, li, mid), hockey_stick(x, li, lr, mid)) > deltas
+        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+    return hi
 
 
 def release_mechanism(q, shifts_top, kernel, b, w, lam) -> Mechanism:
@@ -106,15 +134,26 @@ class _Bounds:
     target_epsilon: float
     individuals: list
     mpl_lower_bound: float
-    mpl_estimate: float
+    stage1_max_loss: float  # MPL's largest stage-1 loss: biased up, not a bound
     renyi_lower_bound: float
     exact_epsilon_max: float
     exact_renyi_max: float
+    #: a curator kernel that is not pure DP (Gaussian) is audited at δ too: the δ (its ε_i's tolerance),
+    #: the (ε, δ) audit's lower bound on ε(δ) and the exact max ε_i(δ); None for pure-DP kernels
+    delta: float | None = None
+    approx_lower_bound: float | None = None
+    exact_epsilon_at_delta_max: float | None = None
+    #: the exact curve: the largest ε_i(δ) of the audited individuals at each δ of CURVE_DELTAS
+    exact_curve: dict | None = None
 
     @property
     def ok(self) -> bool:
-        """Exact ε ≤ target and the MPL bound does not contradict it."""
+        """The exact ε ≤ target and the black-box bound does not contradict it: pure ε and MPL, or for a
+        kernel that is not pure DP, ε(δ) and the (ε, δ) audit at its tolerance δ."""
         tol = 1e-9 * max(1.0, self.target_epsilon)
+        if self.delta is not None:
+            return (self.exact_epsilon_at_delta_max <= self.target_epsilon + tol
+                    and self.approx_lower_bound <= self.target_epsilon)
         return self.exact_epsilon_max <= self.target_epsilon + tol and self.mpl_lower_bound <= self.target_epsilon
 
     @property
@@ -129,9 +168,11 @@ class _Bounds:
 
     def _figures(self) -> dict:
         return {"ok": self.ok, "renyi_consistent": self.renyi_consistent,
-                "mpl_lower_bound": self.mpl_lower_bound, "mpl_estimate": self.mpl_estimate,
+                "mpl_lower_bound": self.mpl_lower_bound, "stage1_max_loss": self.stage1_max_loss,
                 "exact_epsilon_max": self.exact_epsilon_max, "renyi_lower_bound": self.renyi_lower_bound,
-                "exact_renyi_max": self.exact_renyi_max, "individuals": self.individuals}
+                "exact_renyi_max": self.exact_renyi_max, "individuals": self.individuals, "delta": self.delta,
+                "approx_lower_bound": self.approx_lower_bound,
+                "exact_epsilon_at_delta_max": self.exact_epsilon_at_delta_max, "exact_curve": self.exact_curve}
 
 
 @dataclass
@@ -162,9 +203,9 @@ class ReleaseAudit(_Bounds):
     """
 
     order: float = 2.0
-    n: int = 0
-    N: int = 0
-    n_renyi: int = 0
+    search_size: int = 0  # MPL's stage-1 outputs per database
+    final_size: int = 0  # MPL's stage-2 outputs per database
+    renyi_sample_size: int = 0
     alpha: float = 0.05
     noise: dict = field(default_factory=dict)
     curator_kernel: dict = field(default_factory=dict)
@@ -197,7 +238,8 @@ class ReleaseAudit(_Bounds):
 
     def to_dict(self) -> dict:
         d = {"method": "release", "target_epsilon": self.target_epsilon, "order": self.order, **self._figures(),
-             "n": self.n, "N": self.N, "n_renyi": self.n_renyi, "alpha": self.alpha, "noise": self.noise,
+             "search_size": self.search_size, "final_size": self.final_size,
+             "renyi_sample_size": self.renyi_sample_size, "alpha": self.alpha, "noise": self.noise,
              "curator_kernel": self.curator_kernel, "warnings": self.warnings, "ids_hashed": self.ids_hashed}
         if self.buckets:
             d.update(adversary_statistic=self.adversary_statistic, worst_bucket=self.worst_bucket,
@@ -235,13 +277,18 @@ def _audit_density(q, shifts, rows, name, *, kernel, b, w, lam, target, top, ord
     """Audit the release density P̂ ⋆ k ⋆ h of the databases ``q`` for the individuals ``rows``.
 
     The ``top`` riskiest (ranked by the exact Laplace-KDE ε at the release's scale, a proxy; the
-    shortlist of 4 × top is then ranked by the exact ε_i on the grid) get exact values, MPL and the
-    Rényi bound. Returns the figures and the bounds' warnings.
+    shortlist of 4 × top is then ranked by the exact ε_i on the grid, or by ε_i(δ) at the kernel's
+    tolerance δ for a kernel that is not pure DP) get exact values, MPL and the Rényi bound, and for
+    such a kernel the (ε, δ) audit at δ and the exact curve ε(δ). Returns the figures and the
+    bounds' warnings.
     """
     from ..noise.exact import laplace_kde_eps
 
+    kern = kernels.kernel(kernel)
+    delta = None if kern.exact_eps else kern.tolerance
+    deltas = () if delta is None else sorted({*CURVE_DELTAS, delta}, reverse=True)
     noisy = w < 1 and lam > 0
-    eff = (max(lam, b) if kernels.kernel(kernel).exact_eps else lam) if noisy else b
+    eff = (max(lam, b) if kern.exact_eps else lam) if noisy else b
     rank_eps = laplace_kde_eps(q, q[None, :] - shifts[rows], eff)
     # the ranking is a proxy for other kernels: take 4x as many, keep the top by exact ε_i
     shortlist = rows[np.argsort(-rank_eps, kind="stable")[:4 * top]]
@@ -249,9 +296,10 @@ def _audit_density(q, shifts, rows, name, *, kernel, b, w, lam, target, top, ord
     stage, t0 = f"exact values: {len(shortlist)} individuals", time.perf_counter()
     exact = {}
     for j, k in enumerate(shortlist):
-        exact[int(k)] = exact_values(q, q - shifts[k], kernel, b, w, lam, order)
+        exact[int(k)] = exact_values(q, q - shifts[k], kernel, b, w, lam, order, deltas)
         report(stage, j + 1, len(shortlist))
-    chosen = sorted(exact, key=lambda k: -exact[k][0])[:top]
+    at = None if delta is None else deltas.index(delta)
+    chosen = sorted(exact, key=lambda k: -(exact[k][0] if at is None else exact[k][2][at]))[:top]
     log.info("release audit: exact epsilon_i and D_%g for %d shortlisted of %d individuals in %.2f s",
              order, len(shortlist), len(rows), time.perf_counter() - t0)
 
@@ -260,13 +308,35 @@ def _audit_density(q, shifts, rows, name, *, kernel, b, w, lam, target, top, ord
     pairs = [(-1, k) for k in range(len(chosen))]
     m = mpl(mech, pairs, n=n, N=N, alpha=alpha, rng=rng, progress=progress)
     r = renyi(mech, pairs, order=order, n=n_renyi, alpha=alpha, rng=rng, progress=progress)
-    for k, est in enumerate(m.pair_estimates):
-        individuals[k]["mpl_estimate"] = est
+    for k, est in enumerate(m.stage1_max_loss_by_pair):
+        individuals[k]["stage1_max_loss"] = est
+    at_delta, notes = {}, []
+    if delta is not None:
+        curves = np.array([exact[k][2] for k in chosen])
+        at_delta, notes = _approx_figures(mech, pairs, delta, deltas, curves, n=n, N=N, alpha=alpha, rng=rng,
+                                          progress=progress)
+        for row, eps in zip(individuals, curves[:, at]):
+            row["exact_epsilon_at_delta"] = float(eps)
     bounds = _Bounds(target_epsilon=target, individuals=individuals, mpl_lower_bound=m.lower_bound,
-                     mpl_estimate=m.estimate, renyi_lower_bound=r.lower_bound,
+                     stage1_max_loss=m.stage1_max_loss, renyi_lower_bound=r.lower_bound,
                      exact_epsilon_max=max(d["exact_epsilon"] for d in individuals),
-                     exact_renyi_max=max(d["exact_renyi"] for d in individuals))
-    return bounds, m.warnings + r.warnings
+                     exact_renyi_max=max(d["exact_renyi"] for d in individuals), **at_delta)
+    return bounds, m.warnings + r.warnings + notes
+
+
+#: the δ of the exact curve ε(δ) reported for a curator kernel that is not pure DP (with its tolerance)
+CURVE_DELTAS = (1e-2, 1e-3, 1e-4, 1e-6, 1e-9)
+
+
+def _approx_figures(mech, pairs, delta, deltas, curves, **sizes) -> tuple[dict, list]:
+    """The (ε, δ) audit of the release at δ (:func:`empdp.audit.approx.approx`) beside the exact
+    ε_i(δ): ``curves`` holds each audited individual's ε_i at each of ``deltas``."""
+    a = approx(mech, pairs, delta=delta, **sizes)
+    worst = curves.max(axis=0)
+    return ({"delta": delta, "approx_lower_bound": a.lower_bound,
+             "exact_epsilon_at_delta_max": float(worst[list(deltas).index(delta)]),
+             "exact_curve": {"delta": [float(v) for v in deltas], "epsilon": [float(v) for v in worst]}},
+            a.warnings)
 
 
 def _figures_of(bounds: _Bounds) -> dict:
@@ -363,7 +433,7 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     common = dict(kernel=cal.curator_kernel["kind"], w=float(cal.noise["weight_zero"]),
                   lam=float(cal.noise["scale"]), target=float(cal.epsilon), top=top, order=order, n=n, N=N,
                   n_renyi=n_renyi, rng=rng)
-    run = dict(order=float(order), n=n, N=N, n_renyi=n_renyi, alpha=alpha, noise=dict(cal.noise),
+    run = dict(order=float(order), search_size=n, final_size=N, renyi_sample_size=n_renyi, alpha=alpha, noise=dict(cal.noise),
                curator_kernel=dict(cal.curator_kernel), ids_hashed=bool(hash_key))
     if not groups:
         bounds, notes = _audit_density(q, shifts, np.flatnonzero(usable), name, b=float(cal.curator_kernel["scale"]),
@@ -373,10 +443,24 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
                                 **common)
     everyone = sorted(({**row, "bucket": k} for k, a in enumerate(per) for row in a.individuals),
                       key=lambda row: -row["exact_epsilon"])
+    return ReleaseAudit(target_epsilon=float(cal.epsilon), individuals=everyone, **_largest(per),
+                        warnings=warnings + notes, buckets=per, adversary_statistic=statistic, **run)
+
+
+def _largest(per: list) -> dict:
+    """The figures of a release audited bucket by bucket: the largest over the buckets (at δ, over those
+    audited at δ; the exact curve point by point)."""
     figures = {key: max(getattr(a, key) for a in per) for key in
-               ("mpl_lower_bound", "mpl_estimate", "renyi_lower_bound", "exact_epsilon_max", "exact_renyi_max")}
-    return ReleaseAudit(target_epsilon=float(cal.epsilon), individuals=everyone, **figures, warnings=warnings + notes,
-                        buckets=per, adversary_statistic=statistic, **run)
+               ("mpl_lower_bound", "stage1_max_loss", "renyi_lower_bound", "exact_epsilon_max", "exact_renyi_max")}
+    at_delta = [a for a in per if a.delta is not None]
+    if at_delta:
+        curves = np.array([a.exact_curve["epsilon"] for a in at_delta])
+        figures.update(delta=at_delta[0].delta,
+                       approx_lower_bound=max(a.approx_lower_bound for a in at_delta),
+                       exact_epsilon_at_delta_max=max(a.exact_epsilon_at_delta_max for a in at_delta),
+                       exact_curve={"delta": at_delta[0].exact_curve["delta"],
+                                    "epsilon": curves.max(axis=0).tolist()})
+    return figures
 
 
 def _arrays(loo):

@@ -109,7 +109,7 @@ class RenyiResult:
     pair_index: int
     direction: str
     sigma: float
-    n: int
+    sample_size: int  # outputs per database (--sample-size)
     alpha: float
     discrete: bool
     tau: float
@@ -126,16 +126,12 @@ class RenyiResult:
     def t_hat(self):
         return None
 
-    @property
-    def N(self):
-        return self.n
-
     def to_dict(self) -> dict:
         return jsonable({
             "method": "renyi", "lower_bound": self.lower_bound, "estimate": self.estimate,
             "order": self.order, "pair": list(self.pair), "pair_index": self.pair_index,
-            "direction": self.direction, "t_hat": None, "sigma": self.sigma, "n": self.n,
-            "N": self.n, "alpha": self.alpha, "discrete": self.discrete, "tau": self.tau,
+            "direction": self.direction, "t_hat": None, "sigma": self.sigma, "sample_size": self.sample_size,
+            "alpha": self.alpha, "discrete": self.discrete, "tau": self.tau,
             "eta": self.eta, "bandwidth": self.bandwidth, "selection": self.selection,
             "bias_corrected": self.bias_corrected,
             "true_value": self.true_value,
@@ -326,7 +322,7 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int | None = None, alpha
 
         n, sizes = size_for_budget(run, check_budget(time_budget), PILOT_SIZES[-1], MAX_BUDGET_N)
     res = _run(*args, n=DEFAULT_N if n is None else n, rng=rng, progress=progress, **kwargs)
-    res.sizes = {**sizes, "n": res.n}
+    res.sizes = {**sizes, "sample_size": res.sample_size}
     return res
 
 
@@ -510,7 +506,7 @@ def _result(plan: _Plan, best: _Bound, selection: str, candidates: list) -> Reny
     return RenyiResult(
         lower_bound=float(best.lower_bound), estimate=float(div.estimate), order=plan.order,
         pair=(x_db, y_db) if best.forward else (y_db, x_db), pair_index=best.pair_index,
-        direction=_direction(best.forward), sigma=float(div.sigma), n=plan.n, alpha=plan.alpha,
+        direction=_direction(best.forward), sigma=float(div.sigma), sample_size=plan.n, alpha=plan.alpha,
         discrete=smp.discrete, tau=float(smp.tau), eta=float(smp.eta),
         bandwidth=None if smp.h is None else [float(v) for v in smp.h],
         selection=selection, bias_corrected=plan.bias_correction and div.corrected, true_value=true_value,

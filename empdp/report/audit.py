@@ -6,12 +6,13 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+from ..audit.common import SIZE_KEYS, STAGE1_MAX
 from ..errors import InputError
 from ..io import FLAG, SCALAR, TEXT, AnyOf, Kind, ListOf, Num, Obj, check_fields
 from . import plots
 from .markup import Html, code, esc, explain, extra_rows, kv, num, section, table, td, tr, verdict
 
-AUDIT_KINDS = ("mpl", "renyi", "release")
+AUDIT_KINDS = ("mpl", "renyi", "approx", "release")
 
 _EXPLAIN = (
     "A black-box audit runs the mechanism many times on a pair of neighbouring inputs and estimates how far "
@@ -26,22 +27,28 @@ _ALPHA = Num(0, 1, null=True)
 _KERNEL = Obj({"kind": TEXT, "scale": Num(0, null=True)}, optional=("kind", "scale"))
 #: the fields of each kind of audit summary the section shows (others are shown as text), checked
 #: before any is used: a file from elsewhere is data
-_BOUND = {"lower_bound": _NUM, "estimate": _NUM, "t_hat": _NUM, "n": _COUNT, "N": _COUNT, "alpha": _ALPHA,
+_BOUND = {"lower_bound": _NUM, "estimate": _NUM, "stage1_max_loss": _NUM, "t_hat": _NUM,
+          **dict.fromkeys(("search_size", "final_size", "sample_size"), _COUNT), "alpha": _ALPHA,
+          "delta": Num(0, 1, null=True), **dict.fromkeys(("p_hat", "p_lower", "q_hat", "q_upper"), Num(0, 1, null=True)),
           "true_value": _NUM, "true_value_infinite": FLAG, "order": Num(gt=0, null=True), "direction": TEXT,
           "warnings": ListOf(TEXT),
           **dict.fromkeys(("loss", "loss_curve"), AnyOf(Kind(type(None)), Obj(
               {"t": ListOf(AnyOf(_NUM, ListOf(_NUM))), "loss": ListOf(_NUM)}, optional=("t", "loss"))))}
 _RELEASE = {"target_epsilon": _NUM, "ok": FLAG, "order": Num(gt=0, null=True), "alpha": _ALPHA,
-            **dict.fromkeys(("mpl_lower_bound", "mpl_estimate", "exact_epsilon_max", "renyi_lower_bound",
+            **dict.fromkeys(("mpl_lower_bound", "stage1_max_loss", "exact_epsilon_max", "renyi_lower_bound",
                              "exact_renyi_max"), _NUM),
-            **dict.fromkeys(("n", "N", "n_renyi"), _COUNT),
+            **dict.fromkeys(("search_size", "final_size", "renyi_sample_size"), _COUNT),
             "noise": Obj({"kind": TEXT, "weight_zero": Num(0, 1, null=True), "scale": Num(0, null=True)},
                          optional=("kind", "weight_zero", "scale")),
             "curator_kernel": _KERNEL, "warnings": ListOf(TEXT), "adversary_statistic": TEXT,
-            "worst_bucket": _COUNT, "ids_hashed": FLAG,
+            "worst_bucket": _COUNT, "ids_hashed": FLAG, "delta": Num(0, 1, null=True),
+            **dict.fromkeys(("approx_lower_bound", "exact_epsilon_at_delta_max"), _NUM),
+            "exact_curve": AnyOf(Kind(type(None)), Obj({"delta": ListOf(Num(0, 1)), "epsilon": ListOf(_NUM)})),
             "individuals": ListOf(Obj({"id": SCALAR, "bucket": _COUNT, "exact_epsilon": _NUM,
-                                       "mpl_estimate": _NUM, "exact_renyi": _NUM},
-                                      optional=("id", "bucket", "exact_epsilon", "mpl_estimate", "exact_renyi"))),
+                                       "stage1_max_loss": _NUM, "mpl_estimate": _NUM, "exact_renyi": _NUM,
+                                       "exact_epsilon_at_delta": _NUM},
+                                      optional=("id", "bucket", "exact_epsilon", "stage1_max_loss", "mpl_estimate",
+                                                "exact_renyi", "exact_epsilon_at_delta"))),
             "buckets": ListOf(Obj({"lo": _NUM, "hi": _NUM, "n_databases": _COUNT, "curator_kernel": _KERNEL,
                                    "alpha": _ALPHA, "ok": FLAG, **dict.fromkeys((
                                        "mpl_lower_bound", "exact_epsilon_max", "renyi_lower_bound",
@@ -51,21 +58,63 @@ _RELEASE = {"target_epsilon": _NUM, "ok": FLAG, "order": Num(gt=0, null=True), "
                                             "exact_renyi_max")))}
 
 
-def _schema(fields: dict, key: str) -> Obj:
-    """Every field optional but the bound ``key``."""
-    return Obj({key: _NUM, **fields}, optional=tuple(fields))
+#: keys of audit files written before each name followed its flag: checked as the new key is, then
+#: renamed to it (a new key in the same file wins); None: dropped (Rényi's "N" repeated its "n")
+OLD_KEYS = {"mpl": {"n": "search_size", "N": "final_size", "estimate": "stage1_max_loss",
+                    "pair_estimates": "stage1_max_loss_by_pair"},
+            "renyi": {"n": "sample_size", "N": None},
+            "approx": {"n": "search_size", "N": "final_size", "epsilon_lower_bound": "lower_bound"},
+            "release": {"n": "search_size", "N": "final_size", "n_renyi": "renyi_sample_size",
+                        "mpl_estimate": "stage1_max_loss"}}
+#: what each kind must hold (after renaming)
+_KEY = {"mpl": "lower_bound", "renyi": "lower_bound", "approx": "lower_bound", "release": "mpl_lower_bound"}
 
 
-_SCHEMAS = {"mpl": _schema(_BOUND, "lower_bound"), "renyi": _schema(_BOUND, "lower_bound"),
-            "release": _schema(_RELEASE, "mpl_lower_bound")}
+def _schema(fields: dict, kind: str) -> Obj:
+    """Every field optional (:func:`audit_kind` asks for the bound, under its new or old name); an old
+    key checked as its new one is."""
+    every = {_KEY[kind]: _NUM, **fields}
+    every.update({o: every[n] for o, n in OLD_KEYS[kind].items() if n in every})
+    return Obj(every, optional=tuple(every))
+
+
+_SCHEMAS = {kind: _schema(_RELEASE if kind == "release" else _BOUND, kind) for kind in AUDIT_KINDS}
+
+
+def _renamed(d: dict, old: dict) -> dict:
+    """``d`` with its old keys renamed (``old``: old key to new, or None to drop)."""
+    out = {k: v for k, v in d.items() if k not in old}
+    for k, new in old.items():
+        if k in d and new is not None and new not in d:
+            out[new] = d[k]
+    return out
+
+
+def current_names(d: dict) -> dict:
+    """An audit summary in today's names: the keys of files from earlier versions renamed (:data:`OLD_KEYS`),
+    in its sample sizes and individuals too. ``d`` must be a checked summary (:func:`audit_kind`)."""
+    kind = d.get("method", "mpl")
+    old = OLD_KEYS[kind]
+    out = _renamed(d, old)
+    if isinstance(out.get("sizes"), dict):
+        out["sizes"] = _renamed(out["sizes"], old)
+    if isinstance(out.get("individuals"), list):
+        out["individuals"] = [_renamed(r, old) if isinstance(r, dict) else r for r in out["individuals"]]
+    return out
+
+
+def _bound_names(kind: str) -> set:
+    """The key of the bound of an audit of this kind, and its old names."""
+    return {_KEY[kind]} | {old for old, new in OLD_KEYS[kind].items() if new == _KEY[kind]}
 
 
 def audit_kind(d, path=None) -> str:
-    """The kind of an audit summary (``mpl``, ``renyi`` or ``release``), checking it is one.
+    """The kind of an audit summary (``mpl``, ``renyi``, ``approx`` or ``release``), checking it is one.
 
-    Accepts what ``empdp audit mpl|renyi|release --json`` prints (the ``method``
-    key) and, as ``mpl``, a plain dict with a ``lower_bound``; every field the section shows is
-    checked by type and range (``path`` names the file in the error).
+    Accepts what ``empdp audit mpl|renyi|approx|release --json`` prints (the ``method``
+    key), also as written by earlier versions (:data:`OLD_KEYS`), and, as ``mpl``, a plain dict
+    with a ``lower_bound``; every field the section shows is checked by type and range (``path``
+    names the file in the error).
 
     Raises
     ------
@@ -73,10 +122,9 @@ def audit_kind(d, path=None) -> str:
         ``d`` is not an audit summary.
     """
     kind = d.get("method", "mpl") if isinstance(d, dict) else None
-    key = "mpl_lower_bound" if kind == "release" else "lower_bound"
-    if kind not in AUDIT_KINDS or key not in d:
+    if kind not in AUDIT_KINDS or not _bound_names(kind) & set(d):
         raise InputError("not an empdp audit result: expected the JSON printed by "
-                         "'empdp audit mpl|renyi|release --json'")
+                         "'empdp audit mpl|renyi|approx|release --json'")
     check_fields(d, _SCHEMAS[kind], "audit result", path, "; re-create it with 'empdp audit ... --json'")
     return kind
 
@@ -84,7 +132,8 @@ def audit_kind(d, path=None) -> str:
 def audit(d: dict, show: Callable = str) -> str:
     """The ``audit`` section of an audit summary (see :func:`audit_kind`); ``show`` formats ids."""
     kind = audit_kind(d)
-    return _release(d, show) if kind == "release" else _bound(d, kind)
+    d = current_names(d)
+    return _release(d, show) if kind == "release" else _approx(d) if kind == "approx" else _bound(d, kind)
 
 
 def _true_value(d: dict):
@@ -101,16 +150,16 @@ def _bound(d: dict, kind: str) -> str:
     lb, truth = d.get("lower_bound"), _true_value(d)
     renyi = kind == "renyi"
     rows = [(f"lower bound on {'D_α' if renyi else 'ε'} (confidence 1 − α)", num(lb)),
-            ("point estimate" if renyi else "largest stage-1 loss (biased up: the maximum of noisy estimates)",
-             num(d.get("estimate"))), ("worst pair", d.get("pair", "–"))]
+            ("point estimate", num(d.get("estimate"))) if renyi else
+            (f"{STAGE1_MAX} (biased up: the maximum of noisy estimates)", num(d.get("stage1_max_loss"))),
+            ("worst pair", d.get("pair", "–"))]
     rows += [("order α", num(d.get("order"))), ("direction", d.get("direction", "–"))] if renyi else \
         [("output t̂ where the loss peaks", num(d.get("t_hat")))]
-    rows += [("samples n (search) / N (final)", Html("{} / {}").format(num(d.get("n")), num(d.get("N")))),
-             ("α", num(d.get("alpha")))]
+    rows += [*_size_rows(d), ("α", num(d.get("alpha")))]
     if truth is not None:
         rows.append((f"true {'D_α' if renyi else 'ε'}", _vs_truth(lb, truth)))
-    rows += extra_rows(d, {"method", "lower_bound", "estimate", "pair", "t_hat", "n", "N", "alpha", "true_value",
-                           "true_value_infinite", "loss", "order", "direction"})
+    rows += extra_rows(d, {"method", "lower_bound", "estimate", "stage1_max_loss", "pair", "t_hat", *SIZE_KEYS,
+                           "alpha", "true_value", "true_value_infinite", "loss", "order", "direction"})
     parts = [kv(rows)]
     curve = None if renyi else plots.loss_curve(d, lb, truth)
     if curve:
@@ -121,6 +170,33 @@ def _bound(d: dict, kind: str) -> str:
     return section("audit", title, *parts)
 
 
+def _approx(d: dict) -> str:
+    """The (ε, δ) audit of one mechanism: the bound on ε at δ, the event and its two probabilities."""
+    lb, truth = d.get("lower_bound"), d.get("true_value")
+    rule = d.get("event") if isinstance(d.get("event"), dict) else {}
+    rows = [(Html("lower bound on ε at δ = {} (confidence 1 − α)").format(num(d.get("delta"))), num(lb)),
+            ("worst pair", d.get("pair", "–")),
+            ("event", Html("{} {} {}").format(rule.get("score", "–"), rule.get("direction", ""),
+                                              num(rule.get("threshold")))),
+            ("P(event) on its database", Html("{} (lower bound {})").format(num(d.get("p_hat")),
+                                                                            num(d.get("p_lower")))),
+            ("P(event) on the other", Html("{} (upper bound {})").format(num(d.get("q_hat")), num(d.get("q_upper")))),
+            *_size_rows(d), ("α", num(d.get("alpha")))]
+    if truth is not None:
+        rows.append((Html("true ε(δ) ({})").format(d.get("true_value_kind") or "exact"), _vs_truth(lb, truth)))
+    rows += extra_rows(d, {"method", "lower_bound", "delta", "pair", "p_hat", "p_lower", "q_hat", "q_upper",
+                           *SIZE_KEYS, "alpha", "true_value", "true_value_kind"})
+    text = ("An (ε, δ) audit counts one event S among fresh outputs of both databases of a pair; every "
+            "(ε, δ)-private mechanism has P(S | x) ≤ e^ε P(S | x′) + δ, so exact binomial bounds on the two "
+            "probabilities give a lower bound on ε at δ with confidence 1 − α.")
+    return section("audit", "Audit: lower bound on ε at δ", kv(rows), explain(text))
+
+
+def _size_rows(d: dict) -> list:
+    """One row per sample size, named as its key and its flag (``search_size``: "search size")."""
+    return [(key.replace("_", " "), num(d[key])) for key in SIZE_KEYS if d.get(key) is not None]
+
+
 def _release(d: dict, show: Callable) -> str:
     """The audit of a calibrated release (docs/method.md#94-release-audit): bounds beside the exact values, per individual."""
     ok, order = d.get("ok"), num(d.get("order"))
@@ -129,23 +205,24 @@ def _release(d: dict, show: Callable) -> str:
             ("target ε", num(d.get("target_epsilon"))),
             ("MPL lower bound ≤ exact max εᵢ", Html("{} ≤ {}").format(num(d.get("mpl_lower_bound")),
                                                                       num(d.get("exact_epsilon_max")))),
-            ("MPL largest stage-1 loss (biased up)", num(d.get("mpl_estimate"))),
+            (f"MPL {STAGE1_MAX} (biased up)", num(d.get("stage1_max_loss"))),
             (f"Rényi lower bound vs exact max D_{order}",
              Html("{} vs {}").format(num(d.get("renyi_lower_bound")), num(d.get("exact_renyi_max")))),
+            *_at_delta_rows(d),
             ("noise", Html("{}, weight at 0 {}, scale {}").format(noise.get("kind", "–"), num(noise.get("weight_zero")),
                                                                   num(noise.get("scale")))),
             ("curator kernel", Html("{}, scale {}").format(ck.get("kind", "–"), num(ck.get("scale")))),
-            ("samples n / N (MPL), Rényi", Html("{} / {}, {}").format(num(d.get("n")), num(d.get("N")),
-                                                                      num(d.get("n_renyi")))),
-            ("α", num(d.get("alpha")))]
+            *_size_rows(d), ("α", num(d.get("alpha")))]
     buckets = [b for b in d.get("buckets") or [] if isinstance(b, dict)]
     # an adversary audit gathers every bucket's individuals: each row says which bucket it is from
-    by_bucket = bool(buckets)
+    by_bucket, at_delta = bool(buckets), d.get("delta") is not None
     head = ("<tr><th>id</th>" + ("<th class='n'>bucket</th>" if by_bucket else "")
-            + "<th class='n'>exact εᵢ</th><th class='n'>MPL stage-1 max</th>"
-            f"<th class='n'>exact D<sub>{order}</sub></th></tr>")
+            + f"<th class='n'>exact εᵢ</th><th class='n'>MPL {STAGE1_MAX}</th>"
+            f"<th class='n'>exact D<sub>{order}</sub></th>"
+            + ("<th class='n'>exact εᵢ(δ)</th>" if at_delta else "") + "</tr>")
     body = "".join(tr(td(code(show(r.get("id"))), None), *([r.get("bucket")] if by_bucket else []),
-                      r.get("exact_epsilon"), r.get("mpl_estimate"), r.get("exact_renyi"))
+                      r.get("exact_epsilon"), r.get("stage1_max_loss"), r.get("exact_renyi"),
+                      *([r.get("exact_epsilon_at_delta")] if at_delta else []))
                    for r in d.get("individuals") or [] if isinstance(r, dict))
     parts = [kv(rows), table(head, body)]
     if buckets:
@@ -156,6 +233,21 @@ def _release(d: dict, show: Callable) -> str:
         "without each of them; the black-box lower bounds must lie below the exact values "
         "computed from the calibration, which must lie below the target. " + _EXPLAIN))
     return section("audit", "Audit of the calibrated release", *parts)
+
+
+def _at_delta_rows(d: dict) -> list:
+    """A curator kernel that is not pure DP: the (ε, δ) audit at its tolerance δ, which sets the verdict,
+    and the exact curve ε(δ) (the largest εᵢ(δ) of the audited individuals); none for pure-DP kernels."""
+    if d.get("delta") is None:
+        return []
+    curve = d.get("exact_curve") or {}
+    points = Html(", ").join(Html("{} at δ = {}").format(num(e), num(dl))
+                             for dl, e in zip(curve.get("delta") or [], curve.get("epsilon") or []))
+    return [(Html("(ε, δ) lower bound ≤ exact max εᵢ(δ) ≤ target, at δ = {} (the kernel is not pure DP: this "
+                  "sets the verdict)").format(num(d["delta"])),
+             Html("{} ≤ {} ≤ {}").format(num(d.get("approx_lower_bound")), num(d.get("exact_epsilon_at_delta_max")),
+                                          num(d.get("target_epsilon")))),
+            ("exact curve ε(δ)", points)]
 
 
 def _buckets(d: dict, buckets: list, order: str) -> list[str]:

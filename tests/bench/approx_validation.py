@@ -32,8 +32,8 @@ def run_case(sigma: float, delta: float, budget: float, seeds: int, alpha: float
         t0 = time.perf_counter()
         res = approx("gaussian", delta=delta, params={"sigma": sigma}, alpha=alpha, rng=seed, time_budget=budget)
         times.append(time.perf_counter() - t0)
-        bounds.append(res.epsilon_lower_bound)
-        sizes.append(res.N)
+        bounds.append(res.lower_bound)
+        sizes.append(res.final_size)
         assert abs(res.true_value - truth) < 1e-9
     ratios = [b / truth for b in bounds]
     return {"sigma": sigma, "delta": delta, "true": truth, "median_bound": statistics.median(bounds),

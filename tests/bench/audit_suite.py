@@ -45,7 +45,7 @@ def run_one(name: str, budget: float, seeds: int, alpha: float) -> dict:
         res = mpl(mech, pairs, alpha=alpha, time_budget=budget, rng=seed)
         times.append(time.perf_counter() - t0)
         bounds.append(res.lower_bound)
-        sizes.append((res.n, res.N))
+        sizes.append((res.search_size, res.final_size))
     return {"name": name, "ours": statistics.median(bounds), "bounds": bounds, "seconds": statistics.median(times),
             "sizes": sizes, "exact_pairs": exact, "exact_mechanism": mech.epsilon,
             "dpsniper": max(DPSNIPER[name][:2])}
