@@ -119,7 +119,7 @@ def _bandwidths(kernel, q: np.ndarray, b: float, a: float) -> np.ndarray:
     """Abramson variable bandwidths b_j = b (g / p̃(q_j))^a with a fixed-b pilot p̃."""
     if a == 0:
         return np.full(len(q), b)
-    log_pilot = logsumexp(kernel_logpdf(kernel, q[:, None] - q[None, :], b), axis=1) - np.log(len(q))
+    log_pilot = log_kernel_sums(kernel, q, np.full(len(q), b), self_term=True) - np.log(len(q))
     log_g = log_pilot.mean()
     return b * np.exp(a * (log_g - log_pilot))
 
@@ -127,9 +127,51 @@ def _bandwidths(kernel, q: np.ndarray, b: float, a: float) -> np.ndarray:
 def loo_loglik(kernel, q: np.ndarray, bandwidths: np.ndarray) -> float:
     """Σ_j log p̂_{−j}(q_j): leave-one-out log-likelihood with paired bandwidths."""
     n = len(q)
-    lk = kernel_logpdf(kernel, q[:, None] - q[None, :], bandwidths[None, :])
-    np.fill_diagonal(lk, -np.inf)
-    return float(np.sum(logsumexp(lk, axis=1) - np.log(n - 1)))
+    return float(np.sum(log_kernel_sums(kernel, q, bandwidths, self_term=False) - np.log(n - 1)))
+
+
+def log_kernel_sums(kernel, q: np.ndarray, bandwidths: np.ndarray, self_term: bool) -> np.ndarray:
+    """log Σ_k k_{b_k}(q_j − q_k) for every j, over k ≠ j unless ``self_term``.
+
+    The n × n matrix of terms this replaces made the bandwidth choice O(n²) in time and memory
+    (75 s and 5 GB at 10^4 databases). The registered kernels are summed over the sorted values by
+    :mod:`empdp.compiled` (exact running sums for one Laplace scale, else windows whose left-out
+    terms add up to below e^−40 of the sum): the sums agree with the matrix to rounding. A kernel
+    without a compiled form is summed in blocks of rows (O(n²) time, memory bounded).
+    """
+    kernel = kernels.kernel(kernel)
+    q, bandwidths = np.asarray(q, dtype=np.float64), np.asarray(bandwidths, dtype=np.float64)
+    if kernel.code is None:
+        return _block_log_sums(kernel, q, bandwidths, self_term)
+    from . import compiled  # numba: loaded by the fit only, never by --help or an audit
+
+    order = np.argsort(q, kind="stable")
+    qs, bs = q[order], bandwidths[order]
+    if kernel.code == compiled.LAPLACE and np.all(bs == bs[0]):
+        sums = compiled.laplace_sums(qs, float(bs[0]), self_term) - np.log(2 * bs[0])
+    else:
+        sums = compiled.window_sums(kernel.code, qs, bs, self_term)
+    out = np.empty(len(q))
+    out[order] = sums
+    return out
+
+
+#: terms per row block of :func:`_block_log_sums` (2^20: 8 MB a block)
+BLOCK_TERMS = 1 << 20
+
+
+def _block_log_sums(kernel, q: np.ndarray, bandwidths: np.ndarray, self_term: bool) -> np.ndarray:
+    """:func:`log_kernel_sums` of any kernel by its :meth:`~empdp.kernels.Kernel.logpdf`, a block of rows at a time."""
+    n = len(q)
+    rows = max(1, BLOCK_TERMS // n)
+    out = np.empty(n)
+    for start in range(0, n, rows):
+        at = np.arange(start, min(n, start + rows))
+        lk = kernel.logpdf(q[at, None] - q[None, :], bandwidths[None, :])
+        if not self_term:
+            lk[np.arange(len(at)), at] = -np.inf
+        out[at] = logsumexp(lk, axis=1)
+    return out
 
 
 def reference_scale(q: np.ndarray) -> float:

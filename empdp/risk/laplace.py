@@ -248,17 +248,16 @@ class GridPlan:
 def _running(start: np.ndarray, decay: np.ndarray, inflow: np.ndarray, reverse: bool = False) -> np.ndarray:
     """S_0 = inflow_0 + start, S_j = S_{j−1}·decay_{j−1} + inflow_j along axis 0 (reversed: from the end).
 
-    ``inflow`` (J, C) is overwritten with S; ``decay`` (J − 1,) or (J − 1, C).
+    ``inflow`` (J, C) is overwritten with S; ``decay`` (J − 1,) or (J − 1, C). The loop over the J nodes
+    is compiled (:func:`empdp.compiled.running`): J grows with the number of databases.
     """
-    J = inflow.shape[0]
+    from .. import compiled  # numba: loaded by the evaluation only, never by --help or an audit
+
     if start is not None:
         inflow[-1 if reverse else 0] += start
-    tmp = np.empty(inflow.shape[1:])
-    steps = range(J - 2, -1, -1) if reverse else range(1, J)
-    for j in steps:
-        prev, f = (j + 1, j) if reverse else (j - 1, j - 1)
-        np.multiply(inflow[prev], decay[f], out=tmp)
-        inflow[j] += tmp
+    if decay.ndim == 1:
+        decay = np.broadcast_to(decay[:, None], (len(decay), inflow.shape[1]))
+    compiled.running(decay, inflow, reverse)
     return inflow
 
 
