@@ -72,3 +72,44 @@ def test_budget_sized_bound_on_laplace_at_a_tenth():
     res = mpl("laplace", params={"epsilon": 0.1}, n=140_000, N=700_000, alpha=0.05, rng=2)
     assert 0.095 <= res.lower_bound <= 0.1
     assert res.event_rule is not None  # a half-line event, not a density at a point
+
+
+@pytest.mark.parametrize("power", [0.75, 1.0, 1.25])
+def test_the_budget_forecasts_costs_that_grow_slower_or_faster_than_the_size(power):
+    """A run whose cost grows as size^power (sleeping: the host's load does not blur it) is sized so that
+    pilots and run together take the planned share of the budget. A straight line through two small
+    pilots forecast a cost that stops growing (a fit on capped rows) at 2-3 times its real value."""
+    from empdp.audit.budget import SAFETY, size_for_budget
+
+    def cost(size):
+        return 0.02 * (size / 1000) ** power
+
+    budget = 4.0
+    t0 = time.perf_counter()
+    size, info = size_for_budget(lambda size, rng: time.sleep(cost(size)), budget, 1000, 10**9)
+    pilots = time.perf_counter() - t0
+    assert info["cost_power"] == pytest.approx(power, abs=0.05)
+    assert 0.85 * SAFETY * budget < pilots + cost(size) < 1.1 * SAFETY * budget
+    assert pilots < 0.35 * budget  # the pilots leave most of the budget to the run
+
+
+def test_audits_run_blas_on_one_thread():
+    """The audits' small matrices gain nothing from BLAS threads, which spin against each other on a
+    loaded host; the sampler sees one thread in numpy's BLAS (scipy's own, loaded later, is limited where
+    the logistic fit uses it)."""
+    from threadpoolctl import threadpool_info
+
+    from empdp.audit import approx, renyi
+
+    seen = []
+
+    def sampler(database, size, rng):
+        seen.append(max(lib["num_threads"] for lib in threadpool_info()
+                        if lib["user_api"] == "blas" and "numpy" in lib["filepath"]))
+        return rng.laplace(float(database[0]), 2.0, size)
+
+    for audit in (lambda: mpl(sampler, [([0.0], [1.0])], n=1000, N=2000, rng=1),
+                  lambda: renyi(sampler, [([0.0], [1.0])], order=2, n=1000, rng=1),
+                  lambda: approx(sampler, [([0.0], [1.0])], delta=1e-3, n=1000, N=2000, rng=1)):
+        audit()
+    assert seen and set(seen) == {1}

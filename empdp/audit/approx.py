@@ -39,7 +39,18 @@ import numpy as np
 
 from ..errors import InputError
 from .budget import PILOT_SIZES, check_budget, given_sizes, size_for_budget
-from .common import MAX_SAMPLES, as_rng, check_level, check_size, detect_discrete, draw, exact_or_none, jsonable, short
+from .common import (
+    MAX_SAMPLES,
+    as_rng,
+    check_level,
+    check_size,
+    detect_discrete,
+    draw,
+    exact_or_none,
+    jsonable,
+    one_blas_thread,
+    short,
+)
 from .events import ScoreRule, fit_score
 from .kde import as_samples
 from .mechanisms import Mechanism, load_mechanism
@@ -132,6 +143,7 @@ class _Event:
     reverse: bool
 
 
+@one_blas_thread
 def approx(mechanism, pairs=None, delta: float | None = None, n: int | None = None, N: int | None = None,
            alpha: float = 0.05, rng=None, *, params: dict | None = None, discrete: bool | None = None,
            time_budget: float | None = None,

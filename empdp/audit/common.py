@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ..errors import InputError
 from .kde import as_samples, looks_discrete
@@ -14,6 +16,21 @@ from .kde import as_samples, looks_discrete
 SIZE_KEYS = ("search_size", "final_size", "sample_size", "renyi_sample_size")
 #: MPL's largest stage-1 loss (JSON and attribute ``stage1_max_loss``) in the terminal and the report
 STAGE1_MAX = "stage-1 max loss"
+
+
+def one_blas_thread(audit):
+    """Run ``audit`` with BLAS on one thread: the audits' matrices are small (a logistic fit's few dozen
+    weights, one KDE grid), so BLAS threads gain nothing and, on a loaded host, spin against each
+    other (svt3 at n = 4000 took 23 s with OpenBLAS's 2 threads and 3.9 s with one, same bound).
+    A BLAS loaded later (scipy's own, on its first import) is limited where it is used
+    (:func:`empdp.audit.events.fit_score`)."""
+
+    @functools.wraps(audit)
+    def run(*args, **kwargs):
+        with threadpool_limits(limits=1, user_api="blas"):
+            return audit(*args, **kwargs)
+
+    return run
 
 
 def as_rng(rng) -> np.random.Generator:

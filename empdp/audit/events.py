@@ -25,6 +25,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from .kde import sigma_discrete
 
@@ -144,8 +145,9 @@ def _logistic(design: np.ndarray, labels: np.ndarray) -> np.ndarray:
         grad = a.T @ (1 / (1 + np.exp(-z)) - labels) / n + 2 * PENALTY * np.r_[0.0, w[1:]]
         return float(np.mean(lse - labels * z) + PENALTY * w[1:] @ w[1:]), grad
 
-    res = optimize.minimize(loss, np.zeros(a.shape[1]), jac=True, method="L-BFGS-B",
-                            options={"maxiter": 100})
+    with threadpool_limits(limits=1, user_api="blas"):  # scipy's own BLAS, loaded just now: see one_blas_thread
+        res = optimize.minimize(loss, np.zeros(a.shape[1]), jac=True, method="L-BFGS-B",
+                                options={"maxiter": 100})
     return res.x
 
 

@@ -52,6 +52,7 @@ from .common import (
     draw,
     exact_or_none,
     jsonable,
+    one_blas_thread,
 )
 from .dpl import Candidate, Plan, candidate, check_region, undersmoothed
 from .kde import GAUSS_R, as_samples, contains, kde_at, rule_of_thumb, sigma_discrete
@@ -164,6 +165,7 @@ BUDGET_RATIO = 5
 MAX_STAGE1_VALUES = 5 * 10**7
 
 
+@one_blas_thread
 def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, region=None, alpha: float = 0.05,
         rng=None, *, params: dict | None = None, tau: float | None = None, discrete: bool | None = None,
         bandwidth=None, undersmooth: float = UNDERSMOOTH, selection: str = "lb",

@@ -59,6 +59,7 @@ from .common import (
     draw,
     exact_or_none,
     jsonable,
+    one_blas_thread,
 )
 from .kde import GAUSS_R, as_samples, binned_kde, categorize, frequencies, make_grid, rule_of_thumb
 from .mechanisms import Mechanism, load_mechanism
@@ -278,6 +279,7 @@ DEFAULT_N = 100000
 MAX_BUDGET_N = 10**7
 
 
+@one_blas_thread
 def renyi(mechanism, pairs=None, order: float = 2.0, n: int | None = None, alpha: float = 0.05, rng=None,
           *, params: dict | None = None, tau: float | None = None, eta: float | None = None,
           discrete: bool | None = None, bandwidth=None, undersmooth: float = UNDERSMOOTH,
