@@ -162,14 +162,13 @@ def laplace_sums(q: np.ndarray, b: float, self_term: bool) -> np.ndarray:
     log_left = _one_side_laplace(q, b)
     log_right = _one_side_laplace(-q[::-1], b)[::-1]
     out = np.empty(n)
+    own = 0.0 if self_term else -np.inf  # log of the self term e^0
     for j in range(n):
-        hi = max(log_left[j], log_right[j])
+        hi = max(log_left[j], log_right[j], own)
         if hi == -np.inf:
-            out[j] = 0.0 if self_term else -np.inf
+            out[j] = -np.inf
             continue
-        total = math.exp(log_left[j] - hi) + math.exp(log_right[j] - hi)
-        if self_term:
-            total += math.exp(-hi)
+        total = math.exp(log_left[j] - hi) + math.exp(log_right[j] - hi) + math.exp(own - hi)
         out[j] = hi + math.log(total)
     return out
 

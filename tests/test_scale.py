@@ -1,0 +1,195 @@
+"""Cost follows the rows, not the square of the number of databases (issue 35).
+
+The density fit's leave-one-out likelihood and variable-bandwidth pilot summed an n × n matrix of
+kernel terms (75 s and 5 GB at 10^4 databases): they are now sums over the sorted values
+(:mod:`empdp.compiled`), checked here against that matrix, which stays in this file as the
+reference. A 2·10^4-database assessment runs in a subprocess whose data segment is capped below
+one such matrix, so an n × n array anywhere on the default command's path fails it at once.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+
+import numpy as np
+import polars as pl
+import pytest
+from numpy.testing import assert_allclose
+from scipy.special import logsumexp
+
+from empdp import kernels
+from empdp.density import _bandwidths, log_kernel_sums, loo_loglik, select_density
+
+# ---------------------------------------------------------------------------- the matrix reference
+
+
+def matrix_log_sums(kernel, q, bandwidths, self_term):
+    """log Σ_k k_{b_k}(q_j − q_k) from the full n × n matrix (the form the fit had before issue 35)."""
+    lk = kernels.kernel(kernel).logpdf(q[:, None] - q[None, :], bandwidths[None, :])
+    if not self_term:
+        np.fill_diagonal(lk, -np.inf)
+    return logsumexp(lk, axis=1)
+
+
+def hard_values(n: int, seed: int) -> np.ndarray:
+    """Query values with ties, a tight cluster, and isolated values hundreds of scales away."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal(n)
+    q[: n // 10] = q[n // 10: 2 * (n // 10)]  # ties
+    q[-3:] = [40.0, -250.0, 1e4]  # outliers: their sums underflow in linear form
+    return rng.permutation(q)
+
+
+@pytest.mark.parametrize("kernel", ["laplace", "gaussian"])
+@pytest.mark.parametrize("variable", [False, True])
+@pytest.mark.parametrize("self_term", [False, True])
+@pytest.mark.parametrize("scale", [0.01, 0.3, 5.0])
+def test_kernel_sums_equal_the_matrix_to_rounding(kernel, variable, self_term, scale):
+    q = hard_values(600, seed=int(scale * 100) + variable)
+    bw = _bandwidths(kernel, q, scale, 0.5) if variable else np.full(len(q), scale)
+    got = log_kernel_sums(kernel, q, bw, self_term=self_term)
+    want = matrix_log_sums(kernel, q, bw, self_term)
+    # the isolated values' sums are ~e^{-10^4}: both forms carry the rounding of q_j − q_k there
+    assert_allclose(got, want, rtol=1e-13, atol=1e-13)
+
+
+def test_the_variable_bandwidth_pilot_and_the_likelihood_equal_the_matrix_form():
+    q = hard_values(400, seed=5)
+    n = len(q)
+    for kernel in ("laplace", "gaussian"):
+        pilot = matrix_log_sums(kernel, q, np.full(n, 0.4), True) - np.log(n)
+        want = 0.4 * np.exp(0.5 * (pilot.mean() - pilot))
+        assert_allclose(_bandwidths(kernel, q, 0.4, 0.5), want, rtol=1e-13)
+        want_ll = float(np.sum(matrix_log_sums(kernel, q, want, False) - np.log(n - 1)))
+        assert loo_loglik(kernel, q, want) == pytest.approx(want_ll, rel=1e-13)
+
+
+def test_the_chosen_model_is_the_one_the_matrix_form_chose():
+    """Every candidate's likelihood as from the matrix, so the same scale (and sensitivity) wins."""
+    q = np.random.default_rng(8).gamma(2.0, 1.0, 300)
+    for kernel, bandwidth in (("laplace", "auto"), ("gaussian", "auto"), ("laplace", "variable")):
+        model = select_density(q, kernel=kernel, bandwidth=bandwidth)
+        lls = []
+        for c in model.candidates:
+            bw = _bandwidths(c["kernel"], q, c["scale"], c["sensitivity"])
+            lls.append(float(np.sum(matrix_log_sums(c["kernel"], q, bw, False) - np.log(len(q) - 1))))
+            assert c["loglik"] == pytest.approx(lls[-1], rel=1e-13, abs=1e-12)
+        best = model.candidates[int(np.argmax(lls))]
+        assert (model.scale, model.sensitivity) == (best["scale"], best["sensitivity"])
+
+
+def test_a_kernel_without_a_compiled_sum_is_summed_in_blocks(monkeypatch):
+    """A registered kernel the compiled module does not know takes the block form, with the same sums."""
+    q = hard_values(300, seed=2)
+    bw = np.full(len(q), 0.7)
+    want = log_kernel_sums("gaussian", q, bw, self_term=False)
+    monkeypatch.setattr(kernels.Gaussian, "code", None)
+    monkeypatch.setattr("empdp.density.BLOCK_TERMS", 1000)  # several blocks of rows
+    assert_allclose(log_kernel_sums("gaussian", q, bw, self_term=False), want, rtol=1e-13)
+
+
+def test_the_risk_running_sums_are_the_numpy_recurrence_bit_for_bit():
+    from empdp.risk.laplace import _running
+
+    rng = np.random.default_rng(4)
+    inflow = rng.random((50, 7))
+    decay = np.exp(-rng.random((49, 7)))
+    for reverse in (False, True):
+        want = inflow.copy()
+        for j in (range(48, -1, -1) if reverse else range(1, 50)):
+            prev, f = (j + 1, j) if reverse else (j - 1, j - 1)
+            want[j] += want[prev] * decay[f]
+        assert np.array_equal(_running(None, decay, inflow.copy(), reverse=reverse), want)
+        shared = decay[:, 0]  # one decay for every column
+        want1 = _running(None, np.repeat(shared[:, None], 7, axis=1), inflow.copy(), reverse=reverse)
+        assert np.array_equal(_running(None, shared, inflow.copy(), reverse=reverse), want1)
+
+
+# ---------------------------------------------------------------------------- memory
+
+
+@pytest.mark.parametrize("kernel,variable", [("laplace", False), ("laplace", True), ("gaussian", False),
+                                             ("gaussian", True)])
+def test_the_fit_holds_no_n_by_n_array(kernel, variable):
+    """The sums of 3,000 values allocate O(n): a 3,000² matrix would be 72 MB."""
+    q = np.random.default_rng(1).standard_normal(3000)
+    bw = _bandwidths(kernel, q, 0.2, 0.5) if variable else np.full(len(q), 0.2)
+    log_kernel_sums(kernel, q, bw, self_term=False)  # compiled (or loaded) before measuring
+    tracemalloc.start()
+    try:
+        log_kernel_sums(kernel, q, bw, self_term=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2_000_000, f"{peak / 1e6:.1f} MB"
+
+
+#: assess a panel in a subprocess whose resident memory is watched: past the cap it exits at once with
+#: status 3; else it prints the databases seen and its peak resident kB
+_ASSESS = textwrap.dedent("""
+    import os, resource, sys, threading, time
+    cap_kb = int(sys.argv[2]) // 1024
+
+    def watch():
+        while True:
+            with open("/proc/self/status") as f:
+                rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+            if rss > cap_kb:
+                os._exit(3)
+            time.sleep(0.02)
+
+    threading.Thread(target=watch, daemon=True).start()
+    import empdp, empdp.data
+    # the reader's guard sizes the density model as n² pairs (empdp/loo/base.py): off, to see the model
+    empdp.data.physical_memory = lambda: None
+    res = empdp.assess(sys.argv[1], id="id", by="db", query="mean(x)")
+    print(res.n_databases, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+""")
+
+
+def test_an_assessment_of_20000_databases_holds_no_n_by_n_array(tmp_path):
+    """The default command on 3 individuals × 2·10^4 databases, its resident memory capped at 1.2 GB (it
+    needs ~0.5 GB, most of it the libraries): one n × n float array is 3.2 GB (before issue 35 the fit
+    held several), so it stops at the first."""
+    n_db, n_ind = 20_000, 3
+    rng = np.random.default_rng(35)
+    path = tmp_path / "long.parquet"
+    pl.DataFrame({"id": np.tile(np.arange(n_ind), n_db), "db": np.repeat(np.arange(n_db), n_ind),
+                  "x": 50 + 10 * rng.standard_normal(n_db * n_ind)}).write_parquet(path)
+    cap = 1200 * 2**20
+    res = subprocess.run([sys.executable, "-c", _ASSESS, str(path), str(cap)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode != 3, "resident memory passed 1.2 GB"
+    assert res.returncode == 0, res.stderr[-2000:]
+    n_seen, peak_kb = map(int, res.stdout.split()[-2:])
+    assert n_seen == n_db
+    assert peak_kb * 1024 < cap
+
+
+# ---------------------------------------------------------------------------- numba, lazily
+
+_PROBE = textwrap.dedent("""
+    import atexit, sys
+    atexit.register(lambda: print("numba" in sys.modules, file=sys.stderr))
+    from empdp.cli.main import main
+    sys.argv = ["empdp", *sys.argv[1:]]
+    main()
+""")
+
+
+def _loads_numba(*args) -> bool:
+    res = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stderr.strip().splitlines()[-1] == "True"
+
+
+def test_help_and_audits_do_not_import_numba(sample_path):
+    assert not _loads_numba("--help")
+    assert not _loads_numba("audit", "mpl", "-m", "laplace", "--param", "epsilon=0.7", "--seed", "1",
+                            "--search-size", "2000", "--final-size", "2000", "-q")
+    # the probe sees it where it is used: an assessment fits the density model
+    assert _loads_numba("assess", sample_path, "--id", "countyid", "--by", "year", "--query", "mean(murdrate)",
+                        "--bandwidth", "0.05", "-q")
