@@ -189,7 +189,7 @@ def _loads_numba(*args) -> bool:
 def test_help_and_audits_do_not_import_numba(sample_path):
     assert not _loads_numba("--help")
     assert not _loads_numba("audit", "mpl", "-m", "laplace", "--param", "epsilon=0.7", "--seed", "1",
-                            "--search-size", "2000", "--final-size", "2000", "-q")
+                            "--search-size", "2000", "--final-size", "4000", "-q")
     # the probe sees it where it is used: an assessment fits the density model
     assert _loads_numba("assess", sample_path, "--id", "countyid", "--by", "year", "--query", "mean(murdrate)",
                         "--bandwidth", "0.05", "-q")
