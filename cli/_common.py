@@ -232,6 +232,16 @@ def engine_settings(source, engine: str, spark_master: str | None, spark_remote:
     return {"engine": engine, "spark_master": spark_master, "spark_remote": spark_remote, "table": table}
 
 
+def engine_object(settings: dict):
+    """The library's ``engine`` from :func:`engine_settings`' keywords: the name ``duckdb`` (the library
+    then applies ``memory_limit`` and ``threads``) or a :class:`empdp.engines.Spark` with its settings."""
+    if settings["engine"] == "duckdb":
+        return "duckdb"
+    from empdp.engines import Spark
+
+    return Spark(master=settings["spark_master"], remote=settings["spark_remote"], table=settings["table"])
+
+
 def key_options(f):
     """``--key-file`` and ``--allow-unsigned`` (the curator key; see the README, "Release security")."""
     f = click.option("--allow-unsigned", is_flag=True,

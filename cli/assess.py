@@ -18,6 +18,7 @@ from empdp.models import GROUPED, JOINT, MAX_DIM, ONE, model_for
 from ._common import (
     check_output,
     emit_json,
+    engine_object,
     engine_options,
     engine_settings,
     log,
@@ -139,7 +140,7 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
     model, d = model_for(list(query), list(sql), group_by)
     model.refuse(given_options(ctx, REFUSABLE), d)
     bandwidth = parse_bandwidth(bandwidth, model, d)
-    engine_kw = engine_settings(source, engine, spark_master, spark_remote, table)
+    engine = engine_object(engine_settings(source, engine, spark_master, spark_remote, table))
     check_outputs(source, out, report, save_result, without_shifts, calibration, audit)
     if (calibration or audit) and not report:
         raise InputError("--calibration and --audit add sections to the HTML report: give --report FILE.html "
@@ -153,7 +154,7 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
                         bandwidth=bandwidth, memory_limit=memory_limit, threads=threads, workers=workers,
                         drop_null_ids=drop_null_ids, exact_all=bool(out), screening=not no_screening,
                         adversary=adversary, adversary_sql=adversary_sql, buckets=buckets, progress=progress,
-                        **engine_kw)
+                        engine=engine)
     with result:
         log_summary(result, time.perf_counter() - started)
         # all outputs are committed together: a failure writing one leaves none of them
@@ -261,8 +262,8 @@ def log_summary(r, seconds: float) -> None:
     """The facts of an assessment at INFO (sizes, model, eps_all), details at DEBUG; stderr only."""
     for line in r.log_lines():
         log.info("%s", line)
-    log.info("eps_all %.6g; %d epsilon(s) in [%.4g, %.4g]; assessed in %.2f s", r.eps_all, len(r.epsilons),
-             r.epsilons[0], r.epsilons[-1], seconds)
+    log.info("%d epsilon(s) in [%.4g, %.4g]; assessed in %.2f s", len(r.epsilons), r.epsilons[0], r.epsilons[-1],
+             seconds)
     if log.isEnabledFor(logging.DEBUG):
         for line in r.debug_lines():
             log.debug("%s", line)

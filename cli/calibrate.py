@@ -90,7 +90,7 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
         cal = calibrate_source(source, id=id_col, by=by, query=list(query) or None, where=where, sql=list(sql) or None,
                                epsilon=epsilon, kernel=kernel, bandwidth=bandwidth, memory_limit=memory_limit,
                                drop_null_ids=drop_null_ids, adversary=adversary, adversary_sql=adversary_sql,
-                               buckets=buckets, progress=progress, **engine_kw)
+                               buckets=buckets, progress=progress, engine=common.engine_object(engine_kw))
     _finish(cal, output, key, as_json, quiet)
 
 

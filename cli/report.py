@@ -56,18 +56,6 @@ def check_epsilon(epsilon: float | None) -> None:
         raise InputError(f"--epsilon must be in [0, 700] (e^epsilon overflows beyond); got {epsilon:.4g}")
 
 
-def check_joint(saved, epsilon: float | None, calibration: str | None, audit: str | None) -> None:
-    """What a joint result's report cannot take, refused before anything is written."""
-    for given, option in ((calibration, "--calibration"), (audit, "--audit")):
-        if given:
-            raise InputError(f"{option} does not apply to the report of a joint query of {saved.model.d} "
-                             "statistics: the joint report has no such section yet")
-    if epsilon is not None:
-        from empdp.report.joint import check_epsilon as exact_at
-
-        exact_at(saved, epsilon)
-
-
 @click.command("report")
 @click.argument("result")
 @click.option("-o", "--output", required=True, metavar="FILE", help="Write the HTML report to FILE.html (mode 0600).")
@@ -95,7 +83,9 @@ def report(result, output, calibration, audit, key_file, allow_unsigned, epsilon
       empdp report murders.json --calibration cal.json -e 1 -o report.html
     """
     from empdp.assessment.result import load_result
-    from empdp.report import JOINT_SECTIONS, SECTIONS, is_joint, render_report
+    from empdp.report import render_report, report_sections
+
+    from .assess import given_options
 
     setup_logging(verbose, quiet, debug)
     check_output(output, "-o", (".html", ".htm"), ".html")
@@ -103,12 +93,10 @@ def report(result, output, calibration, audit, key_file, allow_unsigned, epsilon
     check_epsilon(epsilon)
     key = load_hash_key(hash_key_file) if hash_ids or hash_key_file else None
     saved = load_result(result)
-    joint = is_joint(saved)
     log.info("result %s: %s over %d databases, %d individuals (%d rows and %d shift rows saved)", result,
-             " & ".join(saved.queries) if joint else saved.query, saved.n_databases, saved.n_individuals,
-             saved.individuals.height, len(saved.saved_shifts))
-    if joint:
-        check_joint(saved, epsilon, calibration, audit)
+             saved.statistic, saved.n_databases, saved.n_individuals, saved.individuals.height,
+             len(saved.saved_shifts))
+    saved.kind.refuse(given_options(click.get_current_context(), ("calibration", "audit")), saved.n_statistics)
     cal, aud = load_extras(calibration, audit, key_file, allow_unsigned)
     audit_key = key
     if aud is not None and aud.get("ids_hashed"):
@@ -124,8 +112,7 @@ def report(result, output, calibration, audit, key_file, allow_unsigned, epsilon
         render_report(saved, output, epsilon=epsilon, calibration=cal, audit=aud, hash_ids=key or False,
                       audit_hash_ids=audit_key or False)
         progress(f"writing {output}", 1, 1)
-    sections = list(JOINT_SECTIONS) if joint else list(SECTIONS) + [
-        s for s, d in (("adversary", saved.adversary), ("calibration", cal), ("audit", aud)) if d]
+    sections = report_sections(saved, cal, aud)
     if as_json:
         emit_json({"report": output, "sections": sections})
     elif not quiet:

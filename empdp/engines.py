@@ -43,7 +43,7 @@ class Spark:
         try:
             from .spark import make_spark_engine
         except ImportError:  # PySpark is an optional extra: loaded only for this engine
-            raise InputError("engine spark needs PySpark: pip install \"empdp[spark]\" (and Java 17)",
+            raise InputError("`engine` spark needs PySpark: pip install \"empdp[spark]\" (and Java 17)",
                              param="engine") from None
         return make_spark_engine(source, master=self.master, remote=self.remote, table=self.table, **query)
 
@@ -58,10 +58,10 @@ def engine_of(engine: Any = "duckdb", *, spark_master: str | None = None, spark_
     if isinstance(engine, (DuckDB, Spark)):
         return engine
     if engine not in ENGINES:
-        raise InputError(f"engine must be one of {', '.join(ENGINES)}, got {str(engine)[:40]!r}", param="engine")
+        raise InputError(f"`engine` must be one of {', '.join(ENGINES)}, got {str(engine)[:40]!r}", param="engine")
     if engine == "duckdb":
         if spark_master or spark_remote or table:
-            raise InputError("spark_master, spark_remote and table go with engine spark",
+            raise InputError("`spark_master`, `spark_remote` and `table` go with `engine` spark",
                              param=("spark_master", "spark_remote", "table", "engine"))
         return DuckDB(memory_limit=memory_limit, threads=threads)
     return Spark(master=spark_master, remote=spark_remote, table=table)

@@ -10,9 +10,9 @@ class EmpdpError(Exception):
 class InputError(EmpdpError, ValueError):
     """Bad input: the message says what is wrong, where, and how to fix it (exit 2).
 
-    ``param`` names the library parameter(s) the message names (``InputError("threads must be ...",
-    param="threads")``): the command line shows their flags there instead (``--threads must be ...``).
-    A message that names parameters uses each name only for the parameter.
+    ``param`` names the library parameter(s) the message mentions, each written in backquotes
+    (``InputError("`threads` must be ...", param="threads")``): the command line shows their flags
+    there instead (``--threads must be ...``).
     """
 
     exit_code = 2
@@ -23,11 +23,9 @@ class InputError(EmpdpError, ValueError):
 
     def shown(self, flag) -> str:
         """The message with each parameter it names shown as ``flag(param)`` shows it."""
-        import re
-
         text = str(self)
         for name in self.param:
-            text = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", lambda _m, n=name: flag(n), text)
+            text = text.replace(f"`{name}`", flag(name))
         return text
 
 

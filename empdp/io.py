@@ -288,8 +288,8 @@ def load_hash_key(path: str | None = None) -> bytes:
     else:
         key = os.environ.get(HASH_KEY_ENV, "").encode("utf-8")
     if len(key) < 16:
-        raise InputError(f"--hash-ids needs a secret key of at least 16 bytes: give --hash-key-file FILE "
-                         f"or set {HASH_KEY_ENV}")
+        raise InputError(f"`hash_ids` needs a secret key of at least 16 bytes: give `hash_key_file` FILE "
+                         f"or set {HASH_KEY_ENV}", param=("hash_ids", "hash_key_file"))
     return key
 
 

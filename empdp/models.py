@@ -71,7 +71,7 @@ JOINT = CuratorModel("joint", "a joint query of {d} statistics", _vector(
     "joint queries", "joint",
     calibration="the joint report has no calibration section yet; report the calibration of one statistic",
     audit="the joint report has no audit section yet; report the audit of one statistic"))
-GROUPED = CuratorModel("grouped", "grouped statistics (group_by)", names=("group_by",), refuses=_vector(
+GROUPED = CuratorModel("grouped", "grouped statistics (`group_by`)", names=("group_by",), refuses=_vector(
     "grouped statistics", "grouped",
     report="the HTML report does not show grouped statistics yet; use --json or --out",
     calibration="it adds a section to --report, which grouped statistics do not take",
@@ -111,18 +111,20 @@ def model_for(query=None, sql=None, group_by=None) -> tuple[CuratorModel, int]:
     given = len(queries) + len(sqls)
     if group_by is not None:
         if given != 1:
-            raise InputError("group_by computes one statistic per group: give one query or one sql "
-                             f"(got {len(queries)} query and {len(sqls)} sql)", param=("group_by", "query", "sql"))
+            raise InputError("`group_by` computes one statistic per group: give one `query` or one `sql` "
+                             f"(got {len(queries)} `query` and {len(sqls)} `sql`)", param=("group_by", "query", "sql"))
         return GROUPED, 1
     if given == 0:
-        raise InputError("give the statistic: query (e.g. 'mean(x)') or sql over the table db", param=("query", "sql"))
+        raise InputError("give exactly one of `query` (e.g. 'mean(x)') or `sql` (over the table db)",
+                         param=("query", "sql"))
     if given == 1:
         return ONE, 1
     if queries and sqls:
-        raise InputError(f"give the statistics of a joint query all as query or all as sql, not both "
-                         f"(got {len(queries)} query and {len(sqls)} sql)", param=("query", "sql"))
+        raise InputError(f"give exactly one of `query` or `sql` for one statistic, or 2-{MAX_DIM} statistics released "
+                         f"together all as `query` or all as `sql`, not both (got {len(queries)} `query` and "
+                         f"{len(sqls)} `sql`)", param=("query", "sql"))
     if given > MAX_DIM:
         param = "query" if queries else "sql"
-        raise InputError(f"{param} given {given} times: a joint query has at most {MAX_DIM} statistics",
+        raise InputError(f"`{param}` given {given} times: at most {MAX_DIM} statistics are released together",
                          param=param)
     return JOINT, given

@@ -31,7 +31,7 @@ def epsilons(epsilon) -> np.ndarray:
     except (TypeError, ValueError):
         eps = np.array([np.nan])
     if not len(eps) or eps.ndim != 1 or np.any(~np.isfinite(eps)) or np.any(eps < 0) or np.any(eps > MAX_EPSILON):
-        raise InputError(f"epsilon values must be numbers in [0, {MAX_EPSILON:g}] (e^epsilon overflows beyond); "
+        raise InputError(f"`epsilon` values must be numbers in [0, {MAX_EPSILON:g}] (e^epsilon overflows beyond); "
                          f"got {epsilon!r}", param="epsilon")
     return np.unique(eps)
 
@@ -43,13 +43,13 @@ def target_epsilon(epsilon) -> float:
     except (TypeError, ValueError):
         eps = math.nan
     if not (math.isfinite(eps) and eps > 0):
-        raise InputError(f"epsilon must be a positive number; got {epsilon!r}", param="epsilon")
+        raise InputError(f"`epsilon` must be a positive number; got {epsilon!r}", param="epsilon")
     if eps > MAX_EPSILON:
-        raise InputError(f"epsilon {eps:g} is above {MAX_EPSILON:g}, where the densities' ratio "
+        raise InputError(f"`epsilon` {eps:g} is above {MAX_EPSILON:g}, where the densities' ratio "
                          f"(e^{MAX_EPSILON:g}) can no longer be computed in double precision and so cannot be "
                          "verified; such an epsilon protects nobody: use a smaller one", param="epsilon")
     if eps < MIN_TARGET_EPSILON:
-        raise InputError(f"epsilon {eps:g} is below {MIN_TARGET_EPSILON:g}, where epsilon_i(lambda) can no longer "
+        raise InputError(f"`epsilon` {eps:g} is below {MIN_TARGET_EPSILON:g}, where epsilon_i(lambda) can no longer "
                          "be computed exactly in double precision (rounding would make the noise too small); use "
                          f"{MIN_TARGET_EPSILON:g} or more", param="epsilon")
     return eps
@@ -58,11 +58,26 @@ def target_epsilon(epsilon) -> float:
 def whole(value, name: str, least: int = 1) -> int:
     """A whole number ≥ ``least`` (bools refused), for the parameter ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-        raise InputError(f"{name} must be a whole number >= {least}, got {value!r}", param=name)
+        raise InputError(f"`{name}` must be a whole number >= {least}, got {value!r}", param=name)
     return int(value)
 
 
 def workers(value) -> str:
     if value not in WORKERS:
-        raise InputError(f"workers must be one of {', '.join(WORKERS)}, got {value!r}", param="workers")
+        raise InputError(f"`workers` must be one of {', '.join(WORKERS)}, got {value!r}", param="workers")
     return value
+
+
+def adversary(adversary, adversary_sql, buckets) -> None:
+    """What the adversary knows: a query form or SQL (not both), and ``buckets`` only with one of them."""
+    from .data.guard import check_select
+
+    if buckets is not None and not (adversary or adversary_sql):
+        raise InputError("`buckets` cut the databases by what the adversary knows: give `adversary` too (a "
+                         "query form) or `adversary_sql`", param=("buckets", "adversary", "adversary_sql"))
+    if adversary and adversary_sql:
+        raise InputError("give either `adversary` or `adversary_sql`, not both", param=("adversary", "adversary_sql"))
+    if buckets is not None:
+        whole(buckets, "buckets")
+    if adversary_sql is not None:  # refused naming its own option, before any data are read
+        check_select(adversary_sql.strip().rstrip(";").strip(), "--adversary-sql")

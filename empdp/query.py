@@ -88,13 +88,14 @@ def parse_query(query: str | None = None, *, where: str | None = None, sql: str 
     SELECT over ``db`` (:mod:`empdp.data.guard`, docs/user-sql.md).
     """
     if (query is None) == (sql is None):
-        raise InputError("give exactly one of --query EXPR or --sql 'SELECT ... FROM db'")
+        raise InputError("give exactly one of `query` EXPR or `sql` 'SELECT ... FROM db'", param=("query", "sql"))
     if sql is not None:
         if where:
-            raise InputError("--where goes with --query; put the filter inside --sql instead")
+            raise InputError("`where` goes with `query`; put the filter inside `sql` instead",
+                             param=("where", "query", "sql"))
         if not _SQL_DB.search(sql):
-            raise InputError("--sql must read the table 'db' (one database), e.g. "
-                             "--sql 'SELECT avg(x) FROM db'")
+            raise InputError("`sql` must read the table 'db' (one database), e.g. "
+                             "`sql` 'SELECT avg(x) FROM db'", param="sql")
         body = check_select(sql.strip().rstrip(";").strip(), "--sql")
         return Query(form="sql", sql=body, text=sql.strip())
     check_filter(where, "--where")
@@ -105,11 +106,12 @@ def parse_query(query: str | None = None, *, where: str | None = None, sql: str 
                      where=where, text=text)
     m = _CALL.match(text)
     if not m:
-        raise InputError(f"cannot parse query {shorten(query)}; use one of {HELP}, or --sql")
+        raise InputError(f"cannot parse query {shorten(query)}; use one of {HELP}, or `sql`", param="sql")
     name, arg, level = m.group(1).lower(), m.group(2), m.group(3)
     name = _ALIASES.get(name, name)
     if name not in FORMS or name in ("ratio", "sql"):
-        raise InputError(f"unknown aggregate {shorten(m.group(1))} in {shorten(query)}; use one of {HELP}, or --sql")
+        raise InputError(f"unknown aggregate {shorten(m.group(1))} in {shorten(query)}; use one of {HELP}, or `sql`",
+                         param="sql")
     if arg == "*" and name != "count":
         raise InputError(f"{name}(*) is not defined; name a column, e.g. {name}(x)")
     if name == "quantile":

@@ -49,5 +49,5 @@ def test_one_statistic_options_are_refused_for_several(option):
 
 def test_group_by_takes_one_statistic():
     table = grouped_table(groups="ab", n_db=6, n_ind=8, movers={})
-    with pytest.raises(InputError, match="one query or one sql"):
+    with pytest.raises(InputError, match="one `query` or one `sql`"):
         assess(table, id="id", by="year", query=["sum(x)", "max(x)"], group_by="region")

@@ -79,7 +79,8 @@ def test_out_table(sample_path, tmp_path):
     res = run(["assess", sample_path, *BASE, "-e", "0.2", "-e", "0.1", "--out", str(path), "--json"])
     assert res.exit_code == 0, res.output
     df = pl.read_parquet(path)
-    assert df.columns[:5] == ["countyid", "eps_i", "delta", "n_databases", "max_abs_shift"]
+    assert df.columns == ["countyid", "eps_i", "eps_bound", "delta", "epsilon", "n_databases", "max_abs_shift",
+                          "sole_contributor"]
     assert df.schema["countyid"] == pl.Int64 and df.height == 2197
     assert df["eps_i"].null_count() == 0  # --out computes every ε_i exactly
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600

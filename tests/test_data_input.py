@@ -45,7 +45,7 @@ def test_where_filters_rows_before_the_finiteness_check(tmp_path):
     with pytest.raises(InputError, match="infinite"):
         assess(str(src), id="id", by="year", query="mean(x)")
     assert assess(str(src), id="id", by="year", query="mean(x)", where="x < 100").n_individuals == 5
-    with pytest.raises(InputError, match="among the rows --where keeps"):
+    with pytest.raises(InputError, match="among the rows `where` keeps"):
         assess(str(src), id="id", by="year", query="mean(x)", where="x > -1")
 
 
@@ -173,7 +173,7 @@ def test_too_many_databases_are_refused_before_the_scan(monkeypatch):
         monkeypatch.setattr(module, "physical_memory", lambda: 2**30)  # 1 GiB: ~3,900 databases
     n = 5000 * 3  # three individuals in each database: labels of databases, not of rows
     df = pd.DataFrame({"id": np.arange(n) % 7, "year": np.arange(n) // 3, "x": np.ones(n)})
-    with pytest.raises(InputError, match=r"makes 5,000 databases; .* holds about 3,9\d\d databases: .*coarser --by"):
+    with pytest.raises(InputError, match=r"makes 5,000 databases; .* holds about 3,9\d\d databases: .*coarser `by`"):
         assess(df, id="id", by="year", query="mean(x)")
 
 
@@ -185,7 +185,7 @@ def test_bad_memory_limits_are_refused(limit, fragment):
     """DuckDB reads '-1GB' as no limit at all, and a limit of 1MB failed late as out of memory."""
     from empdp.data import connect
 
-    with pytest.raises(InputError, match=f"--memory-limit .*{fragment}") as info:
+    with pytest.raises(InputError, match=f"`memory_limit` .*{fragment}") as info:
         connect(limit)
     assert len(str(info.value)) < 250  # a long value is echoed shortened
 
@@ -202,13 +202,13 @@ def test_bad_thread_counts_are_refused(threads):
     """10^5 threads hung DuckDB (it starts them all)."""
     from empdp.data import connect
 
-    with pytest.raises(InputError, match="--threads .* must be an integer from 1 to"):
+    with pytest.raises(InputError, match="`threads` .* must be an integer from 1 to"):
         connect(threads=threads)
 
 
 @pytest.mark.parametrize("kw,match", [
     (dict(query="mean(x)", where="year = 'abc'"), "not valid SQL for this source: Conversion Error"),
-    (dict(query="median(x)", where="nosuch > 1"), r"the filter --where 'nosuch > 1' is not valid here: Binder Error"),
+    (dict(query="median(x)", where="nosuch > 1"), r"the filter `where` 'nosuch > 1' is not valid here: Binder Error"),
     (dict(sql="SELECT avg(nosuch) FROM db"), "--sql failed on database 2000: Binder Error"),
 ])
 def test_duckdb_errors_are_input_errors_in_the_library(tmp_path, kw, match):
@@ -222,6 +222,7 @@ def test_duckdb_errors_are_input_errors_in_the_library(tmp_path, kw, match):
     args = ["assess", src, "--id", "id", "--by", "year", "-q"] + [f"--{k}={v}" for k, v in kw.items()]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 2 and res.output.count("\n") == 1 and "Error: " in res.output, res.output
+    assert "`" not in res.output  # the library names parameters; the command line shows their flags
 
 
 def test_arrow_columns_become_numpy_arrays_without_pandas():

@@ -174,16 +174,16 @@ def test_a_group_missing_from_a_database_is_refused_in_one_line():
     table = grouped_table().filter(~((pl.col("region") == "c") & (pl.col("year") == 2007)))
     with pytest.raises(InputError, match=r"^group 'c' of column 'region' has no rows in database 2007: [^\n]*$"):
         assess_grouped(table, id="id", by="year", group_by="region", query="mean(x)")
-    with pytest.raises(InputError, match=r"^group 'c' [^\n]* database 2007 that --where keeps: [^\n]*$"):
+    with pytest.raises(InputError, match=r"^group 'c' [^\n]* database 2007 that `where` keeps: [^\n]*$"):
         assess_grouped(table, id="id", by="year", group_by="region", query="mean(x)", where="x > -100")
 
 
 @pytest.mark.parametrize("options, match", [
     ({"group_by": "zone"}, "column 'zone' not found"),
-    ({"group_by": "id"}, "is the --id column"),
+    ({"group_by": "id"}, "is the `id` column"),
     ({"group_by": "region", "bandwidth": [1.0, 2.0]}, r"one per group \(5\); got 2"),
     ({"group_by": "region", "epsilon": -1}, "epsilon must be finite"),
-    ({"group_by": "region", "where": "x > 0", "query": None, "sql": "SELECT avg(x) FROM db"}, "--where goes with"),
+    ({"group_by": "region", "where": "x > 0", "query": None, "sql": "SELECT avg(x) FROM db"}, "`where` goes with"),
 ])
 def test_bad_input_is_one_line(options, match):
     with pytest.raises(InputError, match=match) as info:
@@ -263,7 +263,7 @@ def test_a_wrong_number_of_scales_is_refused_before_any_group_is_read(monkeypatc
     import empdp.loo.joint as jp
 
     monkeypatch.setattr(jp, "make_engine", lambda *args, **kwargs: pytest.fail("a group was read"))
-    with pytest.raises(InputError, match=r"^--bandwidth needs one scale, or one per group \(5\); got 3$"):
+    with pytest.raises(InputError, match=r"^`bandwidth` needs one scale, or one per group \(5\); got 3$"):
         assess_grouped(grouped_table(), id="id", by="year", group_by="region", query="mean(x)",
                        bandwidth=[0.1, 0.2, 0.3])
 

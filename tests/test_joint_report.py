@@ -274,7 +274,7 @@ def test_a_damaged_result_is_one_line_and_writes_nothing(paper, tmp_path, how):
 
 @pytest.mark.parametrize("options, fragments", [
     (["-o", "{tmp}/r.txt"], ["-o", ".html"]),
-    (["-o", "{tmp}/r.html", "-e", "1"], ["smallest assessed epsilon", "-e 1"]),
+    (["-o", "{tmp}/r.html", "-e", "1"], ["smallest assessed epsilon", "--epsilon 1"]),
     (["-o", "{tmp}/r.html", "--calibration", "{tmp}/cal.json"], ["--calibration", "joint"]),
     (["-o", "{tmp}/r.html", "--audit", "{tmp}/audit.json"], ["--audit", "joint"]),
     (["-o", "{tmp}/missing/r.html"], ["-o"]),

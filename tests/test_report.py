@@ -13,7 +13,9 @@ import pytest
 from numpy.testing import assert_allclose
 
 from empdp import risk
-from empdp.report import SECTIONS, _fmt, _top_rows, keyed_hash, render_report, report_html
+from empdp.report import SECTIONS, keyed_hash, render_report, report_html
+from empdp.report.assessment import top_rows
+from empdp.report.markup import num
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet"
 
@@ -118,7 +120,7 @@ def test_hashed_ids(result):
 
 def test_table_delta_matches_assessment(result):
     # the table's δ_i and ε_i are exact: recomputed from the shifts, and equal to the assessment's column
-    rows, shifts, _ = _top_rows(result, float(result.epsilons[0]), str, 10)
+    rows, shifts, _ = top_rows(result, float(result.epsilons[0]), str, 10)
     assert shifts.shape == (len(rows), result.n_databases) and len(rows) >= 10
     eps_i, d = risk.evaluate(result.model, shifts, result.epsilons[:1])
     assert_allclose([r["delta"] for r in rows], d[:, 0], atol=1e-12)
@@ -155,18 +157,18 @@ def _audit_section(text: str) -> str:
 
 
 def test_audit_json_of_every_cli_kind(result):
-    from empdp.report import _audit
+    from empdp.report.audit import audit as audit_section
 
-    renyi = _audit_section(_audit(RENYI))
+    renyi = _audit_section(audit_section(RENYI))
     assert "Rényi lower bound on D_α (order 2)" in renyi and "0.82" in renyi and "bound holds" in renyi
-    release = _audit_section(_audit(RELEASE, lambda v: f"pseudo-{v}"))
+    release = _audit_section(audit_section(RELEASE, lambda v: f"pseudo-{v}"))
     assert "CHECK FAILED" in release and "<code>pseudo-2185</code>" in release and "2185</code>" not in \
         release.replace("pseudo-2185</code>", "")
     assert "a warning of the audit" in release
     # the CLI's MPL JSON names its curve loss_curve; an infinite truth is a flag, the value null
     mpl = dict(AUDIT, method="mpl", loss_curve=AUDIT["loss"], true_value=None, true_value_infinite=True)
     del mpl["loss"]
-    text = _audit(mpl)
+    text = audit_section(mpl)
     assert text.count("data:image/png") == 1 and "∞" in text and "bound holds" in text
 
 
@@ -179,23 +181,23 @@ def _bucketed_release() -> dict:
         return [{"id": i, "exact_epsilon": e, "exact_renyi": e / 50, "mpl_estimate": e + 0.1}
                 for i, e in zip((2185 + k, 32027 + k), (eps, eps / 2))]
 
-    per = [BucketAudit(target_epsilon=0.2, individuals=rows(0, 0.19), mpl_lower_bound=0.0455, mpl_estimate=0.29,
+    per = [BucketAudit(target_epsilon=0.2, individuals=rows(0, 0.19), mpl_lower_bound=0.0455, stage1_max_loss=0.29,
                        renyi_lower_bound=0.0066, exact_epsilon_max=0.19, exact_renyi_max=0.0038, lo=1.5e8, hi=1.9e8,
                        n_databases=9, curator_kernel={"kind": "laplace", "scale": 0.0192}, alpha=0.025),
-           BucketAudit(target_epsilon=0.2, individuals=rows(1, 0.37), mpl_lower_bound=0.0651, mpl_estimate=0.47,
+           BucketAudit(target_epsilon=0.2, individuals=rows(1, 0.37), mpl_lower_bound=0.0651, stage1_max_loss=0.47,
                        renyi_lower_bound=0.0047, exact_epsilon_max=0.37, exact_renyi_max=0.0074, lo=1.97e8, hi=2.1e8,
                        n_databases=8, curator_kernel={"kind": "laplace", "scale": 0.0154}, alpha=0.025)]
     everyone = sorted(({**r, "bucket": k} for k, b in enumerate(per) for r in b.individuals),
                       key=lambda r: -r["exact_epsilon"])
-    return ReleaseAudit(target_epsilon=0.2, individuals=everyone, mpl_lower_bound=0.0651, mpl_estimate=0.47,
-                        renyi_lower_bound=0.0066, exact_epsilon_max=0.37, exact_renyi_max=0.0074, n=20000, N=50000,
-                        n_renyi=100000, alpha=0.05, noise=CALIBRATION["noise"], curator_kernel=CALIBRATION[
+    return ReleaseAudit(target_epsilon=0.2, individuals=everyone, mpl_lower_bound=0.0651, stage1_max_loss=0.47,
+                        renyi_lower_bound=0.0066, exact_epsilon_max=0.37, exact_renyi_max=0.0074, search_size=20000,
+                        final_size=50000, renyi_sample_size=100000, alpha=0.05, noise=CALIBRATION["noise"], curator_kernel=CALIBRATION[
                             "curator_kernel"], buckets=per, adversary_statistic="sum(popul)").to_dict()
 
 
 def test_release_audit_against_an_adversary_has_a_row_per_bucket(result):
     from empdp.audit.release import describe_buckets
-    from empdp.report import _audit
+    from empdp.report.audit import audit as audit_section
 
     d = _bucketed_release()
     assert d["worst_bucket"] == 1 and not d["ok"]
@@ -206,9 +208,9 @@ def test_release_audit_against_an_adversary_has_a_row_per_bucket(result):
     cells = [re.findall(r"<td[^>]*>(.*?)</td>", r, re.S) for r in rows]
     assert [c[0] for c in cells] == ["0", "1 (worst)"]
     for c, b in zip(cells, d["buckets"]):  # range, size, kernel scale, alpha and the figures, as the JSON has them
-        assert c[1:10] == [_fmt(b["lo"]), _fmt(b["hi"]), str(b["n_databases"]), _fmt(b["curator_kernel"]["scale"]),
-                           _fmt(b["alpha"]), _fmt(b["mpl_lower_bound"]), _fmt(b["exact_epsilon_max"]),
-                           _fmt(b["renyi_lower_bound"]), _fmt(b["exact_renyi_max"])]
+        assert c[1:10] == [num(b["lo"]), num(b["hi"]), str(b["n_databases"]), num(b["curator_kernel"]["scale"]),
+                           num(b["alpha"]), num(b["mpl_lower_bound"]), num(b["exact_epsilon_max"]),
+                           num(b["renyi_lower_bound"]), num(b["exact_renyi_max"])]
     assert "meets the target" in cells[0][10] and "needs more noise" in cells[1][10] and "class='bad'" in cells[1][10]
     # the terminal says the same of each bucket
     lines = describe_buckets(d)
@@ -218,7 +220,7 @@ def test_release_audit_against_an_adversary_has_a_row_per_bucket(result):
     ind = [re.findall(r"<td[^>]*>(.*?)</td>", r, re.S) for r in re.findall(r"<tr>(.*?)</tr>", tables[0], re.S)[1:]]
     assert [(r[0], r[1]) for r in ind] == [(f"<code>{r['id']}</code>", str(r["bucket"])) for r in d["individuals"]]
     # a plain release audit has neither
-    plain = _audit_section(_audit(RELEASE))
+    plain = _audit_section(audit_section(RELEASE))
     assert plain.count("<table>") == 1 and ">bucket<" not in plain and "sets the verdict" not in plain
 
 
@@ -234,18 +236,18 @@ def test_audit_of_the_wrong_kind_is_refused(result, bad):
 def test_calibration_json_of_the_cli_shows_no_bookkeeping():
     from empdp.noise import calibrate_values
     from empdp.noise.calibration import _classical_note
-    from empdp.report import _calibration
+    from empdp.report.calibration import calibration as calibration_section
 
     rng = np.random.default_rng(0)
     cal = calibrate_values(rng.normal(size=12), rng.normal(size=(5, 12)) * 0.1, epsilon=1.0, kernel="laplace",
                            bandwidth=0.01).to_dict()
-    text = _calibration(cal)
+    text = calibration_section(cal)
     assert "empdp-calibration/1" not in text and "n_bisected" not in text and "seconds" not in text
-    assert f"{_fmt(cal['lambda'])}" in text and "atom at 0" in text and "<td>∞</td>" in text
+    assert f"{num(cal['lambda'])}" in text and "atom at 0" in text and "<td>∞</td>" in text
     # pure Laplace noise (the Gaussian fallback's w = 0): the classical ε is unknown, not ∞
     pure = dict(cal, noise={"kind": "laplace", "weight_zero": 0.0, "scale": cal["lambda"]},
                 classical_dp_explanation=_classical_note("laplace"))
-    text = _calibration(pure)
+    text = calibration_section(pure)
     assert "not claimed" in text and "global sensitivity" in text and "<td>∞</td>" not in text
 
 

@@ -229,13 +229,13 @@ def test_adversary_on_spark_is_the_duckdb_assessment(spark, tmp_path, monkeypatc
     lambda* (1e-9 relative)."""
     import warnings
 
-    import empdp.spark
+    import empdp.spark.engine
     from empdp import calibrate
     from empdp.assessment import assess
 
     calls = []
-    on_executors = empdp.spark.evaluate_buckets_on_executors
-    monkeypatch.setattr(empdp.spark, "evaluate_buckets_on_executors",
+    on_executors = empdp.spark.engine.evaluate_buckets_on_executors
+    monkeypatch.setattr(empdp.spark.engine, "evaluate_buckets_on_executors",
                         lambda *a, **k: calls.append(len(a[2])) or on_executors(*a, **k))
     path = tmp_path / "p.parquet"
     random_panel(5, n_db=10, n_ind=30, ties=False).to_parquet(path)

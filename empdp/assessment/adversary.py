@@ -67,8 +67,8 @@ def check_buckets(k, n: int) -> int:
     if k is None:
         return default_buckets(n)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n // 2:
-        raise InputError(f"--buckets must be a whole number from 1 to {n // 2} (each bucket needs at least 2 "
-                         f"of the {n} databases), got {k!r}")
+        raise InputError(f"`buckets` must be a whole number from 1 to {n // 2} (each bucket needs at least 2 "
+                         f"of the {n} databases), got {k!r}", param="buckets")
     return int(k)
 
 
@@ -86,26 +86,27 @@ def align_statistic(g_labels, g_values, labels, statistic: str) -> np.ndarray:
                          f"{labels[bad[0]]!r} ({len(bad)} database(s)); choose a statistic defined on every database")
     if np.ptp(g) == 0:
         raise InputError(f"the adversary statistic {statistic} is the same ({g[0]:g}) on every database, so it "
-                         "tells the adversary nothing; assess without --adversary")
+                         "tells the adversary nothing; assess without `adversary`", param="adversary")
     return g
 
 
 def read_statistic(source, labels, *, id: str, by: str, adversary: str | None, adversary_sql: str | None,
-                   **engine) -> tuple[np.ndarray, str]:
+                   engine="duckdb", drop_null_ids: bool = False) -> tuple[np.ndarray, str]:
     """g on every database of the assessment (``labels``) and its description, computed by the engine
-    the assessment reads with (``engine``: the keywords of :func:`empdp.loo.open_engine`, e.g.
-    ``engine="spark"``, ``table=``): only one number per database leaves it."""
+    the assessment reads with (an engine object or name, :mod:`empdp.engines`): only one number per
+    database leaves it."""
     from ..data.guard import check_select
-    from ..engines import open_engine
+    from ..engines import engine_of
 
     if adversary_sql is not None:  # named as the user gave it (the engine would say --sql)
         check_select(adversary_sql.strip().rstrip(";").strip(), "--adversary-sql")
-    knows = open_engine(source, id=id, by=by, query=adversary, sql=adversary_sql, **engine)
+    knows = engine_of(engine).open(source, id=id, by=by, query=adversary, sql=adversary_sql,
+                                   drop_null_ids=drop_null_ids)
     statistic = knows.query.describe()
     try:
         values = knows.values()
     except InputError as exc:
-        raise InputError(f"the adversary statistic {statistic}: {exc}") from None
+        raise InputError(f"the adversary statistic {statistic}: {exc}", param=exc.param) from None
     finally:
         knows.close()
     return align_statistic(knows.panel.labels, values, labels, statistic), statistic
@@ -154,7 +155,7 @@ def assess_buckets(engine, q: np.ndarray, buckets: list[Bucket], eps: np.ndarray
 
     def run(codes, with_eps, stage):
         """Evaluate ``codes`` (fetched in as few scans as fit in memory); δ only ``with_eps``."""
-        if getattr(engine, "on_executors", False):
+        if engine.on_executors:
             return run_on_executors(codes, with_eps, stage)
         out = np.zeros((len(codes), len(eps))) if with_eps else None
         for a in range(0, len(codes), fetch_rows):
@@ -172,9 +173,7 @@ def assess_buckets(engine, q: np.ndarray, buckets: list[Bucket], eps: np.ndarray
 
     def run_on_executors(codes, with_eps, stage):
         """Spark: every bucket's model goes to the executors, the candidates' Δ rows stay there."""
-        from ..spark import evaluate_buckets_on_executors
-
-        e, out, w, per = evaluate_buckets_on_executors(engine, buckets, codes, eps if with_eps else None)
+        e, out, w, per = engine.evaluate_buckets(buckets, codes, eps if with_eps else None)
         eps_i[codes], which[codes] = e, w
         per_bucket[:] = np.maximum(per_bucket, per.max(axis=0, initial=0.0))
         progress(stage, len(codes), len(codes))

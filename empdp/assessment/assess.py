@@ -17,9 +17,8 @@ import polars as pl
 from threadpoolctl import threadpool_limits
 
 from .. import params, risk
-from ..data.guard import check_select
 from ..density import DEFAULT_KERNEL, DensityModel, select_density
-from ..engines import open_engine
+from ..engines import engine_of
 from ..errors import InputError
 from ..io import jsonable
 from ..loo import LooEngine
@@ -27,7 +26,7 @@ from ..models import GROUPED, ONE, given, model_for, statistics
 from ..progress import READING, Progress, no_progress
 from ..risk.buckets import bucket_risk
 from . import checks
-from .evaluation import FETCH_CELLS, Evaluation, default_epsilons, on_spark
+from .evaluation import FETCH_CELLS, Evaluation, default_epsilons
 from .groups import assess_grouped
 from .joint import assess_joint
 from .parallel import available_cores
@@ -98,7 +97,8 @@ class Assessment(RiskSweep):
                 f"density model: {m.kernel} kernel, scale {m.scale:.6g}, {'variable' if m.variable else 'fixed'} "
                 f"bandwidths (sensitivity {m.sensitivity:g}), {m.selected_by} among {len(m.candidates)} "
                 f"candidate(s), LOO log-likelihood {m.loglik:.6g}",
-                f"{self.n_evaluated} individual(s) evaluated exactly (screening {'on' if self.screening else 'off'})"]
+                f"eps_all {self.eps_all:.6g}; {self.n_evaluated} individual(s) evaluated exactly (screening "
+                f"{'on' if self.screening else 'off'})"]
 
     def debug_lines(self) -> list[str]:
         m = self.model
@@ -207,8 +207,7 @@ def assess(source: Any, *, id: str, by: str, query: str | list | None = None, wh
            memory_limit: str | None = None, drop_null_ids: bool = False, exact_all: bool = False,
            screening: bool = True, threads: int | None = None, workers: str = "threads",
            adversary: str | None = None, adversary_sql: str | None = None, buckets: int | None = None,
-           engine: str = "duckdb", spark_master: str | None = None, spark_remote: str | None = None,
-           table: str | None = None, progress: Progress | None = None, group_by: str | None = None):
+           engine="duckdb", progress: Progress | None = None, group_by: str | None = None):
     """Per-individual empirical privacy risk of releasing a query of repeated databases.
 
     Parameters
@@ -253,11 +252,13 @@ def assess(source: Any, *, id: str, by: str, query: str | list | None = None, wh
         groups by it (default: as many as keep 10 databases each, at most 5)
         and the risk is the largest conditional risk over the buckets (see
         :mod:`empdp.assessment.adversary`); the plain assessment is kept beside it.
-    engine, spark_master, spark_remote, table
-        ``"duckdb"`` (embedded, the default) or ``"spark"``: read, aggregate and
-        screen on Spark (``spark_master``, default ``local[*]``, or Spark Connect
-        at ``spark_remote``), a catalog ``table`` instead of ``source``, and
-        evaluate the candidates on the executors (docs/spark.md).
+    engine
+        Where the leave-one-out runs (:mod:`empdp.engines`): ``"duckdb"`` (embedded, the
+        default; ``memory_limit`` and ``threads`` apply), ``"spark"`` or
+        ``empdp.engines.Spark(master=..., remote=..., table=...)``: read, aggregate and screen on
+        Spark (``master`` default ``local[*]``, or Spark Connect at ``remote``), a catalog
+        ``table`` instead of ``source``, and evaluate the candidates on the executors
+        (docs/spark.md).
     group_by
         A column: one statistic per group and database, released together
         (:func:`empdp.assessment.groups.assess_grouped`, whose
@@ -268,8 +269,10 @@ def assess(source: Any, *, id: str, by: str, query: str | list | None = None, wh
     Assessment, or for several statistics a JointAssessment or GroupedAssessment
     """
     model, d = model_for(query, sql, group_by)
+    cores = available_cores() if threads is None else params.whole(threads, "threads")
+    engine = engine_of(engine, memory_limit=memory_limit, threads=cores)
     model.refuse(given(kernel=kernel, adversary=adversary, adversary_sql=adversary_sql, buckets=buckets,
-                        engine=engine, table=table, workers=workers, screening=screening), d)
+                       engine=engine.name, workers=workers, screening=screening), d)
     if model is not ONE:
         queries, sqls = statistics(query, sql)
         common = dict(id=id, by=by, where=where, epsilon=epsilon, bandwidth=bandwidth, drop_null_ids=drop_null_ids,
@@ -281,33 +284,23 @@ def assess(source: Any, *, id: str, by: str, query: str | list | None = None, wh
     query, sql = _one(query), _one(sql)
     progress = progress or no_progress
     eps = None if epsilon is None else params.epsilons(epsilon)
-    threads = available_cores() if threads is None else params.whole(threads, "threads")
+    threads = cores
     params.workers(workers)
     with ExitStack() as stack:
         # blocks of individuals are evaluated side by side, each with single-threaded BLAS (also
         # when threads=1, so that results do not depend on the thread count)
         stack.enter_context(threadpool_limits(limits=1, user_api="blas"))
-        if buckets is not None and not (adversary or adversary_sql):
-            raise InputError("--buckets cuts the databases by what the adversary knows: give --adversary "
-                             "QUERY or --adversary-sql too")
-        if adversary and adversary_sql:
-            raise InputError("give either --adversary or --adversary-sql, not both")
-        if buckets is not None and (isinstance(buckets, bool) or not isinstance(buckets, (int, np.integer))
-                                    or buckets < 1):
-            raise InputError(f"--buckets must be a whole number >= 1, got {buckets!r}")  # before the long part
-        if adversary_sql is not None:  # refused naming its own option, before any data are read
-            check_select(adversary_sql.strip().rstrip(";").strip(), "--adversary-sql")
-        engine = _open(source, id=id, by=by, query=query, where=where, sql=sql, memory_limit=memory_limit,
-                       drop_null_ids=drop_null_ids, threads=threads, engine=engine, spark_master=spark_master,
-                       spark_remote=spark_remote, table=table)
-        plain = _assess(engine, eps=eps, kernel=kernel, bandwidth=bandwidth, exact_all=exact_all,
+        params.adversary(adversary, adversary_sql, buckets)  # before the long part
+        loo = engine.open(source, id=id, by=by, query=query, where=where, sql=sql, drop_null_ids=drop_null_ids)
+        plain = _assess(loo, eps=eps, kernel=kernel, bandwidth=bandwidth, exact_all=exact_all,
                         screening=screening, threads=threads, stack=stack, workers=workers, progress=progress)
         if not (adversary or adversary_sql):
             return plain
-        knows = _open(source, id=id, by=by, query=adversary, sql=adversary_sql, memory_limit=memory_limit,
-                      drop_null_ids=drop_null_ids, threads=threads, engine="spark" if on_spark(engine) else "duckdb",
-                      spark_master=spark_master, spark_remote=spark_remote, table=table)
-        return _adversarial(plain, knows, eps=eps, kernel=kernel, bandwidth=bandwidth, buckets=buckets,
+        from .adversary import read_statistic
+
+        g, statistic = read_statistic(source, plain.labels, id=id, by=by, adversary=adversary,
+                                      adversary_sql=adversary_sql, engine=engine, drop_null_ids=drop_null_ids)
+        return _adversarial(plain, g, statistic, eps=eps, kernel=kernel, bandwidth=bandwidth, buckets=buckets,
                             progress=progress)
 
 
@@ -316,23 +309,11 @@ def _one(statistic):
     return statistic[0] if isinstance(statistic, (list, tuple)) else statistic
 
 
-def _open(source, **options) -> LooEngine:
-    """The leave-one-out engine of ``source``: embedded DuckDB, or Spark (docs/spark.md)."""
-    return open_engine(source, **options)
-
-
-def _adversarial(plain: "Assessment", knows: LooEngine, *, eps, kernel, bandwidth, buckets,
+def _adversarial(plain: "Assessment", g: np.ndarray, statistic: str, *, eps, kernel, bandwidth, buckets,
                  progress) -> "Assessment":
-    """The assessment conditional on the adversary statistic that ``knows`` computes (one bucket set)."""
+    """The assessment conditional on the adversary statistic ``g`` (one value per database; one bucket set)."""
     from . import adversary as adv
 
-    statistic = knows.query.describe()
-    try:
-        g_values = knows.values()
-    except InputError as exc:
-        raise InputError(f"the adversary statistic {statistic}: {exc}") from None
-    g = adv.align_statistic(knows.panel.labels, g_values, plain.labels, statistic)
-    knows.close()
     n = len(plain.q)
     k = adv.check_buckets(buckets, n)
     groups, warnings = adv.fit_buckets(plain.q, g, k, kernel=kernel, bandwidth=bandwidth)
@@ -375,7 +356,7 @@ def _assess(engine: LooEngine, *, eps, kernel, bandwidth, exact_all, screening, 
     screen = engine.screen(model.bandwidths)
     progress(READING, 3, 3)
     if len(screen) == 0:
-        raise InputError("no individual has rows the query uses (check --where and NULL values)")
+        raise InputError("no individual has rows the query uses (check `where` and NULL values)", param="where")
     ev = Evaluation(engine, model, screen, eps, screening=screening, threads=threads, stack=stack,
                      workers=workers, progress=progress)
     ev.search_eps_all()

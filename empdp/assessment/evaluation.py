@@ -10,7 +10,6 @@ be positive in the requested range, then the summary. Blocks of individuals go t
 from __future__ import annotations
 
 import math
-import sys
 from collections import deque
 from contextlib import ExitStack
 
@@ -61,11 +60,6 @@ def default_epsilons(eps_all: float, count: int = 50) -> np.ndarray:
     if not eps_all > 0 or not math.isfinite(eps_all):
         return np.geomspace(1e-3, 1.0, count)
     return np.geomspace(eps_all / 20, eps_all * 1.25, count)
-
-
-def on_spark(engine) -> bool:
-    spark = sys.modules.get("empdp.spark")
-    return spark is not None and isinstance(engine, spark.SparkEngine)
 
 
 def _memory_limit(engine: LooEngine) -> int:
@@ -227,7 +221,7 @@ class Evaluation:
         want = order[:SEARCH_PREFETCH]
         if self.eps is not None:
             want = np.union1d(want, self.candidates(self.eps[0])[:self.cache.capacity])
-        if not on_spark(self.engine):  # Spark keeps the rows on the executors
+        if not self.engine.on_executors:  # Spark keeps the rows on the executors
             self.cache.prefetch(want)
         eps_all, pos = 0.0, 0
         batch = SEARCH_BATCH if self.model.kernel.exact_eps else GAUSSIAN_SEARCH_BATCH
@@ -289,7 +283,7 @@ class Evaluation:
     def _prepare(self, rows: int) -> None:
         """Start the worker processes for a stage of up to ``rows`` individuals, if it will use them
         (:meth:`Executors.prepare`); not on Spark, whose executors evaluate the individuals."""
-        if not on_spark(self.engine):
+        if not self.engine.on_executors:
             self.executors.prepare(rows)
 
     def run(self, codes: np.ndarray, with_delta: bool, stage: str, release: bool = False,
@@ -305,12 +299,10 @@ class Evaluation:
         offset, total = shown if shown is not None else (0, len(codes))
         total = max(total, offset + len(codes))
         self.progress(stage, offset, total)
-        if on_spark(self.engine):  # the candidates are evaluated where their rows are: on the executors
-            from ..spark import evaluate_on_executors
-
+        if self.engine.on_executors:  # the candidates are evaluated where their rows are
             for a in range(0, len(codes), cache.capacity):
                 chunk = codes[a:a + cache.capacity]
-                result = evaluate_on_executors(self.engine, self.model, chunk, self.eps if with_delta else None,
+                result = self.engine.evaluate(self.model, chunk, self.eps if with_delta else None,
                                                need_eps_i=need_eps_i, return_exact=True)
                 done = self._add(chunk, result, with_delta, stage, done, offset, total)
             return

@@ -75,7 +75,8 @@ class GroupedAssessment(RiskSweep):
 
     def log_lines(self) -> list[str]:
         how = "one joint query" if self.joint else "each individual on the groups their rows are in"
-        return [*super().log_lines(), f"{len(self.groups)} groups ({how}), {self.n_bound_only} bounded only"]
+        return [*super().log_lines(), f"{len(self.groups)} groups ({how}), {self.n_bound_only} bounded only",
+                f"eps_all {self.eps_all:.6g}"]
 
     @property
     def joint(self) -> bool:
@@ -100,7 +101,8 @@ class GroupedAssessment(RiskSweep):
         eps = float(self.epsilons[0]) if epsilon is None else check_rank_epsilon(epsilon)
         if eps != float(self.epsilons[0]):
             raise InputError(f"a grouped result ranks at its smallest assessed epsilon, "
-                             f"{float(self.epsilons[0]):g}; to rank at {eps:g}, assess with --epsilon {eps:g}")
+                             f"{float(self.epsilons[0]):g}; to rank at {eps:g}, assess with `epsilon` {eps:g}",
+                             param="epsilon")
         return ranked(self, eps, self.individuals["delta"].fill_null(np.nan).to_numpy(), ["eps_bound", "groups"], k)
 
     def to_dict(self) -> dict:
@@ -142,9 +144,10 @@ def _fixed_scales(bandwidth, G: int):
     try:
         b = np.atleast_1d(np.asarray(bandwidth, dtype=np.float64))
     except (TypeError, ValueError):
-        raise InputError(f"--bandwidth must be auto, one scale, or one scale per group ({G}); got {bandwidth!r}") from None
+        raise InputError(f"`bandwidth` must be auto, one scale, or one scale per group ({G}); got {bandwidth!r}",
+                         param="bandwidth") from None
     if b.ndim != 1 or b.size not in (1, G):
-        raise InputError(f"--bandwidth needs one scale, or one per group ({G}); got {b.size}")
+        raise InputError(f"`bandwidth` needs one scale, or one per group ({G}); got {b.size}", param="bandwidth")
     return np.full(G, b[0]) if b.size == 1 else b
 
 

@@ -52,12 +52,16 @@ class JointAssessment(RiskSweep):
     def statistic(self) -> str:
         return " & ".join(self.queries)
 
+    @property
+    def n_statistics(self) -> int:
+        return len(self.queries)
+
     def log_lines(self) -> list[str]:
         m = self.model
         return [*super().log_lines(),
                 f"joint model: product Laplace kernels on {'whitened' if m.whitened else 'the statistics own'} "
                 f"axes, scales {', '.join(f'{b:.6g}' for b in m.scales)}, {m.selected_by}, LOO log-likelihood "
-                f"{m.loglik:.6g}"]
+                f"{m.loglik:.6g}", f"eps_all {self.eps_all:.6g}"]
 
     @property
     def eps_i(self) -> np.ndarray:

@@ -70,6 +70,11 @@ class RiskSweep(ABC):
         return []
 
     @property
+    def n_statistics(self) -> int:
+        """How many statistics are released together (joint queries: 2-3; otherwise 1 query)."""
+        return 1
+
+    @property
     @abstractmethod
     def statistic(self) -> str:
         """What is released, in words (the query, or the statistics joined by ' & ')."""
@@ -100,6 +105,7 @@ def ranked(result: RiskSweep, eps: float, delta: np.ndarray, own: list[str], k: 
     result's ``own`` columns, ``sole_contributor`` and ``sets_eps_all`` (as
     :meth:`empdp.assessment.Assessment.riskiest`)."""
     ind = result.individuals
+    own = [c for c in own if c in ind.columns]  # a saved result keeps the table's columns it was written with
     eps_i = ind["eps_i"].fill_null(np.nan).to_numpy()
     sole = ind["sole_contributor"].to_numpy()
     sets = ~sole & (eps_i == result.eps_all) & (result.eps_all > 0)

@@ -9,7 +9,6 @@ Only this package (and the SQL it hands out) talks to DuckDB::
 
 from .connection import close_connection, connect, physical_memory
 from .panel import Panel, open_panel
-from .panel import file_format as _kind  # noqa: F401  (the Spark engine reads sources of the same formats)
 from .sql import arrow_batches, arrow_numpy, clip, quote_ident, shorten
 
 __all__ = ["Panel", "arrow_batches", "arrow_numpy", "clip", "close_connection", "connect", "open_panel", "physical_memory",

@@ -79,19 +79,21 @@ def check_memory_limit(text: str) -> str:
     match = _SIZE.fullmatch(str(text))
     unit = match.group(2).upper() if match else ""
     if not match or (unit not in _SIZE_UNITS and unit != "%"):
-        raise InputError(f"--memory-limit {shorten(text)} is not a size: give a positive number with a unit, "
-                         f"like 3GB, 512MB or 2GiB (or a share of memory like 50%)")
+        raise InputError(f"`memory_limit` {shorten(text)} is not a size: give a positive number with a unit, "
+                         f"like 3GB, 512MB or 2GiB (or a share of memory like 50%)", param="memory_limit")
     value = float(match.group(1))
     if unit == "%":
         if not 0 < value <= 100:
-            raise InputError(f"--memory-limit {shorten(text)}: a share of memory must be in (0%, 100%]")
+            raise InputError(f"`memory_limit` {shorten(text)}: a share of memory must be in (0%, 100%]",
+                             param="memory_limit")
         return text
     size = value * _SIZE_UNITS[unit]
     if size < MIN_MEMORY_LIMIT:
-        raise InputError(f"--memory-limit {shorten(text)} is below the {MIN_MEMORY_LIMIT // 10**6} MB DuckDB "
-                         f"needs to run; give at least 16MB (e.g. 1GB)")
+        raise InputError(f"`memory_limit` {shorten(text)} is below the {MIN_MEMORY_LIMIT // 10**6} MB DuckDB "
+                         f"needs to run; give at least 16MB (e.g. 1GB)", param="memory_limit")
     if size > 2**62:
-        raise InputError(f"--memory-limit {shorten(text)} is too large to be a size; leave it out for the default")
+        raise InputError(f"`memory_limit` {shorten(text)} is too large to be a size; leave it out for the default",
+                         param="memory_limit")
     return text
 
 
@@ -105,8 +107,8 @@ def check_threads(threads) -> int | None:
     if threads is None:
         return None
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= max_threads():
-        raise InputError(f"--threads {shorten(threads)} must be an integer from 1 to {max_threads()} "
-                         f"(this machine has {os.cpu_count() or 1} cores)")
+        raise InputError(f"`threads` {shorten(threads)} must be an integer from 1 to {max_threads()} "
+                         f"(this machine has {os.cpu_count() or 1} cores)", param="threads")
     return int(threads)
 
 
@@ -122,8 +124,8 @@ def connect(memory_limit: str | None = None, threads: int | None = None) -> duck
     try:
         con.execute(f"SET memory_limit = {quote_literal(memory_limit or default_memory_limit())}")
     except duckdb.Error as exc:
-        raise InputError(f"--memory-limit {shorten(memory_limit)} is not a size like '3GB': "
-                         f"{first_line(exc)}") from None
+        raise InputError(f"`memory_limit` {shorten(memory_limit)} is not a size like '3GB': "
+                         f"{first_line(exc)}", param="memory_limit") from None
     if memory_limit:
         con.execute("SET preserve_insertion_order = false")
     con.execute(f"SET temp_directory = {quote_literal(spill_directory(con))}")

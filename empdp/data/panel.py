@@ -141,8 +141,7 @@ class Panel(Source):
         if not typ.startswith(_NUMERIC_PREFIXES):
             raise InputError(
                 f"column {shorten(column)} has type {self.columns[column]}, not a number; "
-                f"choose a numeric column or CAST it in --sql"
-            )
+                f"choose a numeric column or CAST it in `sql`", param="sql")
         if typ.startswith(_FLOAT_PREFIXES):
             q = quote_ident(column)
             bad = self.fetchall(
@@ -151,10 +150,9 @@ class Panel(Source):
             if bad[0] or bad[1]:
                 raise InputError(
                     f"column {shorten(column)} has {bad[0]} NaN and {bad[1]} infinite values"
-                    + (" among the rows --where keeps" if where else "")
-                    + "; remove or impute them first, or filter them with --where "
-                      "(NULLs are ignored like SQL aggregates do)"
-                )
+                    + (" among the rows `where` keeps" if where else "")
+                    + "; remove or impute them first, or filter them with `where` "
+                      "(NULLs are ignored like SQL aggregates do)", param="where")
 
     def require_column(self, column: str) -> None:
         if column not in self.columns:
@@ -302,7 +300,8 @@ def open_panel(
     panel.require_column(id)
     panel.require_column(by)
     if id == by:
-        raise InputError(f"--id and --by are the same column {shorten(id)}; the database label must differ from the id")
+        raise InputError(f"`id` and `by` are the same column {shorten(id)}; the database label must differ from the id",
+                         param=("id", "by"))
     qi, qb = quote_ident(id), quote_ident(by)
     for col, what, option in ((id, "individual", "--id"), (by, "database", "--by")):
         _require_flat(columns, col, what, option)
@@ -317,8 +316,8 @@ def open_panel(
         raise InputError(f"{n_null_by} rows have a NULL database label in column {shorten(by)}; fill or filter them")
     if n_null_id and not drop_null_ids:
         raise InputError(
-            f"{n_null_id} rows have a NULL id in column {shorten(id)}; remove them or pass --drop-null-ids"
-        )
+            f"{n_null_id} rows have a NULL id in column {shorten(id)}; remove them or pass `drop_null_ids`",
+                         param="drop_null_ids")
     panel.n_null_ids = int(n_null_id)
     counts = con.execute(f"SELECT {qb}, count(*) FROM {SOURCE_VIEW} GROUP BY 1 ORDER BY 1").fetchall()
     labels = [r[0] for r in counts]
@@ -350,9 +349,9 @@ def check_databases(by: str, rows: Sequence[int]) -> None:
     n_rows, median = sum(rows), statistics.median(rows)
     if median < MIN_MEDIAN_ROWS or len(rows) > n_rows / 3:
         raise InputError(
-            f"--by {shorten(by)} makes {len(rows):,} databases of {n_rows:,} rows (the median database holds "
+            f"`by` {shorten(by)} makes {len(rows):,} databases of {n_rows:,} rows (the median database holds "
             f"{median:g} row(s)): that is not a column of database labels (a year, month or day) but one that "
-            f"differs from row to row; give the column that names each database with --by")
+            f"differs from row to row; give the column that names each database with `by`", param="by")
 
 
 def _keep_one_database(con: duckdb.DuckDBPyConnection, by: str, database: str, description: str) -> None:

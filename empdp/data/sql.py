@@ -69,7 +69,8 @@ def sql_errors(where: str | None = None, context: str | None = None):
         if not isinstance(exc, BAD_INPUT_ERRORS):
             raise
         if where and isinstance(exc, (duckdb.ParserException, duckdb.BinderException)):
-            raise InputError(f"the filter --where {shorten(where)} is not valid here: {first_line(exc)}") from None
+            raise InputError(f"the filter `where` {shorten(where)} is not valid here: {first_line(exc)}",
+                             param="where") from None
         raise InputError(f"the query or filter is not valid SQL for this source: {first_line(exc)}") from None
 
 

@@ -27,14 +27,11 @@ from ..query import DECOMPOSABLE, ORDER_STATISTICS, Query, parse_query
 from .base import MAX_MAGNITUDE, DuckDBEngine, LooEngine, Screen
 from .decomposable import DENSE_CELLS, DecomposableEngine, DecomposableSet
 from .order import OrderStatisticEngine
-from .sql import (
-    SqlEngine,
-    _replace_db,  # noqa: F401 - imported by empdp.spark
-)
+from .sql import SqlEngine, replace_db
 
 __all__ = ["DENSE_CELLS", "ENGINES", "MAX_MAGNITUDE", "DecomposableEngine", "DecomposableSet", "DuckDBEngine",
            "LooEngine", "LooResult", "OrderStatisticEngine", "Screen", "SqlEngine", "engine_for", "leave_one_out",
-           "make_engine", "open_decomposable_set"]
+           "make_engine", "open_decomposable_set", "replace_db"]
 
 #: query form → the engine class of its strategy
 ENGINES: dict[str, type[DuckDBEngine]] = {

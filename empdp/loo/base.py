@@ -65,6 +65,20 @@ class LooEngine(ABC):
     Δ, undefined) entries of the individuals ``codes``). The public methods add the checks.
     """
 
+    #: True for an engine that evaluates individuals where their Δ rows are (Spark's executors): the
+    #: assessment then calls :meth:`evaluate` and :meth:`evaluate_buckets` instead of fetching shifts
+    on_executors = False
+
+    def evaluate(self, model, codes, eps, *, need_eps_i: bool = True, return_exact: bool = False):
+        """Exact ε_i and δ_i(eps) of the individuals ``codes`` where their rows are (engines with
+        :attr:`on_executors` only; the others give their shifts to :func:`empdp.risk.evaluate`)."""
+        raise TypeError(f"{type(self).__name__} gives shift rows; it does not evaluate individuals itself")
+
+    def evaluate_buckets(self, buckets, codes, eps):
+        """:func:`empdp.risk.buckets.bucket_risk` of the individuals ``codes`` where their rows are
+        (engines with :attr:`on_executors` only)."""
+        raise TypeError(f"{type(self).__name__} gives shift rows; it does not evaluate individuals itself")
+
     def __init__(self, panel: Panel, query: Query):
         self.panel = panel
         self.query = query
@@ -214,8 +228,8 @@ def _require_workable_databases(panel: Panel) -> None:
     raise InputError(
         f"column {short(panel.by)} makes {n:,} databases; the density model compares every pair of their "
         f"query values, ~{n * n * DENSITY_BYTES_PER_PAIR / 2**30:,.0f} GiB, and this machine's memory "
-        f"({total / 2**30:.1f} GiB) holds about {fits:,} databases: label the rows with a coarser --by "
-        f"(e.g. month instead of day) or assess a sample of the databases")
+        f"({total / 2**30:.1f} GiB) holds about {fits:,} databases: label the rows with a coarser `by` "
+        f"(e.g. month instead of day) or assess a sample of the databases", param="by")
 
 
 def factorize(ids: pl.Series, name: str) -> tuple[pl.Series, np.ndarray]:

@@ -21,7 +21,7 @@ from ..data.guard import check_filter, check_select, filter_sql
 from ..data.sql import group_cells, group_filter, shorten
 from ..errors import InputError
 from ..risk.joint.model import MAX_DIM
-from . import _replace_db, make_engine, open_decomposable_set
+from . import make_engine, open_decomposable_set, replace_db
 
 #: the most groups a grouped statistic may have: each group is one leave-one-out pass over the table
 MAX_GROUPS = 100
@@ -194,20 +194,22 @@ def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | N
     if not isinstance(text, str):
         raise InputError("a grouped statistic is one query; the groups make the vector")
     if sql is not None and where:
-        raise InputError("--where goes with --query; put the filter inside --sql instead")
+        raise InputError("`where` goes with `query`; put the filter inside `sql` instead",
+                         param=("where", "query", "sql"))
     check_filter(where, "--where")
     if sql is not None:
         check_select(sql, "--sql")
     if group_by in (id, by):
-        raise InputError(f"--group-by column {shorten(group_by)} is the {'--id' if group_by == id else '--by'} "
-                         "column; group by another column")
+        raise InputError(f"`group_by` column {shorten(group_by)} is the {'`id`' if group_by == id else '`by`'} "
+                         "column; group by another column", param=("group_by", "id", "by"))
     base = open_panel(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit, threads=threads)
     try:
         labels = list(base.labels)
         cells, n_null = group_cells(base, group_by, where)
         if n_null:
             raise InputError(f"{n_null:,} rows have a NULL group in column {shorten(group_by)}; every row the "
-                             f"statistic reads must be in a group: fill them, or filter them out with --where")
+                             f"statistic reads must be in a group: fill them, or filter them out with `where`",
+                             param="where")
         groups = _groups(cells, labels, group_by, where)
         if check is not None:
             check(len(groups))
@@ -215,13 +217,13 @@ def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | N
         for gtext, value in groups:
             cond = group_filter(group_by, gtext)
             st = ({"query": query, "where": f"{filter_sql(where)} AND {cond}" if where else cond} if query is not None
-                  else {"sql": _replace_db(sql, f"(SELECT * FROM db WHERE {cond}) AS db")})
+                  else {"sql": replace_db(sql, f"(SELECT * FROM db WHERE {cond}) AS db")})
             try:  # each group's engine on the one panel: opened and checked once, not once a group
                 engine = make_engine(source, panel=base, id=id, by=by, drop_null_ids=drop_null_ids,
                                      memory_limit=memory_limit, threads=threads, **st)
                 read.append(read_statistic(engine, presence=True))
             except InputError as exc:
-                raise InputError(f"group {shorten(value)} of {shorten(group_by)}: {exc}") from None
+                raise InputError(f"group {shorten(value)} of {shorten(group_by)}: {exc}", param=exc.param) from None
     finally:
         base.close()
     ids = pl.concat([r.ids for r in read]).unique().sort()
@@ -248,7 +250,8 @@ def _groups(cells: list, labels: list, group_by: str, where: str | None) -> list
     for gtext, value, j, _ in cells:
         seen.setdefault(gtext, (value, set()))[1].add(int(j))
     if not seen:
-        raise InputError(f"no rows to group by {shorten(group_by)}" + (" (check --where)" if where else ""))
+        raise InputError(f"no rows to group by {shorten(group_by)}" + (" (check `where`)" if where else ""),
+                         param="where")
     if len(seen) > MAX_GROUPS:
         raise InputError(f"column {shorten(group_by)} has {len(seen):,} groups; a grouped statistic takes at most "
                          f"{MAX_GROUPS} (each group is one pass over the table): group by a coarser column")
@@ -258,7 +261,7 @@ def _groups(cells: list, labels: list, group_by: str, where: str | None) -> list
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             raise InputError(
                 f"group {shorten(value)} of column {shorten(group_by)} has no rows in database {shorten(missing[0])}"
-                f"{more}{' that --where keeps' if where else ''}: the released vector has no value for it there, and "
+                f"{more}{' that `where` keeps' if where else ''}: the released vector has no value for it there, and "
                 "the groups must be the same in every database (see docs/method.md, grouped statistics); filter "
-                "that group out with --where, or assess only the databases it is in")
+                "that group out with `where`, or assess only the databases it is in", param="where")
     return [(gtext, value) for gtext, (value, _) in seen.items()]

@@ -29,7 +29,7 @@ class SqlEngine(InMemoryEngine):
         qi = quote_ident(panel.id)
         src_j = (f"(SELECT s.*, l.__j, l.__label FROM __src s JOIN __labels l "
                  f"ON s.{quote_ident(panel.by)} = l.__label)")
-        rewritten = _replace_db(sql, f"(SELECT * FROM __dbj WHERE {qi} IS DISTINCT FROM __ids.__id) AS db")
+        rewritten = replace_db(sql, f"(SELECT * FROM __dbj WHERE {qi} IS DISTINCT FROM __ids.__id) AS db")
         qv = np.empty(n)
         frames = []
         for j in range(n):
@@ -53,7 +53,7 @@ class SqlEngine(InMemoryEngine):
         return qv, SparseShifts(ids, code, jj, delta, undef)
 
 
-def _replace_db(sql: str, replacement: str) -> str:
+def replace_db(sql: str, replacement: str) -> str:
     """``sql`` reading ``replacement`` where it reads the table ``db``.
 
     Both the user's ``sql`` and the rewritten text must be one read-only SELECT
@@ -73,16 +73,17 @@ def scalar_value(rows, label) -> float:
     """The one finite number ``--sql`` must return on database ``label`` (``rows`` as fetched; the
     DuckDB and Spark engines share this check), else :class:`InputError`."""
     if len(rows) != 1 or len(rows[0]) != 1:
-        raise InputError(f"--sql must return one row with one numeric column; got "
-                         f"{len(rows)} row(s) on database {label!s}")
+        raise InputError(f"`sql` must return one row with one numeric column; got "
+                         f"{len(rows)} row(s) on database {label!s}", param="sql")
     val = rows[0][0]
     try:
         val = float(val)
     except (TypeError, ValueError):
-        raise InputError(f"--sql returned {short(val)} on database {label!s}; it must return a number") from None
+        raise InputError(f"`sql` returned {short(val)} on database {label!s}; it must return a number",
+                         param="sql") from None
     if not np.isfinite(val):
-        raise InputError(f"--sql returned {val} on database {label!s}; the query must be defined "
-                         f"on every database")
+        raise InputError(f"`sql` returned {val} on database {label!s}; the query must be defined "
+                         f"on every database", param="sql")
     return val
 
 

@@ -40,10 +40,11 @@ def calibrate_buckets(q, shifts, g, *, epsilon: float, buckets, labels, statisti
     """The least noise that makes every bucket's released density ε-private (see the module doc)."""
     t0 = time.perf_counter()
     if not kernels.is_laplace(kernel):
-        raise InputError("calibrate --adversary deconvolves Laplace curator kernels only: drop --kernel")
+        raise InputError("calibrate `adversary` deconvolves Laplace curator kernels only: drop `kernel`",
+                         param=("adversary", "kernel"))
     if bandwidth == "variable":
-        raise InputError("--bandwidth variable is for assess only: no single noise law deconvolves kernels of "
-                         "different widths; calibrate with --bandwidth auto or a number")
+        raise InputError("`bandwidth` variable is for assess only: no single noise law deconvolves kernels of "
+                         "different widths; calibrate with `bandwidth` auto or a number", param="bandwidth")
     q = np.asarray(q, dtype=float)
     shifts = np.atleast_2d(np.asarray(shifts, dtype=float)).reshape(-1, q.size)
     undefined = np.zeros(len(shifts), bool) if undefined is None else np.asarray(undefined, bool)

@@ -389,13 +389,13 @@ def check_mac(kid, stored, text: str, where: str, key: bytes | None, allow_unsig
     if stored is None:
         if not allow_unsigned:
             raise InputError(f"{where} is not signed (it was made without a curator key), so a forged or edited "
-                             f"file cannot be told apart; re-create it with 'empdp calibrate --key-file FILE' "
-                             f"(or ${KEY_ENV}), or pass {_UNSAFE}")
+                             f"file cannot be told apart; re-create it with 'empdp calibrate `key_file` FILE' "
+                             f"(or ${KEY_ENV}), or pass {_UNSAFE}", param="key_file")
         return
     if key is None:
         if not allow_unsigned:
-            raise InputError(f"{where} is signed with the curator key {str(kid)[:16]}; give it with --key-file "
-                             f"FILE or ${KEY_ENV}")
+            raise InputError(f"{where} is signed with the curator key {str(kid)[:16]}; give it with `key_file` "
+                             f"FILE or ${KEY_ENV}", param="key_file")
         return
     if not same(kid, key_id(key)):
         raise InputError(f"{where} was signed with another key (key id {str(kid)[:16]}; the key given has id "

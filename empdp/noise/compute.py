@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import kernels
+from .. import kernels, params
 from ..assessment.checks import few_databases
+from ..engines import engine_of
 from ..errors import InputError
 from ..models import JOINT, given, model_for, statistics
 from ..params import target_epsilon
@@ -80,9 +81,9 @@ def _check_inputs(q, shifts, epsilon, undefined, bandwidth) -> _Inputs:
                          "them and there is nothing to calibrate; use a source with several individuals "
                          "per database")
     if bandwidth == "variable":
-        raise InputError("--bandwidth variable is for assess only: no single noise law deconvolves kernels of "
-                         "different widths; calibrate with --bandwidth auto (the default, the model assess uses "
-                         "by default) or a number")
+        raise InputError("`bandwidth` variable is for assess only: no single noise law deconvolves kernels of "
+                         "different widths; calibrate with `bandwidth` auto (the default, the model assess uses "
+                         "by default) or a number", param="bandwidth")
     rows = ~undefined & (shifts != 0).any(axis=1)
     return _Inputs(epsilon, q, q - shifts[rows], int(len(shifts)), int(undefined.sum()))
 
@@ -223,8 +224,7 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
 def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | list | None = None,
               where: str | None = None, sql: str | list | None = None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
               memory_limit: str | None = None, drop_null_ids: bool = False, adversary: str | None = None,
-              adversary_sql: str | None = None, buckets: int | None = None, engine: str = "duckdb",
-              spark_master: str | None = None, spark_remote: str | None = None, table: str | None = None,
+              adversary_sql: str | None = None, buckets: int | None = None, engine="duckdb",
               progress: Progress | None = None) -> Calibration | JointCalibration:
     """Calibrate release noise for ``query`` over the databases of ``source`` (docs/method.md#8-calibration-and-release).
 
@@ -237,31 +237,23 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | lis
     options measures it.
     """
     model, d = model_for(query, sql)
+    engine = engine_of(engine, memory_limit=memory_limit)
     model.refuse(given(kernel=kernel, adversary=adversary, adversary_sql=adversary_sql, buckets=buckets,
-                        engine=engine, table=table), d)
+                       engine=engine.name), d)
     if model is JOINT:
         queries, sqls = statistics(query, sql)
         return calibrate_joint(source, id=id, by=by, epsilon=epsilon, queries=queries or None, sql=sqls or None,
                                where=where, bandwidth=bandwidth, memory_limit=memory_limit,
                                drop_null_ids=drop_null_ids, progress=progress)
     query, sql = (v[0] if isinstance(v, (list, tuple)) else v for v in (query, sql))
-    if buckets is not None and not (adversary or adversary_sql):
-        raise InputError("--buckets cuts the databases by what the adversary knows: give --adversary too")
-    if adversary and adversary_sql:
-        raise InputError("give either --adversary or --adversary-sql, not both")
-    from ..data.guard import check_select
-    from ..engines import open_engine
+    params.adversary(adversary, adversary_sql, buckets)
     from ..loo import loo_result
-
-    if adversary_sql is not None:  # refused naming its own option, before any data are read
-        check_select(adversary_sql.strip().rstrip(";").strip(), "--adversary-sql")
 
     progress = progress or no_progress
     t0 = time.perf_counter()
     progress(READING, 0, 0)
-    spark = dict(engine=engine, spark_master=spark_master, spark_remote=spark_remote, table=table)
-    loo = loo_result(open_engine(source, id=id, by=by, query=query, where=where, sql=sql,
-                                 memory_limit=memory_limit, drop_null_ids=drop_null_ids, **spark))
+    loo = loo_result(engine.open(source, id=id, by=by, query=query, where=where, sql=sql,
+                                 drop_null_ids=drop_null_ids))
     progress(READING, 1, 1)
     log.info("read %s: %d databases, %d individuals (%d sole contributors), query %s, in %.2f s", loo.source,
              loo.q.size, len(loo.shifts), int(np.sum(loo.undefined)), loo.query, time.perf_counter() - t0)
@@ -271,8 +263,7 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | lis
 
         # the statistic is read by the engine that read the query (Spark: one number per database)
         g, statistic = read_statistic(source, loo.labels, id=id, by=by, adversary=adversary,
-                                      adversary_sql=adversary_sql, memory_limit=memory_limit,
-                                      drop_null_ids=drop_null_ids, **spark)
+                                      adversary_sql=adversary_sql, engine=engine, drop_null_ids=drop_null_ids)
         checked = _check_inputs(loo.q, loo.shifts, epsilon, loo.undefined, bandwidth)
         cal = calibrate_buckets(loo.q, loo.shifts, g, epsilon=checked.epsilon, buckets=buckets,
                                 labels=loo.labels, statistic=statistic, bandwidth=bandwidth,

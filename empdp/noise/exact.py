@@ -240,9 +240,9 @@ def minimal_lambda(a, B, epsilon, *, rtol=1e-10, max_steps=400,
         lam_hausdorff = float(hausdorff_distance(a, B).max(initial=0.0) / epsilon)
         hi = float(winf.max(initial=0.0) / epsilon)
     if not hi <= MAX_LAMBDA:
-        raise InputError(f"--epsilon {epsilon:g} is too small for these data: the noise scale would be "
+        raise InputError(f"`epsilon` {epsilon:g} is too small for these data: the noise scale would be "
                          f"{hi:.3g} (the largest shift over epsilon), above {MAX_LAMBDA:g}, so noisy values would "
-                         "overflow; use a larger epsilon")
+                         "overflow; use a larger epsilon", param="epsilon")
     lam_winf = hi
     if hi == 0.0:
         return LambdaSearch(0.0, np.zeros(B.shape[0]), None, 0.0, lam_hausdorff, 0)

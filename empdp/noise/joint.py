@@ -151,7 +151,8 @@ class JointCalibration(SignedFile, Provenance):
         got = d.get("format") if isinstance(d, dict) else None
         if got not in JOINT_FORMATS:
             raise InputError(f"{where} is not an empdp joint calibration file (format {str(got)[:40]!r}, "
-                             f"expected {FORMAT!r}); make one with 'empdp calibrate --query Q1 --query Q2'")
+                             f"expected {FORMAT!r}); make one with 'empdp calibrate `query` Q1 `query` Q2'",
+                             param="query")
         first = got != FORMAT  # its expected |noise| is per whitened axis: the figures per statistic are derived
         d, signature, text = cls._open(d, where, _check_first if first else _check_fields, key, allow_unsigned)
         if first:

@@ -165,7 +165,8 @@ class Ledger:
 
     def __init__(self, path, key: bytes | None = None, allow_unsigned: bool = False):
         if path is None or not str(path).strip():
-            raise InputError("--ledger is empty (an unset shell variable?); give the ledger file's path")
+            raise InputError("`ledger` is empty (an unset shell variable?); give the ledger file's path",
+                             param="ledger")
         self.path = Path(path)
         self.key = key
         self.allow_unsigned = bool(allow_unsigned)
@@ -481,8 +482,8 @@ class Ledger:
         if not isinstance(fields.get("source_digest"), str) or not fields["source_digest"]:
             raise InputError("a release must name the data it was computed from (its source_digest)")
         if self.key is None and not self.allow_unsigned:
-            raise InputError(f"a release needs the curator key to sign the ledger: give --key-file FILE or set "
-                             f"${KEY_ENV} (or pass {_UNSAFE})")
+            raise InputError(f"a release needs the curator key to sign the ledger: give `key_file` FILE or set "
+                             f"${KEY_ENV} (or pass {_UNSAFE})", param="key_file")
         created = False
         if not self.exists():
             self.check_release(budget, expect_head)

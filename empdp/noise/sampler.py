@@ -53,7 +53,7 @@ def bits_source(seed: int | None = None):
     if seed is None:
         return SecureBits()
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2 ** 128:
-        raise InputError(f"--seed must be an integer in [0, 2^128); got {str(seed)[:40]}")
+        raise InputError(f"`seed` must be an integer in [0, 2^128); got {str(seed)[:40]}", param="seed")
     return SeededBits(int(seed))
 
 

@@ -8,7 +8,7 @@ import logging
 import time
 from typing import Any
 
-from ..engines import open_engine
+from ..engines import engine_of
 from ..errors import InputError
 from ..loo import loo_result
 from ..models import JOINT
@@ -21,28 +21,28 @@ log = logging.getLogger(__name__)
 def _statistics(cal) -> list[dict]:
     """One ``{"query"|"sql": ...}`` per statistic of the calibration, in its order."""
     if cal.id is None or cal.by is None or (cal.query is None and cal.sql is None):
-        raise InputError("this calibration has no stored query (it was made from arrays); pass --value")
+        raise InputError("this calibration has no stored query (it was made from arrays); pass `value`", param="value")
     if cal.kind is JOINT:
         return [{"query": s} for s in cal.query] if cal.query is not None else [{"sql": s} for s in cal.sql]
     return [{"query": cal.query, "sql": cal.sql}]
 
 
 def database_values(cal, source: Any, database: str, memory_limit: str | None = None,
-                    progress: Progress | None = None, **engine) -> list[float]:
+                    progress: Progress | None = None, engine="duckdb", **spark) -> list[float]:
     """The calibration's statistics on database ``database`` of ``source``, in its order (for ``release``).
 
-    ``engine``: where the query runs (``engine``, ``spark_master``, ``spark_remote``, ``table``; a
-    catalog ``table`` instead of ``source`` on Spark; docs/spark.md). Only database ``database`` is
+    ``engine``: where the query runs, an engine object or name (:mod:`empdp.engines`; with a name,
+    ``spark`` keywords as :func:`empdp.engines.engine_of` takes them). Only database ``database`` is
     read: a source may hold the new period alone. ``progress("reading", done, total)``.
     """
     items = _statistics(cal)
+    engine = engine_of(engine, memory_limit=memory_limit, **spark)
     progress = progress or no_progress
     out = []
     for k, item in enumerate(items):
         progress("reading", k, len(items))
         t0 = time.perf_counter()
-        eng = open_engine(source, id=cal.id, by=cal.by, where=cal.where, memory_limit=memory_limit,
-                          database=str(database), **item, **engine)
+        eng = engine.open(source, id=cal.id, by=cal.by, where=cal.where, database=str(database), **item)
         try:
             labels = [str(x) for x in eng.panel.labels]
             if str(database) not in labels:
@@ -58,9 +58,9 @@ def database_values(cal, source: Any, database: str, memory_limit: str | None = 
 
 
 def query_value(cal: Calibration, source: Any, database: str, memory_limit: str | None = None,
-                progress: Progress | None = None, **engine) -> float:
+                progress: Progress | None = None, engine="duckdb", **spark) -> float:
     """f(X) on database ``database`` of ``source`` with a one-statistic calibration's query."""
-    return database_values(cal, source, database, memory_limit, progress, **engine)[0]
+    return database_values(cal, source, database, memory_limit, progress, engine, **spark)[0]
 
 
 def joint_query_value(cal, source: Any, database: str, memory_limit: str | None = None,
@@ -70,7 +70,7 @@ def joint_query_value(cal, source: Any, database: str, memory_limit: str | None 
 
 
 def release_value(cal, source: Any, database: str, *, memory_limit: str | None = None,
-                  progress: Progress | None = None, **engine) -> tuple[float | list[float], str]:
+                  progress: Progress | None = None, engine="duckdb", **spark) -> tuple[float | list[float], str]:
     """The calibration's statistic(s) on database ``database`` of ``source`` (or a Spark ``table``), and the
     digest of the data they were computed from (:func:`empdp.digest.source_digest`), for ``release``.
 
@@ -79,9 +79,10 @@ def release_value(cal, source: Any, database: str, *, memory_limit: str | None =
     """
     from ..digest import source_digest, source_stamp
 
+    engine = engine_of(engine, memory_limit=memory_limit, **spark)
     stamp = source_stamp(source)
-    digest = source_digest(source, engine.get("table"))
-    values = database_values(cal, source, database, memory_limit, progress, **engine)
+    digest = source_digest(source, getattr(engine, "table", None))
+    values = database_values(cal, source, database, memory_limit, progress, engine)
     if source_stamp(source) != stamp:
         raise InputError(f"the source {str(source)[:200]!r} changed while it was read; nothing was released: "
                          "release again once it is complete")
@@ -92,16 +93,16 @@ class SourceShifts:
     """The leave-one-out of a calibration's query on ``source``, read on first use (for ``audit release``).
 
     Has the ``q``, ``shifts``, ``ids``, ``undefined`` and ``labels`` of :class:`empdp.loo.LooResult`, read by
-    the engine named in ``engine`` (``"duckdb"`` or ``"spark"``, with ``spark_master``,
-    ``spark_remote``, ``table`` as for :func:`calibrate`). Reading waits for the first attribute:
+    ``engine`` (an engine object or name, :mod:`empdp.engines`; with a name, ``spark`` keywords as
+    :func:`empdp.engines.engine_of` takes them). Reading waits for the first attribute:
     :func:`empdp.audit.audit_release` checks its options and the calibration before it asks, so
     bad options never cost a pass over the data.
     """
 
-    def __init__(self, calibration: Calibration, source: Any = None, **engine):
+    def __init__(self, calibration: Calibration, source: Any = None, engine="duckdb", **spark):
         if not isinstance(calibration, Calibration):  # a file is loaded, and its signature checked, by the caller
             raise TypeError("SourceShifts takes a loaded Calibration (empdp.noise.load_calibration)")
-        self._calibration, self._source, self._engine = calibration, source, engine
+        self._calibration, self._source, self._engine = calibration, source, engine_of(engine, **spark)
         self._result = None
 
     def _read(self):
@@ -109,8 +110,8 @@ class SourceShifts:
             cal = self._calibration
             if cal.id is None or cal.by is None:
                 raise InputError("this calibration stores no query (it was made from arrays); nothing to read")
-            eng = open_engine(self._source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql,
-                              **self._engine)
+            eng = self._engine.open(self._source, id=cal.id, by=cal.by, query=cal.query, where=cal.where,
+                                    sql=cal.sql)
             try:
                 self._result = loo_result(eng)
             finally:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 
-import numpy as np
-
+from .. import params
 from ..errors import InputError
 from ..io import atomic_path
 from . import assessment as _a
@@ -57,20 +56,20 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
         The HTML document: inline CSS, figures as base64 PNG ``data:`` URIs, no scripts or URLs.
     """
     a = assessment
-    eps = float(a.epsilons[0] if epsilon is None else epsilon)
-    if not (np.isfinite(eps) and 0 <= eps <= 700):
-        raise InputError(f"--epsilon must be in [0, 700] (e^epsilon overflows beyond), got {epsilon!r}")
+    eps = float(a.epsilons[0] if epsilon is None else params.epsilons(epsilon)[0])
     if audit is not None:
         audit_kind(audit)
+    a.kind.refuse([(name, name) for name, given in (("calibration", calibration), ("audit", audit))
+                   if given is not None], a.n_statistics)
+    if a.kind.key not in _REPORTS:
+        raise InputError(f"the HTML report does not show {a.kind.named()} yet; use --json or --out",
+                         param=a.kind.names)
     show = id_formatter(hash_ids)
-    if is_joint(a):
-        if calibration is not None or audit is not None:
-            raise InputError("the joint report has no calibration or audit section yet; render those of one "
-                             "statistic with 'empdp report'")
-        _j.check_epsilon(a, eps)
-        from ..assessment.result import keep_shifts
+    return _page(a.statistic, a, _REPORTS[a.kind.key](a, eps, show, calibration, audit, audit_hash_ids))
 
-        return _page(" & ".join(a.queries), a, _j.sections(keep_shifts(a), eps, show))
+
+def _one_statistic(a, eps: float, show, calibration, audit, audit_hash_ids) -> list:
+    """The sections of one statistic's report (with its adversary, calibration and audit sections)."""
     idx, exact = _a.sweep_index(a, eps)
     rows, shifts, note = _a.top_rows(a, eps, show, _a.TOP_TABLE)
     body = [_a.summary(a, eps, idx, exact), _a.risk_curves(a, eps), _a.at_risk(a, eps),
@@ -82,12 +81,28 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
         body.append(calibration_section(calibration))
     if audit is not None:
         body.append(audit_section(audit, show if audit_hash_ids is None else id_formatter(audit_hash_ids)))
-    return _page(a.query, a, body)
+    return body
 
 
-def is_joint(a) -> bool:
-    """A release of 2–3 statistics (:class:`empdp.assessment.joint.JointAssessment`, live or saved)."""
-    return hasattr(a, "queries")
+def _joint(a, eps: float, show, calibration, audit, audit_hash_ids) -> list:
+    """The sections of a joint report, at the smallest assessed ε (calibration and audit are refused by
+    the model, :data:`empdp.models.JOINT`)."""
+    from ..assessment.result import keep_shifts
+
+    _j.check_epsilon(a, eps)
+    return _j.sections(keep_shifts(a), eps, show)
+
+
+#: the report of each curator model (:mod:`empdp.models`); grouped statistics have none yet
+_REPORTS = {"one": _one_statistic, "joint": _joint}
+
+
+def report_sections(a, calibration: dict | None = None, audit: dict | None = None) -> list[str]:
+    """The ids of the sections :func:`report_html` writes for ``a`` (with these optional sections)."""
+    if a.kind.key == "joint":
+        return list(_j.JOINT_SECTIONS)
+    return list(SECTIONS) + [s for s, d in (("adversary", a.adversary), ("calibration", calibration),
+                                            ("audit", audit)) if d]
 
 
 def _page(query: str, a, body: list) -> str:

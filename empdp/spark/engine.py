@@ -29,6 +29,7 @@ from ..data.guard import check_spark
 from ..errors import InputError
 from ..loo import LooEngine, Screen
 from ..query import Query, parse_query
+from .executors import evaluate_buckets_on_executors, evaluate_on_executors
 from .session import SparkPanel, _collect, _q, first_line, open_spark_panel, spark_session
 
 
@@ -67,6 +68,12 @@ class SparkEngine(LooEngine):
     @property
     def spark(self):
         return self.panel.spark
+
+    def evaluate(self, model, codes, eps, *, need_eps_i: bool = True, return_exact: bool = False):
+        return evaluate_on_executors(self, model, codes, eps, need_eps_i=need_eps_i, return_exact=return_exact)
+
+    def evaluate_buckets(self, buckets, codes, eps):
+        return evaluate_buckets_on_executors(self, buckets, codes, eps)
 
     def close(self) -> None:
         """Drop the cluster's cached tables (the session stays: other engines may share it)."""

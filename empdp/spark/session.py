@@ -23,8 +23,8 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 
-from ..data import _kind, clip, shorten
-from ..data.panel import Source, check_databases
+from ..data import clip, shorten
+from ..data.panel import Source, check_databases, file_format
 from ..errors import InputError
 
 #: seconds allowed to open a TCP connection to a Spark master or Spark Connect server
@@ -218,7 +218,7 @@ def _reader_format(path: str) -> tuple[str, dict]:
         if not files:
             raise InputError(f"folder {path!r} contains no files")
         probe = str(files[0])
-    kind = _kind(probe.lower())
+    kind = file_format(probe.lower())
     if kind is None:
         raise InputError(f"cannot tell the format of {path!r}; use a .parquet, .csv, .tsv or .json(l) "
                          f"file, a glob or a folder of them, or --table NAME")
@@ -267,7 +267,7 @@ def read_source(spark, source: Any = None, table: str | None = None, options: di
     if local and not any(ch in path for ch in "*?[") and not os.path.exists(path):
         raise InputError(f"source {path!r} not found; give a Parquet/CSV/JSON file, a glob, a folder, "
                          f"or --table NAME")
-    fmt, opts = _reader_format(path) if local else (_kind(path.lower()) or "parquet", {})
+    fmt, opts = _reader_format(path) if local else (file_format(path.lower()) or "parquet", {})
     opts.update(options or {})
     try:
         df = spark.read.format(fmt).options(**opts).load(path)

@@ -2,7 +2,7 @@
 individual's leave-one-out value; per-individual re-runs are the last resort.
 
 The text is checked by DuckDB's parser (:mod:`empdp.data.guard`, through the query's parse and
-:func:`~empdp.loo.sql._replace_db`) and refused with a backslash before Spark sees it; Spark's own
+:func:`~empdp.loo.sql.replace_db`) and refused with a backslash before Spark sees it; Spark's own
 access to files is not switched off (docs/user-sql.md)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import polars as pl
 
 from ..data.guard import check_spark
 from ..errors import InputError
-from ..loo import _replace_db
+from ..loo import replace_db
 from ..loo.sql import scalar_value
 from .session import _q, first_line
 
@@ -49,7 +49,7 @@ def sql_values(engine) -> np.ndarray:
     """f(X^j) for every database (one Spark SQL query each)."""
     sql, qv = check_spark(engine.query.sql, "--sql"), np.empty(len(engine.panel.labels))
     for j, label, view in _databases(engine):
-        qv[j] = _scalar(engine.spark, _replace_db(sql, f"{view} AS db"), label)
+        qv[j] = _scalar(engine.spark, replace_db(sql, f"{view} AS db"), label)
     return qv
 
 
@@ -61,7 +61,7 @@ def sql_delta(engine, qv: np.ndarray) -> pl.DataFrame:
     qi = _q(engine.panel.id)
     frames = []
     for j, _label, view in _databases(engine):
-        loo_sql = _replace_db(sql, f"(SELECT * FROM {view} WHERE {qi} IS DISTINCT FROM __ids.__id) AS db")
+        loo_sql = replace_db(sql, f"(SELECT * FROM {view} WHERE {qi} IS DISTINCT FROM __ids.__id) AS db")
         try:
             df = pl.from_arrow(_arrow(spark.sql(
                 f"SELECT __ids.__id AS __i, CAST((\n{loo_sql}\n) AS DOUBLE) AS v, "
@@ -86,7 +86,7 @@ def _loop(spark, sql: str, view: str, qi: str) -> pl.DataFrame:
         cur = spark.table(view).filter(f"NOT ({qi} <=> {_literal(value)})")
         name = view + "_loo"
         cur.createOrReplaceTempView(name)
-        r = spark.sql(_replace_db(sql, f"{name} AS db")).collect()
+        r = spark.sql(replace_db(sql, f"{name} AS db")).collect()
         vals.append(None if r[0][0] is None else float(r[0][0]))
         rest.append(cur.count())
     spark.catalog.dropTempView(view + "_loo")

@@ -204,11 +204,12 @@ def select_joint_model(q, bandwidth="auto", n_scales: int = 41, names=None) -> J
         try:
             b = np.atleast_1d(np.asarray(bandwidth, dtype=np.float64))
         except (TypeError, ValueError):
-            raise InputError(f"--bandwidth must be auto or {d} positive numbers; got {bandwidth!r}") from None
+            raise InputError(f"`bandwidth` must be auto or {d} positive numbers; got {bandwidth!r}",
+                             param="bandwidth") from None
         if b.ndim != 1 or b.size != d:
-            raise InputError(f"--bandwidth needs one scale per statistic ({d}); got {b.size}")
+            raise InputError(f"`bandwidth` needs one scale per statistic ({d}); got {b.size}", param="bandwidth")
         if not np.all(np.isfinite(b) & (b > 0)):
-            raise InputError(f"--bandwidth scales must be positive numbers; got {bandwidth!r}")
+            raise InputError(f"`bandwidth` scales must be positive numbers; got {bandwidth!r}", param="bandwidth")
         absdiff = np.abs(q.T[:, :, None] - q.T[:, None, :])
         ll = _loo_loglik(absdiff, b)
         return JointModel(q, np.eye(d), np.eye(d), b, loglik=ll, selected_by="fixed",
@@ -250,6 +251,7 @@ def select_joint_model(q, bandwidth="auto", n_scales: int = 41, names=None) -> J
         if not moved:
             break
     if not np.isfinite(best_ll):
-        raise InputError("no kernel scale gives a finite likelihood for these query values; pass --bandwidth")
+        raise InputError("no kernel scale gives a finite likelihood for these query values; pass `bandwidth`",
+                         param="bandwidth")
     return JointModel(q, W, Winv, best, loglik=best_ll, selected_by="loo-likelihood", candidates=cands)
 
