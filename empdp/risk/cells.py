@@ -5,13 +5,8 @@ cells and kinks can matter, and the insertion of the nodes that do.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 from scipy.special import logsumexp
-
-if TYPE_CHECKING:
-    from .laplace import GridPlan
 
 
 def expand_ranges(first: np.ndarray, count: np.ndarray):
@@ -102,16 +97,13 @@ def _kinks_lower(lo, L, Lr, Ll, x, K, r, cell, xk, starts, pair):
                             pair, xk - x[cell])
 
 
-def tail_limits(plan: GridPlan, shifts: np.ndarray) -> np.ndarray:
-    """|L(±∞)| for each row: only the widest kernels survive in the tails.
+def tail_limits(q: np.ndarray, b: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+    """|L(±∞)| for each row of ``shifts`` under points ``q`` with bandwidths ``b``: only the widest
+    kernels survive in the tails.
 
     L(+∞) = −log Σ_l w_l e^{−Δ_l/b} with w the softmax of q_l/b over the
     widest kernels (and mirrored at −∞).
     """
-    return _tail_limits(plan.q, plan.b, shifts)
-
-
-def _tail_limits(q: np.ndarray, b: np.ndarray, shifts: np.ndarray) -> np.ndarray:
     wide = b >= b.max() * (1 - 1e-12)
     bw = b.max()
     if np.abs(shifts[:, wide]).max(initial=0.0) > 50 * bw:  # e^{±Δ/b} would overflow: log-sum-exp form

@@ -451,7 +451,7 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
         within = open_[_within(open_, L, Lr, Ll, x, K, kinks, g, on_node, clear_below)]
         if len(within):
             with np.errstate(invalid="ignore"):
-                keep[within] = ~(tail_limits(plan, shifts[within]) <= clear_below)
+                keep[within] = ~(tail_limits(plan.q, plan.b, shifts[within]) <= clear_below)
         rows = np.flatnonzero(keep)
         if len(rows) < C:
             shifts, kinks, g, on_node, outside, top, K = (a[rows] for a in (shifts, kinks, g, on_node, outside, top, K))

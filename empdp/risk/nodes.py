@@ -267,7 +267,7 @@ def individual_eps(model: DensityModel, nd: _Nodes, L: np.ndarray, shifts: np.nd
     (Gaussian kernels; see the module docstring), there NaN where ε_i(τ) ≤ ``floor`` (> 0)."""
     if model.kernel.exact_eps:
         absL = np.abs(L)
-        return np.maximum(absL.max(axis=1), _cells._tail_limits(model.points, model.bandwidths, shifts))
+        return np.maximum(absL.max(axis=1), _cells.tail_limits(model.points, model.bandwidths, shifts))
     b = model.bandwidths
     upper = model.kernel.eps_bound((np.abs(shifts) / b).max(axis=1), np.count_nonzero(shifts, axis=1) / len(b))
     return _gaussian.tolerance_eps(nd.x, nd.p, nd.pr, nd.pi, nd.pir, upper, EPS_TOLERANCE, floor)
