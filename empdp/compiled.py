@@ -8,8 +8,11 @@ once and each sum is built without the matrix:
 * one Laplace scale b: exactly, by the two running sums L_j = Σ_{k<j} e^{−(q_j−q_k)/b} =
   e^{−(q_j−q_{j−1})/b} (L_{j−1} + 1) and its mirror image, O(n) after the sort
   (:func:`laplace_sums`);
-* Gaussian kernels and per-point scales b_k: over a window about q_j that grows until every term
-  left out is provably below e^{−:data:`TAIL`} of the kept sum (:func:`window_sums`).
+* one Gaussian scale b: by the moments of boxes one scale wide, visited outward from q_j until
+  the terms left out provably add up to below e^{−:data:`TAIL`} of the sum (:func:`gauss_sums`).
+
+Per-point scales b_k (variable bandwidths) have no such form here: :mod:`empdp.density` sums them
+in blocks of rows (O(n²) time, bounded memory).
 
 This module imports numba, so it is imported only by the code that calls it (the density model's
 fit): ``empdp --help`` and the audits never load it. Each kernel has one implementation here; the
@@ -25,56 +28,10 @@ from numba import njit
 
 #: the kernels' codes (:attr:`empdp.kernels.Kernel.code`)
 LAPLACE, GAUSSIAN = 0, 1
-#: the terms a window leaves out add up to at most 2 e^{−TAIL} ≈ 8.5e-18 of the sum it keeps:
-#: below the rounding of the kept sum itself (2^{−53} ≈ 1.1e-16)
+#: the terms :func:`gauss_sums` leaves out add up to at most 2 e^{−TAIL} ≈ 8.5e-18 of the sum it
+#: keeps: below the rounding of the kept sum itself (2^{−53} ≈ 1.1e-16)
 TAIL = 40.0
 _LOG_SQRT2PI = 0.5 * math.log(2 * math.pi)
-
-
-@njit(cache=True)
-def _lognorm(kind: int, b: float) -> float:
-    """The log-normaliser of k_b that :func:`_logk` subtracts (log 2b; log b for Gaussian kernels)."""
-    return math.log(2 * b) if kind == LAPLACE else math.log(b)
-
-
-@njit(cache=True)
-def _logk(kind: int, d: float, b: float, norm: float) -> float:
-    """log k_b(d) for d ≥ 0 with ``norm`` = :func:`_lognorm` of b, in the operations of
-    :meth:`empdp.kernels.Kernel.logpdf`."""
-    if kind == LAPLACE:
-        return -d / b - norm
-    z = d / b
-    return -0.5 * z * z - norm - _LOG_SQRT2PI
-
-
-@njit(cache=True)
-def _envelope(kind: int, d: float, lo: float, hi: float) -> float:
-    """The largest log k_b(d) over scales b in [lo, hi]: both kernels' log k_b(d) rise in b up to
-    b = d and fall after it, so the maximum is at d clipped to [lo, hi]."""
-    b = min(max(d, lo), hi)
-    return _logk(kind, d, b, _lognorm(kind, b))
-
-
-@njit(cache=True)
-def _running_max(b: np.ndarray) -> np.ndarray:
-    """max(b[:k+1]) for every k."""
-    out = np.empty_like(b)
-    top = b[0]
-    for k in range(len(b)):
-        top = max(top, b[k])
-        out[k] = top
-    return out
-
-
-@njit(cache=True)
-def _running_min(b: np.ndarray) -> np.ndarray:
-    """min(b[:k+1]) for every k."""
-    out = np.empty_like(b)
-    low = b[0]
-    for k in range(len(b)):
-        low = min(low, b[k])
-        out[k] = low
-    return out
 
 
 @njit(cache=True)
@@ -92,62 +49,6 @@ def _add(t: float, ref: float, s: float, c: float):
     else:
         c += (x - total) + s
     return ref, total, c
-
-
-@njit(cache=True)
-def window_sums(kind: int, q: np.ndarray, b: np.ndarray, self_term: bool) -> np.ndarray:
-    """log Σ_k k_{b_k}(q_j − q_k) for every j of the sorted ``q`` (k ≠ j unless ``self_term``).
-
-    The sum over a side stops once the terms left (each at most the kernel's envelope at their
-    distance over their scales) add up to less than e^−TAIL of what is kept: the result is the
-    full sum's to a relative 2 e^−TAIL, far below rounding. The time is the number of terms kept,
-    O(n) per point at worst (scales as wide as the data) and O(1) when they are narrow.
-    """
-    n = len(q)
-    out = np.empty(n)
-    norm = np.empty(n)
-    for k in range(n):
-        norm[k] = _lognorm(kind, b[k])
-    lo_left, hi_left = _running_min(b), _running_max(b)
-    lo_right, hi_right = _running_min(b[::-1])[::-1], _running_max(b[::-1])[::-1]
-    for j in range(n):
-        ref, s, c = -np.inf, 0.0, 0.0
-        if self_term:
-            ref, s, c = _add(_logk(kind, 0.0, b[j], norm[j]), ref, s, c)
-        # both nearest neighbours first: the stopping test of each side then compares with a sum
-        # that already holds the largest terms of both
-        for k in (j - 1, j + 1):
-            if 0 <= k < n:
-                ref, s, c = _add(_logk(kind, abs(q[j] - q[k]), b[k], norm[k]), ref, s, c)
-        ref, s, c = _side(kind, q, b, norm, j, j - 2, -1, lo_left, hi_left, ref, s, c)
-        ref, s, c = _side(kind, q, b, norm, j, j + 2, 1, lo_right, hi_right, ref, s, c)
-        out[j] = ref + math.log(s + c)
-    return out
-
-
-@njit(cache=True)
-def _side(kind: int, q: np.ndarray, b: np.ndarray, norm: np.ndarray, j: int, k: int, step: int,
-          lo: np.ndarray, hi: np.ndarray, ref: float, s: float, c: float):
-    """Add the terms k, k + step, ... of q[j]'s sum to e^ref (s + c) until those not yet added (``lo``,
-    ``hi``: the least and largest scale among them; at most n of them) provably add up to less than
-    e^−TAIL of it. The bar is the sum's log when last refreshed: the sum only grows, so an older,
-    lower bar keeps more terms, never fewer, and a log a term is saved."""
-    n = len(q)
-    log_n = math.log(n)
-    bar = ref + math.log(s + c) - TAIL - log_n
-    kept = 0
-    while 0 <= k < n:
-        d = abs(q[j] - q[k])
-        t = _logk(kind, d, b[k], norm[k])
-        # one scale among the terms left: the envelope is this term itself
-        if (t if lo[k] == hi[k] else _envelope(kind, d, lo[k], hi[k])) < bar:
-            break
-        ref, s, c = _add(t, ref, s, c)
-        k += step
-        kept += 1
-        if kept % 32 == 0:
-            bar = ref + math.log(s + c) - TAIL - log_n
-    return ref, s, c
 
 
 @njit(cache=True)
@@ -206,3 +107,97 @@ def running(decay: np.ndarray, inflow: np.ndarray, reverse: bool) -> None:
         for j in range(1, J):
             for c in range(K):
                 inflow[j, c] += inflow[j - 1, c] * decay[j - 1, c]
+
+
+#: terms of the series of e^{uv} in :func:`gauss_sums` (0 ≤ uv < 1: the rest is below 1/20! ≈ 4e-19 of it)
+SERIES = 20
+
+
+@njit(cache=True)
+def gauss_sums(q: np.ndarray, b: float, self_term: bool) -> np.ndarray:
+    """log Σ_k φ_b(q_j − q_k) for every j of the sorted ``q`` (k ≠ j unless ``self_term``), in O(n).
+
+    The values fall in boxes one scale wide. For a target x in box A, whose first value is x₀, and
+    the values y of box B, whose first value is y₀, with D = (x₀ − y₀)/b, u = (x − x₀)/b and
+    v = (y − y₀)/b (both in [0, 1); differences of nearby values are exact) and t = (x − y₀)/b = D + u,
+    (t − v)² = t² − 2Dv − 2uv + v², so the box adds
+
+        e^{−t²/2} Σ_m (u^m/m!) Σ_y v^m e^{Dv − v²/2}     (times 1/(b√2π)),
+
+    the series of e^{uv} truncated after :data:`SERIES` terms, every term positive (no cancellation)
+    and the rest below 4e-19 of the sum. The moments are computed once a (target box, source box)
+    pair, and the boxes are visited outward until the rest (each term below e^{−z²/2}, z the
+    nearest distance in scales, at most n of them) provably adds up to below e^−TAIL of every
+    target's sum: O(n) per visited box pair, a few dozen pairs at most. A target's own term (1 in its own box, where u = v) is subtracted when ``self_term`` is
+    False; with another value in its box (within one scale: a term ≥ e^{−½}) that costs a few units
+    of rounding.
+    """
+    n = len(q)
+    # the non-empty boxes: [start[m], start[m + 1]) in the sorted order
+    start = np.empty(n + 1, dtype=np.int64)
+    boxes = 0
+    last = -1.0
+    for j in range(n):
+        cell = math.floor((q[j] - q[0]) / b)
+        if j == 0 or cell != last:
+            start[boxes] = j
+            boxes += 1
+            last = cell
+    start[boxes] = n
+    ref = np.full(n, -np.inf)
+    s = np.zeros(n)
+    c = np.zeros(n)
+    log_n = math.log(n)
+    for a in range(boxes):
+        lo, hi = start[a], start[a + 1]
+        if self_term or hi - lo > 1:
+            _box_pair(q, b, start, a, a, not self_term, ref, s, c)
+        for step in (-1, 1):
+            other = a + step
+            while 0 <= other < boxes:
+                near = q[lo] - q[start[other + 1] - 1] if step < 0 else q[start[other]] - q[hi - 1]
+                z = near / b
+                bar = np.inf
+                for j in range(lo, hi):
+                    bar = min(bar, ref[j] + math.log(s[j] + c[j]) if s[j] + c[j] > 0 else -np.inf)
+                if -0.5 * z * z + log_n < bar - TAIL:  # every term left is below e^{−z²/2}
+                    break
+                _box_pair(q, b, start, a, other, False, ref, s, c)
+                other += step
+    out = np.empty(n)
+    for j in range(n):
+        out[j] = ref[j] + math.log(s[j] + c[j]) - math.log(b) - _LOG_SQRT2PI
+    return out
+
+
+@njit(cache=True)
+def _box_pair(q, b, start, a, other, drop_self, ref, s, c) -> None:
+    """Add the terms of box ``other``'s values to the sums of box ``a``'s (:func:`gauss_sums`), each
+    as e^ref (s + c); ``drop_self``: the own box, less each target's own term."""
+    lo, hi = start[a], start[a + 1]
+    y0 = q[start[other]]
+    D = (q[lo] - y0) / b
+    top = -np.inf
+    for k in range(start[other], start[other + 1]):
+        v = (q[k] - y0) / b
+        top = max(top, D * v - 0.5 * v * v)
+    moments = np.zeros(SERIES)  # Σ_y v^m e^{Dv − v²/2 − top} / m!
+    for k in range(start[other], start[other + 1]):
+        v = (q[k] - y0) / b
+        w = math.exp(D * v - 0.5 * v * v - top)
+        for p in range(SERIES):
+            moments[p] += w
+            w *= v / (p + 1)
+    for j in range(lo, hi):
+        t = (q[j] - y0) / b
+        u = (q[j] - q[lo]) / b
+        series = moments[SERIES - 1]
+        for p in range(SERIES - 2, -1, -1):
+            series = series * u + moments[p]
+        log_value = -0.5 * t * t + top + math.log(series)
+        if drop_self:  # the own term is e^0 = 1
+            value = math.exp(log_value) - 1.0
+            if value <= 0.0:
+                continue
+            log_value = math.log(value)
+        ref[j], s[j], c[j] = _add(log_value, ref[j], s[j], c[j])

@@ -134,23 +134,25 @@ def log_kernel_sums(kernel, q: np.ndarray, bandwidths: np.ndarray, self_term: bo
     """log Σ_k k_{b_k}(q_j − q_k) for every j, over k ≠ j unless ``self_term``.
 
     The n × n matrix of terms this replaces made the bandwidth choice O(n²) in time and memory
-    (75 s and 5 GB at 10^4 databases). The registered kernels are summed over the sorted values by
-    :mod:`empdp.compiled` (exact running sums for one Laplace scale, else windows whose left-out
-    terms add up to below e^−40 of the sum): the sums agree with the matrix to rounding. A kernel
-    without a compiled form is summed in blocks of rows (O(n²) time, memory bounded).
+    (75 s and 5 GB at 10^4 databases). One scale of a registered kernel is summed over the sorted
+    values by :mod:`empdp.compiled`, O(n) after the sort: Laplace by exact running sums, Gaussian by
+    box moments (the terms left out add up to below e^−40 of the sum), both equal to the matrix's
+    sums to rounding. Per-point scales (variable bandwidths), a kernel without a compiled form and a
+    Gaussian scale below 2^−50 of the values' span are summed in blocks of rows: the matrix's own
+    sums, in O(n²) time but bounded memory.
     """
     kernel = kernels.kernel(kernel)
     q, bandwidths = np.asarray(q, dtype=np.float64), np.asarray(bandwidths, dtype=np.float64)
-    if kernel.code is None:
+    one = float(bandwidths[0]) if kernel.code is not None and np.all(bandwidths == bandwidths[0]) else None
+    if one is None or (np.ptp(q) / one >= MAX_BOXES and not isinstance(kernel, kernels.Laplace)):
         return _block_log_sums(kernel, q, bandwidths, self_term)
     from . import compiled  # numba: loaded by the fit only, never by --help or an audit
 
     order = np.argsort(q, kind="stable")
-    qs, bs = q[order], bandwidths[order]
-    if kernel.code == compiled.LAPLACE and np.all(bs == bs[0]):
-        sums = compiled.laplace_sums(qs, float(bs[0]), self_term) - np.log(2 * bs[0])
+    if kernel.code == compiled.LAPLACE:
+        sums = compiled.laplace_sums(q[order], one, self_term) - np.log(2 * one)
     else:
-        sums = compiled.window_sums(kernel.code, qs, bs, self_term)
+        sums = compiled.gauss_sums(q[order], one, self_term)
     out = np.empty(len(q))
     out[order] = sums
     return out
@@ -158,6 +160,9 @@ def log_kernel_sums(kernel, q: np.ndarray, bandwidths: np.ndarray, self_term: bo
 
 #: terms per row block of :func:`_block_log_sums` (2^20: 8 MB a block)
 BLOCK_TERMS = 1 << 20
+#: the box moments of one Gaussian scale (:func:`empdp.compiled.gauss_sums`) number their boxes in
+#: floats: exact up to this many boxes of one scale
+MAX_BOXES = 2.0**50
 
 
 def _block_log_sums(kernel, q: np.ndarray, bandwidths: np.ndarray, self_term: bool) -> np.ndarray:
