@@ -74,7 +74,7 @@ def test_budget_sized_bound_on_laplace_at_a_tenth():
     assert res.event_rule is not None  # a half-line event, not a density at a point
 
 
-@pytest.mark.parametrize("power", [0.75, 1.0, 1.25])
+@pytest.mark.parametrize("power", [0.85, 1.0, 1.25])
 def test_the_budget_forecasts_costs_that_grow_slower_or_faster_than_the_size(power):
     """A run whose cost grows as size^power (sleeping: the host's load does not blur it) is sized so that
     pilots and run together take the planned share of the budget. A straight line through two small
@@ -113,3 +113,16 @@ def test_audits_run_blas_on_one_thread():
                   lambda: approx(sampler, [([0.0], [1.0])], delta=1e-3, n=1000, N=2000, rng=1)):
         audit()
     assert seen and set(seen) == {1}
+
+
+def test_stage1_memory_cap_counts_bytes():
+    """Float outputs keep the old cap (5 * 10^7 values over all pairs); SVT's int8 answer vectors, which
+    that cap held at a third of their budget, get MAX_NARROWING times as many rows, not 8."""
+    import numpy as np
+
+    from empdp.audit.budget import MAX_NARROWING, stage1_cap
+
+    floats, narrow = np.zeros((2, 10)), np.zeros((2, 10), np.int8)
+    assert stage1_cap(floats, 16) == 5 * 10**7 // (16 * 10)
+    assert stage1_cap(narrow, 16) == MAX_NARROWING * stage1_cap(floats, 16)
+    assert stage1_cap(np.zeros((2, 10), np.float32), 16) == 2 * stage1_cap(floats, 16)

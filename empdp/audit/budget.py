@@ -26,13 +26,29 @@ PILOT_SEED = 20210524
 #: at most 40,000 rows) made pilots of 4% forecast 2-3 times the real cost (runs of 7-12 s of 20)
 PILOT_SIZES = (1000, 4000)
 PILOT_GROWTH = 4
-PILOT_SHARE = 0.08
+PILOT_SHARE = 0.12
 #: the range the cost's growth power is kept in (a noisy pair of pilots must not forecast wildly)
-POWER_RANGE = (0.7, 1.3)
+POWER_RANGE = (0.8, 1.3)
 #: share of the budget planned for, pilots included (the rest absorbs the forecast's error)
 SAFETY = 0.9
 #: most seconds accepted (a day); the sizes are capped by memory well before
 MAX_BUDGET = 86400.0
+
+
+#: most bytes of outputs stage 1 holds at once under a time budget (every pair's outputs of both databases)
+MAX_STAGE1_BYTES = 4 * 10**8
+#: narrow outputs (SVT's int8 answers) may have at most this many times the rows of float64 ones: they
+#: are widened on the way (int64 row keys, float features), and this bounds those transient arrays
+MAX_NARROWING = 4
+
+
+def stage1_cap(probe: np.ndarray, copies: int) -> int:
+    """Most outputs per database stage 1 may hold: ``copies`` samples of rows like ``probe`` (2-d: the
+    audited outputs, after any feature) within MAX_STAGE1_BYTES. Counting bytes, not values, lets
+    SVT's int8 answer vectors grow past the float64 cap that bound them (runs of 5-14 s of 20)."""
+    width = probe.shape[1]
+    row = max(width * probe.dtype.itemsize, width * 8 // MAX_NARROWING)
+    return MAX_STAGE1_BYTES // (copies * row)
 
 
 def given_sizes(sizes: dict, time_budget) -> dict:
@@ -58,7 +74,7 @@ def size_for_budget(run: Callable[[int, np.random.Generator], object], budget: f
                     maximum: int) -> tuple[int, dict]:
     """The size at which ``run(size, rng)`` should take about ``budget`` seconds, and a report of the choice.
 
-    The cost is modelled as c·size^p through the last two pilot runs (:func:`_growth_power`); the
+    The cost is modelled as c·size^p through the last pilot runs (:func:`_growth_power`); the
     size is rounded to three significant digits and kept within [minimum, maximum] (maximum: memory).
     """
     t_start = time.perf_counter()
@@ -72,7 +88,7 @@ def size_for_budget(run: Callable[[int, np.random.Generator], object], budget: f
         if len(sizes) >= 2 and (times[-1] >= PILOT_SHARE * budget or size * 2 > maximum):
             break
         size = _next_pilot(size, times[-1], budget) if len(sizes) >= 2 else PILOT_SIZES[1]
-    power = _growth_power(sizes[-2:], times[-2:])
+    power = _growth_power(sizes[-3:], times[-3:])
     pilot = time.perf_counter() - t_start
     left = max(SAFETY * budget - pilot, 0.0)
     affordable = sizes[-1] * (left / max(times[-1], 1e-9)) ** (1 / power)
@@ -84,11 +100,11 @@ def size_for_budget(run: Callable[[int, np.random.Generator], object], budget: f
 
 
 def _growth_power(sizes, times) -> float:
-    """p in cost ∝ size^p through the last two pilots, within POWER_RANGE: costs that stop growing (a
-    fit on capped rows) give p < 1 and sort-like ones p > 1, where a straight line through the two
-    forecast 2-3 times too much or too little."""
-    p = math.log(max(times[1], 1e-9) / max(times[0], 1e-9)) / math.log(sizes[1] / sizes[0])
-    return min(max(p, POWER_RANGE[0]), POWER_RANGE[1])
+    """p in cost ∝ size^p fitted to the last (two or three) pilots in logs, within POWER_RANGE: costs
+    that stop growing (a fit on capped rows) give p < 1 and sort-like ones p > 1, where a straight
+    line through two pilots forecast 2-3 times too much or too little."""
+    p = np.polyfit(np.log(sizes), np.log(np.maximum(times, 1e-9)), 1)[0]
+    return float(min(max(p, POWER_RANGE[0]), POWER_RANGE[1]))
 
 
 def _next_pilot(size: int, seconds: float, budget: float) -> int:

@@ -42,7 +42,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
-from .budget import PILOT_SIZES, check_budget, given_sizes, size_for_budget
+from .budget import PILOT_SIZES, check_budget, given_sizes, size_for_budget, stage1_cap
 from .common import (
     MAX_SAMPLES,
     as_rng,
@@ -161,8 +161,6 @@ def _resolve_feature(mech, feature):
 DEFAULT_N, DEFAULT_FINAL = 20000, 50000
 #: with a time budget, N = BUDGET_RATIO · n: stage 2's fresh outputs set the bound's standard error
 BUDGET_RATIO = 5
-#: most stage-1 values held at once under a time budget (B pairs × 2 × n × d doubles: 400 MB)
-MAX_STAGE1_VALUES = 5 * 10**7
 
 
 @one_blas_thread
@@ -225,10 +223,8 @@ def _run(plan: Plan, rng, discrete, report) -> MPLResult:
 def _budget_sizes(plan: Plan, budget: float, discrete) -> tuple[int, dict]:
     """n for a time budget (N = BUDGET_RATIO · n), from pilot runs (module :mod:`empdp.audit.budget`)."""
     exact_or_none(plan.mech.true_epsilon_over, plan.pairs)  # cached: a one-off cost, not the audit's
-    probe = draw(plan.mech, plan.pairs[0][0], 2, np.random.default_rng(0))
-    dim = as_samples(probe).shape[1]
-    cap = max(PILOT_SIZES[-1], min(MAX_STAGE1_VALUES // (2 * len(plan.pairs) * dim),
-                                   MAX_SAMPLES // BUDGET_RATIO))
+    probe = as_samples(_draw_pair(plan, plan.pairs[0], 2, np.random.default_rng(0))[0])
+    cap = max(PILOT_SIZES[-1], min(stage1_cap(probe, 2 * len(plan.pairs)), MAX_SAMPLES // BUDGET_RATIO))
 
     def run(size, rng):
         _run(replace(plan, n=size, N=BUDGET_RATIO * size), rng, discrete, _no_progress)
