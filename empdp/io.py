@@ -13,6 +13,9 @@ import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from .errors import InputError
+from .keys import read_key_file
+
 #: the targets and temporary files of the enclosing :func:`output_batch`, if any
 _BATCH: contextvars.ContextVar[dict | None] = contextvars.ContextVar("empdp_output_batch", default=None)
 
@@ -51,8 +54,6 @@ def _temp_prefix(path: Path) -> str:
 
 def _require_short_name(path: Path, what: str) -> None:
     """An :class:`InputError` if the file name or the whole path is longer than the system allows."""
-    from .errors import InputError
-
     folder = path.parent
     try:
         name_max = os.pathconf(folder if folder.is_dir() else ".", "PC_NAME_MAX")
@@ -69,8 +70,6 @@ def _require_short_name(path: Path, what: str) -> None:
 
 def _temp_beside(path: Path, what: str, suffix: str) -> str:
     """A new empty file in the folder of ``path``, or an :class:`InputError` saying why there can be none."""
-    from .errors import InputError
-
     shown = _shorten(str(path))
     _require_short_name(path, what)
     folder = path.parent
@@ -134,8 +133,6 @@ def refuse_overwrite(out_path: str | os.PathLike | None, *input_paths, option: s
     Raises :class:`~empdp.errors.InputError` naming ``option``.
     """
     import glob
-
-    from .errors import InputError
 
     if out_path is None:
         return
@@ -279,11 +276,7 @@ def keyed_hash(value, key: bytes) -> str:
 
 def load_hash_key(path: str | None = None) -> bytes:
     """The id-hashing key: the bytes of ``path`` (stripped), else ``$EMPDP_HASH_KEY``."""
-    from .errors import InputError
-
     if path:
-        from .keys import read_key_file
-
         key = read_key_file(path, "--hash-key-file")  # owner-only and small, like the curator key
     else:
         key = os.environ.get(HASH_KEY_ENV, "").encode("utf-8")
@@ -324,8 +317,6 @@ def read_json(path: str | os.PathLike, what: str, hint: str = ""):
     callers' checks to refuse by name; nesting deeper than Python can parse is
     refused here, in one line (never an internal error).
     """
-    from .errors import InputError
-
     shown = _shorten(str(path))
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -509,8 +500,6 @@ def check_fields(doc, schema: Field, what: str, path, hint: str = "") -> None:
         damaged or incomplete: field 'sweep.delta[3]' must be a number in [0, 1] or null, got 'abc'``,
         then ``hint``.
     """
-    from .errors import InputError
-
     found = schema.problem(doc, "")
     if found is None:
         return

@@ -17,7 +17,8 @@ from click.testing import CliRunner
 
 import empdp.cli._common as common
 from empdp.cli.main import cli
-from empdp.report import SECTIONS, _fmt
+from empdp.report import SECTIONS
+from empdp.report.markup import num
 
 SAMPLE = str(Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet")
 QUERY = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]
@@ -173,7 +174,7 @@ def test_assess_report_takes_calibration_and_audit(files):
     html = (files / "live.html").read_text()
     assert _sections(html) == set(SECTIONS) | {"calibration", "audit"}
     bound = json.loads((files / "audit.json").read_text())["lower_bound"]
-    assert "Audit: MPL lower bound on ε" in html and _fmt(bound) in html  # the audit's bound
+    assert "Audit: MPL lower bound on ε" in html and num(bound) in html  # the audit's bound
     lam = json.loads((files / "cal.json").read_text())["lambda"]
     assert f"{lam:.4g}" in html
 

@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 
 from ..density import DensityModel, select_density
+from ..engines import engine_of
 from ..errors import InputError
 from ..io import jsonable
 from ..risk.buckets import bucket_risk
@@ -96,8 +97,6 @@ def read_statistic(source, labels, *, id: str, by: str, adversary: str | None, a
     the assessment reads with (an engine object or name, :mod:`empdp.engines`): only one number per
     database leaves it."""
     from ..data.guard import check_select
-    from ..engines import engine_of
-
     if adversary_sql is not None:  # named as the user gave it (the engine would say --sql)
         check_select(adversary_sql.strip().rstrip(";").strip(), "--adversary-sql")
     knows = engine_of(engine).open(source, id=id, by=by, query=adversary, sql=adversary_sql,

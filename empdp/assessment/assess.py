@@ -25,7 +25,9 @@ from ..loo import LooEngine
 from ..models import GROUPED, ONE, given, model_for, statistics
 from ..progress import READING, Progress, no_progress
 from ..risk.buckets import bucket_risk
+from . import adversary as adversary_model
 from . import checks
+from .adversary import read_statistic
 from .evaluation import FETCH_CELLS, Evaluation, default_epsilons
 from .groups import assess_grouped
 from .joint import assess_joint
@@ -296,8 +298,6 @@ def assess(source: Any, *, id: str, by: str, query: str | list | None = None, wh
                         screening=screening, threads=threads, stack=stack, workers=workers, progress=progress)
         if not (adversary or adversary_sql):
             return plain
-        from .adversary import read_statistic
-
         g, statistic = read_statistic(source, plain.labels, id=id, by=by, adversary=adversary,
                                       adversary_sql=adversary_sql, engine=engine, drop_null_ids=drop_null_ids)
         return _adversarial(plain, g, statistic, eps=eps, kernel=kernel, bandwidth=bandwidth, buckets=buckets,
@@ -312,13 +312,11 @@ def _one(statistic):
 def _adversarial(plain: "Assessment", g: np.ndarray, statistic: str, *, eps, kernel, bandwidth, buckets,
                  progress) -> "Assessment":
     """The assessment conditional on the adversary statistic ``g`` (one value per database; one bucket set)."""
-    from . import adversary as adv
-
     n = len(plain.q)
-    k = adv.check_buckets(buckets, n)
-    groups, warnings = adv.fit_buckets(plain.q, g, k, kernel=kernel, bandwidth=bandwidth)
+    k = adversary_model.check_buckets(buckets, n)
+    groups, warnings = adversary_model.fit_buckets(plain.q, g, k, kernel=kernel, bandwidth=bandwidth)
     engine = plain.engine
-    res = adv.assess_buckets(engine, plain.q, groups, eps, default_epsilons=default_epsilons,
+    res = adversary_model.assess_buckets(engine, plain.q, groups, eps, default_epsilons=default_epsilons,
                              fetch_rows=max(1, FETCH_CELLS // n), progress=progress)
     screen, delta = res["screen"], res["delta"]
     with np.errstate(divide="ignore"):
@@ -333,7 +331,7 @@ def _adversarial(plain: "Assessment", g: np.ndarray, statistic: str, *, eps, ker
         "n_databases": screen.n_present.astype(np.int64),
         "max_abs_shift": screen.max_abs_shift,
         "sole_contributor": undefined,
-    }).with_columns(adv.bucket_column(res["which"], res["eps_i"]))
+    }).with_columns(adversary_model.bucket_column(res["which"], res["eps_i"]))
     return Assessment(
         source=plain.source, query=plain.query, id_column=plain.id_column, by_column=plain.by_column,
         labels=plain.labels, q=plain.q, model=plain.model, epsilons=res["eps"], delta=delta.max(axis=0),
@@ -341,7 +339,7 @@ def _adversarial(plain: "Assessment", g: np.ndarray, statistic: str, *, eps, ker
         independence=plain.independence, representativeness=plain.representativeness,
         warnings=plain.warnings + warnings, sole_contributors=plain.sole_contributors,
         n_evaluated=res["n_evaluated"], screening=plain.screening, engine=engine,
-        adversary=adv.summary(groups, plain.labels, statistic, plain), buckets=groups)
+        adversary=adversary_model.summary(groups, plain.labels, statistic, plain), buckets=groups)
 
 
 def _assess(engine: LooEngine, *, eps, kernel, bandwidth, exact_all, screening, threads, stack, workers,

@@ -43,6 +43,7 @@ from ..errors import InputError
 from ..io import FLAG, SCALAR, TEXT, Kind, ListOf, MapOf, Num, Obj, atomic_path, check_fields, keyed_hash, read_json
 from ..risk.buckets import bucket_risk
 from ..risk.joint import MAX_DIM, JointModel
+from .adversary import Bucket
 from .assess import Assessment
 from .joint import JointAssessment
 
@@ -415,8 +416,6 @@ def _from_dict(d: dict) -> SavedAssessment:
                          selected_by=md["selected_by"], candidates=list(md.get("candidates", [])))
     adversary, buckets = d.get("adversary"), None
     if adversary is not None:
-        from .adversary import Bucket
-
         buckets = []
         for bd, bm in zip(adversary["buckets"], d["bucket_models"]):
             cols = np.asarray(bm["databases"], dtype=np.int64)

@@ -10,6 +10,7 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
+from ..errors import InputError
 from ..models import CuratorModel
 
 
@@ -122,7 +123,5 @@ def check_rank_epsilon(epsilon) -> float:
     """The ε of a riskiest table: finite and ≥ 0."""
     eps = float(epsilon)
     if not (np.isfinite(eps) and eps >= 0):
-        from ..errors import InputError
-
         raise InputError(f"epsilon must be finite and >= 0, got {epsilon!r}")
     return eps

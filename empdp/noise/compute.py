@@ -24,13 +24,17 @@ from typing import Any
 import numpy as np
 
 from .. import kernels, params
+from ..assessment.adversary import read_statistic
 from ..assessment.checks import few_databases
+from ..density import select_density
 from ..engines import engine_of
 from ..errors import InputError
+from ..loo import loo_result
 from ..models import JOINT, given, model_for, statistics
 from ..params import target_epsilon
 from ..progress import READING, Progress, no_progress
 from ..textfmt import fmt
+from .adversary import calibrate_buckets
 from .calibration import Calibration
 from .deconv import NoiseSpec, fourier_deconvolve, gaussian_fallback, laplace_closed_form
 from .exact import LambdaSearch, laplace_kde_eps, minimal_lambda
@@ -90,8 +94,6 @@ def _check_inputs(q, shifts, epsilon, undefined, bandwidth) -> _Inputs:
 
 def _curator_model(q, kernel, bandwidth, progress: Progress):
     """The curator's KDE of the query values, of one fixed scale (``variable=False``)."""
-    from ..density import select_density
-
     t = time.perf_counter()
     progress("density model", 0, 1)
     density = select_density(q, kernel=kernel, bandwidth=bandwidth)
@@ -247,8 +249,6 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | lis
                                drop_null_ids=drop_null_ids, progress=progress)
     query, sql = (v[0] if isinstance(v, (list, tuple)) else v for v in (query, sql))
     params.adversary(adversary, adversary_sql, buckets)
-    from ..loo import loo_result
-
     progress = progress or no_progress
     t0 = time.perf_counter()
     progress(READING, 0, 0)
@@ -258,9 +258,6 @@ def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | lis
     log.info("read %s: %d databases, %d individuals (%d sole contributors), query %s, in %.2f s", loo.source,
              loo.q.size, len(loo.shifts), int(np.sum(loo.undefined)), loo.query, time.perf_counter() - t0)
     if adversary or adversary_sql:
-        from ..assessment.adversary import read_statistic
-        from .adversary import calibrate_buckets
-
         # the statistic is read by the engine that read the query (Spark: one number per database)
         g, statistic = read_statistic(source, loo.labels, id=id, by=by, adversary=adversary,
                                       adversary_sql=adversary_sql, engine=engine, drop_null_ids=drop_null_ids)

@@ -29,9 +29,11 @@ import numpy as np
 
 from ..assessment.checks import few_databases
 from ..errors import InputError
+from ..loo.joint import read_joint
 from ..models import JOINT, CuratorModel
 from ..params import MAX_EPSILON, target_epsilon
 from ..progress import READING, Progress, no_progress
+from ..risk.joint import JointModel, select_joint_model
 from ..textfmt import fmt
 from .calibration import (
     _FIX,
@@ -48,6 +50,7 @@ from .calibration import (
     read_calibration_file,
     record_release,
 )
+from .joint_exact import JointNoise, joint_minimal_lambda
 from .sampler import NoiseSampler, bits_source
 
 FORMAT = JOINT_FORMAT
@@ -122,8 +125,6 @@ class JointCalibration(SignedFile, Provenance):
     def release_model(self, q):
         """The released density for the databases ``q`` (n, d), as a :class:`empdp.risk.joint.JointModel`: the product
         Laplace KDE of scales :attr:`release_scales` in the stored whitened coordinates (ℓ_{b_k} ⋆ h_k = ℓ_{λ_k})."""
-        from ..risk.joint import JointModel
-
         q = np.asarray(q, dtype=np.float64)
         if q.ndim != 2 or q.shape[1] != self.d:
             raise InputError(f"the query values must have shape (n, {self.d}); got {q.shape}")
@@ -156,8 +157,6 @@ class JointCalibration(SignedFile, Provenance):
         first = got != FORMAT  # its expected |noise| is per whitened axis: the figures per statistic are derived
         d, signature, text = cls._open(d, where, _check_first if first else _check_fields, key, allow_unsigned)
         if first:
-            from .joint_exact import JointNoise
-
             d.update(_noise_in_units(JointNoise(**{k: _floats(v) if k != "kind" else v
                                                    for k, v in d["noise"].items()})))
         cal = cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclass_fields(cls)}})
@@ -377,9 +376,6 @@ def calibrate_joint_values(q, shifts, *, epsilon: float, bandwidth="auto", undef
         No noise exactly when the curator's model is already ε-private for everyone (``assess``
         with the same statistics and bandwidth finds nobody at risk at ε).
     """
-    from ..risk.joint import select_joint_model
-    from .joint_exact import joint_minimal_lambda
-
     t0 = time.perf_counter()
     epsilon = target_epsilon(epsilon)
     q = np.asarray(q, dtype=np.float64)
@@ -442,8 +438,6 @@ def calibrate_joint(source: Any, *, id: str, by: str, epsilon: float, queries=No
     ``queries`` (named query forms) or ``sql`` (SQL over ``db``): one per statistic. The other
     parameters as for :func:`empdp.noise.calibrate` and :func:`calibrate_joint_values`.
     """
-    from ..loo.joint import read_joint
-
     progress = progress or no_progress
     t0 = time.perf_counter()
     progress(READING, 0, 0)

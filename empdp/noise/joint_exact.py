@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from ..params import target_epsilon
 from ..risk.joint._generic import _check_shifts
 from ..risk.joint.exact import exact_eps, joint_bound
 from ..risk.joint.model import JointModel
@@ -150,8 +151,6 @@ def joint_minimal_lambda(model: JointModel, shifts, epsilon: float, *, rtol: flo
     the bracket. The result is verified exactly on every row. No noise exactly when the curator
     model itself is ε-private for everyone (max_i ε_i(1) ≤ ε).
     """
-    from ..params import target_epsilon
-
     if not (np.isfinite(epsilon) and epsilon > 0):
         raise InputError(f"epsilon must be a positive number; got {epsilon!r}")
     epsilon = target_epsilon(epsilon)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 
 from .. import params
+from ..assessment.result import keep_shifts
 from ..errors import InputError
 from ..io import atomic_path
 from . import assessment as _a
@@ -87,8 +88,6 @@ def _one_statistic(a, eps: float, show, calibration, audit, audit_hash_ids) -> l
 def _joint(a, eps: float, show, calibration, audit, audit_hash_ids) -> list:
     """The sections of a joint report, at the smallest assessed ε (calibration and audit are refused by
     the model, :data:`empdp.models.JOINT`)."""
-    from ..assessment.result import keep_shifts
-
     _j.check_epsilon(a, eps)
     return _j.sections(keep_shifts(a), eps, show)
 

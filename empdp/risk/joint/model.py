@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
-from ...density import Selection
+from ...density import Selection, select_density
 from ...errors import InputError
 from ...models import MAX_DIM
 
@@ -215,8 +215,6 @@ def select_joint_model(q, bandwidth="auto", n_scales: int = 41, names=None) -> J
         return JointModel(q, np.eye(d), np.eye(d), b, loglik=ll, selected_by="fixed",
                           candidates=[{"scales": b.tolist(), "loglik": ll}])
     if d == 1:
-        from ...density import select_density
-
         dm = select_density(q[:, 0], kernel="laplace", bandwidth="auto", n_scales=n_scales)
         return JointModel(q, np.eye(1), np.eye(1), np.array([dm.scale]), loglik=dm.loglik,
                           selected_by=dm.selected_by, candidates=[{"scales": [c["scale"]], "loglik": c["loglik"]} for c in dm.candidates])
