@@ -1,4 +1,5 @@
-"""Compiled kernel sums over sorted query values: the density model's O(n log n) core (issue 35).
+"""Compiled loops of the density fit and of the exact risk, where numpy needed O(n²) memory or a
+call per node (issue 35).
 
 The bandwidth choice needs, for every database j, the log of Σ_k k_{b_k}(q_j − q_k) over the
 other databases (the leave-one-out likelihood) or over all of them (the variable-bandwidth
@@ -14,9 +15,11 @@ once and each sum is built without the matrix:
 Per-point scales b_k (variable bandwidths) have no such form here: :mod:`empdp.density` sums them
 in blocks of rows (O(n²) time, bounded memory).
 
-This module imports numba, so it is imported only by the code that calls it (the density model's
-fit): ``empdp --help`` and the audits never load it. Each kernel has one implementation here; the
-matrix form stays in the tests as their reference.
+The risk's running sums over the 2n nodes of a row (:func:`running`) loop here too.
+
+This module imports numba, so it is imported only inside the functions that call it (the density
+fit, the risk's running sums): ``empdp --help`` and the audits never load it. Each sum has one
+implementation here; tests/test_scale.py keeps the matrix form as their reference.
 """
 
 from __future__ import annotations
