@@ -32,6 +32,16 @@ Exit status 1 if a target fails.
     python tests/bench/assess_bench.py --default-command --rows 1e8 --runs 3   # both shapes, 10^6 × 100
     python tests/bench/assess_bench.py --default-command --rows 1e8 --generate-only   # only write the panels
 
+Long panels (issue 35: daily databases over decades): ``--long`` times the default command on the
+bounded panels 10^4 × 100 (the reference), 100 × 10^4 and 10^3 × 10^3 (10^6 rows each) and 10^3 × 10^4
+(10^7 rows). Each shape's first run is cold: its compiled kernels (numba) are cached in a fresh
+directory (NUMBA_CACHE_DIR), so it pays the compilation as the first run after an install does; the
+--runs warm runs after it reuse that cache, each paired with a DuckDB baseline. Targets: at 10^6
+rows the medians of 100 × 10^4 and 10^3 × 10^3 ≤ 2× that of 10^4 × 100, peak RSS ≤ 1.5 GB; at
+10^7 rows (10^3 × 10^4) ≤ 8× DuckDB's GROUP BY (median of paired ratios), peak RSS ≤ 2 GB:
+
+    python tests/bench/assess_bench.py --long --runs 3
+
 Fixed-ε runs with --kernel laplace (issue 2): (a) ε = ε_all/2 (≤ 3×), a3 the same with
 --memory-limit 2GB, (b) ε_all/10 (≤ 6×), (c) a 50-value sweep over [ε_all/10, ε_all] (≤ 1.5× (b)):
 
@@ -204,17 +214,17 @@ def sample_tree_cpu(pid: int, seen: dict) -> None:
         seen[p] = max(seen.get(p, 0.0), (int(fields[11]) + int(fields[12])) / tick)  # utime, stime
 
 
-def run_empdp(args: list[str], timeout: float | None = None) -> tuple[float, float, dict | None]:
+def run_empdp(args: list[str], timeout: float | None = None, env: dict | None = None) -> tuple[float, float, dict | None]:
     """Wall seconds, peak RSS in GB and the JSON summary of one ``empdp assess ... --json`` process.
 
     The peak is the largest sum of the resident sizes of the process and its worker processes,
     sampled every 50 ms, and at least the process's own ru_maxrss from ``os.wait4``. With
     ``timeout`` the run is killed after that many seconds: the summary is then None and the wall
-    time the timeout."""
+    time the timeout. ``env``: the process's environment (default: this one's)."""
     cmd = [EMPDP, "assess", *args, "--json"]
     t = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
         peak = 0
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -307,6 +317,63 @@ def default_command(opt) -> int:
     return 1 if failed else 0
 
 
+# ---------------------------------------------------------------- long panels (issue 35)
+
+#: (individuals, databases) of --long: the reference shape first
+LONG_SHAPES = ((10_000, 100), (100, 10_000), (1_000, 1_000), (1_000, 10_000))
+
+
+def long_panels(opt) -> int:
+    """Cold and warm runs of the default command on the long shapes, against the 10^4 × 100 panel."""
+    paths = {shape: panel_path(opt.data_dir, *shape, "bounded") for shape in LONG_SHAPES}
+    for shape, path in paths.items():
+        prepare(path, *shape, "bounded")
+    if opt.generate_only:
+        return 0
+    machine()
+    rows = {}
+    for shape, path in paths.items():
+        cmd = [str(path), "--id", "id", "--by", "db", "--query", "mean(x)", "-q"]
+        print(f"\n== {shape[0]:,} × {shape[1]:,} = {shape[0] * shape[1]:,} rows: empdp assess {' '.join(cmd)}",
+              flush=True)
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, NUMBA_CACHE_DIR=cache)  # empty: the first run compiles
+            cold_base = baseline(path)
+            cold, cold_rss, _ = run_empdp(cmd, env=env)
+            print(f"   cold (compiles): baseline {cold_base:.2f} s, empdp {cold:.2f} s = {cold / cold_base:.2f}×, "
+                  f"peak RSS {cold_rss:.2f} GB", flush=True)
+            walls, bases, rsss = [], [], []
+            for r in range(opt.runs):
+                bases.append(baseline(path))
+                w, rss, _ = run_empdp(cmd, env=env)
+                walls.append(w), rsss.append(rss)
+                print(f"   warm run {r + 1}: baseline {bases[-1]:.2f} s, empdp {w:.2f} s = {w / bases[-1]:.2f}×, "
+                      f"peak RSS {rss:.2f} GB", flush=True)
+        rows[shape] = (cold, statistics.median(walls), statistics.median(bases),
+                       statistics.median(w / b for w, b in zip(walls, bases)), max(rsss + [cold_rss]))
+    ref = rows[LONG_SHAPES[0]][1]
+    print("\nsummary (bounded panels, default command; warm = median of "
+          f"{opt.runs} runs after the cold one):")
+    print("   shape             rows     cold s  warm s  baseline s  paired ratio  vs 10^4×100  peak GB")
+    failed = 0
+    for shape, (cold, warm, base, paired, rss) in rows.items():
+        print(f"   {shape[0]:>6,} × {shape[1]:<6,} {shape[0] * shape[1]:>10,} {cold:8.2f} {warm:7.2f} {base:11.2f} "
+              f"{paired:12.2f}× {warm / ref:10.2f}× {rss:8.2f}")
+    for shape in LONG_SHAPES[1:3]:
+        _, warm, _, _, rss = rows[shape]
+        for text, ok in ((f"{shape[0]:,} × {shape[1]:,}: {warm / ref:.2f}× the 10^4 × 100 panel ≤ 2×", warm <= 2 * ref),
+                         (f"{shape[0]:,} × {shape[1]:,}: peak RSS {rss:.2f} GB ≤ 1.5 GB", rss <= 1.5)):
+            print(f"   {verdict(ok)}  {text}")
+            failed += not ok
+    _, _, _, paired, rss = rows[LONG_SHAPES[3]]
+    for text, ok in ((f"1,000 × 10,000: {paired:.2f}× DuckDB's GROUP BY (paired) ≤ 8×", paired <= 8.0),
+                     (f"1,000 × 10,000: peak RSS {rss:.2f} GB ≤ 2 GB", rss <= 2.0)):
+        print(f"   {verdict(ok)}  {text}")
+        failed += not ok
+    print("all targets PASS" if not failed else f"{failed} target(s) FAIL")
+    return 1 if failed else 0
+
+
 # ---------------------------------------------------------------- fixed-ε runs (issue 2)
 
 def fixed_epsilon(opt) -> int:
@@ -376,6 +443,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--default-command", action="store_true",
                     help="time the default command (no --epsilon, no --kernel) on --shapes panels of --rows rows")
+    ap.add_argument("--long", action="store_true",
+                    help="time the default command on the long panels (issue 35), cold and warm")
     ap.add_argument("--rows", default="1e7", help="with --default-command: panel rows, e.g. 1e7 or 1e8 "
                     "(individuals = rows / --databases unless --individuals is given)")
     ap.add_argument("--shapes", default="heavy,bounded",
@@ -396,6 +465,8 @@ def main() -> None:
     opt = ap.parse_args()
     if not opt.generate_only:
         EMPDP = find_empdp(opt.empdp)
+    if opt.long:
+        sys.exit(long_panels(opt))
     sys.exit(default_command(opt) if opt.default_command else fixed_epsilon(opt))
 
 
