@@ -41,23 +41,24 @@ def _risk(a, su, eps, nodes, only=None, cap=None):
         return np.zeros(0), None if eps is None else np.zeros((0, len(eps)))
     if d == 1:
         return onescale.evaluate(a[:, 0], 1.0, su[:, :, 0], eps, only, cap)
-    if d == 2 and eps is None:
-        e, ok = _cells.eps_rows(a, su)
-        dl, rest = None, np.flatnonzero(~ok)
-    elif d == 2:
-        e, dl, ok = _cells.evaluate(a, su, eps, nodes, only, cap)
-        rest = np.flatnonzero(~ok)
-        fast, same = _cells.eps_rows(a, su)  # the ε_i an ε-only call reports, to the last bit
-        e = np.where(ok & same, fast, e)
+    if d == 2:
+        # ε_i: the product form where it holds, else the general path's, the same bits whether or not
+        # δ_i is asked for
+        e, same = _cells.eps_rows(a, su)
+        wide = np.flatnonzero(~same)
+        if len(wide):
+            e[wide] = _generic._eps_rows(a, su[wide])
+        if eps is None:
+            return e, None
+        _, dl, ok = _cells.evaluate(a, su, eps, nodes, only, cap)
+        rest = np.flatnonzero(~ok)  # δ_i of the rows the matrix form cannot certify: the general path
     else:
-        e = np.zeros(m)
+        e = _generic._eps_rows(a, su)
         dl = None if eps is None else np.zeros((m, len(eps)))
         rest = np.arange(m)
-    if len(rest):  # the general path, one row at a time for δ
-        e[rest] = _generic._eps_rows(a, su[rest])
-        if eps is not None:
-            for r in rest:
-                dl[r] = _general_levels(a, a - su[r], eps, nodes, e[r], only, cap)
+    if eps is not None:
+        for r in rest:
+            dl[r] = _general_levels(a, a - su[r], eps, nodes, e[r], only, cap)
     return e, dl
 
 
