@@ -252,3 +252,23 @@ def key_options(f):
                      help=f"File holding the curator key (>= 16 bytes) that signs calibrations and ledgers with "
                           f"HMAC-SHA256; default: ${KEY_ENV}. Keep it apart from the files it protects.")(f)
     return f
+
+
+#: command-line names of library parameters where they differ
+_PARAMETER = {"no_screening": "screening"}
+
+
+def given_options(ctx, names) -> list[tuple[str, str]]:
+    """(library parameter, how the command line shows it) of the options among ``names`` given a value
+    other than their default, in ``names``' order: ``--kernel gaussian``, ``--adversary``."""
+    options = {p.name: p for p in ctx.command.params}
+    given = []
+    for name in names:
+        value, option = ctx.params[name], options[name]
+        if value in (option.default, None, False, ()):
+            continue
+        shown = max(option.opts, key=len)
+        if isinstance(option.type, click.Choice):
+            shown += f" {value}"
+        given.append((_PARAMETER.get(name, name), shown))
+    return given

@@ -21,6 +21,7 @@ from ._common import (
     engine_object,
     engine_options,
     engine_settings,
+    given_options,
     log,
     output_options,
     progress_bars,
@@ -181,26 +182,6 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
 #: the options some curator models do not take (:mod:`empdp.models`), in the command's order
 REFUSABLE = ("kernel", "adversary", "adversary_sql", "buckets", "engine", "table", "report", "calibration", "audit",
              "save_result", "without_shifts", "workers", "no_screening")
-#: command-line names of library parameters where they differ
-_PARAMETER = {"no_screening": "screening"}
-
-
-def given_options(ctx, names) -> list[tuple[str, str]]:
-    """(library parameter, how the command line shows it) of the options among ``names`` given a value
-    other than their default, in ``names``' order: ``--kernel gaussian``, ``--adversary``."""
-    options = {p.name: p for p in ctx.command.params}
-    given = []
-    for name in names:
-        value, option = ctx.params[name], options[name]
-        if value in (option.default, None, False, ()):
-            continue
-        shown = max(option.opts, key=len)
-        if isinstance(option.type, click.Choice):
-            shown += f" {value}"
-        given.append((_PARAMETER.get(name, name), shown))
-    return given
-
-
 def parse_bandwidth(value: str, model=ONE, d: int = 1):
     """``--bandwidth`` for the library: ``auto``; for one statistic ``variable`` or a positive scale; for
     2–3 statistics one positive scale per statistic in its own units, ``B1,B2[,B3]``; for grouped

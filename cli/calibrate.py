@@ -18,7 +18,8 @@ from empdp.params import target_epsilon
 from empdp.textfmt import fmt, terminal_safe
 
 from . import _common as common
-from .assess import KernelChoice, given_options, parse_bandwidth, query_options
+from ._common import given_options
+from .assess import KernelChoice, parse_bandwidth, query_options
 
 
 def _warn(message: str) -> None:

@@ -9,7 +9,16 @@ import click
 from empdp.errors import InputError
 from empdp.io import load_hash_key, read_json, refuse_overwrite
 
-from ._common import check_output, emit_json, key_options, log, output_options, progress_bars, setup_logging
+from ._common import (
+    check_output,
+    emit_json,
+    given_options,
+    key_options,
+    log,
+    output_options,
+    progress_bars,
+    setup_logging,
+)
 
 
 def extras_options(f):
@@ -85,7 +94,6 @@ def report(result, output, calibration, audit, key_file, allow_unsigned, epsilon
     from empdp.assessment.result import load_result
     from empdp.report import render_report, report_sections
 
-    from .assess import given_options
 
     setup_logging(verbose, quiet, debug)
     check_output(output, "-o", (".html", ".htm"), ".html")
