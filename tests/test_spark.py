@@ -321,8 +321,9 @@ def test_cli_table_release_and_audit_on_spark(cli_panel, tmp_path):
     assert jb["mpl_lower_bound"] == pytest.approx(ja["mpl_lower_bound"], rel=RTOL)
     # the Python API takes the same engine options as the command
     from empdp.audit import audit_release
+    from empdp.engines import Spark
 
-    api = audit_release(str(cal), table=table, engine="spark", top=2, rng=3, key=b"k" * 32).to_dict()
+    api = audit_release(str(cal), engine=Spark(table=table), top=2, rng=3, key=b"k" * 32).to_dict()
     assert api["exact_epsilon_max"] == pytest.approx(ja["exact_epsilon_max"], rel=RTOL)
     assert [d["id"] for d in api["individuals"]] == [d["id"] for d in ja["individuals"]]
 

@@ -38,6 +38,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
+from ..io import jsonable
 from .budget import PILOT_SIZES, check_budget, given_sizes, size_for_budget
 from .common import (
     MAX_SAMPLES,
@@ -47,7 +48,6 @@ from .common import (
     detect_discrete,
     draw,
     exact_or_none,
-    jsonable,
     one_blas_thread,
     short,
 )

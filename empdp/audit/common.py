@@ -138,21 +138,6 @@ def exact_or_none(compute, *args):
         return None
 
 
-def jsonable(value):
-    """Turn numpy scalars/arrays and non-finite floats into JSON-ready values (inf/nan → None)."""
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def one_line(text: str, width: int) -> str:
     """``text`` on one line, cut to ``width`` characters (:func:`empdp.data.clip`)."""
     from ..data import clip

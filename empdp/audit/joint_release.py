@@ -26,8 +26,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
-from ..io import keyed_hash
-from .common import jsonable
+from ..io import jsonable, keyed_hash
 from .mechanisms import Mechanism
 from .mpl import mpl
 from .renyi import renyi

@@ -42,6 +42,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
+from ..io import jsonable
 from .budget import PILOT_SIZES, check_budget, given_sizes, size_for_budget, stage1_cap
 from .common import (
     MAX_SAMPLES,
@@ -51,7 +52,6 @@ from .common import (
     detect_discrete,
     draw,
     exact_or_none,
-    jsonable,
     one_blas_thread,
 )
 from .dpl import Candidate, Plan, candidate, check_region, undersmoothed

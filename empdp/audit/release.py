@@ -20,11 +20,13 @@ from typing import Callable
 import numpy as np
 
 from .. import kernels
+from ..engines import engine_of
 from ..errors import InputError
-from ..io import keyed_hash
+from ..io import jsonable, keyed_hash
+from ..models import JOINT
 from ..textfmt import fmt
 from .approx import approx
-from .common import as_rng, check_level, check_order, check_size, jsonable
+from .common import as_rng, check_level, check_order, check_size
 from .mechanisms import Mechanism
 from .mpl import mpl
 from .renyi import renyi
@@ -343,20 +345,19 @@ def _figures_of(bounds: _Bounds) -> dict:
     return {f.name: getattr(bounds, f.name) for f in fields(_Bounds)}
 
 
-def _read_shifts(cal, source, loo, engine: dict):
-    """The leave-one-out of the calibration's query: ``loo`` as given, or read from ``source`` (or
-    ``engine["table"]``) by the engine ``engine`` names (DuckDB, or Spark: docs/spark.md)."""
+def _read_shifts(cal, source, loo, engine):
+    """The leave-one-out of the calibration's query: ``loo`` as given, or read from ``source`` (or the
+    Spark engine's ``table``) by ``engine`` (an engine object, :mod:`empdp.engines`; docs/spark.md)."""
     if loo is not None:
         return loo
-    if source is None and engine.get("table") is None:
+    if source is None and getattr(engine, "table", None) is None:
         raise InputError("give the source the calibration was made from")
     if cal.id is None or cal.by is None:
         raise InputError("this calibration stores no query (it was made from arrays); pass loo=")
-    if engine.get("engine", "duckdb") != "duckdb" or any(engine.get(k) for k in ("spark_master", "spark_remote",
-                                                                                  "table")):
+    if engine.name != "duckdb":
         from ..noise.source import SourceShifts
 
-        return SourceShifts(cal, source, **engine)
+        return SourceShifts(cal, source, engine)
     from ..loo import leave_one_out
 
     return leave_one_out(source, id=cal.id, by=cal.by, query=cal.query, where=cal.where, sql=cal.sql)
@@ -365,8 +366,7 @@ def _read_shifts(cal, source, loo, engine: dict):
 def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: float = 2.0,
                   n: int = 20000, N: int = 50000, n_renyi: int = 100000, alpha: float = 0.05,
                   rng=None, progress: Callable[[str, int, int], None] | None = None,
-                  hash_key: bytes | None = None, engine: str = "duckdb", spark_master: str | None = None,
-                  spark_remote: str | None = None, table: str | None = None, key: bytes | None = None,
+                  hash_key: bytes | None = None, engine="duckdb", key: bytes | None = None,
                   allow_unsigned: bool = False) -> ReleaseAudit:
     """Audit the release described by ``calibration`` on the databases of ``source`` (docs/method.md#94-release-audit).
 
@@ -394,9 +394,9 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     progress : optional callback ``progress(stage, done, total)``.
     hash_key : with a key (:func:`empdp.io.load_hash_key`), the ids are reported as keyed
         pseudonyms (:func:`empdp.io.keyed_hash`, as ``assess --hash-ids`` writes them).
-    engine, spark_master, spark_remote, table : where ``source`` is read, as for
-        :func:`empdp.calibrate` (``engine="spark"``: docs/spark.md; ``table``: a Spark catalog
-        table instead of ``source``).
+    engine : where ``source`` is read, as for :func:`empdp.calibrate`: ``"duckdb"``, ``"spark"`` or
+        ``empdp.engines.Spark(master=..., remote=..., table=...)`` (a Spark catalog ``table`` instead
+        of ``source``; docs/spark.md).
     """
     from ..noise import Calibration, JointCalibration, load_calibration
     from ..noise.source import SourceShifts
@@ -411,16 +411,16 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     rng = as_rng(rng)
     cal = calibration if isinstance(calibration, (Calibration, JointCalibration)) else \
         load_calibration(calibration, key=key, allow_unsigned=allow_unsigned)
-    if isinstance(cal, JointCalibration):  # 2-3 statistics released together: MPL in d dimensions
+    engine = engine_of(engine)
+    if cal.kind is JOINT:  # 2-3 statistics released together: MPL in d dimensions
         from .joint_release import audit_joint_release
 
-        if engine != "duckdb" or any((spark_master, spark_remote, table)) or isinstance(loo, SourceShifts):
+        if engine.name != "duckdb" or isinstance(loo, SourceShifts):
             raise InputError("a joint calibration's statistics are read by DuckDB: give a file, glob or folder as "
                              "SOURCE, without --engine spark")
         return audit_joint_release(cal, source, loo=loo, top=top, order=order, n=n, N=N, n_renyi=n_renyi,
                                    alpha=alpha, rng=rng, progress=progress, hash_key=hash_key)
-    loo = _read_shifts(cal, source, loo, dict(engine=engine, spark_master=spark_master,
-                                              spark_remote=spark_remote, table=table))
+    loo = _read_shifts(cal, source, loo, engine)
     q, shifts, ids, undefined = _arrays(loo)
     statistic, groups = _stored_buckets(cal, loo)
     usable = ~undefined & (shifts != 0).any(axis=1)

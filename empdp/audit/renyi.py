@@ -48,6 +48,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..errors import InputError
+from ..io import jsonable
 from .budget import PILOT_SIZES, check_budget, given_sizes, size_for_budget
 from .common import (
     as_rng,
@@ -58,7 +59,6 @@ from .common import (
     detect_discrete,
     draw,
     exact_or_none,
-    jsonable,
     one_blas_thread,
 )
 from .kde import GAUSS_R, as_samples, binned_kde, categorize, frequencies, make_grid, rule_of_thumb
