@@ -20,14 +20,37 @@ The risk's running sums over the 2n nodes of a row (:func:`running`) loop here t
 This module imports numba, so it is imported only inside the functions that call it (the density
 fit, the risk's running sums): ``empdp --help`` and the audits never load it. Each sum has one
 implementation here; tests/test_scale.py keeps the matrix form as their reference.
+
+The compiled code is cached in the user's cache folder (``$XDG_CACHE_HOME/empdp/numba``, else
+``~/.cache/empdp/numba``; ``$NUMBA_CACHE_DIR`` if set), never beside the installed package: files
+written into site-packages outlive ``pip uninstall``, and the folder they leave behind shadowed a
+later editable install of empdp as an empty namespace package.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import numpy as np
+from numba import config as numba_config
 from numba import njit
+
+
+def _cache_folder() -> str:
+    """The user's cache folder for empdp's compiled code ('' if it cannot be made: numba's default)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = Path(base) / "empdp" / "numba"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return ""
+    return str(folder) if os.access(folder, os.W_OK) else ""
+
+
+if not numba_config.CACHE_DIR:  # read when each function below is decorated
+    numba_config.CACHE_DIR = _cache_folder()
 
 #: the kernels' codes (:attr:`empdp.kernels.Kernel.code`)
 LAPLACE, GAUSSIAN = 0, 1

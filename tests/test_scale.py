@@ -9,6 +9,7 @@ one such matrix, so an n × n array anywhere on the default command's path fails
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -174,13 +175,38 @@ def test_an_assessment_of_20000_databases_holds_no_n_by_n_array(tmp_path):
     pl.DataFrame({"id": np.tile(np.arange(n_ind), n_db), "db": np.repeat(np.arange(n_db), n_ind),
                   "x": 50 + 10 * rng.standard_normal(n_db * n_ind)}).write_parquet(path)
     cap = 1200 * 2**20
+    # the compiled code is cached first (compiling it takes more memory than the assessment): a
+    # small panel, the same cache folder
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop("NUMBA_CACHE_DIR", None)
+    small = tmp_path / "small.parquet"
+    pl.DataFrame({"id": np.tile(np.arange(n_ind), 50), "db": np.repeat(np.arange(50), n_ind),
+                  "x": 50 + 10 * rng.standard_normal(50 * n_ind)}).write_parquet(small)
+    warm = subprocess.run([sys.executable, "-c", _ASSESS, str(small), str(8 * cap)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert warm.returncode == 0, warm.stderr[-2000:]
     res = subprocess.run([sys.executable, "-c", _ASSESS, str(path), str(cap)],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode != 3, "resident memory passed 1.2 GB"
     assert res.returncode == 0, res.stderr[-2000:]
     n_seen, peak_kb = map(int, res.stdout.split()[-2:])
     assert n_seen == n_db
     assert peak_kb * 1024 < cap
+
+
+def test_the_compiled_code_is_cached_in_the_users_cache_folder_not_beside_the_package(tmp_path, sample_path):
+    """Files numba writes beside an installed package outlive 'pip uninstall'; the folder they left
+    shadowed a later editable install as an empty namespace package (the README's two commands)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop("NUMBA_CACHE_DIR", None)
+    code = "import empdp, empdp.compiled as c; print(c.numba_config.CACHE_DIR); " \
+           f"empdp.assess({sample_path!r}, id='countyid', by='year', query='mean(murdrate)')"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env,
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    folder = tmp_path / "cache" / "empdp" / "numba"
+    assert res.stdout.split()[0] == str(folder)
+    assert any(f.suffix in (".nbi", ".nbc") for f in folder.rglob("*"))  # the compiled functions are there
 
 
 # ---------------------------------------------------------------------------- numba, lazily
