@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from . import kernels
 from .errors import InputError
 
 #: the most statistics released together that have an exact joint model
@@ -66,7 +67,7 @@ def _vector(what: str, kind: str, **more) -> dict:
     return {k: v.format(what=what, kind=kind) for k, v in _VECTOR.items()} | more
 
 
-ONE = CuratorModel("one", "one statistic", {"group_by": "give one statistic"})
+ONE = CuratorModel("one", "one statistic")
 JOINT = CuratorModel("joint", "a joint query of {d} statistics", _vector(
     "joint queries", "joint",
     calibration="the joint report has no calibration section yet; report the calibration of one statistic",
@@ -77,16 +78,14 @@ GROUPED = CuratorModel("grouped", "grouped statistics (`group_by`)", names=("gro
     calibration="it adds a section to --report, which grouped statistics do not take",
     audit="it adds a section to --report, which grouped statistics do not take",
     save_result="'empdp report' does not read grouped results; use --json or --out",
-    without_shifts="it goes with --save-result, which grouped statistics do not take",
-    calibrate="grouped statistics are not calibrated yet: calibrate each group's statistic, or 2-3 "
-              "statistics released together"))
+    without_shifts="it goes with --save-result, which grouped statistics do not take"))
 #: every curator model, by key
 MODELS = {m.key: m for m in (ONE, JOINT, GROUPED)}
 
 
 #: the values of the parameters that only some models take which mean "not given" (the library's defaults;
 #: ``workers="auto"`` lets each model choose)
-_UNGIVEN = {"kernel": ("laplace",), "adversary": (None,), "adversary_sql": (None,), "buckets": (None,),
+_UNGIVEN = {"kernel": (kernels.DEFAULT.name,), "adversary": (None,), "adversary_sql": (None,), "buckets": (None,),
             "engine": ("duckdb",), "table": (None,), "workers": ("threads", "auto"), "screening": (True,)}
 
 
