@@ -182,6 +182,8 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
 #: the options some curator models do not take (:mod:`empdp.models`), in the command's order
 REFUSABLE = ("kernel", "adversary", "adversary_sql", "buckets", "engine", "table", "report", "calibration", "audit",
              "save_result", "without_shifts", "workers", "no_screening")
+
+
 def parse_bandwidth(value: str, model=ONE, d: int = 1):
     """``--bandwidth`` for the library: ``auto``; for one statistic ``variable`` or a positive scale; for
     2–3 statistics one positive scale per statistic in its own units, ``B1,B2[,B3]``; for grouped
