@@ -145,7 +145,7 @@ def test_the_fit_of_variable_bandwidths_holds_blocks_of_rows(kernel):
 #: assess a panel in a subprocess whose resident memory is watched: past the cap it exits at once with
 #: status 3; else it prints the databases seen and its peak resident kB
 _ASSESS = textwrap.dedent("""
-    import os, resource, sys, threading, time
+    import os, sys, threading, time
     cap_kb = int(sys.argv[2]) // 1024
 
     def watch():
@@ -161,7 +161,9 @@ _ASSESS = textwrap.dedent("""
     # the reader's guard sizes the density model as n² pairs (empdp/loo/base.py): off, to see the model
     empdp.data.physical_memory = lambda: None
     res = empdp.assess(sys.argv[1], id="id", by="db", query="mean(x)")
-    print(res.n_databases, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    # this process's own peak (VmHWM; ru_maxrss keeps the parent's peak across fork and exec)
+    with open("/proc/self/status") as f:
+        print(res.n_databases, next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")))
 """)
 
 
