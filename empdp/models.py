@@ -86,7 +86,7 @@ MODELS = {m.key: m for m in (ONE, JOINT, GROUPED)}
 #: the values of the parameters that only some models take which mean "not given" (the library's defaults;
 #: ``workers="auto"`` lets each model choose)
 _UNGIVEN = {"kernel": (kernels.DEFAULT.name,), "adversary": (None,), "adversary_sql": (None,), "buckets": (None,),
-            "engine": ("duckdb",), "table": (None,), "workers": ("threads", "auto"), "screening": (True,)}
+            "engine": ("duckdb",), "workers": ("threads", "auto"), "screening": (True,)}
 
 
 def given(**values) -> list[tuple[str, str]]:
