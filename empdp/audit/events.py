@@ -45,24 +45,34 @@ PENALTY = 1e-4
 class ScoreRule:
     """The event {score(t) ≥ threshold} (direction +1) or {score(t) ≤ threshold} (direction −1)."""
 
-    kind: str  # "output" (the output itself) or "logistic"
+    kind: str  # what scores: "output" (the output itself), "logistic regression", or a ratio score's name
     threshold: float
     direction: int
-    features: _Features | None = None
-    weights: np.ndarray | None = None
+    scorer: object | None = None  # ``scorer.score(outputs) -> (n,)``; None: the output itself
 
     def score(self, outputs: np.ndarray) -> np.ndarray:
-        if self.kind == "output":
+        if self.scorer is None:
             return np.asarray(outputs, float)[:, 0]
-        return self.features.transform(outputs) @ self.weights[1:] + self.weights[0]
+        return self.scorer.score(outputs)
 
     def members(self, outputs: np.ndarray) -> np.ndarray:
         s = self.score(outputs)
         return s >= self.threshold if self.direction > 0 else s <= self.threshold
 
     def describe(self) -> dict:
-        return {"score": "output" if self.kind == "output" else "logistic regression",
-                "direction": ">=" if self.direction > 0 else "<=", "threshold": float(self.threshold)}
+        return {"score": self.kind, "direction": ">=" if self.direction > 0 else "<=",
+                "threshold": float(self.threshold)}
+
+
+@dataclass
+class _Logistic:
+    """The logit of the fitted logistic regression on the features."""
+
+    features: _Features
+    weights: np.ndarray
+
+    def score(self, outputs: np.ndarray) -> np.ndarray:
+        return self.features.transform(outputs) @ self.weights[1:] + self.weights[0]
 
 
 @dataclass
@@ -111,7 +121,9 @@ class _Features:
         if self.bins.size:
             which = np.searchsorted(self.bins, x)
             which[is_atom] = -1
-            counts = np.stack([(which == b).sum(axis=1) for b in range(self.bins.size + 1)], axis=1)
+            width = self.bins.size + 2  # a column per bin, and one for the atoms (which = -1), dropped
+            rows = np.arange(len(x))[:, None] * width
+            counts = np.bincount((rows + which + 1).ravel(), minlength=len(x) * width).reshape(-1, width)[:, 1:]
             parts.append(counts / math.sqrt(x.shape[1]))
         return np.hstack(parts)
 
@@ -130,7 +142,7 @@ def fit_score(x: np.ndarray, y: np.ndarray, discrete: bool) -> ScoreRule:
     feats = _Features.fit(np.vstack([xs, ys]))
     design = np.vstack([feats.transform(xs), feats.transform(ys)])
     labels = np.concatenate([np.zeros(len(xs)), np.ones(len(ys))])
-    return ScoreRule("logistic", 0.0, 1, feats, _logistic(design, labels))
+    return ScoreRule("logistic regression", 0.0, 1, _Logistic(feats, _logistic(design, labels)))
 
 
 def _logistic(design: np.ndarray, labels: np.ndarray) -> np.ndarray:
@@ -157,7 +169,14 @@ def best_threshold(rule: ScoreRule, x: np.ndarray, y: np.ndarray, tau: float, we
     ``weight`` is z/√N + penalty/√n (as for the discrete events of DPL). Returns
     (rule with threshold, criterion, thresholds (K,), loss (K,)).
     """
-    sx, sy = np.sort(rule.score(x)), np.sort(rule.score(y))
+    crit, direction, threshold, cand, loss = best_threshold_of(rule.score(x), rule.score(y), tau, weight)
+    return ScoreRule(rule.kind, threshold, direction, rule.scorer), crit, cand, loss
+
+
+def best_threshold_of(score_x: np.ndarray, score_y: np.ndarray, tau: float, weight: float):
+    """:func:`best_threshold` on the scores of both samples: (criterion, direction, threshold,
+    thresholds (K,), loss (K,))."""
+    sx, sy = np.sort(score_x), np.sort(score_y)
     pooled = np.concatenate([sx, sy])
     cand = np.unique(pooled)
     if len(cand) > MAX_THRESHOLDS:
@@ -178,5 +197,4 @@ def best_threshold(rule: ScoreRule, x: np.ndarray, y: np.ndarray, tau: float, we
         losses.append(loss)
         if crit[i] > best[0]:
             best = (float(crit[i]), direction, float(cand[i]))
-    chosen = ScoreRule(rule.kind, best[2], best[1], rule.features, rule.weights)
-    return chosen, best[0], cand, np.maximum(losses[0], losses[1])
+    return (*best, cand, np.maximum(losses[0], losses[1]))
