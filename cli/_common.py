@@ -54,7 +54,8 @@ def setup_logging(verbose: int, quiet: bool, debug: bool) -> None:
 
 
 #: library parameters whose flag is not ``--`` and the parameter's name with dashes
-_FLAGS = {"screening": "--no-screening", "n": "--search-size", "N": "--final-size"}
+_FLAGS = {"screening": "--no-screening", "n": "--search-size", "N": "--final-size", "master": "--spark-master",
+          "remote": "--spark-remote", "id": "--id", "by": "--by"}
 
 
 def flag(param: str) -> str:

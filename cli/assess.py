@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import click
 import polars as pl
@@ -14,6 +15,7 @@ from empdp.assessment.assess import assess
 from empdp.errors import InputError
 from empdp.io import keyed_hash, load_hash_key, output_batch, refuse_overwrite
 from empdp.models import GROUPED, JOINT, MAX_DIM, ONE, model_for
+from empdp.settings import Data, Execution, Model
 
 from ._common import (
     check_output,
@@ -142,6 +144,11 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
     model.refuse(given_options(ctx, REFUSABLE), d)
     bandwidth = parse_bandwidth(bandwidth, model, d)
     engine = engine_object(engine_settings(source, engine, spark_master, spark_remote, table))
+    data = Data(source, id_col, by, drop_null_ids=drop_null_ids)
+    curator = Model(kernel=kernel, bandwidth=bandwidth, adversary=adversary, adversary_sql=adversary_sql,
+                    buckets=buckets)
+    execution = Execution(engine=engine, memory_limit=memory_limit, threads=threads, workers=workers,
+                          screening=not no_screening)
     check_outputs(source, out, report, save_result, without_shifts, calibration, audit)
     if (calibration or audit) and not report:
         raise InputError("--calibration and --audit add sections to the HTML report: give --report FILE.html "
@@ -150,12 +157,9 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
     cal, aud = load_extras(calibration, audit, key_file, allow_unsigned)
     started = time.perf_counter()
     with progress_bars(not (as_json or quiet), log) as progress:
-        result = assess(source, id=id_col, by=by, query=list(query) or None, sql=list(sql) or None,
-                        group_by=group_by, where=where, epsilon=list(epsilon) or None, kernel=kernel,
-                        bandwidth=bandwidth, memory_limit=memory_limit, threads=threads, workers=workers,
-                        drop_null_ids=drop_null_ids, exact_all=bool(out), screening=not no_screening,
-                        adversary=adversary, adversary_sql=adversary_sql, buckets=buckets, progress=progress,
-                        engine=engine)
+        result = assess(data, query=list(query) or None, sql=list(sql) or None, where=where, group_by=group_by,
+                        epsilon=list(epsilon) or None, model=curator, exact_all=bool(out),
+                        execution=replace(execution, progress=progress))
     with result:
         log_summary(result, time.perf_counter() - started)
         # all outputs are committed together: a failure writing one leaves none of them

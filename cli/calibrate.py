@@ -15,6 +15,7 @@ from empdp.noise import Calibration, JointCalibration, Ledger, load_calibration,
 from empdp.noise import calibrate as calibrate_source
 from empdp.noise.ledger import UNLIMITED, parse_budget
 from empdp.params import target_epsilon
+from empdp.settings import Data, Execution, Model
 from empdp.textfmt import fmt, terminal_safe
 
 from . import _common as common
@@ -84,14 +85,16 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
     model.refuse(given_options(click.get_current_context(), ("kernel", "adversary", "adversary_sql", "buckets",
                                                              "engine", "table")), d)
     bandwidth = parse_bandwidth(bandwidth, model, d)
+    data = Data(source, id_col, by, drop_null_ids=drop_null_ids)
+    curator = Model(kernel=kernel, bandwidth=bandwidth, adversary=adversary, adversary_sql=adversary_sql,
+                    buckets=buckets)
     key = load_key(key_file)
     common.check_output(output, "-o", (".json",), ".json")
     with warnings.catch_warnings(), common.progress_bars(not (as_json or quiet)) as progress:
         warnings.simplefilter("ignore")  # the notes are shown below and kept in the JSON
-        cal = calibrate_source(source, id=id_col, by=by, query=list(query) or None, where=where, sql=list(sql) or None,
-                               epsilon=epsilon, kernel=kernel, bandwidth=bandwidth, memory_limit=memory_limit,
-                               drop_null_ids=drop_null_ids, adversary=adversary, adversary_sql=adversary_sql,
-                               buckets=buckets, progress=progress, engine=common.engine_object(engine_kw))
+        execution = Execution(engine=common.engine_object(engine_kw), memory_limit=memory_limit, progress=progress)
+        cal = calibrate_source(data, query=list(query) or None, where=where, sql=list(sql) or None,
+                               epsilon=epsilon, model=curator, execution=execution)
     _finish(cal, output, key, as_json, quiet)
 
 

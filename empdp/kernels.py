@@ -394,7 +394,7 @@ def kernel(k) -> Kernel:
         return k
     found = KERNELS.get(k) if isinstance(k, str) else None
     if found is None:
-        raise InputError(f"unknown kernel {str(k)[:40]!r}; use one of {', '.join(KERNELS)}")
+        raise InputError(f"unknown `kernel` {str(k)[:40]!r}; use one of {', '.join(KERNELS)}", param="kernel")
     return found
 
 
@@ -403,7 +403,8 @@ def candidates(choice) -> tuple[Kernel, ...]:
     if isinstance(choice, str) and choice == AUTO:
         return tuple(KERNELS.values())
     if not isinstance(choice, Kernel) and choice not in KERNELS:
-        raise InputError(f"unknown kernel {str(choice)[:40]!r}; use one of {', '.join(choices())}")
+        raise InputError(f"unknown `kernel` {str(choice)[:40]!r}; use one of {', '.join(choices())}",
+                         param="kernel")
     return (kernel(choice),)
 
 

@@ -80,4 +80,4 @@ def adversary(adversary, adversary_sql, buckets) -> None:
     if buckets is not None:
         whole(buckets, "buckets")
     if adversary_sql is not None:  # refused naming its own option, before any data are read
-        check_select(adversary_sql.strip().rstrip(";").strip(), "--adversary-sql")
+        check_select(adversary_sql.strip().rstrip(";").strip(), "adversary_sql")

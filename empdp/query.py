@@ -96,9 +96,9 @@ def parse_query(query: str | None = None, *, where: str | None = None, sql: str 
         if not _SQL_DB.search(sql):
             raise InputError("`sql` must read the table 'db' (one database), e.g. "
                              "`sql` 'SELECT avg(x) FROM db'", param="sql")
-        body = check_select(sql.strip().rstrip(";").strip(), "--sql")
+        body = check_select(sql.strip().rstrip(";").strip(), "sql")
         return Query(form="sql", sql=body, text=sql.strip())
-    check_filter(where, "--where")
+    check_filter(where, "where")
     text = query.strip()
     m = _RATIO.match(text)
     if m:

@@ -2,6 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from empdp.settings import Model
+
 
 def random_panel(seed: int, n_db: int = 5, n_ind: int = 14, p_absent: float = 0.3, ties: bool = True) -> pd.DataFrame:
     """A small repeated-database table: multi-row individuals, absences, ties and a sole contributor."""
@@ -37,7 +39,8 @@ def sample_assessment(sample_path):
     """The sample data assessed with a fixed model (no bandwidth search keeps it fast)."""
     from empdp.assessment import assess
 
-    return assess(sample_path, id="countyid", by="year", query="mean(murdrate)", kernel="laplace", bandwidth=0.05)
+    return assess(sample_path, id="countyid", by="year", query="mean(murdrate)",
+                  model=Model(kernel="laplace", bandwidth=0.05))
 
 
 @pytest.fixture

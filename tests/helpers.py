@@ -56,3 +56,22 @@ def parquet_file(tmp_path_factory, table, folder: str, name: str) -> str:
     path = tmp_path_factory.mktemp(folder) / name
     table.write_parquet(path)
     return str(path)
+
+
+def settings(**flat) -> dict:
+    """The keywords of ``empdp.assess``/``calibrate`` for options named flat (``kernel="gaussian"``,
+    ``engine="spark"``): ``model=Model(...)`` and ``execution=Execution(...)``, for tests that loop
+    over options by name."""
+    from dataclasses import fields
+
+    from empdp.settings import Execution, Model
+
+    out = {}
+    for cls, key in ((Model, "model"), (Execution, "execution")):
+        mine = {f.name for f in fields(cls)}
+        given = {k: v for k, v in flat.items() if k in mine}
+        if given:
+            out[key] = cls(**given)
+    unknown = set(flat) - {f.name for cls in (Model, Execution) for f in fields(cls)}
+    assert not unknown, f"not a setting: {unknown}"
+    return out

@@ -20,6 +20,7 @@ from reference import brute_force_risk
 from empdp.assessment import assess
 from empdp.cli.main import cli
 from empdp.density import select_density
+from empdp.settings import Model
 
 EPS = np.array([0.05, 0.2, 0.6])
 
@@ -59,8 +60,8 @@ def _reference(df, bandwidth):
 @pytest.mark.parametrize("bandwidth", ["auto", 1.5])
 def test_matches_a_brute_force_bucketed_reference(bandwidth):
     df = season_panel(1, n_db=20, n_ind=6, spike=4.0)
-    a = assess(df, id="id", by="db", query="mean(x)", adversary="max(season)", buckets=2, epsilon=EPS,
-               bandwidth=bandwidth, exact_all=True)
+    a = assess(df, id="id", by="db", query="mean(x)", epsilon=EPS, exact_all=True,
+               model=Model(adversary="max(season)", buckets=2, bandwidth=bandwidth))
     loo, per_delta, per_eps = _reference(df, bandwidth)
     delta, eps_i = per_delta.max(axis=0), per_eps.max(axis=0)
     buckets = a.to_dict()["adversary"]["buckets"]
@@ -83,7 +84,7 @@ def test_matches_a_brute_force_bucketed_reference(bandwidth):
 def test_one_bucket_is_the_plain_assessment():
     df = season_panel(2)
     plain = assess(df, id="id", by="db", query="mean(x)", epsilon=EPS)
-    one = assess(df, id="id", by="db", query="mean(x)", adversary="max(season)", buckets=1, epsilon=EPS)
+    one = assess(df, id="id", by="db", query="mean(x)", epsilon=EPS, model=Model(adversary="max(season)", buckets=1))
     np.testing.assert_array_equal(one.delta, plain.delta)
     np.testing.assert_array_equal(one.total_risk, plain.total_risk)
     np.testing.assert_array_equal(one.n_at_risk, plain.n_at_risk)
@@ -96,7 +97,7 @@ def test_knowing_the_season_exposes_the_individual_who_stands_out_in_it():
     # pooled model the two seasons' clusters hide k; within the high season k moves every point
     df = season_panel(3, spike=4.0)
     plain = assess(df, id="id", by="db", query="mean(x)")
-    known = assess(df, id="id", by="db", query="mean(x)", adversary="max(season)", buckets=2)
+    known = assess(df, id="id", by="db", query="mean(x)", model=Model(adversary="max(season)", buckets=2))
     eps = dict(zip(known.individuals["id"].to_list(), known.individuals["eps_i"].to_list()))
     top = known.riskiest(1)
     assert top["id"][0] == "k"
@@ -117,7 +118,7 @@ def test_knowledge_unrelated_to_the_query_changes_little():
     flip = dict(zip(sorted(df["db"].unique()), rng.integers(0, 2, df["db"].nunique())))
     df["coin"] = df["db"].map(flip)
     plain = assess(df, id="id", by="db", query="mean(x)")
-    known = assess(df, id="id", by="db", query="mean(x)", adversary="max(coin)", buckets=2)
+    known = assess(df, id="id", by="db", query="mean(x)", model=Model(adversary="max(coin)", buckets=2))
     assert known.eps_all < 3 * plain.eps_all
 
 
@@ -167,7 +168,8 @@ def test_saved_result_and_report_keep_the_buckets(tmp_path):
     from empdp.assessment.result import load_result, save_result
     from empdp.report import report_html
 
-    a = assess(season_panel(3, spike=4.0), id="id", by="db", query="mean(x)", adversary="max(season)", buckets=2)
+    a = assess(season_panel(3, spike=4.0), id="id", by="db", query="mean(x)",
+               model=Model(adversary="max(season)", buckets=2))
     save_result(a, tmp_path / "r.json")
     r = load_result(tmp_path / "r.json")
     assert r.adversary == json.loads(json.dumps(a.adversary))
@@ -186,17 +188,20 @@ def _calibrate(df, eps, **kw):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return calibrate(df, id="id", by="db", query="mean(x)", epsilon=eps, adversary="max(season)", **kw)
+        return calibrate(df, id="id", by="db", query="mean(x)", epsilon=eps,
+                         model=Model(adversary="max(season)", **kw))
+
 
 
 @pytest.mark.parametrize("bandwidth", ["auto", 1.0])
 def test_calibrate_with_adversary_adds_no_noise_exactly_when_assess_finds_nobody_at_risk(bandwidth):
     df = season_panel(3, spike=4.0)
-    a = assess(df, id="id", by="db", query="mean(x)", adversary="max(season)", buckets=2, bandwidth=bandwidth)
+    a = assess(df, id="id", by="db", query="mean(x)",
+               model=Model(adversary="max(season)", buckets=2, bandwidth=bandwidth))
     for factor, nobody in ((1 - 1e-6, False), (1 + 1e-6, True)):
         eps = a.eps_all * factor
-        found = int(assess(df, id="id", by="db", query="mean(x)", adversary="max(season)", buckets=2,
-                           bandwidth=bandwidth, epsilon=[eps]).n_at_risk[0]) == 0
+        found = int(assess(df, id="id", by="db", query="mean(x)", epsilon=[eps],
+                           model=Model(adversary="max(season)", buckets=2, bandwidth=bandwidth)).n_at_risk[0]) == 0
         cal = _calibrate(df, eps, buckets=2, bandwidth=bandwidth)
         assert found is nobody and (cal.noise["kind"] == "none") is nobody
         assert cal.verified_eps_max <= eps
@@ -284,8 +289,8 @@ def test_report_density_panels_plot_the_model_that_sets_eps_i(monkeypatch):
     from empdp.report import assessment as sections
     from empdp.report import plots
 
-    a = assess(SAMPLE, id="countyid", by="year", query="mean(murdrate)", adversary="sum(popul)", buckets=2,
-               kernel="laplace")
+    a = assess(SAMPLE, id="countyid", by="year", query="mean(murdrate)",
+               model=Model(adversary="sum(popul)", buckets=2, kernel="laplace"))
     rows, shifts, _ = sections.top_rows(a, float(a.epsilons[0]), str, 3)
     figures = []
     monkeypatch.setattr(plots, "_img", lambda fig, alt: figures.append(fig) or "")

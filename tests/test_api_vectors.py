@@ -3,6 +3,7 @@ the one entry point (issue 19 item 1), and the one-statistic options it refuses.
 
 import numpy as np
 import pytest
+from helpers import settings
 from test_joint_assess import paper_table
 from test_joint_groups import EPS, grouped_table
 
@@ -44,7 +45,7 @@ def test_group_by_is_the_grouped_assessment():
 def test_one_statistic_options_are_refused_for_several(option):
     table, _ = paper_table(n_db=6, n_ind=8, K=3)
     with pytest.raises(InputError, match=f"{next(iter(option))}="):
-        assess(table, id="id", by="db", query=["sum(x)", "max(x)"], **option)
+        assess(table, id="id", by="db", query=["sum(x)", "max(x)"], **settings(**option))
 
 
 def test_group_by_takes_one_statistic():

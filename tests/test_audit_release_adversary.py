@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import CURATOR_KEY, one_line_error, run
+from helpers import CURATOR_KEY, one_line_error, run, settings
 from numpy.testing import assert_allclose
 
 import empdp.audit
@@ -54,7 +54,7 @@ def panel(seed: int, high_spike: float = 4.0, low_spike: float = 0.0, n_db: int 
 def _calibrate(df, eps=EPS, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return calibrate(df, id="id", by="db", query="mean(x)", epsilon=eps, **kw)
+        return calibrate(df, id="id", by="db", query="mean(x)", epsilon=eps, **settings(**kw))
 
 
 def _stored(cal):

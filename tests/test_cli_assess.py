@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from conftest import random_panel
 
 from empdp.cli.main import cli
+from empdp.settings import Model
 
 BASE = ["--id", "countyid", "--by", "year", "--query", "mean(murdrate)"]
 
@@ -144,7 +145,8 @@ def _summary_from_frame(df):
 
     results = []
     for frame in (df, pl.from_pandas(df), pl.from_pandas(df).to_arrow()):
-        r = assess(frame, id="id", by="year", query="mean(x)", kernel="laplace", bandwidth=0.5, epsilon=0.1)
+        r = assess(frame, id="id", by="year", query="mean(x)", epsilon=0.1,
+                   model=Model(kernel="laplace", bandwidth=0.5))
         results.append((r.eps_all, r.delta[0], r.n_individuals))
     assert results[0] == results[1] == results[2]
     return results[0]

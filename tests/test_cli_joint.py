@@ -10,6 +10,8 @@ import pytest
 from helpers import one_line_error, parquet_file, run
 from test_joint_assess import paper_table
 
+from empdp.settings import Execution, Model
+
 PANEL = ["--id", "id", "--by", "db"]
 
 
@@ -96,7 +98,8 @@ def test_one_query_is_the_one_statistic_assessment(paper):
 
     path, _ = paper
     args = ["assess", path, *PANEL, "--query", "sum(x)", "--bandwidth", "3", "-e", "0.1", "-e", "0.5"]
-    one = assess(path, id="id", by="db", query="sum(x)", bandwidth=3.0, epsilon=[0.1, 0.5], workers="auto")
+    one = assess(path, id="id", by="db", query="sum(x)", epsilon=[0.1, 0.5], model=Model(bandwidth=3.0),
+                 execution=Execution(workers="auto"))
     assert run(*args, "--json").output == json.dumps(jsonable(one.to_dict()), allow_nan=False) + "\n"
     text = io.StringIO()
     print_assessment(one, console=Console(file=text, highlight=False, soft_wrap=True))

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from empdp.assessment import assess
 from empdp.cli.main import cli
 from empdp.errors import InputError
+from empdp.settings import Model
 
 
 def _write(path, rows):
@@ -209,7 +210,7 @@ def test_bad_thread_counts_are_refused(threads):
 @pytest.mark.parametrize("kw,match", [
     (dict(query="mean(x)", where="year = 'abc'"), "not valid SQL for this source: Conversion Error"),
     (dict(query="median(x)", where="nosuch > 1"), r"the filter `where` 'nosuch > 1' is not valid here: Binder Error"),
-    (dict(sql="SELECT avg(nosuch) FROM db"), "--sql failed on database 2000: Binder Error"),
+    (dict(sql="SELECT avg(nosuch) FROM db"), "`sql` failed on database 2000: Binder Error"),
 ])
 def test_duckdb_errors_are_input_errors_in_the_library(tmp_path, kw, match):
     """The data layer turns DuckDB's bad-input errors into one-line InputError (the CLI's map is a fallback)."""
@@ -278,4 +279,4 @@ def test_three_rows_per_database_at_the_median_are_enough():
     from empdp import assess
 
     df = pd.DataFrame({"id": [1, 2, 3] * 4, "db": [d for d in range(4) for _ in range(3)], "x": range(12)})
-    assert assess(df, id="id", by="db", query="mean(x)", kernel="laplace", bandwidth=1.0).n_databases == 4
+    assert assess(df, id="id", by="db", query="mean(x)", model=Model(kernel="laplace", bandwidth=1.0)).n_databases == 4

@@ -16,6 +16,7 @@ from scipy.special import logsumexp
 from empdp import risk
 from empdp.density import DensityModel, _bandwidths
 from empdp.risk import gaussian as _gaussian
+from empdp.settings import Model
 
 TAU = risk.EPS_TOLERANCE
 
@@ -536,6 +537,6 @@ def test_eps_beyond_double_precision_is_said_to_be_a_lower_bound():
         x = rng.normal(10, 1, size=40)
         x[0] = 400.0
         frames.append(pl.DataFrame({"db": db, "id": np.arange(40), "x": x}))
-    a = empdp.assess(pl.concat(frames), id="id", by="db", query="mean(x)", kernel="gaussian")
+    a = empdp.assess(pl.concat(frames), id="id", by="db", query="mean(x)", model=Model(kernel="gaussian"))
     assert a.eps_all >= 700
     assert any("lower bounds" in w and "700" in w for w in a.warnings)

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from conftest import random_panel
 
 from empdp.cli.main import cli
+from empdp.settings import Model
 
 #: the values tried in every numeric option
 VALUES = ("nan", "inf", "-inf", "1e308", "-1e308", "-1", "0", "1e-320", "99999999999999999999", "9" * 400, "")
@@ -51,7 +52,7 @@ def files(tmp_path_factory):
     random_panel(2, n_db=6, n_ind=12).to_parquet(panel)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cal = calibrate(str(panel), id="id", by="year", query="mean(x)", epsilon=1.0, kernel="laplace")
+        cal = calibrate(str(panel), id="id", by="year", query="mean(x)", epsilon=1.0, model=Model(kernel="laplace"))
     cal.save(folder / "cal.json")
     for name, text in BOMBS.items():
         (folder / f"{name}.json").write_text(text)

@@ -39,7 +39,7 @@ def _duckdb_interrupt(con, sql):
 
 def _wrapped_interrupt(con, sql):
     # as the data layer reports a DuckDB error of user SQL: InputError(...) from None
-    with sql_errors(context="--sql failed on database 1990"):
+    with sql_errors(context="`sql` failed on database 1990", param="sql"):
         _interrupted_query(con)
 
 

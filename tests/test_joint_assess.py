@@ -6,6 +6,7 @@ import pytest
 
 from empdp.assessment.joint import assess_joint
 from empdp.risk.joint import SingularCovarianceError
+from empdp.settings import Execution
 
 
 def paper_table(K=7, n_db=40, n_ind=30, seed=0, steady=0.05):
@@ -41,7 +42,8 @@ def test_d1_matches_the_one_statistic_assessment():
 
     table, _ = paper_table()
     eps = [0.05, 0.2, 0.5]
-    one = assess(table, id="id", by="db", query="sum(x)", epsilon=eps, exact_all=True, screening=False)
+    one = assess(table, id="id", by="db", query="sum(x)", epsilon=eps, exact_all=True,
+                 execution=Execution(screening=False))
     joint = assess_joint(table, id="id", by="db", queries=["sum(x)"], epsilon=eps)
     np.testing.assert_allclose(joint.eps_i, one.individuals["eps_i"].to_numpy(), rtol=1e-9)
     np.testing.assert_allclose(joint.delta, one.delta, atol=1e-9)
@@ -173,10 +175,12 @@ def test_the_public_assess_passes_its_progress_to_joint_and_grouped_assessments(
 
     table, _ = paper_table()
     calls, progress = _recorder()
-    assess(table, id="id", by="db", query=["sum(x)", "sum(x_not_k)"], epsilon=[0.5], progress=progress)
+    assess(table, id="id", by="db", query=["sum(x)", "sum(x_not_k)"], epsilon=[0.5],
+           execution=Execution(progress=progress))
     assert {"eps_all", "delta_i"} <= {c[0] for c in calls}
     calls.clear()
-    assess(grouped_table(), id="id", by="year", group_by="region", query="mean(x)", epsilon=[0.5], progress=progress)
+    assess(grouped_table(), id="id", by="year", group_by="region", query="mean(x)", epsilon=[0.5],
+           execution=Execution(progress=progress))
     assert {"eps_i", "delta_i"} <= {c[0] for c in calls}
     final = [c for c in calls if c[0] == "delta_i"][-1]
     assert final[1] == final[2] > 0

@@ -10,6 +10,7 @@ import pytest
 from empdp.assessment.groups import assess_grouped
 from empdp.errors import InputError
 from empdp.risk.joint import select_joint_model
+from empdp.settings import Execution
 
 EPS = [0.05, 0.2, 0.6]
 
@@ -73,8 +74,8 @@ def test_an_individual_in_one_group_has_that_groups_one_statistic_risk(five):
     assert not grouped.joint
     ind = grouped.individuals
     for g in "ace":
-        one = assess(table, id="id", by="year", query="mean(x)", where=f"region = '{g}'", epsilon=EPS,
-                     exact_all=True, screening=False)
+        one = assess(table, id="id", by="year", query="mean(x)", where=f"region = '{g}'", epsilon=EPS, exact_all=True,
+                     execution=Execution(screening=False))
         here = set(table.filter(pl.col("region") == g)["id"].to_list())
         only = ind.filter((pl.col("groups") == 1) & pl.col("id").is_in(list(here)))
         assert only.height >= 8
@@ -111,8 +112,8 @@ def test_group_risks_are_the_one_statistic_risks_of_each_group(five):
     from empdp.assessment import assess
 
     table, grouped = five
-    one = assess(table, id="id", by="year", query="mean(x)", where="region = 'd'", epsilon=EPS[:1],
-                 exact_all=True, screening=False)
+    one = assess(table, id="id", by="year", query="mean(x)", where="region = 'd'", epsilon=EPS[:1], exact_all=True,
+                 execution=Execution(screening=False))
     ref = one.individuals.filter(pl.col("id").is_in([45, 46])).sort("id")
     mine = grouped.group_risks.filter(pl.col("group") == "d").sort("id")
     np.testing.assert_allclose(mine["eps_i"].to_numpy(), ref["eps_i"].to_numpy(), rtol=1e-9)

@@ -18,6 +18,7 @@ from scipy import integrate, special, stats
 from empdp import kernels, risk
 from empdp.density import DensityModel, select_density
 from empdp.errors import InputError
+from empdp.settings import Model
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = list(kernels.KERNELS.values())
@@ -154,7 +155,7 @@ def test_registry_refuses_unknown_kernels_in_one_line(bad):
         with pytest.raises(InputError) as err:
             call(bad)
         msg = str(err.value)
-        assert "\n" not in msg and "unknown kernel" in msg and "laplace, gaussian" in msg
+        assert "\n" not in msg and "unknown `kernel`" in msg and "laplace, gaussian" in msg
 
 
 def test_cli_refuses_an_unknown_kernel_naming_the_choices():
@@ -167,7 +168,7 @@ def test_saved_kernel_names_become_objects():
     q = np.array([0.0, 1.0, 3.0])
     model = DensityModel("gaussian", 1.0, 0.0, q, np.ones(3), loglik=0.0)
     assert model.kernel is kernels.KERNELS["gaussian"] and model.describe()["kind"] == "gaussian"
-    with pytest.raises(InputError, match="unknown kernel"):
+    with pytest.raises(InputError, match="unknown `kernel`"):
         DensityModel("cauchy", 1.0, 0.0, q, np.ones(3), loglik=0.0)
 
 
@@ -325,7 +326,7 @@ def _report(path, kernel):
     from empdp.assessment import assess
     from empdp.report import report_html
 
-    a = assess(path, id="person", by="year", query="mean(x)", kernel=kernel, bandwidth=0.05)
+    a = assess(path, id="person", by="year", query="mean(x)", model=Model(kernel=kernel, bandwidth=0.05))
     return a, report_html(a)
 
 

@@ -9,6 +9,7 @@ from conftest import random_panel
 from empdp.errors import InputError
 from empdp.loo import leave_one_out
 from empdp.query import parse_query
+from empdp.settings import Model
 
 FORMS = [
     ("count(*)", "count(*)"),
@@ -226,7 +227,7 @@ def test_assessment_does_not_keep_the_held_matrix():
 
     df = random_panel(3, ties=False)
     full = leave_one_out(df, id="id", by="year", query="mean(x)")
-    a = assess(df, id="id", by="year", query="mean(x)", kernel="laplace", bandwidth=0.5, epsilon=[0.1])
+    a = assess(df, id="id", by="year", query="mean(x)", epsilon=[0.1], model=Model(kernel="laplace", bandwidth=0.5))
     assert not a.engine.holds_all_shifts
     ids = full.ids.to_list()[:4]
     defined = ~full.undefined[:4]
@@ -344,7 +345,7 @@ def test_assess_with_rows_fetched_in_small_chunks_equals_the_held_matrix(kernel,
     from empdp.loo import decomposable
 
     path = sample_path
-    kw = dict(id="countyid", by="year", query="mean(murdrate)", kernel=kernel, exact_all=True)
+    kw = dict(id="countyid", by="year", query="mean(murdrate)", model=Model(kernel=kernel), exact_all=True)
     held = assess(path, **kw)
     monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
     monkeypatch.setattr(evaluation, "FETCH_CELLS", 40 * 17)  # 17 databases: 40 rows
@@ -370,12 +371,3 @@ def test_assess_with_rows_fetched_in_small_chunks_equals_the_held_matrix(kernel,
     np.testing.assert_allclose(a["delta"], b["delta"], rtol=0, atol=0 if exact else 1e-14)
     np.testing.assert_allclose(held.total_risk, fetched.total_risk, rtol=0, atol=0 if exact else 1e-14)
 
-
-def test_every_decomposable_form_has_its_spark_formula():
-    """A query form added to loo.forms.FORMS must be added to the Spark engine too (it refuses forms it
-    has no formula for, instead of computing them by another's)."""
-    pytest.importorskip("pyspark")
-    from empdp.loo.forms import FORMS
-    from empdp.spark.engine import SPARK_FORMS
-
-    assert set(FORMS) == set(SPARK_FORMS)

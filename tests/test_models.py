@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import one_line_error, run
+from helpers import one_line_error, run, settings
 
 import empdp
 from empdp.errors import InputError
 from empdp.models import GROUPED, JOINT, MODELS, ONE, model_for
+from empdp.settings import Model
 
 MISSING = "/nonexistent/never-read.parquet"  # a refusal must come before any data are read
 SOURCE = dict(id="id", by="year")
@@ -28,7 +29,7 @@ STATISTICS = {"joint": dict(query=["sum(x)", "count(*)"]), "grouped": dict(query
 def test_the_library_refuses_what_a_model_does_not_take_before_reading(model, param):
     assert param in model.refuses
     with pytest.raises(InputError) as info:
-        empdp.assess(MISSING, **SOURCE, **STATISTICS[model.key], **{param: REFUSABLE[param]})
+        empdp.assess(MISSING, **SOURCE, **STATISTICS[model.key], **settings(**{param: REFUSABLE[param]}))
     text = str(info.value)
     assert text.startswith(f"{param}=") and "does not apply to" in text and model.refuses[param] in text
 
@@ -58,11 +59,12 @@ def test_one_routing_for_every_request():
 
 @pytest.mark.parametrize("kwargs, param", [
     (dict(threads=0), "threads"), (dict(workers="cores"), "workers"), (dict(epsilon=[-1.0]), "epsilon"),
-    (dict(buckets=2), "buckets"), (dict(engine="hadoop"), "engine"),
+    (dict(buckets=2), "buckets"), (dict(engine="hadoop"), "engine"), (dict(kernel="epanechnikov"), "kernel"),
 ])
 def test_library_errors_name_parameters_and_the_cli_shows_flags(kwargs, param):
+    epsilon = kwargs.pop("epsilon", None)
     with pytest.raises(InputError) as info:
-        empdp.assess(MISSING, **SOURCE, query="mean(x)", **kwargs)
+        empdp.assess(MISSING, **SOURCE, query="mean(x)", epsilon=epsilon, **settings(**kwargs))
     assert param in info.value.param and f"`{param}`" in str(info.value) and "--" not in str(info.value)
     shown = info.value.shown(lambda p: "--" + p.replace("_", "-"))
     assert f"--{param}" in shown and "`" not in shown
@@ -80,9 +82,9 @@ def test_no_backquoted_parameter_reaches_the_terminal(sample_path, args, flag):
 
 def test_every_result_answers_one_protocol(sample_path):
     """riskiest(k, epsilon) with the same leading and trailing columns, out_table, statistic, close."""
-    one = empdp.assess(sample_path, id="countyid", by="year", query="mean(murdrate)", bandwidth=0.05)
+    one = empdp.assess(sample_path, id="countyid", by="year", query="mean(murdrate)", model=Model(bandwidth=0.05))
     joint = empdp.assess(sample_path, id="countyid", by="year", query=["mean(murdrate)", "sum(murders)"],
-                         bandwidth=[0.05, 1000.0])
+                         model=Model(bandwidth=[0.05, 1000.0]))
     for r in (one, joint):
         eps = float(r.epsilons[len(r.epsilons) // 2])
         top = r.riskiest(5, eps)

@@ -25,6 +25,7 @@ from empdp import calibrate, risk
 from empdp.assessment import assess
 from empdp.cli.main import cli
 from empdp.cli.render import print_assessment
+from empdp.settings import Model
 
 QUERY = dict(id="countyid", by="year", query="mean(murdrate)")
 
@@ -72,11 +73,11 @@ def test_calibrate_adds_no_noise_exactly_when_assess_finds_nobody_at_risk_on_pan
 
 
 def test_fixed_bandwidth_is_the_same_model_too():
-    _check_both_directions(panel(7), id="id", by="year", query="sum(x)", bandwidth=0.8)
+    _check_both_directions(panel(7), id="id", by="year", query="sum(x)", model=Model(bandwidth=0.8))
 
 
 def test_variable_bandwidths_are_assess_only(sample_path, tmp_path):
-    a = assess(panel(1), id="id", by="year", query="mean(x)", bandwidth="variable")
+    a = assess(panel(1), id="id", by="year", query="mean(x)", model=Model(bandwidth="variable"))
     assert a.model.describe()["selected_by"] == "loo-likelihood"
     assert a.model.bandwidths.std() > 0  # the variable part is there when asked for
     out = tmp_path / "cal.json"
@@ -141,7 +142,7 @@ def test_individuals_keep_the_exact_eps_i_the_search_found(sample_path):
 
 # ------------------------------------------------------------------ Gaussian tolerance
 def test_gaussian_reports_its_tolerance(sample_path):
-    a = assess(sample_path, kernel="gaussian", bandwidth=0.02, epsilon=[0.5], **QUERY)
+    a = assess(sample_path, epsilon=[0.5], **QUERY, model=Model(kernel="gaussian", bandwidth=0.02))
     d = a.to_dict()
     assert d["eps_tolerance"] == risk.GAUSSIAN_TOL > 0
     assert any("eps_tolerance" in n for n in d["notes"])

@@ -15,6 +15,7 @@ import pytest
 import empdp
 from empdp.assessment import parallel
 from empdp.density import DensityModel
+from empdp.settings import Model
 
 
 def _model(kernel: str, bandwidths) -> DensityModel:
@@ -85,7 +86,7 @@ def test_the_search_starts_processes_for_the_delta_stage_it_can_have(monkeypatch
     mu = 10 * rng.standard_t(3, n) if shape == "heavy" else rng.uniform(0, 2, n)
     df = pl.DataFrame({"id": np.repeat(np.arange(n), T), "db": np.tile(np.arange(T), n),
                        "x": np.repeat(mu, T) + rng.normal(size=n * T)})
-    empdp.assess(df, id="id", by="db", query="mean(x)", kernel="gaussian")
+    empdp.assess(df, id="id", by="db", query="mean(x)", model=Model(kernel="gaussian"))
     search, delta = calls  # the search's estimate, then the δ stage's own rows
     assert delta <= search
     assert (search < n // 2) if shape == "heavy" else (search == n)

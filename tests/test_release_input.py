@@ -16,6 +16,7 @@ from empdp.errors import InputError
 from empdp.noise import Calibration, Ledger, LedgerError, ledger_v1
 from empdp.noise.ledger_v1 import record_hash as _record_hash
 from empdp.noise.sampler import NoiseSampler
+from empdp.settings import Model
 
 KEY = CURATOR_KEY
 
@@ -28,7 +29,7 @@ def cal_path(tmp_path_factory):
     """A calibration of the sample data at ε = 0.1 (Laplace kernel), written by the library."""
     path = tmp_path_factory.mktemp("cal") / "cal.json"
     empdp.calibrate(SAMPLE, id="countyid", by="year", query="mean(murdrate)", epsilon=0.1,
-                    kernel="laplace").save(path, key=KEY)
+                    model=Model(kernel="laplace")).save(path, key=KEY)
     return path
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from empdp.assessment.assess import assess
 from empdp.report import render_report
+from empdp.settings import Model
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "sample_data" / "countymurders.parquet"
@@ -50,8 +51,8 @@ def test_report_renders_in_chromium(tmp_path, monkeypatch):
 
     browser = _chromium()
     monkeypatch.chdir(ROOT)  # a relative source path reads better in the README screenshot
-    result = assess(str(SAMPLE.relative_to(ROOT)), id="countyid", by="year", query="mean(murdrate)", kernel="laplace",
-                    bandwidth=0.05)
+    result = assess(str(SAMPLE.relative_to(ROOT)), id="countyid", by="year", query="mean(murdrate)",
+                    model=Model(kernel="laplace", bandwidth=0.05))
     html = tmp_path / "report.html"
     render_report(result, html)
     png = tmp_path / "shot.png"

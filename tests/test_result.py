@@ -19,6 +19,7 @@ from empdp.assessment.result import FORMAT, SHIFT_ROWS, TABLE_ROWS, load_result,
 from empdp.errors import InputError
 from empdp.io import keyed_hash
 from empdp.report import TOP_TABLE, report_html
+from empdp.settings import Model
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "countymurders.parquet"
 
@@ -98,7 +99,7 @@ def test_shifts_beyond_the_saved_rows_are_refused(live, saved):
 
 
 def test_sole_contributors_and_string_ids_survive(tmp_path):
-    a = assess(random_panel(0), id="id", by="year", query="mean(x)", kernel="laplace", bandwidth=0.5)
+    a = assess(random_panel(0), id="id", by="year", query="mean(x)", model=Model(kernel="laplace", bandwidth=0.5))
     save_result(a, tmp_path / "r.json")
     r = load_result(tmp_path / "r.json")
     top = r.riskiest(1).row(0, named=True)

@@ -10,6 +10,7 @@ from empdp.density import DensityModel, select_density
 from empdp.loo import leave_one_out
 from empdp.risk import cuts as _cuts
 from empdp.risk import delta_upper_bound, evaluate, term_delta, total_risk
+from empdp.settings import Execution, Model
 
 EPS = np.array([0.0, 0.02, 0.1, 0.25, 0.5, 1.0, 2.0])
 
@@ -137,9 +138,9 @@ def test_total_risk_formula():
 
 @pytest.mark.parametrize("kernel", ["laplace", "gaussian"])
 def test_screening_off_changes_nothing(sample_path, kernel):
-    kw = dict(id="countyid", by="year", query="mean(murdrate)", kernel=kernel, epsilon=[0.05, 0.2, 1.0])
+    kw = dict(id="countyid", by="year", query="mean(murdrate)", model=Model(kernel=kernel), epsilon=[0.05, 0.2, 1.0])
     a = assess(sample_path, **kw)
-    b = assess(sample_path, screening=False, **kw)
+    b = assess(sample_path, **kw, execution=Execution(screening=False))
     assert b.n_evaluated == b.n_individuals > a.n_evaluated
     # the same numbers, up to rounding: without screening an individual is evaluated in another
     # block, and the matrix product's rounding depends on the block's rows (a few ulps of p̂_i).
@@ -161,8 +162,8 @@ def test_screening_off_changes_nothing(sample_path, kernel):
 
 
 def test_assess_summary_consistent(sample_path):
-    r = assess(sample_path, id="countyid", by="year", query="mean(murdrate)", kernel="laplace",
-               bandwidth=0.05, exact_all=True)
+    r = assess(sample_path, id="countyid", by="year", query="mean(murdrate)", exact_all=True,
+               model=Model(kernel="laplace", bandwidth=0.05))
     ei = r.individuals["eps_i"].to_numpy()
     assert r.eps_all == pytest.approx(ei.max())
     assert len(r.epsilons) == 50 and r.epsilons[0] < r.eps_all < r.epsilons[-1]
@@ -371,8 +372,8 @@ def test_saturated_levels_change_no_summary(sample_path, monkeypatch):
     import importlib
 
     A = importlib.import_module("empdp.assessment.evaluation")
-    kw = dict(id="countyid", by="year", query="mean(murdrate)", kernel="laplace",
-              epsilon=list(np.geomspace(0.02, 0.5, 12)), threads=1)
+    kw = dict(id="countyid", by="year", query="mean(murdrate)", model=Model(kernel="laplace"),
+              epsilon=list(np.geomspace(0.02, 0.5, 12)), execution=Execution(threads=1))
     monkeypatch.setattr(A, "EVAL_ROWS", 128)
     monkeypatch.setattr(A, "LAG_BLOCKS", 1)
     full = assess(sample_path, **kw)

@@ -29,6 +29,7 @@ from empdp import risk  # noqa: E402
 from empdp.density import select_density  # noqa: E402
 from empdp.errors import InputError  # noqa: E402
 from empdp.loo import make_engine  # noqa: E402
+from empdp.settings import Execution, Model
 from empdp.spark import evaluate_on_executors, make_spark_engine, spark_session  # noqa: E402
 
 RTOL = 1e-9
@@ -113,6 +114,34 @@ def test_spark_equals_duckdb(computed, case):
         assert s1.undefined[s1.ids.to_list().index("solo")]  # the sole contributor is flagged, not dropped
 
 
+def test_a_new_query_form_is_one_registry_entry_on_both_engines(spark, monkeypatch):
+    """A decomposable form added once (its entry in loo.forms.FORMS and its name in query.py) runs on
+    DuckDB and on Spark, and gives the values and shifts of the same statistic computed another way."""
+    import pandas as pd
+
+    from empdp import query
+    from empdp.loo import forms
+
+    abs_sum = forms.Form(lambda cols: [f"CAST(count({cols[0]}) AS DOUBLE) AS c",
+                                       f"coalesce(sum(abs(CAST({cols[0]} AS DOUBLE))), 0) AS s"],
+                         lambda t: (t["s"], t["c"] > 0), "p.s", "t.c - p.c <= 0")
+    monkeypatch.setitem(forms.FORMS, "abssum", abs_sum)
+    monkeypatch.setattr(query, "DECOMPOSABLE", (*query.DECOMPOSABLE, "abssum"))
+    monkeypatch.setattr(query, "FORMS", (*query.FORMS, "abssum"))
+    rng = np.random.default_rng(4)
+    df = pd.DataFrame({"id": rng.integers(0, 12, 90), "year": rng.integers(0, 5, 90), "x": rng.normal(size=90)})
+    df["ax"] = df["x"].abs()
+    reference = make_engine(df, id="id", by="year", query="sum(ax)")
+    want_q = reference.values()
+    want = reference.shifts(np.arange(len(reference.screen(np.ones(5)))))
+    for engine in (make_engine(df, id="id", by="year", query="abssum(x)"),
+                   make_spark_engine(spark.createDataFrame(df), id="id", by="year", query="abssum(x)")):
+        np.testing.assert_allclose(engine.values(), want_q, rtol=1e-12)
+        rows = np.arange(len(engine.screen(np.ones(5))))
+        np.testing.assert_allclose(engine.shifts(rows), want, rtol=1e-12, atol=1e-15)
+        engine.close()
+
+
 @pytest.mark.parametrize("kernel", ["laplace", "gaussian"])
 def test_executor_evaluation_equals_local_blocks(spark, sample_path, kernel):
     engine = make_spark_engine(sample_path, id="countyid", by="year", query="mean(murdrate)")
@@ -178,7 +207,7 @@ def test_assess_on_spark_is_the_duckdb_assessment(spark, tmp_path, query):
     random_panel(3, n_db=8, n_ind=40, ties=False).to_parquet(path)
     for eps in ([0.1, 0.5], None):
         a = assess(str(path), id="id", by="year", query=query, epsilon=eps)
-        b = assess(str(path), id="id", by="year", query=query, epsilon=eps, engine="spark")
+        b = assess(str(path), id="id", by="year", query=query, epsilon=eps, execution=Execution(engine="spark"))
         assert b.eps_all == pytest.approx(a.eps_all, rel=RTOL)
         np.testing.assert_allclose(b.epsilons, a.epsilons, rtol=RTOL)
         np.testing.assert_allclose(b.delta, a.delta, rtol=RTOL, atol=1e-15)
@@ -198,10 +227,10 @@ def test_no_local_worker_processes_on_spark(spark, tmp_path, monkeypatch):
     monkeypatch.setattr(parallel.Executors, "prepare", lambda self, rows: asked.append(rows))
     path = tmp_path / "p.parquet"
     random_panel(3, n_db=8, n_ind=40, ties=False).to_parquet(path)
-    options = dict(id="id", by="year", query="mean(x)", kernel="gaussian", workers="auto")
-    assess(str(path), engine="spark", **options)
+    options = dict(id="id", by="year", query="mean(x)", model=Model(kernel="gaussian"))
+    assess(str(path), **options, execution=Execution(engine="spark", workers="auto"))
     assert asked == []
-    assess(str(path), **options)
+    assess(str(path), **options, execution=Execution(workers="auto"))
     assert asked
 
 
@@ -216,7 +245,7 @@ def test_calibrate_on_spark_is_the_duckdb_calibration(spark, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # sole contributors, noted by both
         a = calibrate(str(path), id="id", by="year", query="mean(x)", epsilon=0.3)
-        b = calibrate(str(path), id="id", by="year", query="mean(x)", epsilon=0.3, engine="spark")
+        b = calibrate(str(path), id="id", by="year", query="mean(x)", epsilon=0.3, execution=Execution(engine="spark"))
     assert b.lam == pytest.approx(a.lam, rel=RTOL)
     assert b.noise["kind"] == a.noise["kind"] and b.noise["scale"] == pytest.approx(a.noise["scale"], rel=RTOL)
     assert b.verified_eps_max == pytest.approx(a.verified_eps_max, rel=RTOL)
@@ -239,9 +268,9 @@ def test_adversary_on_spark_is_the_duckdb_assessment(spark, tmp_path, monkeypatc
                         lambda *a, **k: calls.append(len(a[2])) or on_executors(*a, **k))
     path = tmp_path / "p.parquet"
     random_panel(5, n_db=10, n_ind=30, ties=False).to_parquet(path)
-    options = dict(id="id", by="year", query="mean(x)", adversary="sum(w)", buckets=2)
+    options = dict(id="id", by="year", query="mean(x)", model=Model(adversary="sum(w)", buckets=2))
     a = assess(str(path), **options)
-    b = assess(str(path), engine="spark", **options)
+    b = assess(str(path), **options, execution=Execution(engine="spark"))
     assert calls  # the buckets were evaluated on the executors
     assert b.eps_all == pytest.approx(a.eps_all, rel=RTOL)
     np.testing.assert_allclose(b.epsilons, a.epsilons, rtol=RTOL)
@@ -255,7 +284,7 @@ def test_adversary_on_spark_is_the_duckdb_assessment(spark, tmp_path, monkeypatc
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # sole contributors and small buckets, noted by both
         ca = calibrate(str(path), epsilon=0.3, **options)
-        cb = calibrate(str(path), epsilon=0.3, engine="spark", **options)
+        cb = calibrate(str(path), epsilon=0.3, **options, execution=Execution(engine="spark"))
     assert cb.lam == pytest.approx(ca.lam, rel=RTOL) and cb.noise["kind"] == ca.noise["kind"]
     assert cb.verified_eps_max == pytest.approx(ca.verified_eps_max, rel=RTOL)
     # --adversary-sql: one Spark SQL query per database (no leave-one-out of the statistic)

@@ -98,7 +98,7 @@ def read_statistic(source, labels, *, id: str, by: str, adversary: str | None, a
     database leaves it."""
     from ..data.guard import check_select
     if adversary_sql is not None:  # named as the user gave it (the engine would say --sql)
-        check_select(adversary_sql.strip().rstrip(";").strip(), "--adversary-sql")
+        check_select(adversary_sql.strip().rstrip(";").strip(), "adversary_sql")
     knows = engine_of(engine).open(source, id=id, by=by, query=adversary, sql=adversary_sql,
                                    drop_null_ids=drop_null_ids)
     statistic = knows.query.describe()

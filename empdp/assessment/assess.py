@@ -17,14 +17,15 @@ import polars as pl
 from threadpoolctl import threadpool_limits
 
 from .. import params, risk
-from ..density import DEFAULT_KERNEL, DensityModel, select_density
+from ..density import DensityModel, select_density
 from ..engines import engine_of
 from ..errors import InputError
 from ..io import jsonable
 from ..loo import LooEngine
 from ..models import GROUPED, ONE, given, model_for, statistics
-from ..progress import READING, Progress, no_progress
+from ..progress import READING, no_progress
 from ..risk.buckets import bucket_risk
+from ..settings import Data, Execution, Model
 from . import adversary as adversary_model
 from . import checks
 from .adversary import read_statistic
@@ -204,104 +205,84 @@ class Assessment(RiskSweep):
         }
 
 
-def assess(source: Any, *, id: str, by: str, query: str | list | None = None, where: str | None = None,
-           sql: str | list | None = None, epsilon=None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
-           memory_limit: str | None = None, drop_null_ids: bool = False, exact_all: bool = False,
-           screening: bool = True, threads: int | None = None, workers: str = "threads",
-           adversary: str | None = None, adversary_sql: str | None = None, buckets: int | None = None,
-           engine="duckdb", progress: Progress | None = None, group_by: str | None = None):
+def assess(data: Any, *, id: str | None = None, by: str | None = None, query: str | list | None = None,
+           sql: str | list | None = None, where: str | None = None, group_by: str | None = None, epsilon=None,
+           model: Model | None = None, execution: Execution | None = None, exact_all: bool = False):
     """Per-individual empirical privacy risk of releasing a query of repeated databases.
 
     Parameters
     ----------
-    source
-        Path (Parquet/CSV/JSON file, glob, hive folder, ``FILE.duckdb::TABLE``)
-        or a pandas/polars/Arrow frame or DuckDB relation.
-    id, by
-        Columns naming the individual and the database.
+    data, id, by
+        The table (path: Parquet/CSV/JSON file, glob, hive folder, ``FILE.duckdb::TABLE``; or a
+        pandas/polars/Arrow frame or DuckDB relation) and the columns naming the individual and the
+        database; or a :class:`empdp.Data` holding all three.
     query, where, sql
         ``query`` (e.g. ``"mean(x)"``) with an optional SQL ``where`` filter,
         or ``sql`` reading the table ``db``. A list of 2–3 of either assesses the
-        statistics released together: :func:`empdp.assessment.joint.assess_joint`,
-        whose :class:`~empdp.assessment.joint.JointAssessment` is returned.
+        statistics released together; a :class:`~empdp.assessment.joint.JointAssessment` is returned.
+    group_by
+        A column: one statistic per group and database, released together (a
+        :class:`~empdp.assessment.groups.GroupedAssessment` is returned).
     epsilon
         One ε or a list; default: 50 values log-spaced over [ε_all/20, 1.25 ε_all].
-    kernel, bandwidth
-        Density model; ``bandwidth`` a float fixes one global scale.
+    model
+        The curator's density model and the adversary (:class:`empdp.Model`; default: one Laplace
+        scale chosen by leave-one-out likelihood, no adversary). With an adversary, the databases are
+        cut into buckets by what it knows and the risk is the largest conditional risk over the
+        buckets (:mod:`empdp.assessment.adversary`); the plain assessment is kept beside it.
+    execution
+        Engine, memory, threads, workers, screening and progress (:class:`empdp.Execution`); no result
+        depends on it. With ``workers="processes"`` (or ``"auto"``, which uses processes for stages of
+        at least :data:`PROCESS_ROWS` individuals off the one-scale Laplace closed form), worker
+        processes start from a fresh interpreter (a fork server, or 'spawn' where there is none),
+        which imports the calling program's main module again: guard its work with
+        ``if __name__ == "__main__":``. On Spark (``engine="spark"`` or
+        ``empdp.engines.Spark(master=..., remote=..., table=...)``) the table is read, aggregated
+        and screened on Spark, and the candidates are evaluated on the executors (docs/spark.md).
     exact_all
         Compute ε_i exactly for every individual (``--out`` does). Otherwise
         ε_i is computed where ε_all needs it, and the other individuals get
         their exact δ_i only, which takes fewer nodes.
-    screening
-        Skip individuals whose certified bound shows δ_i = 0 (docs/method.md#51-screening-bound).
-        Turning it off changes no result, only the time.
-    threads
-        Threads for DuckDB and for the exact evaluation (default: every core
-        this process may use). Results do not depend on it.
-    workers
-        ``"threads"`` (default) evaluates individuals in ``threads`` threads;
-        ``"processes"`` in as many worker processes, ``"auto"`` in processes for
-        stages of at least :data:`PROCESS_ROWS` individuals off the one-scale
-        Laplace closed form (3% faster at 10^5 individuals on two cores; the
-        CLI's default). Worker processes start from a fresh
-        interpreter (a fork server, or 'spawn' where there is none), which
-        imports the calling program's main module again: guard its work with
-        ``if __name__ == "__main__":``. Results are the same.
-    adversary, adversary_sql, buckets
-        What the adversary knows about each database: a named query form
-        (e.g. ``"count(*)"``) or SQL over ``db``, computed on the whole table
-        (``where`` does not apply). The databases are cut into ``buckets``
-        groups by it (default: as many as keep 10 databases each, at most 5)
-        and the risk is the largest conditional risk over the buckets (see
-        :mod:`empdp.assessment.adversary`); the plain assessment is kept beside it.
-    engine
-        Where the leave-one-out runs (:mod:`empdp.engines`): ``"duckdb"`` (embedded, the
-        default; ``memory_limit`` and ``threads`` apply), ``"spark"`` or
-        ``empdp.engines.Spark(master=..., remote=..., table=...)``: read, aggregate and screen on
-        Spark (``master`` default ``local[*]``, or Spark Connect at ``remote``), a catalog
-        ``table`` instead of ``source``, and evaluate the candidates on the executors
-        (docs/spark.md).
-    group_by
-        A column: one statistic per group and database, released together
-        (:func:`empdp.assessment.groups.assess_grouped`, whose
-        :class:`~empdp.assessment.groups.GroupedAssessment` is returned).
 
     Returns
     -------
     Assessment, or for several statistics a JointAssessment or GroupedAssessment
     """
-    model, d = model_for(query, sql, group_by)
-    cores = available_cores() if threads is None else params.whole(threads, "threads")
-    engine = engine_of(engine, memory_limit=memory_limit, threads=cores)
-    model.refuse(given(kernel=kernel, adversary=adversary, adversary_sql=adversary_sql, buckets=buckets,
-                       engine=engine.name, workers=workers, screening=screening), d)
-    if model is not ONE:
+    data = Data.of(data, id, by)
+    model, execution = model or Model(), execution or Execution()
+    curator, d = model_for(query, sql, group_by)
+    cores = available_cores() if execution.threads is None else execution.threads
+    engine = engine_of(execution.engine, memory_limit=execution.memory_limit, threads=cores)
+    curator.refuse(given(kernel=model.kernel, adversary=model.adversary, adversary_sql=model.adversary_sql,
+                         buckets=model.buckets, engine=engine.name, workers=execution.workers,
+                         screening=execution.screening), d)
+    progress = execution.progress or no_progress
+    if curator is not ONE:
         queries, sqls = statistics(query, sql)
-        common = dict(id=id, by=by, where=where, epsilon=epsilon, bandwidth=bandwidth, drop_null_ids=drop_null_ids,
-                      memory_limit=memory_limit, threads=threads, progress=progress or no_progress)
-        if model is GROUPED:
-            return assess_grouped(source, group_by=group_by, query=(queries or [None])[0], sql=(sqls or [None])[0],
-                                  **common)
-        return assess_joint(source, queries=queries or None, sql=sqls or None, exact_all=exact_all, **common)
+        common = dict(id=data.id, by=data.by, where=where, epsilon=epsilon, bandwidth=model.bandwidth,
+                      drop_null_ids=data.drop_null_ids, memory_limit=execution.memory_limit,
+                      threads=execution.threads, progress=progress)
+        if curator is GROUPED:
+            return assess_grouped(data.source, group_by=group_by, query=(queries or [None])[0],
+                                  sql=(sqls or [None])[0], **common)
+        return assess_joint(data.source, queries=queries or None, sql=sqls or None, exact_all=exact_all, **common)
     query, sql = _one(query), _one(sql)
-    progress = progress or no_progress
+    params.adversary(model.adversary, model.adversary_sql, model.buckets)
     eps = None if epsilon is None else params.epsilons(epsilon)
-    threads = cores
-    params.workers(workers)
     with ExitStack() as stack:
         # blocks of individuals are evaluated side by side, each with single-threaded BLAS (also
         # when threads=1, so that results do not depend on the thread count)
         stack.enter_context(threadpool_limits(limits=1, user_api="blas"))
-        params.adversary(adversary, adversary_sql, buckets)  # before the long part
-        loo = engine.open(source, id=id, by=by, query=query, where=where, sql=sql, drop_null_ids=drop_null_ids)
-        plain = _assess(loo, eps=eps, kernel=kernel, bandwidth=bandwidth, exact_all=exact_all,
-                        screening=screening, threads=threads, stack=stack, workers=workers, progress=progress)
-        if not (adversary or adversary_sql):
+        loo = engine.open(data.source, id=data.id, by=data.by, query=query, where=where, sql=sql,
+                          drop_null_ids=data.drop_null_ids)
+        plain = _assess(loo, eps=eps, model=model, exact_all=exact_all, screening=execution.screening,
+                        threads=cores, stack=stack, workers=execution.workers, progress=progress)
+        if not (model.adversary or model.adversary_sql):
             return plain
-        g, statistic = read_statistic(source, plain.labels, id=id, by=by, adversary=adversary,
-                                      adversary_sql=adversary_sql, engine=engine, drop_null_ids=drop_null_ids)
-        return _adversarial(plain, g, statistic, eps=eps, kernel=kernel, bandwidth=bandwidth, buckets=buckets,
-                            progress=progress)
+        g, statistic = read_statistic(data.source, plain.labels, id=data.id, by=data.by, adversary=model.adversary,
+                                      adversary_sql=model.adversary_sql, engine=engine,
+                                      drop_null_ids=data.drop_null_ids)
+        return _adversarial(plain, g, statistic, eps=eps, model=model, progress=progress)
 
 
 def _one(statistic):
@@ -309,12 +290,12 @@ def _one(statistic):
     return statistic[0] if isinstance(statistic, (list, tuple)) else statistic
 
 
-def _adversarial(plain: "Assessment", g: np.ndarray, statistic: str, *, eps, kernel, bandwidth, buckets,
+def _adversarial(plain: "Assessment", g: np.ndarray, statistic: str, *, eps, model: Model,
                  progress) -> "Assessment":
     """The assessment conditional on the adversary statistic ``g`` (one value per database; one bucket set)."""
     n = len(plain.q)
-    k = adversary_model.check_buckets(buckets, n)
-    groups, warnings = adversary_model.fit_buckets(plain.q, g, k, kernel=kernel, bandwidth=bandwidth)
+    k = adversary_model.check_buckets(model.buckets, n)
+    groups, warnings = adversary_model.fit_buckets(plain.q, g, k, kernel=model.kernel, bandwidth=model.bandwidth)
     engine = plain.engine
     res = adversary_model.assess_buckets(engine, plain.q, groups, eps, default_epsilons=default_epsilons,
                              fetch_rows=max(1, FETCH_CELLS // n), progress=progress)
@@ -342,20 +323,20 @@ def _adversarial(plain: "Assessment", g: np.ndarray, statistic: str, *, eps, ker
         adversary=adversary_model.summary(groups, plain.labels, statistic, plain), buckets=groups)
 
 
-def _assess(engine: LooEngine, *, eps, kernel, bandwidth, exact_all, screening, threads, stack, workers,
+def _assess(engine: LooEngine, *, eps, model: Model, exact_all, screening, threads, stack, workers,
             progress) -> Assessment:
     """The plain assessment in its named stages: model, screening, ε_all search, δ_i, summary."""
     checks.preload()  # the summary's trend test needs scipy.stats: imported while the table is read
     progress(READING, 0, 3)
     q = engine.values()
     progress(READING, 1, 3)
-    model = select_density(q, kernel=kernel, bandwidth=bandwidth)
+    density = select_density(q, kernel=model.kernel, bandwidth=model.bandwidth)
     progress(READING, 2, 3)
-    screen = engine.screen(model.bandwidths)
+    screen = engine.screen(density.bandwidths)
     progress(READING, 3, 3)
     if len(screen) == 0:
         raise InputError("no individual has rows the query uses (check `where` and NULL values)", param="where")
-    ev = Evaluation(engine, model, screen, eps, screening=screening, threads=threads, stack=stack,
+    ev = Evaluation(engine, density, screen, eps, screening=screening, threads=threads, stack=stack,
                      workers=workers, progress=progress)
     ev.search_eps_all()
     ev.delta_stage(exact_all)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 
 import duckdb
@@ -49,8 +50,23 @@ def _parser() -> duckdb.DuckDBPyConnection:
     return con
 
 
+def _named(option: str) -> tuple[str, tuple]:
+    """How a message names where the text came from, and the library parameter it is: ``option`` is a
+    parameter (``sql``, ``where``, ``adversary_sql``: written in backquotes, which the command line shows
+    as its flag) or a description (a file's field)."""
+    if re.fullmatch(r"[a-z_]+", option):
+        return f"`{option}`", (option,)
+    return option, ()
+
+
 def _refuse(option: str, text: str, found: str, allowed: str) -> InputError:
-    return InputError(f"{option} {shorten(text, 60)}: {found}; give {allowed} {DOC}")
+    shown, param = _named(option)
+    return InputError(f"{shown} {shorten(text, 60)}: {found}; give {allowed} {DOC}", param=param)
+
+
+def _not_text(option: str, text) -> InputError:
+    shown, param = _named(option)
+    return InputError(f"{shown} must be SQL text, got {type(text).__name__}", param=param)
 
 
 def _one_select(sql: str, option: str, allowed: str, *, what: str, text: str) -> dict:
@@ -132,7 +148,7 @@ def _checked_select(text: str, option: str, tables: tuple | None) -> str:
     return text
 
 
-def check_select(text: str, option: str = "--sql", *, tables: tuple | None = ("db",)) -> str:
+def check_select(text: str, option: str = "sql", *, tables: tuple | None = ("db",)) -> str:
     """``text`` if it is one read-only SELECT over ``tables``, else :class:`InputError` naming ``option``.
 
     Parameters
@@ -140,13 +156,14 @@ def check_select(text: str, option: str = "--sql", *, tables: tuple | None = ("d
     text : str
         The user's query (a trailing ';' is allowed: it ends the one statement).
     option : str
-        The option or file field the text came from, for the message.
+        The library parameter the text came from (``sql``, ``adversary_sql``), or a description of the
+        file field, for the message.
     tables : tuple of str or None
         The tables it may read besides its own CTEs; None for SQL built by this code around
         user text already checked (its internal tables): then only its shape is checked.
     """
     if not isinstance(text, str):
-        raise InputError(f"{option} must be SQL text, got {type(text).__name__}")
+        raise _not_text(option, text)
     return _checked_select(text, option, None if tables is None else tuple(t.lower() for t in tables))
 
 
@@ -177,7 +194,7 @@ def _strip(tree):
     return tree
 
 
-def filter_sql(text: str, option: str = "--where") -> str:
+def filter_sql(text: str, option: str = "where") -> str:
     """The filter ``text`` as SQL to paste where an expression goes: ``(\\n text \\n)``, after
     checking that it is exactly one expression (:data:`ALLOWED_FILTER`), else :class:`InputError`.
 
@@ -185,11 +202,11 @@ def filter_sql(text: str, option: str = "--where") -> str:
     alone must equal its parse inside them, so it cannot close them and reopen its own.
     """
     if not isinstance(text, str):
-        raise InputError(f"{option} must be SQL text, got {type(text).__name__}")
+        raise _not_text(option, text)
     return _checked_filter(text, option)
 
 
-def check_filter(text: str | None, option: str = "--where") -> str | None:
+def check_filter(text: str | None, option: str = "where") -> str | None:
     """``text`` (or None) if it is one expression (:func:`filter_sql`), else :class:`InputError`."""
     if text is not None and text != "":  # no filter, as everywhere a filter is optional
         filter_sql(text, option)
@@ -211,6 +228,7 @@ def check_spark(text: str | None, option: str) -> str | None:
     quote in Spark's strings but not in DuckDB's, so that text DuckDB reads as one string cannot
     end early for Spark (docs/user-sql.md#with---engine-spark)."""
     if text and "\\" in text:
-        raise InputError(f"{option} {shorten(text, 60)}: a backslash is not allowed with --engine spark (Spark and "
-                         f"DuckDB read it differently in strings); write the value without one {DOC}")
+        shown, param = _named(option)
+        raise InputError(f"{shown} {shorten(text, 60)}: a backslash is not allowed on the Spark engine (Spark and "
+                         f"DuckDB read it differently in strings); write the value without one {DOC}", param=param)
     return text

@@ -88,9 +88,10 @@ class Panel(Source):
             return self.con.execute(sql, params) if params is not None else self.con.execute(sql)
 
     def fetchall(self, sql: str, params: Sequence | None = None, *, where: str | None = None,
-                 context: str | None = None) -> list:
-        """Run ``sql`` and fetch its rows as tuples (errors as in :meth:`execute`)."""
-        with sql_errors(where, context):
+                 context: str | None = None, param: str | None = None) -> list:
+        """Run ``sql`` and fetch its rows as tuples (errors as in :meth:`execute`; ``context`` names the
+        library parameter ``param`` in backquotes)."""
+        with sql_errors(where, context, param):
             return (self.con.execute(sql, params) if params is not None else self.con.execute(sql)).fetchall()
 
     def arrow(self, sql: str, *, where: str | None = None) -> pa.Table:

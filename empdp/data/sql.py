@@ -50,22 +50,23 @@ BAD_INPUT_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.Catal
 
 
 @contextmanager
-def sql_errors(where: str | None = None, context: str | None = None):
+def sql_errors(where: str | None = None, context: str | None = None, param: str | None = None):
     """DuckDB's bad-input errors (:data:`BAD_INPUT_ERRORS`) as a one-line :class:`InputError`.
 
     A parser or binder error with a ``--where`` filter names the filter; with ``context``, every
-    DuckDB error is reported after it (e.g. "--sql failed on database 2001"). A permission error
-    (SQL reaching a file or setting on a locked-down connection) is bad input too.
+    DuckDB error is reported after it (e.g. "`sql` failed on database 2001", naming the library
+    parameter ``param``, which the command line shows as its flag). A permission error (SQL reaching a
+    file or setting on a locked-down connection) is bad input too.
     """
     try:
         yield
     except duckdb.PermissionException as exc:
         # the connection is locked down (empdp.data.guard.lock_down): user SQL reached outside the source
         raise InputError(f"{context + ': ' if context else ''}the SQL reaches outside the source ({first_line(exc, 120)}); "
-                         "user SQL may read only the source's table (docs/user-sql.md)") from None
+                         "user SQL may read only the source's table (docs/user-sql.md)", param=param) from None
     except duckdb.Error as exc:
         if context:
-            raise InputError(f"{context}: {first_line(exc)}") from None
+            raise InputError(f"{context}: {first_line(exc)}", param=param) from None
         if not isinstance(exc, BAD_INPUT_ERRORS):
             raise
         if where and isinstance(exc, (duckdb.ParserException, duckdb.BinderException)):

@@ -61,8 +61,9 @@ class LooResult:
 
 
 def engine_for(panel, query: Query) -> DuckDBEngine:
-    """The engine of ``query``'s strategy over a DuckDB ``panel``."""
-    return ENGINES[query.form](panel, query)
+    """The engine of ``query``'s strategy over a DuckDB ``panel`` (every decomposable form, also one
+    added to :data:`.forms.FORMS` after this module was loaded, is the decomposable engine's)."""
+    return (DecomposableEngine if query.is_decomposable else ENGINES[query.form])(panel, query)
 
 
 def make_engine(source: Any, *, id: str, by: str, query: str | None = None, where: str | None = None,

@@ -17,7 +17,7 @@ from ..data import arrow_numpy, quote_ident
 from ..data import shorten as short
 from ..errors import InputError
 from .base import MAX_MAGNITUDE, DuckDBEngine, Screen
-from .forms import FORMS, bind, centred_partials, partials_sql
+from .forms import FORMS, bind, centred_partials, mean_sql, partials_sql
 
 #: largest number of (individual, database) cells held as one dense Δ matrix (8 bytes each); it
 #: must also fit in a third of DuckDB's memory limit, so that a low --memory-limit stays low
@@ -45,7 +45,7 @@ class DecomposableEngine(DuckDBEngine):
         q, tag = self.query, self.tag
         cols = partials_sql(q.form, q.columns, tag)
         if self.form.centred:
-            cols.append(f"coalesce(avg({quote_ident(q.columns[0])}::DOUBLE), 0) AS m{tag}")
+            cols.append(f"{mean_sql(quote_ident(q.columns[0]))}{tag}")
         cols.append(f"{self._null_count()} AS __null{tag}")
         return cols
 

@@ -5,7 +5,9 @@ gives the totals of database j (group ``__j``) and the partials of individual i 
 ``__j, __i``); the form's closed form turns the totals into f(X^j) (NumPy) and the totals
 minus the partials into Δ_ij = f(X^j) − f(X^j ∖ i) (SQL over the totals ``t`` and the
 partials ``p``, with ``t.f`` = f(X^j)). A new decomposable form is one entry of :data:`FORMS`
-and its name in :data:`empdp.query.DECOMPOSABLE`.
+and its name in :data:`empdp.query.DECOMPOSABLE`; every engine computes it from this entry (the
+SQL is the standard SQL that both DuckDB and Spark read: ``CAST``, ``CASE``, ``greatest``, ``sqrt``,
+with columns quoted by the engine that runs it).
 """
 
 from __future__ import annotations
@@ -44,24 +46,24 @@ class Form:
 
 
 def _count_partials(cols: tuple) -> list:
-    return [f"count({cols[0]})::DOUBLE AS c" if cols else "count(*)::DOUBLE AS c"]
+    return [f"CAST(count({cols[0]}) AS DOUBLE) AS c" if cols else "CAST(count(*) AS DOUBLE) AS c"]
 
 
 def _sum_partials(cols: tuple) -> list:
-    return [f"count({cols[0]})::DOUBLE AS c", f"coalesce(sum({cols[0]}::DOUBLE), 0) AS s"]
+    return [f"CAST(count({cols[0]}) AS DOUBLE) AS c", f"coalesce(sum(CAST({cols[0]} AS DOUBLE)), 0) AS s"]
 
 
 def _ratio_partials(cols: tuple) -> list:
     a, b = cols
-    return [f"count({a})::DOUBLE AS ca", f"coalesce(sum({a}::DOUBLE), 0) AS sa",
-            f"count({b})::DOUBLE AS cb", f"coalesce(sum({b}::DOUBLE), 0) AS sb"]
+    return [f"CAST(count({a}) AS DOUBLE) AS ca", f"coalesce(sum(CAST({a} AS DOUBLE)), 0) AS sa",
+            f"CAST(count({b}) AS DOUBLE) AS cb", f"coalesce(sum(CAST({b} AS DOUBLE)), 0) AS sb"]
 
 
 def centred_partials(tag: str = "") -> list:
     """The partial moments of the centred values ``__xc`` = x − t.m (forms with ``centred``), each
     name and ``__xc`` ending in ``tag`` (:func:`partials_sql`)."""
     xc = f"__xc{tag}"
-    return [f"count({xc})::DOUBLE AS c{tag}", f"coalesce(sum({xc}), 0) AS s{tag}",
+    return [f"CAST(count({xc}) AS DOUBLE) AS c{tag}", f"coalesce(sum({xc}), 0) AS s{tag}",
             f"coalesce(sum({xc} * {xc}), 0) AS ss{tag}"]
 
 
@@ -108,10 +110,27 @@ FORMS: dict[str, Form] = {
 }
 
 
-def partials_sql(form: str, columns: tuple, tag: str = "") -> list:
+def partials_sql(form: str, columns: tuple, tag: str = "", quote: Callable[[str], str] = quote_ident) -> list:
     """The partial-moment aggregates of ``form`` over the (unquoted) value ``columns``, each named
-    ``AS <name><tag>``: statistics read in one scan tell their moments apart by the tag."""
-    return [f"{sql}{tag}" for sql in FORMS[form].partials(tuple(quote_ident(c) for c in columns))]
+    ``AS <name><tag>``: statistics read in one scan tell their moments apart by the tag. ``quote``
+    quotes a column name as the engine's SQL reads it (DuckDB's by default)."""
+    return [f"{sql}{tag}" for sql in FORMS[form].partials(tuple(quote(c) for c in columns))]
+
+
+def mean_sql(column: str) -> str:
+    """The database mean ``m`` about which a ``centred`` form's moments are taken (``column`` quoted)."""
+    return f"coalesce(avg(CAST({column} AS DOUBLE)), 0) AS m"
+
+
+def totals_named(sql: str) -> list[str]:
+    """The totals ``t.<name>`` a form's ``delta`` or ``undefined`` SQL reads, in order of first use."""
+    return list(dict.fromkeys(_TOTAL.findall(sql)))
+
+
+def columns_for(sql: str, total: Callable[[str], str]) -> str:
+    """A form's ``delta`` or ``undefined`` SQL with its partials ``p.<name>`` as plain columns and each
+    total ``t.<name>`` as ``total(name)``: for an engine that puts the totals beside the partials."""
+    return _PARTIAL.sub(r"\1", _TOTAL.sub(lambda m: total(m.group(1)), sql))
 
 
 _TOTAL = re.compile(r"(?<![\w.])t\.(\w+)")

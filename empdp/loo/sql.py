@@ -60,13 +60,13 @@ def replace_db(sql: str, replacement: str) -> str:
     (:func:`~empdp.data.guard.check_select`): the rewrite is textual, and text it puts inside a
     comment of the user's (a group's value, say) must not become SQL of its own.
     """
-    check_select(sql, "--sql")
-    return check_select(re.sub(r"\bFROM\s+db\b", "FROM " + replacement, sql, flags=re.I), "--sql", tables=None)
+    check_select(sql, "sql")
+    return check_select(re.sub(r"\bFROM\s+db\b", "FROM " + replacement, sql, flags=re.I), "sql", tables=None)
 
 
 def _scalar(panel, sql: str, label) -> float:
     """The user's query on the current database: one finite number, else :class:`InputError`."""
-    return scalar_value(panel.fetchall(sql, context=f"--sql failed on database {clip(str(label), 40)}"), label)
+    return scalar_value(panel.fetchall(sql, context=f"`sql` failed on database {clip(str(label), 40)}", param="sql"), label)
 
 
 def scalar_value(rows, label) -> float:

@@ -33,6 +33,7 @@ from ..loo import loo_result
 from ..models import JOINT, given, model_for, statistics
 from ..params import target_epsilon
 from ..progress import READING, Progress, no_progress
+from ..settings import Data, Execution, Model
 from ..textfmt import fmt
 from .adversary import calibrate_buckets
 from .calibration import Calibration
@@ -223,33 +224,37 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
         warnings=notes)
 
 
-def calibrate(source: Any, *, id: str, by: str, epsilon: float, query: str | list | None = None,
-              where: str | None = None, sql: str | list | None = None, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
-              memory_limit: str | None = None, drop_null_ids: bool = False, adversary: str | None = None,
-              adversary_sql: str | None = None, buckets: int | None = None, engine="duckdb",
-              progress: Progress | None = None) -> Calibration | JointCalibration:
-    """Calibrate release noise for ``query`` over the databases of ``source`` (docs/method.md#8-calibration-and-release).
+def calibrate(data: Any, *, id: str | None = None, by: str | None = None, epsilon: float,
+              query: str | list | None = None, sql: str | list | None = None, where: str | None = None,
+              model: Model | None = None, execution: Execution | None = None) -> Calibration | JointCalibration:
+    """Calibrate release noise for ``query`` over the databases of ``data`` (docs/method.md#8-calibration-and-release).
 
-    Parameters mirror ``empdp calibrate``; see :func:`calibrate_values`. ``query`` (or ``sql``) may
-    be a list of 2–3 statistics released together: the result is then a
-    :class:`~empdp.noise.joint.JointCalibration` (:func:`~empdp.noise.joint.calibrate_joint`). ``progress``
-    also gets the stage "reading and leave-one-out" (size unknown: total 0). With
-    ``adversary`` (or ``adversary_sql``) and ``buckets``, every adversary bucket's released
-    density is made ε-private (:mod:`empdp.noise.adversary`), as ``assess`` with the same
-    options measures it.
+    ``data``, ``id``, ``by``, ``query``, ``sql``, ``where``, ``model`` and ``execution`` are those of
+    :func:`empdp.assess` (of ``execution``, the engine, memory limit, threads and progress apply); see
+    :func:`calibrate_values`. ``query`` (or ``sql``) may be a list of 2–3 statistics released
+    together: the result is then a :class:`~empdp.noise.joint.JointCalibration`
+    (:func:`~empdp.noise.joint.calibrate_joint`). ``progress`` also gets the stage "reading and
+    leave-one-out" (size unknown: total 0). With an adversary in ``model`` (and its buckets), every
+    adversary bucket's released density is made ε-private (:mod:`empdp.noise.adversary`), as
+    ``assess`` with the same model measures it.
     """
-    model, d = model_for(query, sql)
-    engine = engine_of(engine, memory_limit=memory_limit)
-    model.refuse(given(kernel=kernel, adversary=adversary, adversary_sql=adversary_sql, buckets=buckets,
-                       engine=engine.name), d)
-    if model is JOINT:
+    data = Data.of(data, id, by)
+    model, execution = model or Model(), execution or Execution()
+    source, id, by, drop_null_ids = data.source, data.id, data.by, data.drop_null_ids
+    kernel, bandwidth, adversary, adversary_sql, buckets = (model.kernel, model.bandwidth, model.adversary,
+                                                            model.adversary_sql, model.buckets)
+    curator, d = model_for(query, sql)
+    engine = engine_of(execution.engine, memory_limit=execution.memory_limit, threads=execution.threads)
+    curator.refuse(given(kernel=kernel, adversary=adversary, adversary_sql=adversary_sql, buckets=buckets,
+                         engine=engine.name), d)
+    progress = execution.progress or no_progress
+    if curator is JOINT:
         queries, sqls = statistics(query, sql)
         return calibrate_joint(source, id=id, by=by, epsilon=epsilon, queries=queries or None, sql=sqls or None,
-                               where=where, bandwidth=bandwidth, memory_limit=memory_limit,
+                               where=where, bandwidth=bandwidth, memory_limit=execution.memory_limit,
                                drop_null_ids=drop_null_ids, progress=progress)
     query, sql = (v[0] if isinstance(v, (list, tuple)) else v for v in (query, sql))
     params.adversary(adversary, adversary_sql, buckets)
-    progress = progress or no_progress
     t0 = time.perf_counter()
     progress(READING, 0, 0)
     loo = loo_result(engine.open(source, id=id, by=by, query=query, where=where, sql=sql,

@@ -28,6 +28,7 @@ import pyarrow as pa
 from ..data.guard import check_spark
 from ..errors import InputError
 from ..loo import LooEngine, Screen
+from ..loo.forms import FORMS, centred_partials, columns_for, mean_sql, partials_sql, totals_named
 from ..query import Query, parse_query
 from .executors import evaluate_buckets_on_executors, evaluate_on_executors
 from .session import SparkPanel, _collect, _q, first_line, open_spark_panel, spark_session
@@ -107,31 +108,17 @@ class SparkEngine(LooEngine):
         except Exception as exc:  # noqa: BLE001 - AnalysisException, Py4JJavaError, ...
             msg = first_line(exc)
             if self.query.where:
-                raise InputError(f"the filter --where {self.query.where!r} is not valid here: {msg}") from None
+                raise InputError(f"the filter `where` {self.query.where!r} is not valid here: {msg}", param="where") from None
             raise
 
     def _base(self):
         return self.panel.base(self.query.columns, self.query.where)
 
-    def _partials(self, df):
-        """Per-group partial moments of the query form (as :meth:`LooEngine._agg_columns`)."""
+    def _partials(self) -> list:
+        """The form's partial-moment aggregates (its entry in :data:`empdp.loo.forms.FORMS`)."""
         from pyspark.sql import functions as F
 
-        q, form = self.query, self.query.form
-
-        def count(c):
-            return F.count(F.col(_q(c))).cast("double")
-
-        def total(c):
-            return F.coalesce(F.sum(F.col(_q(c))), F.lit(0.0))
-
-        if form == "count":
-            return [(F.count(F.lit(1)) if not q.columns else F.count(F.col(_q(q.columns[0])))).cast("double").alias("c")]
-        if form == "ratio":
-            a, b = q.columns
-            return [count(a).alias("ca"), total(a).alias("sa"), count(b).alias("cb"), total(b).alias("sb")]
-        x = q.columns[0]
-        return [count(x).alias("c"), total(x).alias("s")]
+        return [F.expr(sql) for sql in partials_sql(self.query.form, self.query.columns, quote=_q)]
 
     def _null_count(self):
         from pyspark.sql import functions as F
@@ -161,34 +148,19 @@ class SparkEngine(LooEngine):
     def _decomposable_values(self) -> np.ndarray:
         from pyspark.sql import functions as F
 
-        q, form, n = self.query, self.query.form, len(self.panel.labels)
-        aggs = self._partials(None)
-        if form in ("var", "std"):
-            aggs.append(F.coalesce(F.avg(F.col(_q(q.columns[0]))), F.lit(0.0)).alias("m"))
+        q, form = self.query, FORMS[self.query.form]
+        aggs = self._partials()
+        if form.centred:
+            aggs.append(F.expr(mean_sql(_q(q.columns[0]))))
         base = self._base()
         t = self._per_database(base, aggs + [self._null_count()])
         self.n_null_values = int(np.nan_to_num(t.pop("__null")).sum())
-        if form in ("var", "std"):
+        if form.centred:
             # centred sums about the database mean: accurate even for values like 1e9 + noise
-            xc = F.col(_q(q.columns[0])) - _at(t["m"])
+            xc = F.col(_q(q.columns[0])).cast("double") - _at(t["m"])
             t.update(self._per_database(base, [F.coalesce(F.sum(xc), F.lit(0.0)).alias("s1"),
                                                F.coalesce(F.sum(xc * xc), F.lit(0.0)).alias("ss")]))
-        if form == "count":
-            val, ok = t["c"], np.ones(n, bool)
-        elif form == "sum":
-            val, ok = t["s"], t["c"] > 0
-        elif form == "mean":
-            ok = t["c"] > 0
-            val = np.divide(t["s"], t["c"], out=np.zeros(n), where=ok)
-        elif form in ("var", "std"):
-            ok = t["c"] > 1
-            with np.errstate(divide="ignore", invalid="ignore"):
-                var = np.where(ok, (t["ss"] - t["s1"] ** 2 / t["c"]) / (t["c"] - 1), 0.0)
-            var = np.maximum(var, 0.0)
-            val = var if form == "var" else np.sqrt(var)
-        else:  # ratio
-            ok = (t["ca"] > 0) & (t["cb"] > 0) & (t["sb"] != 0)
-            val = np.divide(t["sa"], t["sb"], out=np.zeros(n), where=ok)
+        val, ok = form.value(t)
         if not ok.all():
             bad = [str(self.panel.labels[k]) for k in np.flatnonzero(~ok)[:5]]
             raise InputError(f"query {q.describe()!r} is undefined on database(s) {', '.join(bad)} "
@@ -198,38 +170,24 @@ class SparkEngine(LooEngine):
         return val
 
     def _decomposable_delta(self):
-        """(__j, __i, delta, undef) of every present pair, as :meth:`LooEngine._delta_sql`."""
+        """(__j, __i, delta, undef) of every present pair, as :meth:`LooEngine._delta_sql`: the form's
+        own SQL, with each database's totals beside the partials of its pairs."""
         from pyspark.sql import functions as F
 
-        q, form, t = self.query, self.query.form, self._totals
+        q, form, t = self.query, FORMS[self.query.form], self._totals
         base = self._base()
-        parts = self._partials(None)
-        if form in ("var", "std"):
-            xc = F.col(_q(q.columns[0])) - _at(t["m"])
+        parts = self._partials()
+        if form.centred:
+            xc = F.col(_q(q.columns[0])).cast("double") - _at(t["m"])
             base = base.select("__j", "__i", xc.alias("__xc"))
-            parts = [F.count("__xc").cast("double").alias("c"), F.coalesce(F.sum("__xc"), F.lit(0.0)).alias("s"),
-                     F.coalesce(F.sum(F.col("__xc") * F.col("__xc")), F.lit(0.0)).alias("ss")]
+            parts = [F.expr(sql) for sql in centred_partials()]
         # partitioned by id once: the GROUP BY (database, id), the screen's GROUP BY id and the
         # candidates' joins then need no further shuffle of the pairs
         p = base.repartition("__i").groupBy("__j", "__i").agg(*parts)
-        T = {k: _at(v) for k, v in t.items()}
-        P = {k: F.col(k) for k in p.columns}
-        if form == "count":
-            delta, undef = P["c"], T["c"] - P["c"] <= 0
-        elif form == "sum":
-            delta, undef = P["s"], T["c"] - P["c"] <= 0
-        elif form == "mean":
-            undef = T["c"] - P["c"] <= 0
-            delta = F.when(~undef, (P["s"] - P["c"] * T["f"]) / (T["c"] - P["c"])).otherwise(F.lit(0.0))
-        elif form in ("var", "std"):
-            rest = T["c"] - P["c"]
-            loo = ((T["ss"] - P["ss"]) - (T["s1"] - P["s"]) * (T["s1"] - P["s"]) / rest) / (rest - 1)
-            loo = F.greatest(loo, F.lit(0.0))
-            undef = rest <= 1
-            delta = F.when(~undef, T["f"] - (F.sqrt(loo) if form == "std" else loo)).otherwise(F.lit(0.0))
-        else:  # ratio
-            undef = (T["ca"] - P["ca"] <= 0) | (T["cb"] - P["cb"] <= 0) | (T["sb"] - P["sb"] == 0)
-            delta = F.when(undef, F.lit(0.0)).otherwise((P["sa"] - T["f"] * P["sb"]) / (T["sb"] - P["sb"]))
+        totals = totals_named(form.delta + " " + form.undefined)
+        p = p.select("*", *(_at(t[name]).alias(f"__t_{name}") for name in totals))
+        delta = F.expr(columns_for(form.delta, lambda name: f"__t_{name}"))
+        undef = F.expr(columns_for(form.undefined, lambda name: f"__t_{name}"))
         return p.select("__j", "__i", delta.cast("double").alias("delta"), undef.alias("undef"))
 
     # ------------------------------------------------------- order statistics
@@ -395,11 +353,6 @@ class SparkEngine(LooEngine):
         return column("__row", np.int64), column("__j", np.int64), column("delta", np.float64), column("undef", bool)
 
 
-#: the decomposable query forms whose formulas this engine has (empdp.loo.forms.FORMS holds DuckDB's); a form
-#: missing here is refused, never computed by another form's formula
-SPARK_FORMS = ("count", "sum", "mean", "var", "std", "ratio")
-
-
 def make_spark_engine(source: Any = None, *, id: str, by: str, query: str | None = None,
                       where: str | None = None, sql: str | None = None, master: str | None = None,
                       remote: str | None = None, table: str | None = None, drop_null_ids: bool = False,
@@ -424,11 +377,9 @@ def make_spark_engine(source: Any = None, *, id: str, by: str, query: str | None
     master or server that does not answer.
     """
     parsed = parse_query(query, where=where, sql=sql)
-    if parsed.is_decomposable and parsed.form not in SPARK_FORMS:
-        raise InputError(f"the Spark engine has no formula for the query form {parsed.form!r}; use --engine duckdb")
-    check_spark(where, "--where")  # Spark reads a backslash in a string otherwise than DuckDB's parser did
+    check_spark(where, "where")  # Spark reads a backslash in a string otherwise than DuckDB's parser did
     if (source is None) == (table is None):
-        raise InputError("give a source path (or DataFrame) or --table NAME")
+        raise InputError("give a source path (or DataFrame) or the Spark engine's `table`", param="table")
     from .session import is_dataframe, require_pyspark
 
     require_pyspark()

@@ -158,11 +158,11 @@ def spark_session(master: str | None = None, remote: str | None = None, config: 
     from pyspark.sql import SparkSession
 
     if master and remote:
-        raise InputError("give either --spark-master or --spark-remote, not both")
+        raise InputError("give either `master` or `remote` of the Spark engine, not both", param=("master", "remote"))
     remote = remote or (None if master else os.environ.get("SPARK_REMOTE"))
     if remote:
         if not remote.startswith("sc://"):
-            raise InputError(f"--spark-remote {shorten(remote)} is not a Spark Connect URL; use sc://HOST:PORT")
+            raise InputError(f"`remote` {shorten(remote)} is not a Spark Connect URL; use sc://HOST:PORT", param="remote")
         _require_reachable(remote, "Spark Connect server", CONNECT_PORT)
         try:
             builder = SparkSession.builder.remote(remote)
@@ -221,7 +221,7 @@ def _reader_format(path: str) -> tuple[str, dict]:
     kind = file_format(probe.lower())
     if kind is None:
         raise InputError(f"cannot tell the format of {path!r}; use a .parquet, .csv, .tsv or .json(l) "
-                         f"file, a glob or a folder of them, or --table NAME")
+                         f"file, a glob or a folder of them, or the Spark engine's `table`", param="table")
     if kind == "csv":
         sep = "\t" if probe.lower().rstrip(".gz").endswith(".tsv") else ","
         return "csv", {"header": "true", "inferSchema": "true", "sep": sep}
@@ -250,7 +250,7 @@ def read_source(spark, source: Any = None, table: str | None = None, options: di
 
     if table is not None:
         if source is not None:
-            raise InputError("give either a source path or --table NAME, not both")
+            raise InputError("give either a source path or the Spark engine's `table`, not both", param="table")
         try:
             df = spark.table(table)
             df.columns  # noqa: B018 - resolves the table now (Spark Connect resolves lazily)
@@ -261,12 +261,12 @@ def read_source(spark, source: Any = None, table: str | None = None, options: di
         return source, "<Spark DataFrame>"
     if not isinstance(source, (str, os.PathLike)):
         raise InputError(f"unsupported source of type {type(source).__name__} for the Spark engine; give a path, "
-                         f"a glob, a folder, --table NAME, or a pyspark.sql.DataFrame")
+                         f"a glob, a folder, the Spark engine's `table`, or a pyspark.sql.DataFrame", param="table")
     path = os.fspath(source)
     local = "://" not in path
     if local and not any(ch in path for ch in "*?[") and not os.path.exists(path):
         raise InputError(f"source {path!r} not found; give a Parquet/CSV/JSON file, a glob, a folder, "
-                         f"or --table NAME")
+                         f"or the Spark engine's `table`", param="table")
     fmt, opts = _reader_format(path) if local else (file_format(path.lower()) or "parquet", {})
     opts.update(options or {})
     try:
@@ -310,7 +310,7 @@ class SparkPanel(Source):
         typ = self.columns[column]
         if not _is_numeric(typ):
             raise InputError(f"column {column!r} has type {typ}, not a number; choose a numeric column "
-                             f"or CAST it in --sql")
+                             f"or CAST it in `sql`", param="sql")
 
     def require_column(self, column: str) -> None:
         if column not in self.columns:
@@ -348,12 +348,13 @@ def open_spark_panel(spark, source: Any, *, id: str, by: str, table: str | None 
     panel.require_column(id)
     panel.require_column(by)
     if id == by:
-        raise InputError(f"--id and --by are the same column {id!r}; the database label must differ from the id")
-    for col, what, option in ((id, "individual", "--id"), (by, "database", "--by")):
+        raise InputError(f"`id` and `by` are the same column {id!r}; the database label must differ from the id",
+                         param=("id", "by"))
+    for col, what, option in ((id, "individual", "id"), (by, "database", "by")):
         if columns[col].startswith(("array", "map", "struct")):
-            raise InputError(f"{option} column {shorten(col)} holds nested values ({clip(columns[col], 60)}); "
+            raise InputError(f"`{option}` column {shorten(col)} holds nested values ({clip(columns[col], 60)}); "
                              f"the {what} must be a plain value (a number, text or date): choose another column, "
-                             f"or unnest it in the source")
+                             f"or unnest it in the source", param=option)
     for col in value_columns:
         panel.require_numeric(col, where)
     if database is not None:  # the one database a release needs (its label compared as text)
@@ -363,7 +364,8 @@ def open_spark_panel(spark, source: Any, *, id: str, by: str, table: str | None 
         try:
             keep = keep & F.expr(where)
         except Exception as exc:  # noqa: BLE001 - a ParseException
-            raise InputError(f"the filter --where {where!r} is not valid here: {first_line(exc)}") from None
+            raise InputError(f"the filter `where` {where!r} is not valid here: {first_line(exc)}",
+                             param="where") from None
     aggs = [F.count(F.lit(1)).alias("rows"),
             F.sum(F.col(_q(id)).isNull().cast("long")).alias("null_id")]
     floats = [c for c in dict.fromkeys(value_columns) if columns[c].startswith(("float", "double"))]
@@ -376,7 +378,7 @@ def open_spark_panel(spark, source: Any, *, id: str, by: str, table: str | None 
     except Exception as exc:  # noqa: BLE001 - unreadable files surface at the first job
         msg = first_line(exc)
         if where and ("where" in msg.lower() or "UNRESOLVED" in msg or "PARSE" in msg.upper()):
-            raise InputError(f"the filter --where {where!r} is not valid here: {msg}") from None
+            raise InputError(f"the filter `where` {where!r} is not valid here: {msg}", param="where") from None
         raise InputError(f"cannot read {shorten(description)}: {msg}") from None
     n_rows = sum(r["rows"] for r in per_label)
     if n_rows == 0:
@@ -390,7 +392,8 @@ def open_spark_panel(spark, source: Any, *, id: str, by: str, table: str | None 
         raise InputError(f"{n_null_by} rows have a NULL database label in column {by!r}; fill or filter them")
     n_null_id = sum(r["null_id"] or 0 for r in per_label)
     if n_null_id and not drop_null_ids:
-        raise InputError(f"{n_null_id} rows have a NULL id in column {id!r}; remove them or pass --drop-null-ids")
+        raise InputError(f"{n_null_id} rows have a NULL id in column {id!r}; remove them or give `drop_null_ids`",
+                         param="drop_null_ids")
     for k, col in enumerate(floats):
         nan, inf = (sum(r[f"{w}{k}"] or 0 for r in per_label) for w in ("nan", "inf"))
         if nan or inf:

@@ -20,11 +20,11 @@ from .session import _q, first_line
 
 
 def _scalar(spark, sql: str, label) -> float:
-    check_spark(sql, "--sql")
+    check_spark(sql, "sql")
     try:
         rows = spark.sql(sql).collect()
     except Exception as exc:  # noqa: BLE001 - ParseException, AnalysisException, ...
-        raise InputError(f"--sql failed on database {label!s}: {first_line(exc)}") from None
+        raise InputError(f"`sql` failed on database {label!s}: {first_line(exc)}", param="sql") from None
     return scalar_value(rows, label)
 
 

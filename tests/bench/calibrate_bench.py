@@ -21,6 +21,7 @@ import polars as pl
 
 from empdp.loo import leave_one_out
 from empdp.noise import calibrate, calibrate_values
+from empdp.settings import Model
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "countymurders.parquet"
 
@@ -46,7 +47,7 @@ def bench(name, source, id, by, query, epsilon, kernel, repeat):
         warnings.simplefilter("ignore")
         for _ in range(repeat):
             t = time.perf_counter()
-            cal = calibrate(source, id=id, by=by, query=query, epsilon=epsilon, kernel=kernel)
+            cal = calibrate(source, id=id, by=by, query=query, epsilon=epsilon, model=Model(kernel=kernel))
             total.append(time.perf_counter() - t)
             t = time.perf_counter()
             calibrate_values(loo.q, loo.shifts, epsilon=epsilon, kernel=kernel, undefined=loo.undefined)
