@@ -3,7 +3,7 @@
 import numpy as np
 from numpy.testing import assert_allclose
 
-from empdp.audit.kde import binned_kde, categorize, grid_for, kde_at, looks_discrete, rule_of_thumb
+from empdp.audit.kde import binned_kde, categorize, contains, grid_for, kde_at, looks_discrete, rule_of_thumb
 
 
 def test_binned_kde_matches_exact_sum_1d_2d_3d():
@@ -31,3 +31,18 @@ def test_categorize_and_detection():
     assert looks_discrete(np.array([0, 1, 1, 0]))
     assert looks_discrete(np.repeat([0.5, 1.5], 500))
     assert not looks_discrete(np.random.default_rng(1).normal(size=1000))
+
+
+def test_contains_matches_a_row_by_row_comparison():
+    """Event membership (stage 2's count): integer answer vectors by mixed-radix keys over the members'
+    range, rows outside that range or not integer never members; other rows by categories."""
+    rng = np.random.default_rng(4)
+    rows = rng.integers(-1, 2, (3000, 6)).astype(np.int8)
+    rows[:50] = 7  # outside the members' range
+    members = rows[[60, 61, 75]]
+    floats = rows.astype(float)
+    floats[100:110] += 0.5  # not integers: never members
+    for r in (rows, floats, rng.normal(size=(200, 6))):
+        slow = np.array([any(np.array_equal(row, m) for m in members) for row in r])
+        np.testing.assert_array_equal(contains(r, members), slow)
+    assert contains(rows, members).sum() >= 3

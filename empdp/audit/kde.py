@@ -220,8 +220,20 @@ def categorize(*samples: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
 
 
 def contains(rows: np.ndarray, members: np.ndarray) -> np.ndarray:
-    """Boolean mask: which rows of ``rows`` equal one of the rows of ``members`` (exact match)."""
+    """Boolean mask: which rows of ``rows`` equal one of the rows of ``members`` (exact match).
+
+    Integer-valued members get mixed-radix keys over their own range, so the rows need no sort (stage 2
+    counts an event among millions of SVT answer vectors); other values are compared by categories.
+    """
     rows, members = as_samples(rows), as_samples(members)
+    if rows.shape[1] > 1 and np.all(members == np.round(members)):
+        lo, hi = members.min(axis=0), members.max(axis=0)
+        radix = hi - lo + 1
+        if np.prod(radix.astype(float)) < 2.0 ** 62:
+            weights = np.concatenate([np.cumprod(radix[::-1])[::-1][1:], [1]]).astype(np.int64)
+            inside = np.all((rows >= lo) & (rows <= hi), axis=1) & np.all(rows == np.round(rows), axis=1)
+            keys = np.where(inside[:, None], rows - lo, 0).astype(np.int64) @ weights
+            return inside & np.isin(keys, (members - lo).astype(np.int64) @ weights)
     _, (codes, member_codes) = categorize(rows, members)
     return np.isin(codes, member_codes)
 
