@@ -176,33 +176,36 @@ def score_candidate(x, y, is_discrete: bool, plan: Plan) -> Candidate:
     """The best score event (module :mod:`empdp.audit.events`) by its predicted stage-2 bound, less
     SCORE_PENALTY stage-1 standard errors.
 
-    Vector outputs have several scores, the per-coordinate log ratios of module
-    :mod:`empdp.audit.ratios` (the logistic regression of :func:`fit_score` scored worse on every
-    vector mechanism of DP-Sniper's suite, and cost more): each is fitted on the first half of the
-    stage-1 outputs and judged, threshold and all, on the second, so a score that fits its own noise
-    is not preferred.
+    Vector outputs have several scores, the logistic regression of :func:`fit_score` and the
+    per-coordinate log ratios of module :mod:`empdp.audit.ratios`: each is fitted on the first half
+    of the stage-1 outputs and judged, threshold and all, on the second, so a score that fits its own
+    noise is not preferred.
     """
     half = len(x) // 2 if x.shape[1] > 1 else 0
     fit_x, fit_y, x, y = x[:half], y[:half], x[half:], y[half:]
     tau = plan.tau if plan.tau is not None else _default_tau(True, len(x), None)
     weight = plan.zc / math.sqrt(plan.N) + SCORE_PENALTY / math.sqrt(len(x))
-    rule = fit_score(x, y, is_discrete) if not half else _best_score(fit_x, fit_y, x, y, tau, weight)
+    rule = fit_score(x, y, is_discrete) if not half else _best_score(fit_x, fit_y, x, y, is_discrete, tau, weight)
     rule, crit, cand, loss = best_threshold(rule, x, y, tau, weight)
     return Candidate(score=crit, t=np.array([rule.threshold]), event=None, pts=cand[:, None], loss=loss, tau=tau,
                      box=None, rule=rule)
 
 
+#: L-BFGS steps of the logistic score in MPL, where it is one candidate among several and its fit was a
+#: third of a small run's cost (100 steps: svt3's pilots of 4,000 outputs took 7 s on a loaded host)
+LOGISTIC_STEPS = 30
 #: most held-out stage-1 rows on which the scores of vector outputs are compared (the winner's threshold
 #: is then chosen on all of them): scoring every candidate on every row cost more than stage 2
 COMPARE_ROWS = 20_000
 
 
-def _best_score(fit_x, fit_y, x, y, tau: float, weight: float) -> ScoreRule:
-    """The ratio score (fitted on ``fit_x``, ``fit_y``) whose best event has the largest criterion on the first
+def _best_score(fit_x, fit_y, x, y, is_discrete: bool, tau: float, weight: float) -> ScoreRule:
+    """The score (fitted on ``fit_x``, ``fit_y``) whose best event has the largest criterion on the first
     COMPARE_ROWS of ``x``, ``y`` (the ratio scores of one binning share its bins)."""
     cx, cy = x[:COMPARE_ROWS], y[:COMPARE_ROWS]
     cw = weight - SCORE_PENALTY / math.sqrt(len(x)) + SCORE_PENALTY / math.sqrt(len(cx))
-    best, top = None, -math.inf
+    best = fit_score(fit_x, fit_y, is_discrete, LOGISTIC_STEPS)
+    top = best_threshold(best, cx, cy, tau, cw)[1]
     for binning, scores in ratio_scores(fit_x, fit_y):
         codes_x, codes_y = binning.codes(cx), binning.codes(cy)
         for score in scores:
@@ -223,12 +226,16 @@ def _sparse(x) -> bool:
 
 
 def candidate(x, y, is_discrete: bool, plan: Plan) -> Candidate:
-    """The best of DPL's candidate (outputs of at most 3 continuous dimensions, or discrete) and,
-    when ``plan.score_events``, a score event (continuous outputs of any dimension, and discrete
-    vectors of many distinct values)."""
+    """The best of DPL's candidate (continuous outputs of at most 3 dimensions, or discrete ones) and,
+    when ``plan.score_events``, a score event (continuous outputs of any dimension; discrete vectors of
+    many distinct values get the score event alone)."""
     d = x.shape[1]
-    point = dpl(x, y, is_discrete, plan) if is_discrete or d <= 3 else None
-    if plan.score_events and (not is_discrete or _sparse(x)):
+    use_score = plan.score_events and (not is_discrete or _sparse(x))
+    # sparse discrete outputs have too few repeats for DPL's frequencies, and a score event is judged on
+    # held-out outputs where DPL's criterion is not: comparing them favoured DPL's noisy points (RAPPOR)
+    use_dpl = not use_score if is_discrete else d <= 3
+    point = dpl(x, y, is_discrete, plan) if use_dpl else None
+    if use_score:
         scored = score_candidate(x, y, is_discrete, plan)
         if point is None or scored.score > point.score:
             return scored

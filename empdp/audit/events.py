@@ -134,8 +134,9 @@ def _spread(a: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(s) & (s > 0), s, 1.0)
 
 
-def fit_score(x: np.ndarray, y: np.ndarray, discrete: bool) -> ScoreRule:
-    """The score for outputs ``x`` (from x) and ``y`` (from x′), as a rule without threshold yet."""
+def fit_score(x: np.ndarray, y: np.ndarray, discrete: bool, iterations: int = 100) -> ScoreRule:
+    """The score for outputs ``x`` (from x) and ``y`` (from x′), as a rule without threshold yet
+    (the logistic regression: at most ``iterations`` L-BFGS steps)."""
     if not discrete and x.shape[1] == 1:
         return ScoreRule("output", 0.0, 1)
     rows = max(1, len(x) // max(1, FIT_ROWS // 2))
@@ -143,10 +144,10 @@ def fit_score(x: np.ndarray, y: np.ndarray, discrete: bool) -> ScoreRule:
     feats = _Features.fit(np.vstack([xs, ys]))
     design = np.vstack([feats.transform(xs), feats.transform(ys)])
     labels = np.concatenate([np.zeros(len(xs)), np.ones(len(ys))])
-    return ScoreRule("logistic regression", 0.0, 1, _Logistic(feats, _logistic(design, labels)))
+    return ScoreRule("logistic regression", 0.0, 1, _Logistic(feats, _logistic(design, labels, iterations)))
 
 
-def _logistic(design: np.ndarray, labels: np.ndarray) -> np.ndarray:
+def _logistic(design: np.ndarray, labels: np.ndarray, iterations: int) -> np.ndarray:
     """Weights (intercept first) of an L2-penalised logistic regression, by L-BFGS."""
     optimize = importlib.import_module("scipy.optimize")  # lazily: the audit command stays light
     a = np.hstack([np.ones((len(design), 1)), design])
@@ -160,7 +161,7 @@ def _logistic(design: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
     with threadpool_limits(limits=1, user_api="blas"):  # scipy's own BLAS, loaded just now: see one_blas_thread
         res = optimize.minimize(loss, np.zeros(a.shape[1]), jac=True, method="L-BFGS-B",
-                                options={"maxiter": 100})
+                                options={"maxiter": iterations})
     return res.x
 
 
