@@ -8,9 +8,9 @@ fits s and chooses c on its own outputs; stage 2 counts the event among fresh
 outputs, so the bound keeps its level however the score was learned.
 
 Scores: the output itself for one-dimensional continuous outputs (events are
-half-lines); for vector outputs MPL uses per-coordinate log ratios (module
-:mod:`empdp.audit.ratios`) and the (ε, δ) audit an L2-penalised logistic
-regression of "from x′" against "from x" on features of the output: the standardised coordinates,
+half-lines); for vector outputs an L2-penalised logistic regression (MPL also
+tries per-coordinate log ratios, module :mod:`empdp.audit.ratios`) of "from x′"
+against "from x" on features of the output: the standardised coordinates,
 their consecutive differences, indicators of repeated values (codes such as
 "below" or "aborted" among numeric answers) and the number of coordinates in
 each of 16 pooled quantile bins (a symmetric summary for exchangeable
