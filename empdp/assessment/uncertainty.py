@@ -310,7 +310,8 @@ def basic_interval(point, reps: np.ndarray, level: float) -> np.ndarray:
     med = np.median(scaled, axis=0)
     lo_q, hi_q = np.quantile(scaled, [(1 - level) / 2, (1 + level) / 2], axis=0)
     ends = np.stack([centre - (hi_q - med), centre - (lo_q - med)], axis=-1)
-    return np.where(positive[..., None], np.exp(ends), ends)
+    with np.errstate(over="ignore"):  # an end beyond e^709 is infinite (the callers clip δ and the counts)
+        return np.where(positive[..., None], np.exp(ends), ends)
 
 
 def estimate(q, rows: Rows | np.ndarray, *, model: DensityModel, epsilons, replicates: int = 200,
