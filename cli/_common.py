@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import click
 
+from empdp.engines import ENGINES
 from empdp.io import jsonable
 from empdp.keys import KEY_ENV
 
@@ -196,7 +197,7 @@ def engine_options(engine_help: str, table: bool = True):
                               "$SPARK_REMOTE).")(f)
         f = click.option("--spark-master", metavar="URL",
                          help="With --engine spark: the master (default local[*]).")(f)
-        f = click.option("--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True,
+        f = click.option("--engine", type=click.Choice(list(ENGINES)), default="duckdb", show_default=True,
                          help=engine_help)(f)
         return f
 
@@ -238,9 +239,10 @@ def engine_object(settings: dict):
     then applies ``memory_limit`` and ``threads``) or a :class:`empdp.engines.Spark` with its settings."""
     if settings["engine"] == "duckdb":
         return "duckdb"
-    from empdp.engines import Spark
+    from empdp.engines import engine_of
 
-    return Spark(master=settings["spark_master"], remote=settings["spark_remote"], table=settings["table"])
+    return engine_of(settings["engine"], spark_master=settings["spark_master"], spark_remote=settings["spark_remote"],
+                     table=settings["table"])
 
 
 def key_options(f):

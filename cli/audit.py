@@ -440,7 +440,7 @@ def _echo_release_sizes(d: dict) -> None:
 
 
 def _print_joint_audit(d: dict) -> None:
-    """The terminal summary of a joint release audit (``JointReleaseAudit.to_dict``)."""
+    """The terminal summary of a joint release audit (``ReleaseAudit.to_dict`` of a joint calibration)."""
     click.echo(f"Release audit of {d['d']} statistics released together ({terminal_safe('; '.join(d['statistics']))}): target "
                f"epsilon {fmt(d['target_epsilon'])}, noise {terminal_safe(d['noise']['kind'])}, curator model product Laplace "
                f"{'whitened' if d['curator_model'].get('whitened') else 'axis-aligned'}")

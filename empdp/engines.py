@@ -8,7 +8,7 @@ the stages take one engine and never ask which. A new engine is one class here a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import InputError
@@ -54,17 +54,21 @@ ENGINES = {e.name: e for e in (DuckDB, Spark)}
 
 def engine_of(engine: Any = "duckdb", *, spark_master: str | None = None, spark_remote: str | None = None,
               table: str | None = None, memory_limit: str | None = None, threads: int | None = None):
-    """An engine object from the keyword form of the entry points (an engine object is returned as it is)."""
-    if isinstance(engine, (DuckDB, Spark)):
+    """An engine object from the keyword form of the entry points (an engine object is returned as it is):
+    the class :data:`ENGINES` names, made with the settings among these that it has (Spark's ``master``,
+    ``remote`` and ``table``; DuckDB's ``memory_limit`` and ``threads``)."""
+    if isinstance(engine, tuple(ENGINES.values())):
         return engine
-    if engine not in ENGINES:
+    if not isinstance(engine, str) or engine not in ENGINES:
         raise InputError(f"`engine` must be one of {', '.join(ENGINES)}, got {str(engine)[:40]!r}", param="engine")
-    if engine == "duckdb":
-        if spark_master or spark_remote or table:
-            raise InputError("`spark_master`, `spark_remote` and `table` go with `engine` spark",
-                             param=("spark_master", "spark_remote", "table", "engine"))
-        return DuckDB(memory_limit=memory_limit, threads=threads)
-    return Spark(master=spark_master, remote=spark_remote, table=table)
+    cls = ENGINES[engine]
+    own = {f.name for f in fields(cls)}
+    located = {"master": spark_master, "remote": spark_remote, "table": table}
+    if any(v is not None for k, v in located.items() if k not in own):
+        raise InputError("`spark_master`, `spark_remote` and `table` go with `engine` spark",
+                         param=("spark_master", "spark_remote", "table", "engine"))
+    given = {**located, "memory_limit": memory_limit, "threads": threads}
+    return cls(**{k: v for k, v in given.items() if k in own and v is not None})
 
 
 def open_engine(source: Any, *, engine: Any = "duckdb", spark_master: str | None = None,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import params
+from .engines import engine_of
 from .errors import InputError
 from .kernels import DEFAULT as _DEFAULT_KERNEL
 from .kernels import candidates
@@ -118,6 +119,8 @@ class Execution:
     progress: Progress | None = None
 
     def __post_init__(self):
+        if isinstance(self.engine, str):
+            engine_of(self.engine)  # a name the registry knows (an object is checked where it is used)
         if self.threads is not None:
             params.whole(self.threads, "threads")
         params.workers(self.workers)

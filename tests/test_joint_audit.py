@@ -13,7 +13,8 @@ from test_joint_release import EPS, QUERIES, paper_panel
 
 from empdp.audit import audit_release
 from empdp.audit.common import draw
-from empdp.audit.joint_release import JointReleaseAudit, exact_renyi, joint_release_mechanism
+from empdp.audit.joint_release import exact_renyi, joint_release_mechanism
+from empdp.audit.release import ReleaseAudit
 from empdp.loo.joint import read_joint
 from empdp.noise import calibrate
 
@@ -43,7 +44,7 @@ def scaled(cal, f):
 def test_correct_joint_calibration_passes(paper):
     path, K, cal = paper
     res = audit_release(cal, path, rng=1)
-    assert isinstance(res, JointReleaseAudit) and res.ok
+    assert isinstance(res, ReleaseAudit) and res.statistics == QUERIES and res.d == 2 and res.ok
     assert res.exact_epsilon_max <= EPS and res.exact_epsilon_max == pytest.approx(EPS, rel=1e-8)
     assert res.individuals[0]["id"] == K  # the riskiest is the one the pair exposes
     assert res.mpl_lower_bound <= EPS

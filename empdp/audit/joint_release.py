@@ -17,77 +17,47 @@ quadrature aligned on the kinks (:func:`exact_renyi`), exact in the tails and Ga
 
 from __future__ import annotations
 
-import logging
 import math
-import time
-from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
-from ..errors import InputError
-from ..io import jsonable, keyed_hash
 from .mechanisms import Mechanism
-from .mpl import mpl
-from .renyi import renyi
-
-log = logging.getLogger("empdp.audit")
 
 
-@dataclass
-class JointReleaseAudit:
-    """MPL and Rényi bounds on a joint release beside the exact ε_i and D_α of its density (``to_dict`` has the
-    plain audit's keys, with ``joint``, ``d``, ``statistics`` and ``curator_model``)."""
+class JointDensity:
+    """The joint release density of 2–3 statistics and each individual's: what
+    :func:`empdp.audit.release._audit_density` audits for a joint calibration. Every usable individual's
+    exact ε_i is computed (on the release density's kink grid) to rank them; D_α is computed for the
+    chosen ones."""
 
-    target_epsilon: float
-    statistics: list
-    individuals: list
-    mpl_lower_bound: float
-    stage1_max_loss: float  # MPL's largest stage-1 loss: biased up, not a bound
-    exact_epsilon_max: float
-    renyi_lower_bound: float
-    exact_renyi_max: float | None
-    order: float
-    search_size: int
-    final_size: int
-    renyi_sample_size: int
-    alpha: float
-    noise: dict
-    curator_model: dict
-    warnings: list = field(default_factory=list)
-    ids_hashed: bool = False
+    delta = None  # the joint curator kernel is pure DP: no (ε, δ) part
 
-    @property
-    def d(self) -> int:
-        return len(self.statistics)
+    def __init__(self, cal, q, shifts, order: float):
+        self.cal, self.q, self.shifts, self.order = cal, q, shifts, order
 
-    @property
-    def ok(self) -> bool:
-        """Exact ε ≤ target and the MPL bound does not contradict it."""
-        tol = 1e-9 * max(1.0, self.target_epsilon)
-        return self.exact_epsilon_max <= self.target_epsilon + tol and self.mpl_lower_bound <= self.target_epsilon
+    def choose(self, rows: np.ndarray, top: int, report) -> tuple[list, dict]:
+        from ..noise.joint_exact import joint_eps_at
 
-    @property
-    def renyi_consistent(self) -> bool | None:
-        """The Rényi bound stays at or below the exact D_α of the audited individuals (None: D_α not computed);
-        not part of :attr:`ok`, as for one statistic."""
-        if self.exact_renyi_max is None:
-            return None
-        return self.renyi_lower_bound <= self.exact_renyi_max * (1 + 1e-9) + 1e-12
+        stage = f"exact values: {len(rows)} individuals"
+        report(stage, 0, 1)
+        exact = joint_eps_at(self.cal.release_model(self.q), self.shifts[rows], 1.0)
+        report(stage, 1, 1)
+        rank = np.argsort(-exact, kind="stable")[:top]
+        chosen = [int(k) for k in rows[rank]]
+        return chosen, {k: {"exact_epsilon": float(e)} for k, e in zip(chosen, exact[rank])}
 
-    def to_dict(self) -> dict:
-        return jsonable({
-            "method": "release", "joint": True, "d": self.d, "statistics": self.statistics,
-            "target_epsilon": self.target_epsilon, "order": self.order, "ok": self.ok,
-            "mpl_lower_bound": self.mpl_lower_bound, "stage1_max_loss": self.stage1_max_loss,
-            "exact_epsilon_max": self.exact_epsilon_max, "renyi_lower_bound": self.renyi_lower_bound,
-            "exact_renyi_max": self.exact_renyi_max, "renyi_consistent": self.renyi_consistent,
-            "individuals": self.individuals, "search_size": self.search_size, "final_size": self.final_size,
-            "renyi_sample_size": self.renyi_sample_size, "alpha": self.alpha,
-            "noise": self.noise,
-            "curator_kernel": {"kind": self.curator_model.get("kind"), "scales": self.curator_model.get("scales")},
-            "curator_model": self.curator_model, "warnings": self.warnings, "ids_hashed": self.ids_hashed,
-        })
+    def mechanism(self, chosen: list) -> Mechanism:
+        return joint_release_mechanism(self.cal, self.q, self.shifts[np.array(chosen)])
+
+    def exact_renyi(self, chosen: list, figures: dict) -> None:
+        """The exact D_α both ways of each chosen individual (None beyond the quadrature's budget)."""
+        T = self.cal.release_model(self.q).transform
+        for k in chosen:
+            both = exact_renyi(self.q @ T.T, (self.q - self.shifts[k]) @ T.T, self.order)
+            figures[k]["exact_renyi"] = None if both is None else max(both)
+
+    def at_delta(self, mech, pairs, **sizes) -> tuple[dict, list]:
+        return {}, []
 
 
 def joint_release_mechanism(cal, q, shifts_top) -> Mechanism:
@@ -183,88 +153,3 @@ def exact_renyi(a: np.ndarray, b: np.ndarray, order: float) -> tuple[float, floa
         forward += float(np.sum(w * r * ratio ** (order - 1)))
         backward += float(np.sum(w * ri * ratio ** (1 - order)))
     return math.log(forward) / (order - 1), math.log(backward) / (order - 1)
-
-
-def _special():
-    from scipy import special
-
-    return special
-
-
-def _read(cal, source, loo):
-    """(q (n, d), shifts (m, n, d), ids, sole) of the calibration's statistics: ``loo`` as given, or read."""
-    if loo is None:
-        if source is None:
-            raise InputError("give the source the calibration was made from")
-        if cal.id is None or cal.by is None or (cal.query is None and cal.sql is None):
-            raise InputError("this calibration stores no query (it was made from arrays); pass loo=")
-        from ..loo.joint import read_joint
-
-        panel = read_joint(source, id=cal.id, by=cal.by, queries=cal.query, sql=cal.sql, where=cal.where)
-        return panel.q, panel.shifts, list(panel.ids.to_list()), panel.sole
-    q = np.asarray(loo.q, float)
-    shifts = np.asarray(loo.shifts, float)
-    ids = getattr(loo, "ids", None)
-    sole = getattr(loo, "sole", getattr(loo, "undefined", None))
-    return (q, shifts, list(ids if ids is not None else range(len(shifts))),
-            np.asarray(sole if sole is not None else np.zeros(len(shifts), bool), bool))
-
-
-def audit_joint_release(cal, source=None, *, loo=None, top: int = 5, order: float = 2.0, n: int = 20000,
-                        N: int = 50000, n_renyi: int = 100000, alpha: float = 0.05, rng=None,
-                        progress: Callable[[str, int, int], None] | None = None,
-                        hash_key: bytes | None = None) -> JointReleaseAudit:
-    """Audit the joint release of :class:`empdp.noise.JointCalibration` ``cal`` on its source (options checked by
-    :func:`empdp.audit.audit_release`, which calls this for a joint calibration).
-
-    ``loo``: instead of ``source``, an object with ``q`` (n, d), ``shifts`` (m, n, d) and optionally
-    ``ids`` and ``sole`` (sole contributors). The ``top`` individuals with the largest exact ε_i of the
-    release are audited by MPL and by the Rényi bound of order ``order`` (``n_renyi`` outputs per
-    database), each at level ``alpha``, beside their exact D_α (:func:`exact_renyi`).
-    """
-    q, shifts, ids, sole = _read(cal, source, loo)
-    if q.ndim != 2 or q.shape[1] != cal.d or shifts.shape[1:] != q.shape:
-        raise InputError(f"the source gives {q.shape[1] if q.ndim == 2 else 1} statistics over {q.shape[0]} "
-                         f"databases, but the calibration has {cal.d} over {cal.n_databases}")
-    from ..noise.joint_exact import joint_eps_at
-
-    usable = ~sole & (shifts != 0).any(axis=(1, 2))
-    if not usable.any():
-        raise InputError("no individual changes the statistics: nothing to audit")
-    warnings = []
-    if sole.any():
-        warnings.append(f"{int(sole.sum())} sole contributor(s) are not audited (no noise protects them)")
-    rows = np.flatnonzero(usable)
-    t0 = time.perf_counter()
-    report = progress or (lambda stage, done, total: None)
-    report(f"exact values: {len(rows)} individuals", 0, 1)
-    exact = joint_eps_at(cal.release_model(q), shifts[rows], 1.0)
-    report(f"exact values: {len(rows)} individuals", 1, 1)
-    rank = np.argsort(-exact, kind="stable")[:top]
-    chosen = rows[rank]
-    log.info("joint release audit: exact epsilon_i for %d individuals in %.2f s; max %.6g", len(rows),
-             time.perf_counter() - t0, float(exact.max()))
-    name = (lambda k: keyed_hash(ids[k], hash_key)) if hash_key else (lambda k: ids[k])
-    individuals = [{"id": name(int(k)), "exact_epsilon": float(e)} for k, e in zip(chosen, exact[rank])]
-    mech = joint_release_mechanism(cal, q, shifts[chosen])
-    m = mpl(mech, [(-1, k) for k in range(len(chosen))], n=n, N=N, alpha=alpha, rng=rng, progress=progress)
-    for k, est in enumerate(m.stage1_max_loss_by_pair):
-        individuals[k]["stage1_max_loss"] = est
-    T = cal.release_model(q).transform
-    for row, k in zip(individuals, chosen):
-        both = exact_renyi(q @ T.T, (q - shifts[k]) @ T.T, order)
-        row["exact_renyi"] = None if both is None else max(both)
-    exact_d = [row["exact_renyi"] for row in individuals]
-    if None in exact_d:
-        warnings.append(f"the exact D_{order:g} was not computed for some individuals (more than "
-                        f"{MAX_NODES:,} quadrature nodes, or points over {MAX_SPREAD:g} scales apart): "
-                        "renyi_consistent is null")
-    r = renyi(mech, [(-1, k) for k in range(len(chosen))], order=order, n=n_renyi, alpha=alpha, rng=rng,
-              progress=progress)
-    return JointReleaseAudit(target_epsilon=float(cal.epsilon), statistics=list(cal.statistics),
-                             individuals=individuals, mpl_lower_bound=m.lower_bound, stage1_max_loss=m.stage1_max_loss,
-                             exact_epsilon_max=float(exact.max()), renyi_lower_bound=r.lower_bound,
-                             exact_renyi_max=None if None in exact_d else max(exact_d), order=float(order),
-                             search_size=n, final_size=N, renyi_sample_size=n_renyi, alpha=alpha, noise=dict(cal.noise),
-                             curator_model=dict(cal.curator_model), warnings=warnings + m.warnings + r.warnings,
-                             ids_hashed=bool(hash_key))

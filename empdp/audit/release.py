@@ -139,7 +139,8 @@ class _Bounds:
     stage1_max_loss: float  # MPL's largest stage-1 loss: biased up, not a bound
     renyi_lower_bound: float
     exact_epsilon_max: float
-    exact_renyi_max: float
+    #: None where the exact D_α could not be computed (a joint release beyond the quadrature's budget)
+    exact_renyi_max: float | None
     #: a curator kernel that is not pure DP (Gaussian) is audited at δ too: the δ (its ε_i's tolerance),
     #: the (ε, δ) audit's lower bound on ε(δ) and the exact max ε_i(δ); None for pure-DP kernels
     delta: float | None = None
@@ -159,13 +160,16 @@ class _Bounds:
         return self.exact_epsilon_max <= self.target_epsilon + tol and self.mpl_lower_bound <= self.target_epsilon
 
     @property
-    def renyi_consistent(self) -> bool:
-        """The Rényi lower bound does not exceed the exact D_α of the audited individuals.
+    def renyi_consistent(self) -> bool | None:
+        """The Rényi lower bound does not exceed the exact D_α of the audited individuals (None: D_α
+        was not computed).
 
         Not part of :attr:`ok` (there is no Rényi target): a bound above the
         exact value is the bound's allowed miss (probability ≤ alpha), or a
         sign that the release is not the one calibrated.
         """
+        if self.exact_renyi_max is None:
+            return None
         return self.renyi_lower_bound <= self.exact_renyi_max * (1 + 1e-9) + 1e-12
 
     def _figures(self) -> dict:
@@ -217,6 +221,14 @@ class ReleaseAudit(_Bounds):
     #: per adversary bucket, in the calibration's order (empty without an adversary)
     buckets: list = field(default_factory=list)
     adversary_statistic: str | None = None
+    #: a joint release (2–3 statistics): their names and the curator's joint model (None for one statistic)
+    statistics: list | None = None
+    curator_model: dict | None = None
+
+    @property
+    def d(self) -> int:
+        """The number of statistics released together."""
+        return len(self.statistics) if self.statistics else 1
 
     @property
     def ok(self) -> bool:
@@ -243,6 +255,10 @@ class ReleaseAudit(_Bounds):
              "search_size": self.search_size, "final_size": self.final_size,
              "renyi_sample_size": self.renyi_sample_size, "alpha": self.alpha, "noise": self.noise,
              "curator_kernel": self.curator_kernel, "warnings": self.warnings, "ids_hashed": self.ids_hashed}
+        if self.statistics:  # a joint release: no (ε, δ) part (its kernel is pure DP)
+            for key in ("delta", "approx_lower_bound", "exact_epsilon_at_delta_max", "exact_curve"):
+                d.pop(key)
+            d.update(joint=True, d=self.d, statistics=self.statistics, curator_model=self.curator_model)
         if self.buckets:
             d.update(adversary_statistic=self.adversary_statistic, worst_bucket=self.worst_bucket,
                      buckets=[b.to_dict() for b in self.buckets])
@@ -274,55 +290,85 @@ def describe_buckets(d: dict) -> list[str]:
     return lines
 
 
-def _audit_density(q, shifts, rows, name, *, kernel, b, w, lam, target, top, order, n, N, n_renyi, alpha, rng,
+class OneDensity:
+    """The release density of one statistic, P̂ ⋆ k ⋆ h (curator kernel k of scale ``b``, noise h =
+    w·δ_0 + (1 − w)·Laplace(λ)), and of each individual's P̂_i: what :func:`_audit_density` audits."""
+
+    def __init__(self, q, shifts, *, kernel, b, w, lam, order):
+        self.q, self.shifts, self.kernel, self.b, self.w, self.lam, self.order = q, shifts, kernel, b, w, lam, order
+        kern = kernels.kernel(kernel)
+        #: a kernel that is not pure DP is audited at δ, its ε_i's tolerance, too
+        self.delta = None if kern.exact_eps else kern.tolerance
+        self.deltas = () if self.delta is None else sorted({*CURVE_DELTAS, self.delta}, reverse=True)
+        noisy = w < 1 and lam > 0
+        self._rank_scale = (max(lam, b) if kern.exact_eps else lam) if noisy else b
+
+    def choose(self, rows: np.ndarray, top: int, report) -> tuple[list, dict]:
+        """The ``top`` riskiest of ``rows`` and their exact figures. Ranked by the exact Laplace-KDE ε at
+        the release's scale (a proxy); the shortlist of 4 × top is then ranked by the exact ε_i on the
+        grid, or by ε_i(δ) at the kernel's tolerance δ for a kernel that is not pure DP."""
+        from ..noise.exact import laplace_kde_eps
+
+        q, shifts = self.q, self.shifts
+        rank_eps = laplace_kde_eps(q, q[None, :] - shifts[rows], self._rank_scale)
+        shortlist = rows[np.argsort(-rank_eps, kind="stable")[:4 * top]]
+        stage = f"exact values: {len(shortlist)} individuals"
+        exact = {}
+        for j, k in enumerate(shortlist):
+            exact[int(k)] = exact_values(q, q - shifts[k], self.kernel, self.b, self.w, self.lam, self.order,
+                                         self.deltas)
+            report(stage, j + 1, len(shortlist))
+        at = None if self.delta is None else self.deltas.index(self.delta)
+        chosen = sorted(exact, key=lambda k: -(exact[k][0] if at is None else exact[k][2][at]))[:top]
+        self._curves = np.array([exact[k][2] for k in chosen])
+        figures = {k: {"exact_epsilon": exact[k][0], "exact_renyi": exact[k][1]} for k in chosen}
+        for k, curve in zip(chosen, self._curves):
+            if at is not None:
+                figures[k]["exact_epsilon_at_delta"] = float(curve[at])
+        return chosen, figures
+
+    def mechanism(self, chosen: list) -> Mechanism:
+        return release_mechanism(self.q, self.shifts[np.array(chosen)], self.kernel, self.b, self.w, self.lam)
+
+    def exact_renyi(self, chosen: list, figures: dict) -> None:
+        """Nothing to add: :meth:`choose` computed D_α with ε_i on the same grid."""
+
+    def at_delta(self, mech, pairs, **sizes) -> tuple[dict, list]:
+        """The (ε, δ) audit beside the exact curve ε(δ), for a kernel that is not pure DP."""
+        if self.delta is None:
+            return {}, []
+        return _approx_figures(mech, pairs, self.delta, self.deltas, self._curves, **sizes)
+
+
+def _audit_density(density, rows, name, *, target, top, order, n, N, n_renyi, alpha, rng,
                    progress) -> tuple[_Bounds, list]:
-    """Audit the release density P̂ ⋆ k ⋆ h of the databases ``q`` for the individuals ``rows``.
-
-    The ``top`` riskiest (ranked by the exact Laplace-KDE ε at the release's scale, a proxy; the
-    shortlist of 4 × top is then ranked by the exact ε_i on the grid, or by ε_i(δ) at the kernel's
-    tolerance δ for a kernel that is not pure DP) get exact values, MPL and the Rényi bound, and for
-    such a kernel the (ε, δ) audit at δ and the exact curve ε(δ). Returns the figures and the
-    bounds' warnings.
+    """Audit a release density (:class:`OneDensity`, or :class:`~empdp.audit.joint_release.JointDensity`
+    for 2–3 statistics released together) for the individuals ``rows``: the ``top`` riskiest get their
+    exact values (the density's own), MPL and the Rényi bound, and for a kernel that is not pure DP the
+    (ε, δ) audit at δ and the exact curve ε(δ). Returns the figures and the bounds' warnings.
     """
-    from ..noise.exact import laplace_kde_eps
-
-    kern = kernels.kernel(kernel)
-    delta = None if kern.exact_eps else kern.tolerance
-    deltas = () if delta is None else sorted({*CURVE_DELTAS, delta}, reverse=True)
-    noisy = w < 1 and lam > 0
-    eff = (max(lam, b) if kern.exact_eps else lam) if noisy else b
-    rank_eps = laplace_kde_eps(q, q[None, :] - shifts[rows], eff)
-    # the ranking is a proxy for other kernels: take 4x as many, keep the top by exact ε_i
-    shortlist = rows[np.argsort(-rank_eps, kind="stable")[:4 * top]]
     report = progress or (lambda stage, done, total: None)
-    stage, t0 = f"exact values: {len(shortlist)} individuals", time.perf_counter()
-    exact = {}
-    for j, k in enumerate(shortlist):
-        exact[int(k)] = exact_values(q, q - shifts[k], kernel, b, w, lam, order, deltas)
-        report(stage, j + 1, len(shortlist))
-    at = None if delta is None else deltas.index(delta)
-    chosen = sorted(exact, key=lambda k: -(exact[k][0] if at is None else exact[k][2][at]))[:top]
-    log.info("release audit: exact epsilon_i and D_%g for %d shortlisted of %d individuals in %.2f s",
-             order, len(shortlist), len(rows), time.perf_counter() - t0)
-
-    individuals = [{"id": name(k), "exact_epsilon": exact[k][0], "exact_renyi": exact[k][1]} for k in chosen]
-    mech = release_mechanism(q, shifts[np.array(chosen)], kernel, b, w, lam)
+    t0 = time.perf_counter()
+    chosen, figures = density.choose(rows, top, report)
+    log.info("release audit: exact values of %d of %d individuals in %.2f s", len(chosen), len(rows),
+             time.perf_counter() - t0)
+    mech = density.mechanism(chosen)
     pairs = [(-1, k) for k in range(len(chosen))]
     m = mpl(mech, pairs, n=n, N=N, alpha=alpha, rng=rng, progress=progress)
+    for k, est in zip(chosen, m.stage1_max_loss_by_pair):
+        figures[k]["stage1_max_loss"] = est
+    density.exact_renyi(chosen, figures)
     r = renyi(mech, pairs, order=order, n=n_renyi, alpha=alpha, rng=rng, progress=progress)
-    for k, est in enumerate(m.stage1_max_loss_by_pair):
-        individuals[k]["stage1_max_loss"] = est
-    at_delta, notes = {}, []
-    if delta is not None:
-        curves = np.array([exact[k][2] for k in chosen])
-        at_delta, notes = _approx_figures(mech, pairs, delta, deltas, curves, n=n, N=N, alpha=alpha, rng=rng,
-                                          progress=progress)
-        for row, eps in zip(individuals, curves[:, at]):
-            row["exact_epsilon_at_delta"] = float(eps)
+    at_delta, notes = density.at_delta(mech, pairs, n=n, N=N, alpha=alpha, rng=rng, progress=progress)
+    individuals = [{"id": name(k), **figures[k]} for k in chosen]
+    renyis = [row["exact_renyi"] for row in individuals]
+    if None in renyis:
+        notes = notes + [f"the exact D_{order:g} was not computed for some individuals (too many quadrature "
+                         "nodes, or points too many scales apart): renyi_consistent is null"]
     bounds = _Bounds(target_epsilon=target, individuals=individuals, mpl_lower_bound=m.lower_bound,
                      stage1_max_loss=m.stage1_max_loss, renyi_lower_bound=r.lower_bound,
-                     exact_epsilon_max=max(d["exact_epsilon"] for d in individuals),
-                     exact_renyi_max=max(d["exact_renyi"] for d in individuals), **at_delta)
+                     exact_epsilon_max=max(row["exact_epsilon"] for row in individuals),
+                     exact_renyi_max=None if None in renyis else max(renyis), **at_delta)
     return bounds, m.warnings + r.warnings + notes
 
 
@@ -352,8 +398,15 @@ def _read_shifts(cal, source, loo, engine):
         return loo
     if source is None and getattr(engine, "table", None) is None:
         raise InputError("give the source the calibration was made from")
-    if cal.id is None or cal.by is None:
+    if cal.id is None or cal.by is None or (cal.kind is JOINT and cal.query is None and cal.sql is None):
         raise InputError("this calibration stores no query (it was made from arrays); pass loo=")
+    if cal.kind is JOINT:
+        if engine.name != "duckdb":
+            raise InputError("a joint calibration's statistics are read by DuckDB: give a file, glob or folder as "
+                             "the source, on the DuckDB engine", param="engine")
+        from ..loo.joint import read_joint
+
+        return read_joint(source, id=cal.id, by=cal.by, queries=cal.query, sql=cal.sql, where=cal.where)
     if engine.name != "duckdb":
         from ..noise.source import SourceShifts
 
@@ -370,10 +423,10 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
                   allow_unsigned: bool = False) -> ReleaseAudit:
     """Audit the release described by ``calibration`` on the databases of ``source`` (docs/method.md#94-release-audit).
 
-    A joint calibration (2–3 statistics, :class:`empdp.noise.JointCalibration`) is audited by
-    :func:`empdp.audit.joint_release.audit_joint_release`: MPL and the Rényi bound on the d-dimensional
-    release beside the exact ε_i and D_α of its density; the result is a
-    :class:`~empdp.audit.joint_release.JointReleaseAudit`.
+    Every curator model takes the same path (:func:`_audit_density`) with its own release density: one
+    statistic (:class:`OneDensity`) or 2–3 statistics released together
+    (:class:`~empdp.audit.joint_release.JointDensity`: MPL and the Rényi bound on the d-dimensional
+    release beside the exact ε_i and D_α of its density; the result then names the ``statistics``).
 
     A calibration against an adversary (``calibrate --adversary``) is audited per adversary bucket
     (docs/method.md#101-adversarial-knowledge): bucket B's release density is P̂_B ⋆ ℓ_{b_B} ⋆ h, its
@@ -387,7 +440,8 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
         refused unless ``allow_unsigned``, unsafe): its query and filter are then run on ``source``.
     source : the data source the calibration was made from (re-read with its query), or
         ``loo``: an object with ``q`` (n,), ``shifts`` (m, n) and optionally ``ids``, ``undefined``
-        (and ``labels``, the databases, for a calibration against an adversary).
+        (and ``labels``, the databases, for a calibration against an adversary); for a joint
+        calibration ``q`` (n, d), ``shifts`` (m, n, d) and optionally ``sole``.
     top : number of riskiest individuals audited (by exact ε_i of the release), per bucket.
     order : Rényi order α > 1.
     n, N : MPL sample sizes; n_renyi : Rényi sample size per database.
@@ -399,48 +453,50 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
         of ``source``; docs/spark.md).
     """
     from ..noise import Calibration, JointCalibration, load_calibration
-    from ..noise.source import SourceShifts
 
     # check the options before the calibration is read and the exact values computed
     # (order = 1 would otherwise fail in exact_values, after the slow part)
     order, alpha = check_order(order), check_level(alpha)
     if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
-        raise InputError(f"--top must be a positive integer, got {top!r}")
+        raise InputError(f"`top` must be a positive integer, got {top!r}", param="top")
     top = int(top)
     n, N, n_renyi = check_size("n", n), check_size("N", N), check_size("n_renyi", n_renyi, 50)
     rng = as_rng(rng)
     cal = calibration if isinstance(calibration, (Calibration, JointCalibration)) else \
         load_calibration(calibration, key=key, allow_unsigned=allow_unsigned)
     engine = engine_of(engine)
-    if cal.kind is JOINT:  # 2-3 statistics released together: MPL in d dimensions
-        from .joint_release import audit_joint_release
-
-        if engine.name != "duckdb" or isinstance(loo, SourceShifts):
-            raise InputError("a joint calibration's statistics are read by DuckDB: give a file, glob or folder as "
-                             "SOURCE, without --engine spark")
-        return audit_joint_release(cal, source, loo=loo, top=top, order=order, n=n, N=N, n_renyi=n_renyi,
-                                   alpha=alpha, rng=rng, progress=progress, hash_key=hash_key)
     loo = _read_shifts(cal, source, loo, engine)
-    q, shifts, ids, undefined = _arrays(loo)
-    statistic, groups = _stored_buckets(cal, loo)
-    usable = ~undefined & (shifts != 0).any(axis=1)
+    q, shifts, ids, undefined = _arrays(loo, cal)
+    usable = ~undefined & (shifts != 0).reshape(len(shifts), -1).any(axis=1)
     if not usable.any():
         raise InputError("no individual changes the query: nothing to audit")
     warnings = []
     if undefined.any():
         warnings.append(f"{int(undefined.sum())} sole contributor(s) are not audited (no noise protects them)")
     name = (lambda k: keyed_hash(ids[k], hash_key)) if hash_key else (lambda k: ids[k])
-    common = dict(kernel=cal.curator_kernel["kind"], w=float(cal.noise["weight_zero"]),
-                  lam=float(cal.noise["scale"]), target=float(cal.epsilon), top=top, order=order, n=n, N=N,
-                  n_renyi=n_renyi, rng=rng)
-    run = dict(order=float(order), search_size=n, final_size=N, renyi_sample_size=n_renyi, alpha=alpha, noise=dict(cal.noise),
-               curator_kernel=dict(cal.curator_kernel), ids_hashed=bool(hash_key))
+    sizes = dict(target=float(cal.epsilon), top=top, order=order, n=n, N=N, n_renyi=n_renyi, rng=rng)
+    run = dict(order=float(order), search_size=n, final_size=N, renyi_sample_size=n_renyi, alpha=alpha,
+               noise=dict(cal.noise), ids_hashed=bool(hash_key))
+    if cal.kind is JOINT:  # 2-3 statistics released together: MPL in d dimensions
+        from .joint_release import JointDensity
+
+        bounds, notes = _audit_density(JointDensity(cal, q, shifts, order), np.flatnonzero(usable), name, alpha=alpha,
+                                       progress=progress, **sizes)
+        model = dict(cal.curator_model)
+        return ReleaseAudit(**_figures_of(bounds), warnings=warnings + notes, statistics=list(cal.statistics),
+                            curator_model=model, curator_kernel={"kind": model.get("kind"),
+                                                                 "scales": model.get("scales")}, **run)
+    release = dict(kernel=cal.curator_kernel["kind"], w=float(cal.noise["weight_zero"]),
+                   lam=float(cal.noise["scale"]), order=order)
+    run["curator_kernel"] = dict(cal.curator_kernel)
+    statistic, groups = _stored_buckets(cal, loo)
     if not groups:
-        bounds, notes = _audit_density(q, shifts, np.flatnonzero(usable), name, b=float(cal.curator_kernel["scale"]),
-                                       alpha=alpha, progress=progress, **common)
+        density = OneDensity(q, shifts, b=float(cal.curator_kernel["scale"]), **release)
+        bounds, notes = _audit_density(density, np.flatnonzero(usable), name, alpha=alpha, progress=progress,
+                                       **sizes)
         return ReleaseAudit(**_figures_of(bounds), warnings=warnings + notes, **run)
     per, notes = _audit_buckets(groups, statistic, q, shifts, usable, name, alpha=alpha, progress=progress,
-                                **common)
+                                release=release, **sizes)
     everyone = sorted(({**row, "bucket": k} for k, a in enumerate(per) for row in a.individuals),
                       key=lambda row: -row["exact_epsilon"])
     return ReleaseAudit(target_epsilon=float(cal.epsilon), individuals=everyone, **_largest(per),
@@ -463,12 +519,19 @@ def _largest(per: list) -> dict:
     return figures
 
 
-def _arrays(loo):
-    """``q``, ``shifts`` (m, n), ``ids`` and ``undefined`` of a leave-one-out (defaults for the optional ones)."""
+def _arrays(loo, cal):
+    """``q`` (n,) or for a joint calibration (n, d), ``shifts`` (m, n[, d]), ``ids`` and ``undefined`` (sole
+    contributors) of a leave-one-out, with defaults for the optional ones; checked against the calibration."""
     q = np.asarray(loo.q, float)
-    shifts = np.atleast_2d(np.asarray(loo.shifts, float)).reshape(-1, q.size)
+    if cal.kind is JOINT:
+        shifts = np.asarray(loo.shifts, float)
+        if q.ndim != 2 or q.shape[1] != cal.d or shifts.shape[1:] != q.shape:
+            raise InputError(f"the source gives {q.shape[1] if q.ndim == 2 else 1} statistics over {q.shape[0]} "
+                             f"databases, but the calibration has {cal.d} over {cal.n_databases}")
+    else:
+        shifts = np.atleast_2d(np.asarray(loo.shifts, float)).reshape(-1, q.size)
     ids = getattr(loo, "ids", None)
-    undefined = getattr(loo, "undefined", None)
+    undefined = getattr(loo, "undefined", getattr(loo, "sole", None))
     return (q, shifts, list(ids if ids is not None else range(len(shifts))),
             np.asarray(undefined if undefined is not None else np.zeros(len(shifts), bool), bool))
 
@@ -486,7 +549,7 @@ def _stored_buckets(cal, loo):
     return stored_buckets(cal.deconvolution, list(labels))
 
 
-def _audit_buckets(groups, statistic, q, shifts, usable, name, *, alpha, progress, target, **common):
+def _audit_buckets(groups, statistic, q, shifts, usable, name, *, alpha, progress, target, release, **sizes):
     """Each bucket's release density P̂_B ⋆ ℓ_{b_B} ⋆ h audited apart, at level alpha / K (Bonferroni)."""
     per, warnings = [], []
     level = alpha / len(groups)
@@ -498,10 +561,10 @@ def _audit_buckets(groups, statistic, q, shifts, usable, name, *, alpha, progres
                 "no individual changes the query on its databases: nothing to audit there"]
         else:
             stage = None if progress is None else (lambda s, d, t, k=k: progress(f"bucket {k}: {s}", d, t))
-            bounds, notes = _audit_density(qb, sb, rows, name, b=g.scale, alpha=level, progress=stage, target=target,
-                                           **common)
+            bounds, notes = _audit_density(OneDensity(qb, sb, b=g.scale, **release), rows, name, alpha=level,
+                                           progress=stage, target=target, **sizes)
         per.append(BucketAudit(**_figures_of(bounds), lo=g.lo, hi=g.hi, n_databases=int(len(g.databases)),
-                               curator_kernel={"kind": common["kernel"], "scale": g.scale}, alpha=level))
+                               curator_kernel={"kind": release["kernel"], "scale": g.scale}, alpha=level))
         warnings += [f"bucket {k} ({statistic} in [{fmt(g.lo)}, {fmt(g.hi)}]): {note}" for note in notes]
     return per, warnings
 

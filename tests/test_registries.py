@@ -1,0 +1,57 @@
+"""Extension points are one registry entry each (docs/architecture.md): a test-only entry is picked up by
+every stage that takes one. (Query forms: tests/test_spark.py runs a test-only form on both engines;
+kernels: tests/test_kernels.py.)"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from conftest import random_panel
+
+import empdp
+from empdp import engines
+from empdp.errors import InputError
+
+OPENED: list = []
+
+
+@dataclass(frozen=True)
+class Recording(engines.DuckDB):
+    """A test-only engine: DuckDB's leave-one-out, noting each source it opens."""
+
+    name = "recording"
+
+    def open(self, source, **query):
+        OPENED.append(query.get("query"))
+        return super().open(source, **query)
+
+
+@pytest.fixture
+def recording(monkeypatch):
+    monkeypatch.setitem(engines.ENGINES, "recording", Recording)
+    OPENED.clear()
+    return empdp.Execution(engine="recording")
+
+
+def test_a_new_engine_is_one_registry_line(recording):
+    df = random_panel(5, n_db=6, n_ind=20, ties=False)
+    keys = dict(id="id", by="year", query="mean(x)")
+    a = empdp.assess(df, **keys, epsilon=[0.3], execution=recording)
+    b = empdp.assess(df, **keys, epsilon=[0.3])
+    assert OPENED == ["mean(x)"] and a.eps_all == b.eps_all and np.array_equal(a.delta, b.delta)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sole contributors, noted by both
+        cal = empdp.calibrate(df, **keys, epsilon=0.5, execution=recording)
+        assert cal.lam == empdp.calibrate(df, **keys, epsilon=0.5).lam
+    assert OPENED == ["mean(x)", "mean(x)"]
+    res = empdp.audit.audit_release(cal, df, engine="recording", top=1, n=500, N=2000, n_renyi=500, rng=1)
+    assert len(OPENED) == 3 and res.exact_epsilon_max <= 0.5 * (1 + 1e-9)
+
+
+def test_an_unknown_engine_names_the_registered_ones(recording):
+    with pytest.raises(InputError, match="duckdb, spark, recording") as info:
+        empdp.Execution(engine="hadoop")
+    assert info.value.param == ("engine",)
