@@ -66,6 +66,25 @@ def query_options(f=None, *, joint: bool = False):
     return f
 
 
+def uncertainty_options(f):
+    """``--uncertainty`` and its settings (docs/method.md, "Uncertainty of the estimates")."""
+    f = click.option("--seed", type=int, default=None,
+                     help="With --uncertainty: seed of the subsamples (same seed, same intervals).")(f)
+    f = click.option("--uncertainty-rows", type=click.Choice(["riskiest", "all"]), default=None,
+                     help="With --uncertainty: eps_i intervals (eps_i_lo, eps_i_hi) for the riskiest table's rows "
+                          "(default) or, with --out, for every row (one exact evaluation per individual and "
+                          "replicate: about --replicates times the eps_i stage).")(f)
+    f = click.option("--level", type=float, default=None,
+                     help="With --uncertainty: the intervals' level (default 0.9).")(f)
+    f = click.option("--replicates", type=int, default=None,
+                     help="With --uncertainty: subsamples of the databases (default 200).")(f)
+    f = click.option("--uncertainty", is_flag=True,
+                     help="Intervals for eps_all and, at each epsilon, for delta, total risk and the number at risk: "
+                          "how far they move over other sets of databases from the same process (subsamples of "
+                          "the databases; see docs/method.md).")(f)
+    return f
+
+
 @click.command("assess")
 @query_options(joint=True)
 @click.option("--epsilon", "-e", "epsilon", multiple=True, type=float,
@@ -113,11 +132,12 @@ def query_options(f=None, *, joint: bool = False):
                    "on two cores). Same results either way.")
 @click.option("--drop-null-ids", is_flag=True, help="Drop rows whose id is NULL instead of failing.")
 @click.option("--no-screening", is_flag=True, help="Evaluate every individual exactly (slower; same results).")
+@uncertainty_options
 @output_options
 def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel, bandwidth, adversary, adversary_sql, buckets,
                engine, spark_master, spark_remote, table, out, report, calibration, audit, key_file, allow_unsigned,
                save_result, without_shifts, hash_ids, hash_key_file, memory_limit, threads, workers, drop_null_ids, no_screening,
-               as_json, quiet, verbose, debug):
+               uncertainty, replicates, level, uncertainty_rows, seed, as_json, quiet, verbose, debug):
     """Per-individual empirical privacy risk of releasing QUERY of each database.
 
     Drops each individual from every database, re-computes the query, and
@@ -136,6 +156,7 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
       empdp assess --table lake.claims --engine spark --id patient --by month --query "mean(cost)"
       empdp assess data.parquet --id id --by year --query "sum(x)" --query "count(*)"   # released together
       empdp assess data.parquet --id person --by year --query "mean(income)" --group-by region
+      empdp assess data.parquet --id id --by year --query "mean(x)" --uncertainty --seed 1   # 90% intervals
     """
     setup_logging(verbose, quiet, debug)
     ctx = click.get_current_context()
@@ -149,6 +170,8 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
                     buckets=buckets)
     execution = Execution(engine=engine, memory_limit=memory_limit, threads=threads, workers=workers,
                           screening=not no_screening)
+    intervals = uncertainty_settings(uncertainty, replicates, level, uncertainty_rows, seed, adversary or adversary_sql,
+                                     out)
     check_outputs(source, out, report, save_result, without_shifts, calibration, audit)
     if (calibration or audit) and not report:
         raise InputError("--calibration and --audit add sections to the HTML report: give --report FILE.html "
@@ -160,6 +183,10 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
         result = assess(data, query=list(query) or None, sql=list(sql) or None, where=where, group_by=group_by,
                         epsilon=list(epsilon) or None, model=curator, exact_all=bool(out),
                         execution=replace(execution, progress=progress))
+        if intervals:
+            started_unc = time.perf_counter()
+            result.estimate_uncertainty(**intervals)
+            log.info("uncertainty: %d replicates in %.2f s", intervals["replicates"], time.perf_counter() - started_unc)
     with result:
         log_summary(result, time.perf_counter() - started)
         # all outputs are committed together: a failure writing one leaves none of them
@@ -185,7 +212,27 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
 
 #: the options some curator models do not take (:mod:`empdp.models`), in the command's order
 REFUSABLE = ("kernel", "adversary", "adversary_sql", "buckets", "engine", "table", "report", "calibration", "audit",
-             "save_result", "without_shifts", "workers", "no_screening")
+             "save_result", "without_shifts", "workers", "no_screening", "uncertainty")
+
+
+def uncertainty_settings(uncertainty: bool, replicates, level, rows, seed, adversary, out) -> dict | None:
+    """The keywords of ``estimate_uncertainty``, checked before any data are read (None without
+    ``--uncertainty``)."""
+    from empdp.assessment.uncertainty import check_options
+
+    if not uncertainty:
+        given = [flag for flag, value in (("--replicates", replicates), ("--level", level),
+                                          ("--uncertainty-rows", rows), ("--seed", seed)) if value is not None]
+        if given:
+            raise InputError(f"{given[0]} goes with --uncertainty: add --uncertainty, or drop {given[0]}")
+        return None
+    if adversary:
+        raise InputError("--uncertainty is estimated for the plain assessment of one statistic, not against an "
+                         "adversary: drop --uncertainty, or --adversary/--adversary-sql")
+    if rows == "all" and not out:
+        raise InputError("--uncertainty-rows all writes an interval for every row of --out FILE: add --out")
+    replicates, level = check_options(200 if replicates is None else replicates, 0.9 if level is None else level)
+    return {"replicates": replicates, "level": level, "rng": seed, "rows": "all" if rows == "all" else 10}
 
 
 def parse_bandwidth(value: str, model=ONE, d: int = 1):

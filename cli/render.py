@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -32,12 +33,14 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
           + f", {bandwidth_choice(m.selected_by)}")
     summary.add_row("density model", bw + ("  (unconditional; each adversary bucket has its own, below)"
                                            if result.adversary else ""))
-    summary.add_row("eps_all", _eps_all(result.eps_all, result.sole_contributors, result.eps_tolerance))
+    summary.add_row("eps_all", _eps_all(result.eps_all, result.sole_contributors, result.eps_tolerance,
+                                        getattr(result, "uncertainty", None)))
     summary.add_row("sole contributors", str(result.sole_contributors))
     ind = result.independence
     summary.add_row("independence", f"Ljung-Box p = {_fmt(ind['ljung_box_p'], 3)}, trend p = {_fmt(ind['trend_p'], 3)}")
     con.print(summary)
-    for w in result.warnings:
+    unc = getattr(result, "uncertainty", None)
+    for w in [*result.warnings, *(unc.warnings if unc is not None else [])]:
         con.print(f"[yellow]warning:[/yellow] {shown(w)}")
 
     if result.adversary:
@@ -50,24 +53,37 @@ def print_assessment(result, out: str | None = None, report: str | None = None, 
     tol = f" (eps_i: smallest epsilon with delta_i <= {result.eps_tolerance:g})" if result.eps_tolerance else ""
     t = Table(title=f"riskiest individuals at epsilon = {_fmt(result.epsilons[0])}, by delta{tol}",
               title_justify="left")
-    for col in (shown(result.id_column), "delta", "eps_i", "databases", "largest shift", ""):
+    unc = getattr(result, "uncertainty", None)
+    interval = f"eps_i {unc.level:.0%} interval" if unc is not None else None
+    for col in (shown(result.id_column), "delta", "eps_i", *([interval] if interval else []), "databases",
+                "largest shift", ""):
         t.add_column(col, justify="right" if col else "left")
+    bounds = {}
+    if interval:
+        ind = result.individuals.filter(pl.col("eps_i_lo").is_not_null())
+        bounds = dict(zip(ind[result.id_column].to_list(), zip(ind["eps_i_lo"], ind["eps_i_hi"])))
     for row in top_df.iter_rows(named=True):
         eps_i = "inf (sole)" if row["sole_contributor"] else _fmt(row["eps_i"])
-        t.add_row(shown(show_id(row[result.id_column])), _fmt(row["delta"]), eps_i, str(row["n_databases"]),
+        lo_hi = bounds.get(row[result.id_column])
+        extra = [f"{_fmt(lo_hi[0])}–{_fmt(lo_hi[1])}" if lo_hi else ""] if interval else []
+        t.add_row(shown(show_id(row[result.id_column])), _fmt(row["delta"]), eps_i, *extra, str(row["n_databases"]),
                   _fmt(row["max_abs_shift"]), "sets eps_all" if row["sets_eps_all"] else "")
     con.print(t)
     _written(con, out, report, saved)
 
 
-def _eps_all(eps_all: float, sole: int, tolerance: float | None = None) -> str:
-    """ε_all and what it means, sole contributors (whom no ε protects) set apart."""
+def _eps_all(eps_all: float, sole: int, tolerance: float | None = None, uncertainty=None) -> str:
+    """ε_all, its interval when estimated, and what it means, sole contributors (whom no ε protects) set apart."""
     except_sole = f", except the {sole} sole contributor(s), who never are" if sole else ""
     if tolerance:  # Gaussian kernels: protected only up to the tolerance
         meaning = f"from here every individual's delta_i <= {tolerance:g}{except_sole}"
     else:
         meaning = f"every individual protected (delta_i = 0) from here{except_sole}"
-    return f"{_fmt(eps_all)}  ({meaning})"
+    interval = ""
+    if uncertainty is not None:
+        lo, hi = uncertainty.eps_all
+        interval = f" ({uncertainty.level:.0%} interval {_fmt(lo)}–{_fmt(hi)})"
+    return f"{_fmt(eps_all)}{interval}  ({meaning})"
 
 
 def _sweep(result, title: str) -> Table:

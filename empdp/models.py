@@ -60,6 +60,7 @@ _VECTOR = {
     "workers": "the {kind} evaluation runs in this process",
     "screening": "every individual's eps_i is exact already (or labelled a bound), and screening only skips "
                  "delta_i(epsilon) certified to be 0; drop it",
+    "uncertainty": "the uncertainty of {what} is not estimated yet (one statistic only); drop it",
 }
 
 

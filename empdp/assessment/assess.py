@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -35,6 +35,9 @@ from .joint import assess_joint
 from .parallel import available_cores
 from .ranking import Ranking, eps_all_code
 from .sweep import RiskSweep
+
+if TYPE_CHECKING:
+    from .uncertainty import Uncertainty
 
 
 @dataclass(kw_only=True)
@@ -77,6 +80,8 @@ class Assessment(RiskSweep):
     #: with an adversary: the JSON ``adversary`` object, and the buckets (:mod:`empdp.assessment.adversary`)
     adversary: dict | None = None
     buckets: list | None = field(default=None, repr=False)
+    #: the intervals of :meth:`estimate_uncertainty` (:class:`empdp.assessment.uncertainty.Uncertainty`)
+    uncertainty: Any = field(default=None, repr=False)
 
     kind = ONE
 
@@ -167,6 +172,42 @@ class Assessment(RiskSweep):
             out_eps[ok], out_delta[ok] = e, self.model.kernel.reported_delta(d[:, 0])
         return out_eps, out_delta
 
+    def estimate_uncertainty(self, replicates: int = 200, level: float = 0.9, rng=None, *,
+                             rows: int | str = 10) -> "Uncertainty":
+        """Intervals for ε_all and, at each swept ε, for δ, δ* and the at-risk count, at ``level`` from
+        ``replicates`` subsamples of the databases (docs/method.md, "Uncertainty of the estimates"); kept
+        as :attr:`uncertainty` (the JSON's ``uncertainty``).
+
+        Each of the ``rows`` riskiest individuals (:meth:`riskiest`), or with ``rows="all"`` every
+        individual whose ε_i is known (one exact evaluation per individual and replicate: B times the
+        ε_i stage's cost), gets ``eps_i_lo`` and ``eps_i_hi`` in :attr:`individuals` (null elsewhere).
+        The interval covers the variation of the estimates over other sets of databases from the same
+        process, not the density model's own assumptions.
+        """
+        from .uncertainty import check_options, from_assessment, individual_intervals
+
+        replicates, level = check_options(replicates, level)
+        if rows != "all" and (isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 0):
+            raise InputError(f"`rows` must be a count of riskiest individuals or 'all', got {rows!r}", param="rows")
+        unc = from_assessment(self, replicates=replicates, level=level, rng=rng)
+        ind = self.individuals
+        eps_i = ind["eps_i"].fill_null(np.nan).to_numpy()
+        if rows == "all":
+            codes = np.flatnonzero(np.isfinite(eps_i) & ~ind["sole_contributor"].to_numpy())
+        else:
+            top = self.riskiest(int(rows))[self.id_column].to_list()
+            position = {v: k for k, v in enumerate(ind[self.id_column].to_list())}
+            codes = np.array(sorted(position[v] for v in top), dtype=np.int64)
+            eps_i = self.individuals["eps_i"].fill_null(np.nan).to_numpy()  # riskiest() fills its rows in
+            codes = codes[np.isfinite(eps_i[codes])]
+        lo, hi = np.full(len(ind), np.nan), np.full(len(ind), np.nan)
+        if len(codes):
+            lo[codes], hi[codes] = individual_intervals(unc, self.engine.shifts(codes), eps_i[codes])
+        self.individuals = self.individuals.with_columns(pl.Series("eps_i_lo", lo, nan_to_null=True),
+                                                         pl.Series("eps_i_hi", hi, nan_to_null=True))
+        self.uncertainty = unc
+        return unc
+
     def shifts_of(self, ids) -> np.ndarray:
         """Dense shift rows Δ_i· (len(ids), n) of the given individuals (for plots)."""
         ids = list(ids)
@@ -199,6 +240,7 @@ class Assessment(RiskSweep):
             "screening": self.screening,
             "eps_tolerance": self.eps_tolerance,
             **({"adversary": self.adversary} if self.adversary else {}),
+            **({"uncertainty": self.uncertainty.to_dict()} if self.uncertainty is not None else {}),
             "warnings": list(self.warnings),
             "notes": ["total_risk assumes the individuals' risks are independent"]
             + [note for note in (self.model.kernel.eps_note(),) if note],

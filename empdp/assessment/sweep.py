@@ -85,6 +85,13 @@ class RiskSweep(ABC):
         return [{"epsilon": float(e), "delta": float(d), "total_risk": float(t), "n_at_risk": int(c)}
                 for e, d, t, c in zip(self.epsilons, self.delta, self.total_risk, self.n_at_risk)]
 
+    def estimate_uncertainty(self, replicates: int = 200, level: float = 0.9, rng=None, *, rows=10):
+        """Intervals of the estimates over subsamples of the databases: one statistic's results have
+        them (:meth:`empdp.assessment.assess.Assessment.estimate_uncertainty`); this model refuses."""
+        self.kind.refuse([("uncertainty", "uncertainty")], self.n_statistics)
+        raise InputError(f"the uncertainty of {self.kind.named(self.n_statistics)} is not estimated",
+                         param="uncertainty")
+
     def close(self) -> None:
         """Release what the result holds beyond its values (a live engine, kept shifts); the values stay."""
 
