@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from empdp.audit.mechanisms import dpsniper_mechanism
@@ -67,3 +69,13 @@ def test_prefix_sum_bound_from_differences():
     res = mpl(mech, pairs, n=20_000, N=100_000, alpha=0.1, rng=0)
     assert "log ratios of the differences" in res.event_rule["score"]
     assert 0.58 < res.lower_bound <= mech.true_epsilon_over(pairs)
+
+
+def test_score_events_keep_the_documented_floor():
+    """The floor is 20/n for the whole stage 1 (n outputs per database), although the scores are fitted
+    on one half and judged on the other. The floor caps the loss at ln(1/τ): noisy_hist2's best events
+    (loss 10) are rare under x′, and 20/(n/2) capped them at ln(n/40) instead of ln(n/20)."""
+    mech, pairs = dpsniper_mechanism("noisy_hist2")
+    res = mpl(mech, pairs, n=4000, N=20_000, alpha=0.1, rng=0)
+    assert res.tau == 20 / 4000
+    assert math.log(4000 / 40) < res.loss_at_t_hat <= math.log(4000 / 20) + 1e-9

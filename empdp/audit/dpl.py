@@ -183,7 +183,9 @@ def score_candidate(x, y, is_discrete: bool, plan: Plan) -> Candidate:
     """
     half = len(x) // 2 if x.shape[1] > 1 else 0
     fit_x, fit_y, x, y = x[:half], y[:half], x[half:], y[half:]
-    tau = plan.tau if plan.tau is not None else _default_tau(True, len(x), None)
+    # the floor is the whole stage 1's, as without the split: stage 2 keeps it, and 20/(n/2) would cap
+    # a loss whose event is rare under x′ (noisy_hist2's 10) at ln(n/40) instead of ln(n/20)
+    tau = plan.tau if plan.tau is not None else _default_tau(True, half + len(x), None)
     weight = plan.zc / math.sqrt(plan.N) + SCORE_PENALTY / math.sqrt(len(x))
     rule = fit_score(x, y, is_discrete) if not half else _best_score(fit_x, fit_y, x, y, is_discrete, tau, weight)
     rule, crit, cand, loss = best_threshold(rule, x, y, tau, weight)
