@@ -47,6 +47,22 @@ def test_intervals_contain_the_point_estimate(seed):
     assert len(d["sweep"]["delta"]) == 3 and all(len(p) == 2 for p in d["sweep"]["n_at_risk"])
 
 
+@pytest.mark.parametrize("kernel, bandwidth", [("gaussian", "auto"), ("laplace", "variable")])
+def test_other_models_are_refitted_alike_and_contain_the_point(kernel, bandwidth):
+    """Gaussian kernels (ε_i at a tolerance) and variable bandwidths: each replicate re-selects the
+    same kind of model, and the intervals hold the full sample's estimates."""
+    q, shifts = synthetic(20, 3, size=4)
+    model = select_density(q, kernel=kernel, bandwidth=bandwidth)
+    eps = np.array([0.05, 0.5])
+    unc = U.estimate(q, shifts, model=model, epsilons=eps, replicates=10, level=0.8, rng=3)
+    assert all(m.kernel.name == kernel for m in unc.plan.models)
+    if bandwidth == "variable":
+        assert U.bandwidth_option(model) == "variable" and any(m.sensitivity > 0 for m in unc.plan.models)
+    eps_all, delta, total, at_risk = U.replicate(model, U.Rows.all(shifts), slice(None), eps)
+    assert unc.eps_all[0] <= eps_all <= unc.eps_all[1]
+    assert np.all(unc.total_risk[:, 0] <= total) and np.all(total <= unc.total_risk[:, 1])
+
+
 def test_the_interval_is_the_log_scale_basic_interval():
     """lo = t·e^{−(Q_hi − med)}, hi = t·e^{−(Q_lo − med)} of the replicates' logs, by hand."""
     reps = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
