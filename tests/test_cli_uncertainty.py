@@ -88,3 +88,14 @@ def test_library_refuses_joint_and_names_parameters(panel):
     with pytest.raises(InputError) as info:
         one.estimate_uncertainty(replicates=40, level=1.5)
     assert info.value.param == ("level",)
+
+
+def test_report_shows_the_intervals(panel, tmp_path):
+    page = tmp_path / "r.html"
+    res = run("assess", panel, *QUERY, "--uncertainty", "--replicates", "40", "--seed", "3", "--report", page, "-q")
+    assert res.exit_code == 0, res.output
+    html = page.read_text()
+    assert "ε_all, 90% interval" in html and "replicates of" in html and "other sets of databases" in html
+    plain = tmp_path / "plain.html"
+    assert run("assess", panel, *QUERY, "--report", plain, "-q").exit_code == 0
+    assert "90% interval" not in plain.read_text()

@@ -57,8 +57,12 @@ def summary(a, eps: float, idx, exact: bool) -> str:
     upper = "" if exact or idx is None else f" (at assessed ε = {num(a.epsilons[idx])} ≤ ε: an upper bound)"
     val = (lambda arr: num(arr[idx])) if idx is not None else (lambda arr: "–")
     label = kernel_of(a).eps_all_label(a.sole_contributors, _tolerance(a))  # "protected" only if exact
+    unc = getattr(a, "uncertainty", None)
+    interval = [] if unc is None else [(f"ε_all, {unc.level:.0%} interval", f"{num(unc.eps_all[0])} – "
+                                                                                  f"{num(unc.eps_all[1])}")]
     figures = cards([
         (label, num(a.eps_all)),
+        *interval,
         ("chosen ε", num(eps)),
         ("worst-case δ(ε)", val(a.delta)),
         ("total risk δ*(ε)", val(a.total_risk)),
@@ -74,8 +78,13 @@ def summary(a, eps: float, idx, exact: bool) -> str:
         ("autocorrelation (Ljung–Box)", p_badge(ind.get("ljung_box_p"))),
         ("trend (Mann–Kendall)", p_badge(ind.get("trend_p"))),
     ]
+    if unc is not None:
+        rows.append(("uncertainty", f"{unc.method}; {unc.replicates} replicates of {unc.size} databases: how far "
+                                    "the estimates move over other sets of databases from the same process (the "
+                                    "shaded bands below), not the density model's own assumptions"))
+    warnings = [*a.warnings, *(unc.warnings if unc is not None else [])]
     return section("summary", "Summary", figures + (explain(upper) if upper else ""), kv(rows),
-                   warning_box(a.warnings), risk_note())
+                   warning_box(warnings), risk_note())
 
 
 def warning_box(warnings) -> str:

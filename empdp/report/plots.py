@@ -60,10 +60,15 @@ def risk_curves(a, eps: float) -> tuple[str, bool]:
     e = a.epsilons
     pos = np.concatenate([a.delta[a.delta > 0], a.total_risk[a.total_risk > 0]])
     log = len(pos) > 0 and pos.max() / pos.min() > 20
-    for y, c, lab in ((a.delta, RED, "δ(ε): worst single individual"),
-                      (a.total_risk, PURPLE, "δ*(ε): at least one individual")):
+    unc = getattr(a, "uncertainty", None)
+    for k, (y, c, lab) in enumerate(((a.delta, RED, "δ(ε): worst single individual"),
+                                     (a.total_risk, PURPLE, "δ*(ε): at least one individual"))):
         keep = y > 0 if log else np.ones(len(y), bool)
         ax.plot(e[keep], y[keep], color=c, lw=2, marker="o" if len(e) < 15 else None, ms=4, label=lab)
+        if unc is not None:
+            _band(ax, e, (unc.delta, unc.total_risk)[k], c, log, f"{unc.level:.0%} interval" if k == 0 else None)
+    if unc is not None and np.all(np.isfinite(unc.eps_all)):
+        ax.axvspan(*unc.eps_all, color=GREY, alpha=0.12, lw=0, label=f"ε_all, {unc.level:.0%} interval")
     if log:
         ax.set_yscale("log")
     ax.axvline(eps, color=BLUE, ls="--", lw=1.3, label=f"chosen ε = {num(eps, 3)}")
@@ -80,12 +85,24 @@ def risk_curves(a, eps: float) -> tuple[str, bool]:
     return _img(fig, "delta and total risk against epsilon"), log
 
 
+def _band(ax, e, bounds: np.ndarray, color: str, log: bool, label: str | None, step: bool = False) -> None:
+    """The interval [lo, hi] at each ε as a shaded band (on a log axis, only where it is above 0)."""
+    lo, hi = np.asarray(bounds, dtype=float).T
+    where = hi > 0 if log else np.ones(len(e), bool)
+    floor = hi[where].min(initial=np.inf) / 10 if log else 0.0
+    ax.fill_between(e, np.maximum(lo, floor) if log else lo, hi, where=where, color=color, alpha=0.15, lw=0,
+                    step="post" if step else None, label=label)
+
+
 def at_risk(a, eps: float) -> str:
-    """The number of individuals with δ_i(ε) > 0 against ε."""
+    """The number of individuals with δ_i(ε) > 0 against ε (and its interval, when estimated)."""
     fig = _figure(9, 3.2)
     ax = fig.add_subplot()
     ax.plot(a.epsilons, a.n_at_risk, color=BLUE, lw=2, drawstyle="steps-post",
             marker="o" if len(a.epsilons) < 15 else None, ms=4)
+    unc = getattr(a, "uncertainty", None)
+    if unc is not None:
+        _band(ax, a.epsilons, unc.n_at_risk, BLUE, False, f"{unc.level:.0%} interval", step=True)
     ax.axvline(eps, color=BLUE, ls="--", lw=1.3, label=f"chosen ε = {num(eps, 3)}")
     ax.set_xlabel("privacy level ε")
     ax.set_ylabel("individuals with δᵢ(ε) > 0")
