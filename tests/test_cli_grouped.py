@@ -35,8 +35,8 @@ def test_json_and_out_are_the_librarys(five, tmp_path):
     assert summary["n_bound_only"] == ref.n_bound_only == 2
     assert [s["n_unresolved"] for s in summary["sweep"]] == ref.n_unresolved.tolist()
     rows = pl.read_parquet(out)
-    assert rows.columns == ["id", "eps_i", "eps_bound", "delta", "epsilon", "n_databases", "groups",
-                            "sole_contributor"]
+    assert rows.columns == ["id", "eps_i", "eps_bound", "delta", "epsilon", "delta_lo", "delta_hi", "n_databases",
+                            "groups", "sole_contributor"]
     assert rows["epsilon"].unique().to_list() == [min(EPS)]
     np.testing.assert_allclose(rows["eps_i"].fill_null(np.nan).to_numpy(), ref.eps_i, rtol=1e-12)
     bounded = rows.filter(pl.col("groups") > 3)

@@ -50,11 +50,17 @@ def test_the_papers_warning_through_the_cli(paper, paper_run, tmp_path):
 def test_json_keys(paper_run):
     sql, summary, _ = paper_run
     assert set(summary) == {"source", "query", "id", "by", "n_databases", "n_individuals", "kernel", "bandwidth",
-                            "density_model", "eps_all", "sweep", "independence", "sole_contributors", "warnings"}
+                            "density_model", "eps_all", "tolerance", "sweep", "independence", "sole_contributors",
+                            "warnings"}
     assert summary["query"] == sql and len(summary["bandwidth"]) == 2 and len(summary["independence"]) == 2
     assert summary["n_databases"] == 40 and summary["n_individuals"] == 30
     assert summary["density_model"]["whitened"] is True and summary["density_model"]["selected_by"] == "loo-likelihood"
-    assert len(summary["sweep"]) == 50 and set(summary["sweep"][0]) == {"epsilon", "delta", "total_risk", "n_at_risk"}
+    assert len(summary["sweep"]) == 50 and set(summary["sweep"][0]) == {"epsilon", "delta", "total_risk", "n_at_risk",
+                                                                         "total_risk_bounds"}
+    assert summary["tolerance"] == 1e-4
+    for row in summary["sweep"]:  # the certified bracket, its midpoint, and its width within the tolerance
+        lo, hi = row["total_risk_bounds"]
+        assert lo <= row["total_risk"] <= hi and hi - lo <= max(1e-4 * hi, 1e-12)
     assert summary["sweep"][-1]["delta"] == 0  # 1.25 eps_all: everyone protected
 
 
@@ -66,8 +72,11 @@ def test_out_columns_and_fixed_scales(tmp_path):
               "--bandwidth", "10,3,2", "-e", "0.5", "-e", "0.2", "--out", out, "--json")
     assert res.exit_code == 0, res.output
     rows = pl.read_csv(out)
-    assert rows.columns == ["id", "eps_i", "eps_bound", "delta", "epsilon", "n_databases", "max_abs_shift_1",
-                            "max_abs_shift_2", "max_abs_shift_3", "sole_contributor"]
+    assert rows.columns == ["id", "eps_i", "eps_bound", "delta", "epsilon", "delta_lo", "delta_hi", "n_databases",
+                            "max_abs_shift_1", "max_abs_shift_2", "max_abs_shift_3", "sole_contributor"]
+    closed = rows.filter(pl.col("delta").is_not_null())  # exact where the bracket is closed
+    assert (closed["delta_lo"] == closed["delta"]).all() and (closed["delta_hi"] == closed["delta"]).all()
+    assert (rows["delta_lo"] <= rows["delta_hi"]).all()
     assert rows.height == 8 and rows["epsilon"].unique().to_list() == [0.2]  # the ε of the delta column
     summary = json.loads(res.output)
     assert summary["query"] == ["sum(x)", "max(x)", "median(x)"] and summary["bandwidth"] == [10.0, 3.0, 2.0]

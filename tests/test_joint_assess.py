@@ -59,34 +59,6 @@ def test_a_statistic_that_is_an_exact_function_of_the_other_is_a_finding():
     assert info.value.involved == (0, 1)
 
 
-def test_the_sweep_skips_only_what_cannot_change_the_summary(monkeypatch):
-    """Forced saturation after the first block: the largest δ_i and δ_i at the smallest ε are unchanged,
-    and every δ_i left out (NaN) is positive and at most the largest."""
-    import empdp.assessment.joint_evaluation as ja
-    from empdp.risk.joint import joint_risk, select_joint_model
-
-    rng = np.random.default_rng(3)
-    q = rng.normal(size=(12, 2))
-    S = rng.normal(size=(40, 12, 2)) * 0.5
-    model = select_joint_model(q)
-    e = joint_risk(model, S)[0]
-    eps = np.geomspace(e.max() / 20, e.max() * 1.25, 10)
-    full = joint_risk(model, S, eps)[1]
-    monkeypatch.setattr(ja, "SWEEP_ROWS", 8)
-    monkeypatch.setattr(ja, "SATURATED", -0.05)
-    part_eps, part = ja.sweep(model, S, eps, np.arange(40), e)
-    np.testing.assert_array_equal(part_eps, e)
-    skipped = np.isnan(part)
-    assert skipped.any()
-    np.testing.assert_array_equal(part[~skipped], full[~skipped])
-    np.testing.assert_array_equal(np.nan_to_num(part, nan=0.0).max(axis=0), full.max(axis=0))
-    assert not skipped[:, 0].any()
-    assert np.all(full[skipped] > 0) and np.all(full[skipped] <= full.max(axis=0)[np.nonzero(skipped)[1]])
-    # blocks planned from the blocks before the last LAG: the same cells left out in any number of threads
-    threaded = ja.sweep(model, S, eps, np.arange(40), e, threads=3)[1]
-    np.testing.assert_array_equal(threaded, part)
-
-
 def effects_table(n_ind=160, n_db=24, seed=1):
     """Two correlated statistics; individual effects 3 · Student-t(3), three of them far out."""
     rng = np.random.default_rng(seed)
@@ -115,7 +87,8 @@ def test_only_the_individuals_the_summary_needs_are_evaluated_and_nothing_else_c
     assert lazy.eps_all == full.eps_all
     for f in ("epsilons", "delta", "total_risk", "n_at_risk"):
         np.testing.assert_array_equal(getattr(lazy, f), getattr(full, f))
-    np.testing.assert_array_equal(lazy.individuals["delta"], full.individuals["delta"])
+    for c in ("delta", "delta_lo", "delta_hi"):
+        np.testing.assert_array_equal(lazy.individuals[c], full.individuals[c])
     np.testing.assert_array_equal(lazy.eps_i[~skipped], full.eps_i[~skipped])
     bound = lazy.individuals["eps_bound"].to_numpy()
     assert np.all(full.eps_i <= bound * (1 + 1e-12)) and np.all(bound[skipped] <= lazy.epsilons[0])
@@ -137,7 +110,7 @@ def test_riskiest_makes_the_eps_i_it_ranks_by_exact(lazy_and_full):
 def test_the_results_do_not_depend_on_the_thread_count(lazy_and_full):
     table, kw, _, _ = lazy_and_full
     lazy, one = assess_joint(table, **kw, threads=2), assess_joint(table, **kw, threads=1)
-    for f in ("delta", "total_risk", "n_at_risk"):
+    for f in ("delta", "total_risk", "total_risk_bounds", "n_at_risk"):
         np.testing.assert_array_equal(getattr(one, f), getattr(lazy, f))
     assert one.individuals.equals(lazy.individuals)
 
@@ -181,6 +154,6 @@ def test_the_public_assess_passes_its_progress_to_joint_and_grouped_assessments(
     calls.clear()
     assess(grouped_table(), id="id", by="year", group_by="region", query="mean(x)", epsilon=[0.5],
            execution=Execution(progress=progress))
-    assert {"eps_i", "delta_i"} <= {c[0] for c in calls}
+    assert {"eps_all", "delta_i"} <= {c[0] for c in calls}
     final = [c for c in calls if c[0] == "delta_i"][-1]
     assert final[1] == final[2] > 0

@@ -243,21 +243,21 @@ def test_groups_whose_statistics_are_exactly_dependent_are_a_finding():
     assert info.value.involved == (0, 1, 2) and "\n" not in str(info.value)
 
 
-def test_the_sweep_skips_only_what_cannot_change_the_summary(five, monkeypatch):
-    """Forced saturation of δ*(ε) by the one-group individuals: the joint rows then get δ_i(ε) only where it
-    can exceed the largest so far; the summary and δ_i at the smallest ε are unchanged."""
-    import empdp.assessment.joint_evaluation as je
-
-    table, full = five
-    monkeypatch.setattr(je, "SWEEP_ROWS", 1)
-    monkeypatch.setattr(je, "SATURATED", -0.05)
-    part = assess_grouped(table, id="id", by="year", group_by="region", query="mean(x)", epsilon=EPS)
-    np.testing.assert_array_equal(part.delta, full.delta)
-    np.testing.assert_array_equal(part.n_at_risk, full.n_at_risk)
-    np.testing.assert_array_equal(part.n_unresolved, full.n_unresolved)
-    assert part.individuals.equals(full.individuals)
-    # some δ_i(ε) were skipped: the forced δ* (which is not really 1.0) lost them
-    assert np.any(part.total_risk < full.total_risk - 1e-6)
+def test_the_certified_grouped_total_brackets_the_exact_one(five):
+    """Certified (default) and exact runs agree on ε_all, the worst case and the at-risk counts; the
+    certified bracket holds the exact total risk and is no wider than the tolerance allows."""
+    table, certified = five
+    exact = assess_grouped(table, id="id", by="year", group_by="region", query="mean(x)", epsilon=EPS, exact=True)
+    assert certified.eps_all == exact.eps_all
+    np.testing.assert_array_equal(certified.delta, exact.delta)
+    np.testing.assert_array_equal(certified.n_at_risk, exact.n_at_risk)
+    np.testing.assert_array_equal(certified.n_unresolved, exact.n_unresolved)
+    lo, hi = certified.total_risk_bounds.T
+    assert np.all(lo <= exact.total_risk) and np.all(exact.total_risk <= hi)
+    assert np.all(hi - lo <= np.maximum(1e-4 * hi, 1e-12))
+    np.testing.assert_array_equal(exact.total_risk_bounds[:, 0], exact.total_risk_bounds[:, 1])
+    ind = exact.individuals
+    assert ind["delta"].equals(ind["delta_lo"]) and ind["delta"].equals(ind["delta_hi"])
 
 
 def test_a_wrong_number_of_scales_is_refused_before_any_group_is_read(monkeypatch):
@@ -270,18 +270,15 @@ def test_a_wrong_number_of_scales_is_refused_before_any_group_is_read(monkeypatc
 
 
 def test_grouped_results_do_not_depend_on_the_thread_count(monkeypatch):
-    """The joint rows are swept in blocks side by side; with saturation forced early (so that which δ_i
-    are skipped matters) one thread and four give the same assessment."""
+    """The rows made exact run in blocks side by side; with small blocks and batches (so that which
+    rows are refined matters) one thread and four give the same assessment."""
     import empdp.assessment.joint_evaluation as je
 
     monkeypatch.setattr(je, "SWEEP_ROWS", 2)
-    monkeypatch.setattr(je, "SATURATED", -0.05)
+    monkeypatch.setattr(je, "FIRST_BATCH", 2)
     table = grouped_table()
     runs = [assess_grouped(table, id="id", by="year", group_by="region", query="mean(x)", epsilon=EPS, threads=t)
             for t in (1, 4)]
     assert runs[0].individuals.equals(runs[1].individuals)
-    for field in ("delta", "total_risk", "n_at_risk", "n_unresolved"):
+    for field in ("delta", "total_risk", "total_risk_bounds", "n_at_risk", "n_unresolved"):
         np.testing.assert_array_equal(getattr(runs[0], field), getattr(runs[1], field))
-    monkeypatch.undo()
-    full = assess_grouped(table, id="id", by="year", group_by="region", query="mean(x)", epsilon=EPS)
-    assert np.any(runs[0].total_risk < full.total_risk - 1e-6)  # some δ_i(ε) were skipped: the test has teeth

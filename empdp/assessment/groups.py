@@ -31,7 +31,7 @@ from ..progress import READING, Progress, no_progress
 from ..risk.joint import MAX_DIM, JointModel, joint_bound, joint_risk, select_joint_model
 from . import checks
 from .evaluation import default_epsilons
-from .joint_evaluation import Summary, exact_eps, sweep
+from .joint_evaluation import TOLERANCE, Certified, Part, bracket_columns, check_tolerance, search_eps_all
 from .parallel import available_cores
 from .sweep import RiskSweep, check_rank_epsilon, ranked
 
@@ -42,14 +42,17 @@ class GroupedAssessment(RiskSweep):
     statistic per group.
 
     ``individuals`` has the id, ``eps_i`` (exact; ∞ for sole contributors; null where only a bound
-    is known: the individual touches more than 3 of G > 3 groups), ``eps_bound`` (a certified bound
-    ≥ ε_i, as in :class:`empdp.assessment.joint.JointAssessment`: the screening bound M_i of the
-    individual's model, and for the bounded the sum Σ_g M_ig of their groups'), ``delta`` (δ_i at
-    the smallest ε; null where only bounded and the bound exceeds it), ``n_databases``, ``groups``
+    is known: the individual touches more than 3 of G > 3 groups; null also where it was not needed,
+    as for a joint query, unless ``exact_all``), ``eps_bound`` (a certified bound ≥ ε_i, as in
+    :class:`empdp.assessment.joint.JointAssessment`: the screening bound M_i of the individual's
+    model, and for the bounded the sum Σ_g M_ig of their groups'), ``delta_lo``, ``delta_hi`` (a
+    certified bracket of δ_i at the smallest ε) and ``delta`` (exact where the bracket is closed;
+    null where open, or only bounded and the bound exceeds it), ``n_databases``, ``groups``
     (k, the groups the individual's rows are in) and ``sole_contributor``. ``group_risks`` has, for
     each bounded individual and group it touches, the group's exact ``eps_i``, its bound
     ``eps_bound`` (M_ig) and ``delta`` at the smallest ε.
-    ``delta``, ``total_risk`` and ``n_at_risk`` cover the individuals whose risk is exact;
+    ``delta``, ``total_risk`` (the midpoint of ``total_risk_bounds``, certified as for a joint query)
+    and ``n_at_risk`` cover the individuals whose risk is exact;
     ``n_unresolved`` counts, per ε, the bounded individuals whose bound exceeds it (they may be at
     risk there). ``eps_all`` is over exact ε_i; ``eps_all_bound`` ≥ every ε_i (bounds included).
     """
@@ -66,6 +69,14 @@ class GroupedAssessment(RiskSweep):
     warnings: list = field(default_factory=list)
     #: the independence checks of each group's series over the databases (as for one statistic)
     independence: list = field(default_factory=list)
+    #: as :class:`empdp.assessment.joint.JointAssessment`: the certified bracket of δ*(ε) (E, 2), its
+    #: relative width, whether every δ_i is exact
+    total_risk_bounds: np.ndarray | None = None
+    tolerance: float = TOLERANCE
+    exact: bool = False
+    #: the per-individual brackets and the rows they belong to, refined on demand by :meth:`riskiest`
+    certified: Certified | None = field(default=None, repr=False)
+    assessed: "_Rows | None" = field(default=None, repr=False)
 
     kind = GROUPED
 
@@ -103,7 +114,26 @@ class GroupedAssessment(RiskSweep):
             raise InputError(f"a grouped result ranks at its smallest assessed epsilon, "
                              f"{float(self.epsilons[0]):g}; to rank at {eps:g}, assess with `epsilon` {eps:g}",
                              param="epsilon")
+        if self.certified is not None:
+            self._refine_top(k)
         return ranked(self, eps, self.individuals["delta"].fill_null(np.nan).to_numpy(), ["eps_bound", "groups"], k)
+
+    def _refine_top(self, k: int) -> None:
+        """Exact δ_i for the ``k`` largest at the smallest ε and any row whose bound may reach them, and
+        exact ε_i for the rows at δ_i = 0 the table may rank (as :meth:`JointAssessment.riskiest`)."""
+        cert, rows = self.certified, self.assessed
+        cert.top(k, 0)
+        owners = rows.owners
+        sole = self.individuals["sole_contributor"].to_numpy()
+        positive = int(sole.sum() + (cert.lo[:, 0] > 0).sum())
+        cert.rank_zero(k - positive, cert.hi[:, 0] <= 0)
+        rows.sync(cert)
+        self.individuals = self.individuals.with_columns(
+            pl.Series("eps_i", rows.eps_i, nan_to_null=True),
+            *[v.alias(c) for c, v in bracket_columns(cert, owners, rows.base(self.epsilons[0])).items()])
+
+    def _bounds(self) -> list:
+        return [None] * len(self.epsilons) if self.total_risk_bounds is None else list(self.total_risk_bounds)
 
     def to_dict(self) -> dict:
         G = len(self.groups)
@@ -121,10 +151,11 @@ class GroupedAssessment(RiskSweep):
             "kernel": "laplace", "bandwidth": bandwidth, "density_model": density,
             "eps_all": jsonable(self.eps_all), "eps_all_bound": jsonable(self.eps_all_bound),
             "n_bound_only": self.n_bound_only,
+            "tolerance": 0.0 if self.exact else self.tolerance,
             "sweep": [{"epsilon": float(e), "delta": float(d), "total_risk": float(t), "n_at_risk": int(c),
-                       "n_unresolved": int(u)}
-                      for e, d, t, c, u in zip(self.epsilons, self.delta, self.total_risk, self.n_at_risk,
-                                               self.n_unresolved)],
+                       "n_unresolved": int(u), **({} if b is None else {"total_risk_bounds": [float(v) for v in b]})}
+                      for e, d, t, c, u, b in zip(self.epsilons, self.delta, self.total_risk, self.n_at_risk,
+                                                  self.n_unresolved, self._bounds())],
             "independence": list(self.independence),
             "sole_contributors": int(self.sole_contributors), "warnings": list(self.warnings),
             "notes": ["total_risk assumes the individuals' risks are independent"] + ([] if self.joint else [
@@ -185,7 +216,8 @@ def _subsets(panel: GroupPanel, rows: np.ndarray) -> list:
 def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | None = None,
                    sql: str | None = None, where: str | None = None, epsilon=None, bandwidth="auto",
                    drop_null_ids: bool = False, memory_limit: str | None = None,
-                   threads: int | None = None, progress: Progress = no_progress) -> GroupedAssessment:
+                   threads: int | None = None, tolerance: float = TOLERANCE, exact: bool = False,
+                   exact_all: bool = False, progress: Progress = no_progress) -> GroupedAssessment:
     """Per-individual empirical risk of releasing one statistic per group of ``group_by`` and database.
 
     Parameters
@@ -204,6 +236,10 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
         ``"auto"`` (each set of groups: whitened product Laplace kernels, scales by leave-one-out
         likelihood; one group: the one-statistic Laplace model) or fixed scales in the statistic's
         units, one for every group or one per group in the order of ``groups``.
+    tolerance, exact, exact_all
+        As for :func:`empdp.assessment.joint.assess_joint`: the total risk certified to a bracket of
+        relative width ``tolerance``, or every δ_i exact; ε_i exact for every exactly assessed
+        individual (``--out``), otherwise where ε_all, the at-risk counts and the table need it.
 
     Raises
     ------
@@ -212,6 +248,7 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
         set of groups whose statistics are exactly dependent over the databases
         (:class:`empdp.risk.joint.SingularCovarianceError`).
     """
+    tolerance = check_tolerance(tolerance)
     given = None if epsilon is None else np.sort(np.atleast_1d(np.asarray(epsilon, float)))
     if given is not None and not np.all(np.isfinite(given) & (given >= 0)):
         raise InputError(f"epsilon must be finite and >= 0, got {epsilon!r}")
@@ -226,27 +263,31 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
     models = _Models(panel, _fixed_scales(bandwidth, panel.n_groups))
     rows = _Rows.evaluate(panel, models, cores, progress)
     eps = default_epsilons(rows.eps_all) if epsilon is None else given
-    delta = rows.sweep(eps, cores, progress)
-    unresolved = np.isnan(delta) & rows.bounded[:, None]  # below a bounded individual's bound
-    known = np.nan_to_num(delta, nan=0.0)  # NaN elsewhere: positive, below the largest δ_i where δ* is 1.0
-    with np.errstate(divide="ignore"):
-        total = np.maximum(-np.expm1(np.log1p(-known).sum(axis=0, dtype=np.longdouble).astype(np.float64)), 0.0)
+    cert = rows.certify(eps, tolerance, exact, cores, progress)
+    if exact_all:
+        progress("eps_i", 0, 1)
+        cert.fill_eps()
+        rows.sync(cert)
+        progress("eps_i", 1, 1)
+    unresolved = rows.bounded[:, None] & (eps[None, :] < rows.bound[:, None])  # below a bounded one's bound
     individuals = pl.DataFrame({
         id: panel.ids, "eps_i": pl.Series(rows.eps_i, nan_to_null=True), "eps_bound": rows.bound,
-        "delta": pl.Series(delta[:, 0], nan_to_null=True), "n_databases": panel.present,
+        **bracket_columns(cert, rows.owners, rows.base(eps[0])), "n_databases": panel.present,
         "groups": panel.touched.sum(axis=1), "sole_contributor": panel.sole,
     })
     warnings, independence = _checks(panel, rows.bounded)
+    bounds = cert.totals()
     return GroupedAssessment(
         source=str(source) if isinstance(source, str) else type(source).__name__,
         query=(query if query is not None else sql).strip(), group_by=group_by, groups=panel.groups,
         names=panel.names, id_column=id, by_column=by, labels=panel.labels, q=panel.q, models=dict(models.fitted),
-        epsilons=eps, delta=known.max(axis=0), total_risk=total,
-        n_at_risk=((delta > 0) | (np.isnan(delta) & ~unresolved)).sum(axis=0),
+        epsilons=eps, delta=cert.worst(), total_risk=bounds.mean(axis=1), total_risk_bounds=bounds,
+        tolerance=tolerance, exact=exact, n_at_risk=cert.n_at_risk(),
         n_unresolved=unresolved.sum(axis=0), eps_all=rows.eps_all,
         eps_all_bound=max(rows.eps_all, float(rows.bound[rows.bounded].max(initial=0.0))),
         individuals=individuals, group_risks=rows.group_risks(eps[0], id),
-        sole_contributors=int(panel.sole.sum()), warnings=warnings, independence=independence)
+        sole_contributors=int(panel.sole.sum()), warnings=warnings, independence=independence,
+        certified=cert, assessed=rows)
 
 
 @dataclass
@@ -263,66 +304,61 @@ class _Rows:
     bound: np.ndarray
     parts: list
     per_group: list
+    #: ε_all: the largest exact ε_i of the exactly assessed rows
+    eps_all: float
 
     @classmethod
     def evaluate(cls, panel: GroupPanel, models: _Models, threads: int = 1,
                  progress: Progress = no_progress) -> "_Rows":
+        """Screening bounds for everyone and ε_all exactly, by the search of
+        :func:`empdp.assessment.joint_evaluation.search_eps_all` over every set of groups (the sets with
+        the largest bounds first, each starting from the ε_all found so far)."""
         G, sole, k = panel.n_groups, panel.sole, panel.touched.sum(axis=1)
         exact = ~sole & ((k <= MAX_DIM) | (G <= MAX_DIM))
         bounded = ~sole & ~exact
-        eps_i = np.where(bounded, np.nan, np.inf)
+        eps_i = np.where(exact, np.nan, np.where(bounded, np.nan, np.inf))
         bound = np.where(sole, np.inf, 0.0)
-        parts, done, total = [], 0, int(exact.sum())
-        progress("eps_i", 0, total)
+        parts = []
         for groups, rows in _subsets(panel, np.flatnonzero(exact)):
             model, shifts = models(groups), panel.stack(rows, groups)
-            eps_i[rows] = exact_eps(model, shifts, np.arange(len(rows)), threads)
             bound[rows] = joint_bound(model, shifts)
             parts.append((model, rows, shifts))
-            done += len(rows)
-            progress("eps_i", done, total)
+        parts.sort(key=lambda part: -bound[part[1]].max(initial=0.0))
+        best = 0.0
+        for model, rows, shifts in parts:
+            found, best = search_eps_all(model, shifts, np.arange(len(rows)), bound[rows], threads, progress, best)
+            eps_i[rows] = found
         per_group = []
         for g in range(G) if bounded.any() else ():
             rows = np.flatnonzero(bounded & panel.touched[:, g])
             shifts = panel.stack(rows, (g,))
             bound[rows] += joint_bound(models((g,)), shifts)  # Σ_g M_ig ≥ ε_i of the groups as independent releases
             per_group.append((g, rows, shifts))
-        return cls(panel, models, exact, bounded, eps_i, bound, parts, per_group)
+        return cls(panel, models, exact, bounded, eps_i, bound, parts, per_group, best)
+
+    def certify(self, eps: np.ndarray, tolerance: float, exact: bool, threads: int = 1,
+                progress: Progress = no_progress) -> Certified:
+        """The certified brackets of every exactly assessed row, all sets of groups in one release
+        (:class:`empdp.assessment.joint_evaluation.Certified`: one total, one worst case); sole
+        contributors at δ_i = 1. Writes the exact ε_i found back to ``eps_i``."""
+        parts = [Part(model, shifts, self.bound[rows], self.eps_i[rows]) for model, rows, shifts in self.parts]
+        cert = Certified(parts, eps, tolerance=tolerance, exact=exact, threads=threads, progress=progress,
+                         fixed=np.ones((int(self.panel.sole.sum()), len(eps))))
+        self.sync(cert)
+        return cert
 
     @property
-    def eps_all(self) -> float:
-        return float(self.eps_i[self.exact].max(initial=0.0))
+    def owners(self) -> np.ndarray:
+        """The table row of each row of the certified brackets (parts in order)."""
+        return np.concatenate([rows for _, rows, _ in self.parts]) if self.parts else np.zeros(0, dtype=np.int64)
 
-    def sweep(self, eps: np.ndarray, threads: int = 1, progress: Progress = no_progress) -> np.ndarray:
-        """δ_i(ε) (m, E): exact; 1 for sole contributors; for the bounded 0 from their bound on, NaN below.
+    def base(self, eps0: float) -> np.ndarray:
+        """δ_i at ``eps0`` of the rows outside the brackets: 1 for sole contributors, unknown (NaN) for
+        the bounded below their bound, else 0."""
+        return np.where(self.panel.sole, 1.0, np.where(self.bounded & (self.bound > eps0), np.nan, 0.0))
 
-        One-group models first (closed form, all rows at once), then each set of groups by
-        :func:`empdp.assessment.joint_evaluation.sweep` (riskiest ε_i first, blocks in ``threads``), all
-        sharing one running total: once Σ log(1 − δ_i(ε)) ≤ :data:`empdp.assessment.joint_evaluation.SATURATED`, δ*(ε) is 1.0 whatever
-        the rest are, and the next blocks need δ_i(ε) only where it can exceed the largest so far
-        (NaN elsewhere, positive); δ_i at the smallest ε is always computed.
-        """
-        delta = np.zeros((len(self.eps_i), len(eps)))
-        delta[self.panel.sole] = 1.0
-        summary = Summary(len(eps))
-        summary.add(delta[self.panel.sole])
-        parts = sorted(self.parts, key=lambda part: part[0].d)
-        total = sum(int((self.bound[rows] > eps[0]).sum()) for _, rows, _ in parts)
-        done = 0
-        for model, rows, shifts in parts:
-            need = np.flatnonzero(self.bound[rows] > eps[0])  # δ_i(ε) = 0 for ε ≥ M_i
-            if model.d == 1:  # closed form, all rows at once
-                d = joint_risk(model, shifts[need], eps)[1]
-                summary.add(d)
-            else:
-                def shown(stage, k, _, base=done):
-                    progress(stage, base + k, total)
-                d = sweep(model, shifts, eps, need, self.eps_i[rows], threads, shown, summary)[1]
-            delta[rows[need]] = d
-            done += len(need)
-            progress("delta_i", done, total)
-        delta[self.bounded] = np.where(eps[None, :] < self.bound[self.bounded, None], np.nan, 0.0)
-        return delta
+    def sync(self, cert: Certified) -> None:
+        self.eps_i[self.owners] = cert.eps_i
 
     def group_risks(self, eps0: float, id: str) -> pl.DataFrame:
         """Each bounded individual's exact risk in each group it touches (the group's one-statistic model)."""

@@ -64,11 +64,10 @@ def main() -> None:
 
 
 def sweep(model, S) -> None:
-    """The default command's core on ``len(S)`` individuals: the ε_all search, then the saturating
-    sweep of the rows with M_i > ε_min (one thread, as the rest of this bench)."""
-    from empdp.assessment.joint import _default_epsilons
-    from empdp.assessment.joint_evaluation import search_eps_all
-    from empdp.assessment.joint_evaluation import sweep as run_sweep
+    """The default command's core on ``len(S)`` individuals: the ε_all search, then the certified sweep
+    of the rows with M_i > ε_min (one thread, as the rest of this bench)."""
+    from empdp.assessment.evaluation import default_epsilons
+    from empdp.assessment.joint_evaluation import Certified, Part, search_eps_all
     from empdp.risk.joint import joint_bound
 
     bound = joint_bound(model, S)
@@ -76,15 +75,13 @@ def sweep(model, S) -> None:
     t = time.perf_counter()
     e, eps_all = search_eps_all(model, S, rows, bound, 1)
     t_eps = time.perf_counter() - t
-    eps = _default_epsilons(eps_all)
-    need = rows[bound > eps[0]]
+    eps = default_epsilons(eps_all)
     t = time.perf_counter()
-    d = run_sweep(model, S, eps, need, bound, 1)[1]
+    cert = Certified([Part(model, S, bound, e)], eps)
     t_sweep = time.perf_counter() - t
     print(f"    default command's core over {len(S)} individuals: eps_all search {t_eps:.2f} s "
-          f"({np.isfinite(e).sum()} evaluated), sweep of the {len(need)} with M_i > eps_min "
-          f"{t_sweep / max(1, len(need)) * 1e3:.1f} ms/individual, "
-          f"{np.isnan(d).mean():.0%} of (individual, eps) pairs left out")
+          f"({np.isfinite(e).sum()} evaluated), certified sweep {t_sweep:.2f} s: {int(cert.live.sum())} with "
+          f"M_i > eps_min, {int(cert.refined.sum())} made exact")
 
 
 if __name__ == "__main__":
