@@ -144,7 +144,10 @@ def test_autocorrelated_values_get_blocks_and_the_warnings():
                      level=0.8, rng=1)
     text = " ".join(unc.warnings)
     assert "only 12 databases" in text and "trend" in text
-    assert U.warnings_for(*synthetic(40, 1)[:1], unc=U.Uncertainty(**{**unc.__dict__, "block": 1})) == []
+    assert U.warnings_for(synthetic(40, 1)[0], block=1, size=12) == []
+    assert "blocks of 3" in U.warnings_for(synthetic(40, 1)[0], block=3, size=12)[0]
+    cal = U.calibration_level(q + 0.5 * np.arange(12), shifts, 0.5, replicates=10, level=0.8, rng=1)
+    assert cal.warnings == unc.warnings and cal.to_dict()["warnings"] == cal.warnings
 
 
 def test_individual_intervals_contain_eps_i():

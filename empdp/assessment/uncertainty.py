@@ -373,25 +373,27 @@ def summarise(plan: Plan, full, reps, level: float, n_individuals: int, q, rows:
         (int(len(rows.sweep)), int(round(rows.weight.sum())))
     unc = Uncertainty(METHOD, len(plan.subsets), level, eps_all, delta, total, count, plan.block,
                       int(plan.subsets.shape[1]), sampled, plan=plan, eps_all_replicates=stack[0])
-    unc.warnings = warnings_for(q, unc)
+    unc.warnings = warnings_for(q, block=plan.block, size=unc.size)
     return unc
 
 
-def warnings_for(q, unc: Uncertainty) -> list[str]:
-    """The conditions under which the interval is not validated (docs/method.md), as warning lines."""
+def warnings_for(q, *, block: int, size: int) -> list[str]:
+    """The conditions under which the interval is not validated (docs/method.md), as warning lines:
+    fewer than :data:`MIN_VALIDATED` databases, a trend, blocks (``block`` > 1) for autocorrelation.
+    ``size`` is the databases each replicate keeps."""
     q = np.asarray(q, dtype=float)
     n, out = len(q), []
     if n < MIN_VALIDATED:
-        out.append(f"the uncertainty interval rests on only {n} databases (subsamples of {unc.size}): its "
+        out.append(f"the uncertainty interval rests on only {n} databases (subsamples of {size}): its "
                    f"coverage was validated from {MIN_VALIDATED} databases on; below that it is often too narrow")
     p = checks.trend_test(q)
     if p < 0.05:
         out.append(f"the query values trend over the databases (Mann-Kendall p = {p:.2g}): they are not draws of "
                    "one process, and the uncertainty interval (variation over other databases from the same "
                    "process) does not describe next period's value; it is too narrow")
-    if unc.block > 1:
+    if block > 1:
         out.append(f"the query values are autocorrelated (Ljung-Box p < 0.05): replicates keep blocks of "
-                   f"{unc.block} consecutive databases; with dependence the interval is less reliable")
+                   f"{block} consecutive databases; with dependence the interval is less reliable")
     return out
 
 
@@ -475,10 +477,11 @@ class CalibrationLevel:
     level: float
     replicates: int
     lams: np.ndarray = field(repr=False)
+    warnings: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"lambda_level": self.lam, "lambda_star": self.lam_star, "level": self.level,
-                "replicates": self.replicates, "method": METHOD}
+                "replicates": self.replicates, "method": METHOD, "warnings": list(self.warnings)}
 
 
 def calibration_level(q, shifts, epsilon: float, *, level: float = 0.9, replicates: int = 200, rng=None,
@@ -493,16 +496,18 @@ def calibration_level(q, shifts, epsilon: float, *, level: float = 0.9, replicat
     epsilon = target_epsilon(epsilon)
     q = np.asarray(q, dtype=float)
     shifts = np.atleast_2d(np.asarray(shifts, dtype=float)).reshape(-1, q.size)
+    block = block_length(q) if block is None else int(block)
     if subsets is None:
         replicates, level = check_options(replicates, level)
-        subsets = draw_subsets(len(q), replicates, block_length(q) if block is None else int(block), rng)
+        subsets = draw_subsets(len(q), replicates, block, rng)
     else:
         level = check_options(len(subsets), level)[1]
     ok = np.ones(len(shifts), bool) if undefined is None else ~np.asarray(undefined, bool)
     points = q - shifts[ok]
     lam_star = _lambda(q, points, epsilon)
     lams = np.array([_lambda(q[s], points[:, s], epsilon) for s in subsets])
-    return CalibrationLevel(level_scale(lam_star, lams, level), lam_star, level, len(subsets), lams)
+    return CalibrationLevel(level_scale(lam_star, lams, level), lam_star, level, len(subsets), lams,
+                            warnings_for(q, block=block, size=subsets.shape[1]))
 
 
 def level_scale(lam_star: float, lams: np.ndarray, level: float) -> float:
