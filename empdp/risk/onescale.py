@@ -123,11 +123,7 @@ def _block(q: np.ndarray, b: float, points: np.ndarray, shifts: np.ndarray, eps:
     one_f = 1.0 - f
     mass = (A[:-1] + B[1:]) * np.concatenate([one_f, one_f], axis=1)
     w = 0.5 / n  # w b
-    delta = np.maximum(
-        _direction(L, mass[:, :C], mass[:, C:], A[:-1, :C], B[1:, :C], A[:-1, C:], B[1:, C:],
-                   (B[0, :C], A[-1, :C]), (B[0, C:], A[-1, C:]), f, eps),
-        _direction(-L, mass[:, C:], mass[:, :C], A[:-1, C:], B[1:, C:], A[:-1, :C], B[1:, :C],
-                   (B[0, C:], A[-1, C:]), (B[0, :C], A[-1, :C]), f, eps))
+    delta = np.maximum(_direction(L, mass, A, B, 0, f, eps), _direction(-L, mass, A, B, C, f, eps))
     delta *= w
     np.clip(delta, 0.0, 1.0, out=delta)
     # δ_i(ε) = 0 from ε_i on (exactly: no interval has L beyond ±ε)
@@ -135,11 +131,15 @@ def _block(q: np.ndarray, b: float, points: np.ndarray, shifts: np.ndarray, eps:
     return eps_i, delta
 
 
-def _direction(L, mp, mq, Ap, Bp, Aq, Bq, tails_p, tails_q, f, eps):
+def _direction(L, mass, A, B, at_p, f, eps):
     """∫ (p − e^ε q)_+ / (w b) for each row and each ε (ascending), with L = log p − log q at the
-    nodes (J, C), interval masses ``mp``, ``mq`` (J − 1, C) and the sums A, B of p and q."""
+    nodes (J, C); ``mass`` (J − 1, 2C) holds the interval masses and A, B (J, 2C) the running sums of
+    p̂ then of p̂_i, side by side: p is the half from column ``at_p`` (0 or C), q the other half."""
     J, C = L.shape
     E = len(eps)
+    at_q = C - at_p
+    mp, mq = mass[:, at_p:at_p + C], mass[:, at_q:at_q + C]
+    tails_p, tails_q = (B[0, at_p:at_p + C], A[-1, at_p:at_p + C]), (B[0, at_q:at_q + C], A[-1, at_q:at_q + C])
     growth = np.exp(np.minimum(eps, L_CAP))
     # levels strictly below L at each node; an interval lies in {L > ε} for the levels below the
     # smaller of its ends' counts, is cut by those between, and lies outside for the others
@@ -171,10 +171,16 @@ def _direction(L, mp, mq, Ap, Bp, Aq, Bq, tails_p, tails_q, f, eps):
         level = _runs(starts, starts - lo.ravel()[cut], len(at))
         np.subtract(np.arange(len(at)), level, out=level)
         g = growth[level]
-        alpha = Ap.ravel().take(at)
-        alpha -= g * Aq.ravel().take(at)
-        beta = Bp.ravel().take(at)
-        beta -= g * Bq.ravel().take(at)
+        # the sums at the cut intervals' ends, taken from A and B whole (their halves' ravel() would
+        # copy them): interval k of row c is A's flat k·2C + c (+ C for p̂_i's half), B's one node on
+        row, col = np.divmod(at, C)
+        row *= 2 * C
+        row += col
+        alpha = A.ravel().take(row + at_p)
+        alpha -= g * A.ravel().take(row + at_q)
+        row += 2 * C
+        beta = B.ravel().take(row + at_p)
+        beta -= g * B.ravel().take(row + at_q)
         value = _cut_integral(alpha, beta, f.ravel().take(at))
         # (row, level) pairs repeat across a row's intervals
         at %= C
