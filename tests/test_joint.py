@@ -454,3 +454,30 @@ def test_any_gauss_node_count_in_the_adaptive_cells():
     np.testing.assert_allclose(d10, d4, rtol=0, atol=1e-9)
     with pytest.raises(ValueError, match="nodes"):
         _cutcell._rule(0)
+
+
+@pytest.mark.parametrize("gap", [500.0, 800.0, 1000.0])
+def test_d2_extreme_gaps_keep_the_far_mass_and_raise_no_warning(gap):
+    """Closed forms far apart (issue 37, item 4): the same shift of ``gap`` scales in every database is a
+    translation, so ε_i = gap exactly and the two densities are disjoint up to e^{−gap}: δ_i(ε) = 1 at
+    small ε. One database moved ``gap`` away takes its whole kernel, 1/n of the mass, beyond reach of
+    the others: δ_i = 1/n at small ε. Before, the general path's cells 800 scales wide lost the mass
+    of the points beside their far edge (δ_i(0) = 0.88 and 0.043) and overflowed."""
+    import warnings
+
+    rng = np.random.default_rng(4)
+    q = rng.normal(size=(20, 2))
+    q[:, 1] += 0.5 * q[:, 0]
+    model = select_joint_model(q, bandwidth=[1.0, 1.0])
+    same = np.zeros((1, 20, 2))
+    same[0, :, 0] = gap
+    one = np.zeros((1, 20, 2))
+    one[0, 3] = [gap, -0.3 * gap]
+    eps = np.array([0.0, 1.0, 50.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        e, d = joint_risk(model, same, eps)
+        e1, d1 = joint_risk(model, one, eps)
+    assert e[0] == pytest.approx(gap, rel=1e-12)
+    np.testing.assert_allclose(d[0], 1.0, atol=1e-12)
+    np.testing.assert_allclose(d1[0], 1 / 20, atol=1e-12)

@@ -271,10 +271,11 @@ def _gather(xs, ranks, G, srt):
         mark[rows, ranks[k]] = 1
         c = np.cumsum(mark, axis=1)  # points at or before each line
         x, v = xs[k], np.broadcast_to(srt[k], (C, n))
-        left = np.where(c > 0, np.exp(-(x - np.take_along_axis(v, np.maximum(c - 1, 0), axis=1))), 0.0)
+        # the exponents are ≤ 0 where used; elsewhere +∞ gives 0 without exponentiating a far gap
+        left = np.exp(-np.where(c > 0, x - np.take_along_axis(v, np.maximum(c - 1, 0), axis=1), np.inf))
         nxt = np.concatenate([x[:, 1:], x[:, -1:]], axis=1)
         ahead = np.take_along_axis(v, np.minimum(c, n - 1), axis=1)
-        right = np.where((c < n) & (np.arange(J) < J - 1), np.exp(-(ahead - nxt)), 0.0)
+        right = np.exp(-np.where((c < n) & (np.arange(J) < J - 1), ahead - nxt, np.inf))
         counts.append(c)
         facs.append((left, right))
     base = (np.arange(C) * 4 if G.shape[0] > 1 else np.zeros(C, dtype=np.int64))[:, None, None]

@@ -51,8 +51,8 @@ def pos_1d(alpha, beta, f):
 
 def _edge_root(gamma, eta, f, w):
     """t in [0, w] where γ e^{−t} + η e^{−(w−t)} = 0 (0 when there is none: a harmless breakpoint)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = 0.5 * (w + np.log(-gamma / eta))
+    with np.errstate(divide="ignore", invalid="ignore"):  # logs apart: the ratio of far terms overflows
+        t = 0.5 * (w + np.log(np.abs(gamma)) - np.log(np.abs(eta)))
     return np.where((gamma * eta < 0) & np.isfinite(t), np.clip(t, 0.0, w), 0.0)
 
 

@@ -42,6 +42,10 @@ TAIL = 40.0
 #: widest cell (scaled units) along a quadrature axis: Gauss–Legendre on e^{±t} over width 1 with 6
 #: nodes errs by ~1e−13 relative
 MAX_CELL = 1.0
+#: widest cell (scaled units) along the exact axis: a term is referred to the cell's left edge,
+#: e^{−(p − lo)} e^{t}, and a point beside the right edge of a wider cell would underflow there (its
+#: mass in the cell lost: a translation by 800 scales gave δ_i(0) = 0.88 instead of 1)
+MAX_EXACT_CELL = 300.0
 #: Gauss–Legendre nodes per piece inside a cut cell
 QUAD_NODES = 6
 #: vertex sums below this are recomputed in log space (the scaled products may have underflowed)
@@ -137,13 +141,12 @@ def _eps_rows(a: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------- δ on the cell grid
 def _union_axis(vals: np.ndarray, refine: bool) -> np.ndarray:
-    """Sorted kinks of one axis with tail ends TAIL beyond, gaps wider than MAX_CELL split evenly."""
+    """Sorted kinks of one axis with tail ends TAIL beyond, gaps wider than MAX_CELL (``refine``: a
+    quadrature axis) or MAX_EXACT_CELL (the exact axis) split evenly."""
     v = np.unique(vals)
     g = np.concatenate([[v[0] - TAIL], v, [v[-1] + TAIL]])
-    if not refine:
-        return g
     gaps = np.diff(v)
-    parts = np.ceil(gaps / MAX_CELL).astype(int)
+    parts = np.ceil(gaps / (MAX_CELL if refine else MAX_EXACT_CELL)).astype(int)
     if parts.max(initial=1) <= 1:
         return g
     extra = [v[i] + gaps[i] * np.arange(1, parts[i]) / parts[i] for i in np.flatnonzero(parts > 1)]
@@ -210,8 +213,8 @@ def _pos_1d(alpha, beta, w):
 
 def _edge_root(gamma, eta, w):
     """Root of γ e^t + η e^{−t} in [0, w] (0 when there is none: a harmless extra breakpoint)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = 0.5 * np.log(-eta / gamma)
+    with np.errstate(divide="ignore", invalid="ignore"):  # logs apart: the ratio of far terms overflows
+        r = 0.5 * (np.log(np.abs(eta)) - np.log(np.abs(gamma)))
     return np.where((gamma * eta < 0) & np.isfinite(r), np.clip(r, 0.0, w), 0.0)
 
 
