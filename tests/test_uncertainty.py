@@ -93,6 +93,9 @@ def test_same_seed_same_intervals_other_seed_other_intervals():
     assert not np.array_equal(a.plan.subsets, c.plan.subsets)
     gen = run(replicates=40, level=0.8, rng=np.random.default_rng(7))[3]  # a Generator seeded alike
     np.testing.assert_array_equal(gen.eps_all, a.eps_all)
+    threaded = run(replicates=40, level=0.8, rng=7, threads=2)[3]  # replicates side by side: the same bits
+    for field in ("eps_all", "delta", "total_risk", "n_at_risk"):
+        np.testing.assert_array_equal(getattr(threaded, field), getattr(a, field))
 
 
 @pytest.mark.parametrize("kw, param, fragment", [

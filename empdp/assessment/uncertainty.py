@@ -29,6 +29,7 @@ databases; nothing is read again). Why this method (Politis, Romano and Wolf 199
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +38,7 @@ from .. import risk
 from ..density import DensityModel, reference_scale, select_density
 from ..errors import InputError
 from ..noise.exact import minimal_lambda
-from ..params import target_epsilon
+from ..params import target_epsilon, whole
 from . import checks
 
 #: the name of the method in the JSON ``uncertainty`` object
@@ -316,7 +317,7 @@ def basic_interval(point, reps: np.ndarray, level: float) -> np.ndarray:
 
 def estimate(q, rows: Rows | np.ndarray, *, model: DensityModel, epsilons, replicates: int = 200,
              level: float = 0.9, rng=None, bandwidth=None, block: int | None = None, sole: int = 0,
-             n_individuals: int | None = None, point=None, plan: Plan | None = None) -> Uncertainty:
+             n_individuals: int | None = None, point=None, plan: Plan | None = None, threads: int = 1) -> Uncertainty:
     """Intervals for ε_all and the sweep of an assessment of the query values ``q``.
 
     Parameters
@@ -342,6 +343,9 @@ def estimate(q, rows: Rows | np.ndarray, *, model: DensityModel, epsilons, repli
         ``n_at_risk``); by default computed here from ``rows``.
     plan
         Replicates drawn before (:func:`make_plan`); then ``replicates``, ``rng`` and ``block`` are unused.
+    threads
+        Replicates evaluated side by side (the results do not depend on it: each replicate's
+        databases and model are drawn before any is evaluated).
 
     Returns
     -------
@@ -356,7 +360,9 @@ def estimate(q, rows: Rows | np.ndarray, *, model: DensityModel, epsilons, repli
         full = replicate(model, rows, slice(None), eps, sole)
     else:
         full = (point.eps_all, point.delta, point.total_risk, point.n_at_risk)
-    reps = [replicate(m, rows, s, eps, sole) for m, s in zip(plan.models, plan.subsets)]
+    with ThreadPoolExecutor(whole(threads, "threads")) as pool:
+        reps = list(pool.map(lambda k: replicate(plan.models[k], rows, plan.subsets[k], eps, sole),
+                             range(len(plan.subsets))))
     return summarise(plan, full, reps, level, n_individuals or len(rows.shifts) + sole, q, rows)
 
 
@@ -399,7 +405,7 @@ def warnings_for(q, *, block: int, size: int) -> list[str]:
 
 # ------------------------------------------------------------------------ from an assessment
 def from_assessment(a, *, replicates: int = 200, level: float = 0.9, rng=None, bandwidth=None,
-                    block: int | None = None) -> Uncertainty:
+                    block: int | None = None, threads: int = 1) -> Uncertainty:
     """:func:`estimate` for a one-statistic :class:`~empdp.assessment.assess.Assessment`.
 
     The shifts come from the assessment's engine (its aggregated leave-one-out table, not the
@@ -424,7 +430,7 @@ def from_assessment(a, *, replicates: int = 200, level: float = 0.9, rng=None, b
     need = need[np.argsort(-reach[need], kind="stable")]
     rows = _sweep_rows(a.engine.shifts(need), reach[need] > eps[0], rng)
     return estimate(a.q, rows, model=a.model, epsilons=eps, level=level, plan=plan, sole=int(sole.sum()),
-                    n_individuals=len(ind), point=a, replicates=replicates)
+                    n_individuals=len(ind), point=a, replicates=replicates, threads=threads)
 
 
 def _floor(a, plan: Plan, reach: np.ndarray) -> float:
