@@ -22,7 +22,12 @@ mass. The error there is second order in the root error (the integrand
 vanishes at the root), far below 1e-9 at the node spacing used. Tails beyond
 the outermost nodes carry less than 1e-17 of mass (Laplace: 46 scales;
 Gaussian: 12 standard deviations) and are added with the log-ratio frozen at
-its end value.
+its end value. Laplace kernels of several bandwidths get nodes farther out, to
+where every kernel narrower than the widest is below 1e-20/n of a widest one
+(:func:`empdp.risk.grid._tails`, in closed form): on the way L may rise past its
+limit, far beyond the data. Where the matrix form evaluates the nodes, the
+masses come from the CDFs' tails (F = G + K, :func:`empdp.risk.laplace.direct`),
+so the right tail's keep their digits as the left tail's do.
 
 ε_i, Laplace kernels: sup_x |L(x)|, the largest |L| over the nodes (which
 include the interior extrema) and the exact tail limits; δ_i(ε) = 0 exactly

@@ -106,11 +106,88 @@ def base_grid(model: DensityModel, extra_points: np.ndarray | None = None, budge
     # place nodes at equal steps of ∫ dx / spacing(x)
     dens = 1.0 / spacing
     cum = np.r_[0.0, np.cumsum(np.diff(prov) * 0.5 * (dens[1:] + dens[:-1]))]
-    _check_grid(model, pts, int(min(cum[-1], 2.0**62)) + 3 + len(q), budget, labels)
+    tails = _tails(model, extra_points, prov[0], prov[-1])
+    _check_grid(model, pts, int(min(cum[-1], 2.0**62)) + 3 + len(q) + len(tails), budget, labels)
     nodes = np.interp(np.arange(0, np.floor(cum[-1]) + 1), cum, prov)
     if not model.kernel.kinked:  # a smooth kernel (Gaussian) has no kink at its q_j: the spacing suffices
         return np.unique(np.r_[nodes, prov[0], prov[-1]])
-    return np.unique(np.r_[nodes, prov[0], prov[-1], q])
+    return np.unique(np.r_[nodes, prov[0], prov[-1], q, tails])
+
+
+#: beyond the tail nodes of :func:`_tails`, every kernel narrower than the widest is below this share
+#: of a widest one (divided by n), in p̂ and in every p̂_i: L is its limit there to within 2e-20
+TAIL_SHARE = 1e-20
+#: tail nodes per unit of the fastest decay rate still alive (1 / (b_l) − 1 / b_max): L's changes in
+#: the tail take ~1/rate, as the nodes' spacing near the points takes b/6
+TAIL_STEPS = 6.0
+#: the tail nodes stop this many widest scales beyond the farthest widest kernel: farther, every
+#: kernel is below e^{−TAIL_REACH} (the densities, evaluated as such, underflow from ~745 on)
+TAIL_REACH = 600.0
+
+
+def _tails(model: DensityModel, extra_points, lo: float, hi: float) -> np.ndarray:
+    """Nodes left of ``lo`` and right of ``hi`` (the grid's ends) where L still moves.
+
+    Beyond every centre, a Laplace mixture of several bandwidths is a sum of exponentials
+    e^{−|x|/b_l}: far out only the widest kernels are left, and L tends to its limit
+    (:func:`empdp.risk.cells.tail_limits`), but on the way the narrower kernels die out one by
+    one and L may first rise past that limit, tens or hundreds of the widest scales beyond the
+    data (an 8 × 18 panel in three clusters had sup |L| 39% above the largest |L| within 46
+    scales). Term l falls below ``TAIL_SHARE``/n of the widest kernel's (whose centre lies at
+    c_w, b_max its scale) from x − top = s_l on, in closed form:
+
+        s_l = (log(b_max / (b_l η)) + (top − c_w)/b_max − (top − c_l)/b_l) / (1/b_l − 1/b_max),
+
+    with top the rightmost centre, and each centre taken where it is least favourable over the
+    rows (the kinks of ``extra_points``, q_l − Δ_il, lie within the slack max |Δ|, rounded up to
+    a power of two times b_min so that blocks of similar shifts share a grid). Up to there the
+    nodes are spaced 1/(TAIL_STEPS · rate) for the fastest rate 1/b_l − 1/b_max among the
+    terms still above that share (L changes over ~1/rate there; the spacing grows as terms die,
+    so a few thousand nodes at most), and they stop ``TAIL_REACH`` widest scales beyond the farthest
+    widest kernel, where the densities would underflow. Only Laplace kernels (whose ε_i is
+    sup |L|) of several bandwidths need them: one scale has a flat L beyond the data, and a
+    Gaussian's L grows without bound (its ε_i(τ) is found from the nodes' tails).
+    """
+    b = model.bandwidths
+    if not model.kernel.exact_eps or np.all(b == b[0]):
+        return np.zeros(0)
+    q = model.points
+    slack = 0.0
+    if extra_points is not None and np.size(extra_points):
+        extra = np.asarray(extra_points, dtype=float)
+        if extra.ndim == 2 and extra.shape[1] == len(q):
+            reach_out = np.abs(extra - q[None, :]).max()
+        else:
+            reach_out = max(float(extra.max() - q.max()), float(q.min() - extra.min()), 0.0)
+        if reach_out > 0:
+            slack = b.min() * 2.0 ** np.ceil(np.log2(reach_out / b.min()))
+    right = _tail_offsets(q, b, slack, hi - q.max())
+    left = _tail_offsets(-q, b, slack, q.min() - lo)
+    return np.r_[q.min() - left, q.max() + right]
+
+
+def _tail_offsets(q: np.ndarray, b: np.ndarray, slack: float, start: float) -> np.ndarray:
+    """The right tail's nodes of :func:`_tails` as offsets from max(q), beyond ``start``."""
+    b_max = b.max()
+    narrow = b < b_max * (1 - 1e-12)
+    if not narrow.any():
+        return np.zeros(0)
+    top = q.max() + slack  # no centre, of p̂ or of a row's p̂_i, lies right of it
+    c_w = q[~narrow].max() - slack  # nor a widest kernel's (the one farthest right) left of this
+    bl = b[narrow]
+    rate = 1.0 / bl - 1.0 / b_max
+    eta = TAIL_SHARE / len(q)
+    s = (np.log(b_max / (bl * eta)) + (top - c_w) / b_max - (top - (q[narrow] + slack)) / bl) / rate
+    order = np.argsort(-s)
+    s, fastest = s[order], np.maximum.accumulate(rate[order])  # on (s[k + 1], s[k]) the terms ≤ k are alive
+    stop = min(s[0], TAIL_REACH * b_max - (top - c_w))
+    begin = max(start - slack, 0.0)
+    ends = np.clip(np.r_[s, 0.0], begin, stop)  # piece k: (ends[k + 1], ends[k]), spacing 1 / (steps · fastest[k])
+    length = ends[:-1] - ends[1:]
+    count = np.ceil(length * TAIL_STEPS * fastest).astype(np.intp)
+    piece, m = _cells.expand_ranges(np.zeros(len(count), dtype=np.intp), count)
+    offsets = ends[1:][piece] + length[piece] * (m + 1) / count[piece]
+    return slack + offsets[offsets > start - slack]
 
 
 #: :attr:`empdp.kernels.Kernel.far_gap` by kernel name (the former table)

@@ -41,6 +41,8 @@ TAYLOR_TERMS = 14
 _FACT = np.cumprod(np.r_[1.0, np.arange(1.0, TAYLOR_TERMS + 3)])
 
 FIELDS = ("x", "p", "pr", "pl", "F", "pi", "pir", "pil", "Fi")
+#: the CDFs as tails, F = G + K (p̂: G, K; p̂_i: Gi, Ki), where they are kept (see :func:`direct`)
+TAILS = ("G", "K", "Gi", "Ki")
 
 #: |L| is capped here (beyond it e^ε overflows; the densities are then 0 to double precision)
 L_CAP = 700.0
@@ -66,26 +68,28 @@ def finite_log_ratio(L, Lr, Ll):
 DIRECT_CELLS = 160_000
 
 
-def direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray):
+def direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray, tails: bool = False):
     """Value, right and left slopes and CDF of (1/n) Σ_l ℓ_{b_l}(x − c_l), exactly.
 
-    ``x`` is (C, m); ``centers`` is (n,) (shared) or (C, n) (one set per row).
+    ``x`` is (C, m); ``centers`` is (n,) (shared) or (C, n) (one set per row). With ``tails``, also
+    the CDF as G and K (F = G + K; see :class:`empdp.risk.nodes._Nodes`): G = Σ_{c > x} bℓ − Σ_{c ≤ x} bℓ,
+    each term's smaller tail, and K the share of the centres c ≤ x.
     """
     C, m = x.shape
     step = max(1, DIRECT_CELLS // max(1, m * len(b)))
     if C <= step:
-        return _direct(x, centers, b)
-    out = [np.empty((C, m)) for _ in range(4)]
+        return _direct(x, centers, b, tails=tails)
+    out = [np.empty((C, m)) for _ in range(6 if tails else 4)]
     # two (step, m, n) work buffers serve every block (fresh ones would cost page faults)
     work = (np.empty((step, m, len(b))), np.empty((step, m, len(b))))
     for a in range(0, C, step):
-        part = _direct(x[a:a + step], centers if centers.ndim == 1 else centers[a:a + step], b, work)
+        part = _direct(x[a:a + step], centers if centers.ndim == 1 else centers[a:a + step], b, work, tails)
         for o, p in zip(out, part):
             o[a:a + step] = p
     return tuple(out)
 
 
-def _direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray, work=None):
+def _direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray, work=None, tails: bool = False):
     n = len(b)
     C, m = x.shape
     c = centers[None, None, :] if centers.ndim == 1 else centers[:, None, :]
@@ -107,12 +111,15 @@ def _direct(x: np.ndarray, centers: np.ndarray, b: np.ndarray, work=None):
     v = (e.reshape(-1, n) @ w).reshape(x.shape)
     both = (signed @ np.stack([-w / b, -w * b], axis=1)).reshape(*x.shape, 2)
     dr = both[..., 0]
-    F = (n - below) / n + both[..., 1]
+    K = (n - below) / n
+    F = K + both[..., 1]
     dl = dr
     if len(at_kink):  # at its own kink a term's left slope is +ℓ/b, not −ℓ/b
         term = at_kink % n
         dl = dr + (np.bincount(at_kink // n, weights=2.0 * e.ravel()[at_kink] * w[term] / b[term],
                                minlength=dr.size).reshape(x.shape))
+    if tails:
+        return v, dr, dl, F, both[..., 1].copy(), K
     return v, dr, dl, F
 
 
@@ -137,10 +144,13 @@ class GridPlan:
         self.B = np.block([[AR, -AR / bc, -bc * AR], [AL, AL / bc, bc * AL]])
         self.n_right = self.right.sum(axis=0) / n
         self.chunks = _triangular_chunks(q, grid, self.B)
+        #: p̂'s CDF as tails (G, K) on the grid (several scales only; see :func:`direct`), else None
+        self.tails = None
         if self.uniform:  # p̂ by the running sums of p̂_i: their round-off cancels in log p̂ − log p̂_i
             self.shared = [a[0] for a in uniform_grid_values(grid, self.decay, q[None, :], b[0])]
         else:
-            self.shared = [a[0] for a in direct(grid[None, :], q, b)]  # p̂: p, pr, pl, F
+            *shared, G, K = (a[0] for a in direct(grid[None, :], q, b, tails=True))
+            self.shared, self.tails = shared, (G, K)  # p̂: p, pr, pl, F
         # Taylor coefficients of p̂ to the right of each grid node (no q_l inside a grid cell):
         # the m-th right derivative is Σ_l (∓1/b_l)^m ℓ_l(x_g), − right of q_l, + left of it.
         # As two small products, AR's terms at rate −1/b_l and AL's at +1/b_l (an einsum over the
@@ -161,7 +171,8 @@ class GridPlan:
         self.at_q = self.curvature[-1]  # grid index of each q_l
 
     def shared_at(self, x: np.ndarray, cells: np.ndarray | None = None):
-        """p̂'s value, slopes and CDF at points x (C, m) from the grid's Taylor series (exact to 1e-15).
+        """p̂'s value, slopes and CDF at points x (C, m) from the grid's Taylor series (exact to 1e-15),
+        and with :attr:`tails` the CDF's G and K too.
 
         Points in cells where the series is not accurate enough are evaluated directly.
         ``cells``, when known: ``searchsorted(grid, x, side="right") − 1``.
@@ -182,18 +193,23 @@ class GridPlan:
             if k:
                 d *= t
                 d += ck * k
-        F = self.shared[3][g] + F * t
+        # the mass from the node on (no q_l inside a cell: K is the node's), to the tails too
+        out = [v, d, None, self.shared[3][g] + F * t]
+        if self.tails is not None:
+            out += [self.tails[0][g] + F * t, self.tails[1][g].copy()]
         # at a node that is some q_l, the left slope is the grid's; elsewhere p̂ is smooth
-        dl = np.where(t == 0, self.shared[2][g], d)
+        out[2] = np.where(t == 0, self.shared[2][g], d)
         bad = ~self.taylor_ok[g] | (t < 0) | ((g == self.G - 1) & (t > 0))  # outside the grid
         if bad.any():
             r, col = np.nonzero(bad)
-            ex = direct(x[r, col][:, None], self.q, self.b)
-            v[r, col], d[r, col], dl[r, col], F[r, col] = (a[:, 0] for a in ex)
-        return v, d, dl, F
+            ex = direct(x[r, col][:, None], self.q, self.b, tails=self.tails is not None)
+            for a, e in zip(out, ex):
+                a[r, col] = e[:, 0]
+        return tuple(out)
 
-    def shifted(self, shifts: np.ndarray, kink_cells: np.ndarray | None = None):
-        """p̂_i on the grid for each row of ``shifts`` (C, n): value, right/left slopes, CDF.
+    def shifted(self, shifts: np.ndarray, kink_cells: np.ndarray | None = None, tails: bool = False):
+        """p̂_i on the grid for each row of ``shifts`` (C, n): value, right/left slopes, CDF, and with
+        ``tails`` (several scales only) the CDF's G and K (see :func:`direct`).
 
         ``kink_cells`` (C, n), when known: ``searchsorted(grid, q − shifts, side="right") − 1``.
         """
@@ -211,6 +227,7 @@ class GridPlan:
             w = g1 - g0
             part = R[:, lo:hi] @ BB
             V[:, g0:g1], Dr[:, g0:g1], Fi[:, g0:g1] = part[:, :w], part[:, w:2 * w], part[:, 2 * w:]
+        Gi = Fi.copy() if tails else None  # the product's CDF part is G's: each term's smaller tail
         Fi += self.n_right
         Dl = Dr.copy()
         # fix-ups: grid points where the matrix form of term l is wrong. Kink left of q_l
@@ -242,7 +259,13 @@ class GridPlan:
         add(Dr, (np.where(u >= 0, -tv, tv) - ms) / bl)
         add(Dl, (np.where(u > 0, -tv, tv) - ms) / bl)
         add(Fi, np.where(u < 0, bl * tv, 1.0 / n - bl * tv) - np.where(side, 1.0 / n - bl * mv, bl * mv))
-        return V, Dr, Dl, Fi
+        if not tails:
+            return V, Dr, Dl, Fi
+        # the same fix-ups split as F = G + K: each term's tail, and its step of 1/n at its centre
+        add(Gi, np.where(u < 0, bl * tv, -bl * tv) - np.where(side, -bl * mv, bl * mv))
+        Ki = np.broadcast_to(self.n_right, (C, G)).copy()
+        add(Ki, np.where(u < 0, 0.0, 1.0 / n) - np.where(side, 1.0 / n, 0.0))
+        return V, Dr, Dl, Fi, Gi, Ki
 
 
 def _running(start: np.ndarray, decay: np.ndarray, inflow: np.ndarray, reverse: bool = False) -> np.ndarray:
@@ -432,7 +455,8 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     p, pr, pl, F = plan.shared
     unsorted = q - shifts
     cells = np.searchsorted(x, unsorted, side="right") - 1  # x_g ≤ kink < x_{g+1}
-    pi, pir, pil, Fi = plan.shifted(shifts, cells)
+    tails = plan.tails is not None  # the CDFs as tails too: the far tails' masses keep their digits
+    pi, pir, pil, Fi, *tails_i = plan.shifted(shifts, cells, tails=tails)
     kinks = np.sort(unsorted, axis=1)
     g = np.sort(cells, axis=1)  # searchsorted is monotone: the cells of the sorted kinks
     on_node = (g >= 0) & (x[np.clip(g, 0, G - 1)] == kinks)
@@ -456,8 +480,11 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
         if len(rows) < C:
             shifts, kinks, g, on_node, outside, top, K = (a[rows] for a in (shifts, kinks, g, on_node, outside, top, K))
             pi, pir, pil, Fi, L, Lr, Ll = (a[rows] for a in (pi, pir, pil, Fi, L, Lr, Ll))
+            tails_i = [a[rows] for a in tails_i]
             C = len(rows)
     base = {"x": plan.x, "p": p, "pr": pr, "pl": pl, "F": F, "pi": pi, "pir": pir, "pil": pil, "Fi": Fi}
+    if tails:
+        base |= dict(zip(TAILS, (*plan.tails, *tails_i)))
     # the kinks strictly inside a grid cell that matters, and those outside the grid
     inner = ~on_node & ~outside
     r, c = np.nonzero(inner)
@@ -487,7 +514,9 @@ def node_values(plan: GridPlan, shifts: np.ndarray, levels: np.ndarray | None = 
     if plan.uniform:  # the row's own kinks, by running sums over them
         kvi = [a[kr, kc] for a in uniform_kink_values(kinks, b[0])]
     else:
-        kvi = [a[:, 0] for a in direct(kx[:, None], (q[None, :] - shifts)[kr], b)]
-    values = dict(zip(FIELDS, (kx, *kv, *kvi)), certified=np.zeros(len(kx), dtype=bool))
+        kvi = [a[:, 0] for a in direct(kx[:, None], (q[None, :] - shifts)[kr], b, tails=tails)]
+    values = dict(zip(FIELDS, (kx, *kv[:4], *kvi[:4])), certified=np.zeros(len(kx), dtype=bool))
+    if tails:
+        values |= dict(zip(TAILS, (*kv[4:], *kvi[4:])))
     values.update(zip(("L", "Lr", "Ll"), log_ratio(kv[0], kvi[0], kv[1], kvi[1], kv[2], kvi[2])))
     return insert_after(base, C, kr, g[kr, kc], values), rows, K

@@ -32,8 +32,8 @@ class _Nodes:
         self.turns = None
 
 
-#: the tail fields of directly evaluated nodes (see _Nodes)
-TAILS = ("G", "K", "Gi", "Ki")
+#: the tail fields of directly evaluated nodes and of the matrix form's (see _Nodes)
+TAILS = _laplace.TAILS
 
 
 def _evaluate(model: DensityModel, x: np.ndarray, kinks: np.ndarray, survival: bool = False) -> _Nodes:
@@ -233,10 +233,10 @@ def node_values(model: DensityModel, shifts: np.ndarray, grid: np.ndarray,
         kinks = model.points[None, :] - shifts
         b = model.bandwidths
 
-        def evaluate_at(r, xe):
+        def evaluate_at(r, xe):  # (with the CDFs' tails where the plan keeps them: TAILS after FIELDS)
             a = plan.shared_at(xe[:, None])
-            c = _laplace.direct(xe[:, None], kinks[r], b)
-            return [v[:, 0] for v in (*a, *c)]
+            c = _laplace.direct(xe[:, None], kinks[r], b, tails=plan.tails is not None)
+            return [v[:, 0] for v in (*a[:4], *c[:4], *a[4:], *c[4:])]
     else:
         kinks = model.points[None, :] - shifts
         if model.kernel.kinked:  # every kink is a node
