@@ -53,11 +53,17 @@ def _warn(message: str) -> None:
 @click.option("--key-file", type=click.Path(dir_okay=False), metavar="FILE",
               help=f"Sign the calibration with the curator key in this file (default: ${KEY_ENV}); 'empdp "
                    "release' refuses unsigned calibrations unless --allow-unsigned.")
+@click.option("--level", type=float, default=None,
+              help="Calibrate so that the target epsilon holds for this fraction of subsamples of the databases "
+                   "(e.g. 0.9), not only for the databases at hand: lambda_L >= lambda*, reported beside it (one "
+                   "statistic, Laplace kernel; see docs/method.md).")
+@click.option("--replicates", type=int, default=None, help="With --level: subsamples of the databases (default 200).")
+@click.option("--seed", type=int, default=None, help="With --level: seed of the subsamples.")
 @common.output_options
 def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversary_sql, buckets, engine, spark_master,
               spark_remote, table, kernel, bandwidth,
               output, memory_limit,
-              drop_null_ids, key_file, as_json, quiet, verbose, debug):
+              drop_null_ids, key_file, level, replicates, seed, as_json, quiet, verbose, debug):
     """The least noise that makes releasing QUERY epsilon-empirically private (docs/method.md#8-calibration-and-release).
 
     Finds the exact minimal Laplace scale lambda* over every individual,
@@ -83,7 +89,8 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
     target_epsilon(epsilon)  # before the data are read
     model, d = model_for(list(query), list(sql))
     model.refuse(given_options(click.get_current_context(), ("kernel", "adversary", "adversary_sql", "buckets",
-                                                             "engine", "table")), d)
+                                                             "engine", "table", "level")), d)
+    at_level = _level(level, replicates, seed, kernel, adversary or adversary_sql)
     bandwidth = parse_bandwidth(bandwidth, model, d)
     data = Data(source, id_col, by, drop_null_ids=drop_null_ids)
     curator = Model(kernel=kernel, bandwidth=bandwidth, adversary=adversary, adversary_sql=adversary_sql,
@@ -94,8 +101,35 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
         warnings.simplefilter("ignore")  # the notes are shown below and kept in the JSON
         execution = Execution(engine=common.engine_object(engine_kw), memory_limit=memory_limit, progress=progress)
         cal = calibrate_source(data, query=list(query) or None, where=where, sql=list(sql) or None,
-                               epsilon=epsilon, model=curator, execution=execution)
+                               epsilon=epsilon, model=curator, execution=execution, **at_level)
     _finish(cal, output, key, as_json, quiet)
+
+
+def _calibrated_at(cal) -> dict:
+    """Which scale a release of one statistic used: ``lambda`` (the noise's scale, the ledger's ``lambda``) and
+    the ``level`` it was calibrated at (None: at lambda*)."""
+    if isinstance(cal, JointCalibration):
+        return {}
+    return {"lambda": cal.noise["scale"], "level": cal.level["level"] if cal.level else None}
+
+
+def _level(level, replicates, seed, kernel: str, adversary) -> dict:
+    """``calibrate``'s keywords of a calibration at a level, checked before any data are read."""
+    if level is None:
+        given = [flag for flag, value in (("--replicates", replicates), ("--seed", seed)) if value is not None]
+        if given:
+            raise InputError(f"{given[0]} goes with --level: add --level, or drop {given[0]}")
+        return {}
+    from empdp.assessment.uncertainty import check_options
+
+    if adversary:
+        raise InputError("--level calibrates the plain release of one statistic, not against an adversary: drop "
+                         "--level, or --adversary/--adversary-sql")
+    if not kernels.kernel(kernel if kernel != "auto" else kernels.DEFAULT.name).deconvolves or kernel == "auto":
+        raise InputError("--level calibrates the closed-form noise of the Laplace curator kernel: drop --level, or "
+                         "use --kernel laplace")
+    replicates, level = check_options(200 if replicates is None else replicates, level)
+    return {"level": level, "replicates": replicates, "rng": seed}
 
 
 def _finish(cal, output: str, key, as_json: bool, quiet: bool) -> None:
@@ -126,6 +160,9 @@ def _print_calibration(cal: Calibration, output: str) -> None:
         ("query", f"{cal.query_description} on {cal.source_description} ({fmt(cal.n_databases)} databases)"),
         ("target epsilon", fmt(cal.epsilon)),
         ("lambda* (exact, minimal)", fmt(cal.lam)),
+        *([(f"lambda at level {cal.level['level']:g}", f"{fmt(cal.level['lambda_level'])}  (the noise's scale: epsilon "
+            f"holds for {cal.level['level']:.0%} of {cal.level['replicates']} subsamples of the databases)")]
+          if cal.level else []),
         ("lambda by Hausdorff rule", f"{fmt(cal.lam_hausdorff)}  (paper's rule; not valid: see docs/method.md"
                                      "#111-the-hausdorff-rule-does-not-guarantee-epsilon)"),
         ("lambda by W-infinity bound", f"{fmt(cal.lam_winf)}  (valid, loose)"),
@@ -288,14 +325,18 @@ def release(calibration, source, value, database, ledger, budget, expect_head, s
         out = cal.release(value, ledger=ledger, budget=budget, seed=seed, database=database, progress=progress,
                           key=key, allow_unsigned=allow_unsigned, expect_head=expect_head, **origin)
     if as_json:
-        common.emit_json({k: out[k] for k in ("value", "epsilon", "budget_spent", "budget_left", "private", "noise_added",
-                                       "guarantee", "seq")})
+        common.emit_json({**{k: out[k] for k in ("value", "epsilon", "budget_spent", "budget_left", "private",
+                                                 "noise_added", "guarantee", "seq")}, **_calibrated_at(cal)})
     elif not quiet:
         left = "unlimited" if out["budget_left"] is None else f"{fmt(out['budget_left'])} left"
         shown = ",".join(repr(v) for v in out["value"]) if joint else repr(out["value"])
         click.echo(shown)  # the released value itself, in full (a joint release: comma-separated, in order)
         click.echo(f"epsilon {fmt(out['epsilon'])}; ledger {terminal_safe(ledger)}: {fmt(out['budget_spent'])} spent, {left}; "
                    f"record {out['seq']}, chain head {out['head']}", err=True)
+        at = _calibrated_at(cal)
+        if at.get("level") is not None:
+            click.echo(f"noise calibrated at level {at['level']:g}: lambda_L {fmt(at['lambda'])} (lambda* "
+                       f"{fmt(cal.lam)}), recorded in the ledger as the release's lambda", err=True)
     if joint and out["noise_added"] and not quiet:  # the size of what was added, in each statistic's units
         for k, name in enumerate(cal.statistics):
             click.echo(f"noise on {terminal_safe(name)}: {noise_words(cal, k)}", err=True)

@@ -61,6 +61,7 @@ _VECTOR = {
     "screening": "every individual's eps_i is exact already (or labelled a bound), and screening only skips "
                  "delta_i(epsilon) certified to be 0; drop it",
     "uncertainty": "the uncertainty of {what} is not estimated yet (one statistic only); drop it",
+    "level": "a calibration at a level is made for one statistic only so far; drop it",
 }
 
 
@@ -87,7 +88,7 @@ MODELS = {m.key: m for m in (ONE, JOINT, GROUPED)}
 #: the values of the parameters that only some models take which mean "not given" (the library's defaults;
 #: ``workers="auto"`` lets each model choose)
 _UNGIVEN = {"kernel": (kernels.DEFAULT.name,), "adversary": (None,), "adversary_sql": (None,), "buckets": (None,),
-            "engine": ("duckdb",), "workers": ("threads", "auto"), "screening": (True,)}
+            "engine": ("duckdb",), "workers": ("threads", "auto"), "screening": (True,), "level": (None,)}
 
 
 def given(**values) -> list[tuple[str, str]]:

@@ -190,6 +190,10 @@ class Calibration(SignedFile, Provenance):
     sql: str | None = None
     query_description: str | None = None
     n_bisected: int = 0
+    #: calibrated at a level (``calibrate --level``): ``level`` L, ``lambda_level`` λ_L (the noise's scale,
+    #: ≥ λ*, at which ε holds for a fraction L of subsamples of the databases), ``lambda_star``,
+    #: ``replicates`` and ``method``; None: at λ* (``lam``)
+    level: dict | None = None
     #: the curator model calibrated (:mod:`empdp.models`)
     kind: ClassVar[CuratorModel] = ONE
 
@@ -484,6 +488,25 @@ def _check_fields(d: dict, where: str) -> None:
     for key in ("n_bisected", "seconds"):
         if key in d:
             _number(d, key, where, integer=key == "n_bisected")
+    if d.get("level") is not None:
+        _check_level(d, where)
+
+
+def _check_level(d: dict, where: str) -> None:
+    """A calibration at a level: L in (0, 1), λ* as the file's ``lambda``, λ_L ≥ λ*, and the noise at λ_L."""
+    level = d["level"]
+    if not isinstance(level, dict) or not isinstance(level.get("method"), str):
+        raise InputError(f"{where}: field 'level' must be an object with level, lambda_level, lambda_star, "
+                         f"replicates and method; {_FIX}")
+    L = _number(level, "level", where, prefix="level.", positive=True, at_most=1.0)
+    lam_level = _number(level, "lambda_level", where, prefix="level.", at_most=MAX_SCALE)
+    lam_star = _number(level, "lambda_star", where, prefix="level.", at_most=MAX_SCALE)
+    _number(level, "replicates", where, prefix="level.", integer=True, positive=True)
+    noise = d["noise"]
+    if L >= 1 or lam_star != d["lambda"] or lam_level < lam_star or (
+            noise["kind"] != "none" and noise["scale"] != lam_level):
+        raise InputError(f"{where}: field 'level' does not match the calibration (level in (0, 1), lambda_star "
+                         f"equal to lambda, lambda_level >= lambda_star and the noise's scale); {_FIX}")
 
 
 def check_sql_fields(filter_text: str | None, selects: list, where: str) -> None:

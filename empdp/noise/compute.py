@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -115,8 +115,9 @@ def _lambda_search(inputs: _Inputs, progress: Progress) -> LambdaSearch:
     return search
 
 
-def _laplace_noise(inputs: _Inputs, b: float, search: LambdaSearch) -> _NoiseStep:
-    """Laplace curator kernel ℓ_b: no noise, or the closed form w·δ_0 + (1 − w)·ℓ_λ*, w = (b/λ*)²."""
+def _laplace_noise(inputs: _Inputs, b: float, search: LambdaSearch, raised: bool = False) -> _NoiseStep:
+    """Laplace curator kernel ℓ_b: no noise, or the closed form w·δ_0 + (1 − w)·ℓ_λ*, w = (b/λ*)² (``search.lam``
+    raised to λ_L above λ* with ``raised``: noise whenever λ_L > b)."""
     q, B, epsilon = inputs.q, inputs.B, inputs.epsilon
     # No noise exactly when the curator's own model P̂ ⋆ ℓ_b is ε-private for everyone: the
     # question assess answers (nobody at risk at ε), decided on the same exact ε_i, not on
@@ -124,7 +125,7 @@ def _laplace_noise(inputs: _Inputs, b: float, search: LambdaSearch) -> _NoiseSte
     # (ℓ_λ' = ℓ_λ ⋆ h for λ' > λ, and smoothing both densities by h cannot raise their
     # ratio), so otherwise λ* > b and the closed form applies.
     at_b = laplace_kde_eps(q, B, b) if len(B) else np.zeros(0)
-    if float(at_b.max(initial=0.0)) <= epsilon:
+    if float(at_b.max(initial=0.0)) <= epsilon and not (raised and search.lam > b):
         noise = laplace_closed_form(b, 0.0)
         eps_max = float(at_b.max(initial=0.0))
     else:
@@ -146,11 +147,12 @@ def _gaussian_noise(inputs: _Inputs, kernel, b: float, search: LambdaSearch, pro
     return _NoiseStep(fb.noise, fb.eps_max, deconv, [note])
 
 
-def _noise(inputs: _Inputs, kernel, b: float, search: LambdaSearch, progress: Progress) -> _NoiseStep:
+def _noise(inputs: _Inputs, kernel, b: float, search: LambdaSearch, progress: Progress,
+           raised: bool = False) -> _NoiseStep:
     """The release noise h for curator kernel ``kernel`` of scale ``b`` (docs/method.md#83-deconvolution-the-noise-law):
     the closed form where the kernel deconvolves (Laplace), else the verified fallback."""
     t = time.perf_counter()
-    step = (_laplace_noise(inputs, b, search) if kernel.deconvolves
+    step = (_laplace_noise(inputs, b, search, raised) if kernel.deconvolves
             else _gaussian_noise(inputs, kernel, b, search, progress))
     n = step.noise
     log.info("noise: %s, weight at 0 %s, scale %s, E|y| %s; verified_eps_max %s (%s) in %.2f s", n.kind,
@@ -165,8 +167,24 @@ def _verify(step: _NoiseStep, epsilon: float) -> None:
         raise RuntimeError(f"verification failed: max eps_i = {step.eps_max} > {epsilon}")
 
 
+def _at_level(inputs: _Inputs, search: LambdaSearch, level: dict, shifts, undefined) -> tuple[LambdaSearch, dict]:
+    """λ_L (:func:`empdp.assessment.uncertainty.calibration_level`): the least scale at which ε holds in a
+    fraction ``level["level"]`` of subsamples of the databases, never below λ*; the search at λ_L (its
+    ε_i verified there: ε_i(λ) falls as λ grows) and the calibration's ``level`` record."""
+    from ..assessment.uncertainty import calibration_level
+
+    found = calibration_level(inputs.q, shifts, inputs.epsilon, level=level["level"],
+                              replicates=level["replicates"], rng=level.get("rng"), undefined=undefined)
+    lam = max(float(found.lam), float(search.lam))
+    eps = laplace_kde_eps(inputs.q, inputs.B, lam) if len(inputs.B) and lam > 0 else np.zeros(len(inputs.B))
+    record = {"level": found.level, "lambda_level": lam, "lambda_star": float(search.lam),
+              "replicates": found.replicates, "method": found.to_dict()["method"]}
+    return replace(search, lam=lam, eps=eps), record
+
+
 def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
-                     undefined=None, density=None, progress: Progress | None = None) -> Calibration:
+                     undefined=None, density=None, progress: Progress | None = None,
+                     level: dict | None = None) -> Calibration:
     """Calibrate noise for query values ``q`` and leave-one-out ``shifts`` (docs/method.md#81-target-densities).
 
     Parameters
@@ -189,6 +207,10 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
     progress : callable, optional
         ``progress(stage, done, total)`` for the stages "density model",
         "lambda search" and (Gaussian kernel) "Gaussian fallback".
+    level : dict, optional
+        ``{"level": L, "replicates": B, "rng": seed}``: calibrate at λ_L, the least scale at which the
+        target ε holds for a fraction L of subsamples of the databases (docs/method.md, "Uncertainty of
+        the estimates"), reported beside λ* as the calibration's ``level``; Laplace kernels only.
 
     Returns
     -------
@@ -206,7 +228,15 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
                      "cannot be protected by any noise level: their presence alone is revealed; they are "
                      "excluded from lambda")
     search = _lambda_search(inputs, progress)
-    step = _noise(inputs, curator, b, search, progress)
+    at_level = None
+    if level is not None:
+        if not curator.deconvolves:
+            raise InputError(f"`level` calibrates the closed-form noise of a Laplace curator kernel; the "
+                             f"{curator.name} kernel has none: drop `level`, or use the Laplace kernel",
+                             param=("level", "kernel"))
+        search, at_level = _at_level(inputs, search, level, shifts, undefined)
+    step = _noise(inputs, curator, b, search, progress,
+                  raised=at_level is not None and at_level["lambda_level"] > at_level["lambda_star"])
     notes += step.notes
     if step.noise.kind == "none":
         notes.append("no noise is added: the curator's density model is already epsilon-private for every "
@@ -216,17 +246,19 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
     for note in notes:
         warnings.warn(note, stacklevel=2)
     return Calibration(
-        epsilon=inputs.epsilon, lam=search.lam, lam_hausdorff=search.lam_hausdorff, lam_winf=search.lam_winf,
+        epsilon=inputs.epsilon, lam=search.lam if at_level is None else at_level["lambda_star"],
+        lam_hausdorff=search.lam_hausdorff, lam_winf=search.lam_winf,
         curator_kernel={"kind": curator.name, "scale": b}, noise=step.noise.to_dict(),
         expected_abs_noise=step.noise.expected_abs, verified_eps_max=step.eps_max,
         n_individuals=inputs.n_individuals, n_sole_contributors=inputs.n_sole, n_databases=int(inputs.q.size),
         deconvolution=step.deconvolution, n_bisected=search.n_bisected, seconds=time.perf_counter() - t0,
-        warnings=notes)
+        warnings=notes, level=at_level)
 
 
 def calibrate(data: Any, *, id: str | None = None, by: str | None = None, epsilon: float,
               query: str | list | None = None, sql: str | list | None = None, where: str | None = None,
-              model: Model | None = None, execution: Execution | None = None) -> Calibration | JointCalibration:
+              model: Model | None = None, execution: Execution | None = None, level: float | None = None,
+              replicates: int = 200, rng=None) -> Calibration | JointCalibration:
     """Calibrate release noise for ``query`` over the databases of ``data`` (docs/method.md#8-calibration-and-release).
 
     ``data``, ``id``, ``by``, ``query``, ``sql``, ``where``, ``model`` and ``execution`` are those of
@@ -237,6 +269,10 @@ def calibrate(data: Any, *, id: str | None = None, by: str | None = None, epsilo
     leave-one-out" (size unknown: total 0). With an adversary in ``model`` (and its buckets), every
     adversary bucket's released density is made ε-private (:mod:`empdp.noise.adversary`), as
     ``assess`` with the same model measures it.
+
+    ``level`` L (with ``replicates`` subsamples drawn by ``rng``) calibrates at λ_L instead of λ*: the
+    least scale at which the target ε holds for a fraction L of subsamples of the databases, reported
+    beside λ* (``calibration.level``; one statistic with a Laplace kernel, no adversary).
     """
     data = Data.of(data, id, by)
     model, execution = model or Model(), execution or Execution()
@@ -246,7 +282,16 @@ def calibrate(data: Any, *, id: str | None = None, by: str | None = None, epsilo
     curator, d = model_for(query, sql)
     engine = engine_of(execution.engine, memory_limit=execution.memory_limit, threads=execution.threads)
     curator.refuse(given(kernel=kernel, adversary=adversary, adversary_sql=adversary_sql, buckets=buckets,
-                         engine=engine.name), d)
+                         engine=engine.name, level=level), d)
+    at = None
+    if level is not None:
+        from ..assessment.uncertainty import check_options
+
+        if adversary or adversary_sql:
+            raise InputError("`level` calibrates the plain release of one statistic, not against an adversary",
+                             param=("level", "adversary"))
+        replicates, level = check_options(replicates, level)
+        at = {"level": level, "replicates": replicates, "rng": rng}
     progress = execution.progress or no_progress
     if curator is JOINT:
         queries, sqls = statistics(query, sql)
@@ -272,7 +317,7 @@ def calibrate(data: Any, *, id: str | None = None, by: str | None = None, epsilo
                                 undefined=loo.undefined, kernel=kernel)
     else:
         cal = calibrate_values(loo.q, loo.shifts, epsilon=epsilon, kernel=kernel, bandwidth=bandwidth,
-                               undefined=loo.undefined, progress=progress)
+                               undefined=loo.undefined, progress=progress, level=at)
     cal.source = str(source) if isinstance(source, (str, Path)) else None
     cal.source_description, cal.query_description = loo.source, loo.query
     cal.id, cal.by, cal.query, cal.where, cal.sql = id, by, query, where, sql
