@@ -282,3 +282,16 @@ def test_grouped_results_do_not_depend_on_the_thread_count(monkeypatch):
     assert runs[0].individuals.equals(runs[1].individuals)
     for field in ("delta", "total_risk", "total_risk_bounds", "n_at_risk", "n_unresolved"):
         np.testing.assert_array_equal(getattr(runs[0], field), getattr(runs[1], field))
+
+
+def test_the_groups_notes_are_one_summary_line_with_the_details_kept(five):
+    """Issue 37, item 5: one line in ``warnings`` for the groups' series notes, each note in
+    ``warning_details`` (named by its group), both in the JSON."""
+    _, grouped = five
+    details = grouped.warning_details
+    assert details and all("[region = " in w for w in details)
+    summary = [w for w in grouped.warnings if "note(s) on the series of" in w]
+    assert len(summary) == 1 and summary[0].startswith(f"{len(details)} note(s)")
+    assert not any("[region = " in w for w in grouped.warnings)
+    d = grouped.to_dict()
+    assert d["warnings"] == grouped.warnings and d["warning_details"] == details

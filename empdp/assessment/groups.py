@@ -66,7 +66,9 @@ class GroupedAssessment(RiskSweep):
     group_risks: pl.DataFrame
     n_unresolved: np.ndarray
     eps_all_bound: float
+    #: one line per kind of finding; the groups' notes summarised in one line, listed in ``warning_details``
     warnings: list = field(default_factory=list)
+    warning_details: list = field(default_factory=list)
     #: the independence checks of each group's series over the databases (as for one statistic)
     independence: list = field(default_factory=list)
     #: as :class:`empdp.assessment.joint.JointAssessment`: the certified bracket of δ*(ε) (E, 2), its
@@ -158,6 +160,7 @@ class GroupedAssessment(RiskSweep):
                                                   self.n_unresolved, self._bounds())],
             "independence": list(self.independence),
             "sole_contributors": int(self.sole_contributors), "warnings": list(self.warnings),
+            "warning_details": list(self.warning_details),
             "notes": ["total_risk assumes the individuals' risks are independent"] + ([] if self.joint else [
                 "each individual is assessed on the groups their rows are in (jointly when at most 3); the "
                 "model of those groups does not condition on the other groups' values",
@@ -275,7 +278,7 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
         **bracket_columns(cert, rows.owners, rows.base(eps[0])), "n_databases": panel.present,
         "groups": panel.touched.sum(axis=1), "sole_contributor": panel.sole,
     })
-    warnings, independence = _checks(panel, rows.bounded)
+    warnings, independence, details = _checks(panel, rows.bounded)
     bounds = cert.totals()
     return GroupedAssessment(
         source=str(source) if isinstance(source, str) else type(source).__name__,
@@ -286,8 +289,8 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
         n_unresolved=unresolved.sum(axis=0), eps_all=rows.eps_all,
         eps_all_bound=max(rows.eps_all, float(rows.bound[rows.bounded].max(initial=0.0))),
         individuals=individuals, group_risks=rows.group_risks(eps[0], id),
-        sole_contributors=int(panel.sole.sum()), warnings=warnings, independence=independence,
-        certified=cert, assessed=rows)
+        sole_contributors=int(panel.sole.sum()), warnings=warnings, warning_details=details,
+        independence=independence, certified=cert, assessed=rows)
 
 
 @dataclass
@@ -374,20 +377,26 @@ class _Rows:
             pl.lit(None, dtype=pl.Float64).alias(c) for c in ("eps_i", "eps_bound", "delta"))
 
 
-def _checks(panel: GroupPanel, bounded: np.ndarray) -> tuple[list, list]:
-    """(warnings, independence): each group's series tested as for one statistic, sole contributors,
-    and the individuals only bounded. Every group is in every database: the small-sample warning
-    (:func:`empdp.assessment.checks.few_databases`) is given once, not for each group."""
+def _checks(panel: GroupPanel, bounded: np.ndarray) -> tuple[list, list, list]:
+    """(warnings, independence, details): each group's series tested as for one statistic, sole
+    contributors, and the individuals only bounded. The groups' notes (one per group and check) are
+    summarised in one line of ``warnings`` and listed in ``details``. Every group is in every
+    database: the small-sample warning (:func:`empdp.assessment.checks.few_databases`) is given once."""
     few = checks.few_databases(len(panel.q))
-    warnings, independence = list(few), []
+    warnings, independence, details = list(few), [], []
     for g, name in enumerate(panel.names):
         checked, notes = checks.independence(panel.q[:, g])
         independence.append(checked)
-        warnings += [f"{name}: {w}" for w in notes if w not in few]
+        details += [f"{name}: {w}" for w in notes if w not in few]
+    if details:
+        groups = sum(any(d.startswith(f"{name}: ") for d in details) for name in panel.names)
+        warnings.append(f"{len(details)} note(s) on the series of {groups} of the {panel.n_groups} groups "
+                        "(autocorrelation, trend, individuals in one database): the risk estimates may be off "
+                        "for them; each note is listed with -v")
     if panel.sole.any():
         warnings.append(f"{int(panel.sole.sum())} individual(s) are the only contributor to some group of some "
                         "database: delta_i = 1, eps_i = inf; no epsilon protects them")
     if bounded.any():
         warnings.append(f"{int(bounded.sum())} individual(s) have rows in more than {MAX_DIM} groups: their risk is "
                         "only bounded (eps_bound), per group in group_risks")
-    return warnings, independence
+    return warnings, independence, details
