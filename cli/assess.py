@@ -67,7 +67,7 @@ def query_options(f=None, *, joint: bool = False):
 
 
 def uncertainty_options(f):
-    """``--uncertainty`` and its settings (docs/method.md, "Uncertainty of the estimates")."""
+    """``--uncertainty`` and its settings (docs/method.md#71-uncertainty-of-the-estimates)."""
     f = click.option("--seed", type=int, default=None,
                      help="With --uncertainty: seed of the subsamples (same seed, same intervals).")(f)
     f = click.option("--uncertainty-rows", type=click.Choice(["riskiest", "all"]), default=None,

@@ -175,7 +175,7 @@ class Assessment(RiskSweep):
     def estimate_uncertainty(self, replicates: int = 200, level: float = 0.9, rng=None, *,
                              rows: int | str = 10) -> "Uncertainty":
         """Intervals for ε_all and, at each swept ε, for δ, δ* and the at-risk count, at ``level`` from
-        ``replicates`` subsamples of the databases (docs/method.md, "Uncertainty of the estimates"); kept
+        ``replicates`` subsamples of the databases (docs/method.md#71-uncertainty-of-the-estimates); kept
         as :attr:`uncertainty` (the JSON's ``uncertainty``).
 
         Each of the ``rows`` riskiest individuals (:meth:`riskiest`), or with ``rows="all"`` every
