@@ -163,3 +163,29 @@ def test_grouped_statistics_on_one_panel_equal_one_engine_per_group(tmp_path, qu
         inside[rows] |= ref.present
     np.testing.assert_array_equal(grouped.present, inside.sum(axis=1), strict=True)
     assert (inside.sum(axis=1) < len(grouped.labels)).any()  # some individuals are absent from databases
+
+
+def test_one_sql_returning_two_or_three_columns_is_those_statistics_released_together():
+    """Issue 37, item 3: ``sql`` as one string with 2-3 numeric columns gives the same panel and the
+    same assessment as the same statistics given as a list of one-column SQL strings."""
+    from empdp.assessment.joint import assess_joint
+
+    table = random_panel(7).filter(pl.col("g") == "keep").drop_nulls(["x", "y"])
+    one = "SELECT sum(x), sum(x) FILTER (WHERE id <> 7), avg(y) FROM db"
+    many = ["SELECT sum(x) FROM db", "SELECT sum(x) FILTER (WHERE id <> 7) FROM db", "SELECT avg(y) FROM db"]
+    a = read_joint(table, id="id", by="db", sql=one)
+    b = read_joint(table, id="id", by="db", sql=many)
+    assert a.d == 3
+    np.testing.assert_allclose(a.q, b.q, rtol=1e-12)
+    np.testing.assert_allclose(a.shifts, b.shifts, rtol=1e-12, atol=1e-12)
+    assert a.ids.equals(b.ids) and np.array_equal(a.sole, b.sole)
+    two, listed = (assess_joint(table, id="id", by="db", sql=s, epsilon=[0.5, 1.0], exact=True)
+                   for s in (one.replace(", avg(y)", ""), many[:2]))
+    assert two.eps_all == pytest.approx(listed.eps_all, rel=1e-12)
+    np.testing.assert_allclose(two.total_risk, listed.total_risk, rtol=1e-12, atol=1e-15)
+    np.testing.assert_array_equal(two.n_at_risk, listed.n_at_risk)
+
+
+def test_one_sql_with_too_many_columns_is_one_line():
+    with pytest.raises(InputError, match=r"^`sql` returns 4 columns: at most 3 statistics"):
+        read_joint(random_panel(1), id="id", by="db", sql="SELECT sum(x), sum(y), avg(x), avg(y) FROM db")

@@ -10,9 +10,11 @@ calibration and release, and the grouped statistics (one statistic per group of 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import duckdb
 import numpy as np
 import polars as pl
 
@@ -89,10 +91,43 @@ def read_statistic(engine, *, presence: bool = False) -> StatisticShifts:
                            present=s.n_present, in_database=inside)
 
 
+def select_width(sql: str) -> int:
+    """How many columns one SELECT over ``db`` returns (1 when its select list cannot be counted
+    before it runs, e.g. ``*``: the engine then checks its one column)."""
+    check_select(sql, "--sql")
+    with duckdb.connect(":memory:") as con:  # parses only: the text is a bound parameter
+        tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+    node = tree["statements"][0]["node"] if not tree.get("error") and tree.get("statements") else {}
+    items = node.get("select_list", []) if node.get("type") == "SELECT_NODE" else []
+    if not items or any(e.get("class") == "STAR" for e in items):
+        return 1
+    return len(items)
+
+
+def split_columns(sql: str) -> list[str]:
+    """One SELECT per column of ``sql`` (2 to :data:`MAX_DIM` columns: the statistics released
+    together, issue 19's interface), each reading that column of ``sql``'s one row; ``[sql]`` for
+    one column."""
+    width = select_width(sql)
+    if width == 1:
+        return [sql]
+    if width > MAX_DIM:
+        raise InputError(f"`sql` returns {width} columns: at most {MAX_DIM} statistics are released together",
+                         param="sql")
+    body = sql.strip().rstrip(";")
+    names = ", ".join(f"c{k + 1}" for k in range(width))
+    return [f"SELECT c{k + 1} FROM ({body}) AS _columns({names})" for k in range(width)]
+
+
 def statistics(queries, sql) -> list[dict]:
-    """One ``{"query": ...}`` or ``{"sql": ...}`` per statistic, 1 to :data:`MAX_DIM` of them."""
+    """One ``{"query": ...}`` or ``{"sql": ...}`` per statistic, 1 to :data:`MAX_DIM` of them; one
+    ``sql`` returning 2–3 columns is those columns' statistics (:func:`split_columns`)."""
     if (queries is None) == (sql is None):
         raise InputError("give the statistics as queries=[...] or sql=[...], not both")
+    if sql is not None:
+        one = [sql] if isinstance(sql, str) else list(sql)
+        if len(one) == 1 and isinstance(one[0], str):
+            sql = split_columns(one[0])
     items = [queries] if isinstance(queries, str) else [sql] if isinstance(sql, str) else list(queries or sql)
     if not 1 <= len(items) <= MAX_DIM:
         raise InputError(f"a joint query has 1 to {MAX_DIM} statistics; got {len(items)}")
