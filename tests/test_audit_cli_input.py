@@ -151,7 +151,7 @@ def test_release_order_cli(calibration, order):
 
 
 @pytest.mark.parametrize("kwargs,fragment", [
-    ({"order": 1}, "Rényi order"), ({"order": float("nan")}, "Rényi order"), ({"top": 0}, "--top"),
+    ({"order": 1}, "Rényi order"), ({"order": float("nan")}, "Rényi order"), ({"top": 0}, "`top`"),
     ({"alpha": 0.7}, "alpha"), ({"rng": -1}, "seed"),
 ])
 def test_release_options_checked_before_reading(tmp_path, kwargs, fragment):
