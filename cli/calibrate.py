@@ -125,7 +125,7 @@ def _level(level, replicates, seed, kernel: str, adversary) -> dict:
     if adversary:
         raise InputError("--level calibrates the plain release of one statistic, not against an adversary: drop "
                          "--level, or --adversary/--adversary-sql")
-    if not kernels.kernel(kernel if kernel != "auto" else kernels.DEFAULT.name).deconvolves or kernel == "auto":
+    if not all(k.deconvolves for k in kernels.candidates(kernel)):  # auto may choose one that does not
         raise InputError("--level calibrates the closed-form noise of the Laplace curator kernel: drop --level, or "
                          "use --kernel laplace")
     replicates, level = check_options(200 if replicates is None else replicates, level)
