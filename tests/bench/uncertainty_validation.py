@@ -19,7 +19,7 @@ leave-one-out shifts of the mean, Δ_ij = (x_ij − q_j)/(N_j − 1). Processes:
   ar1       bounded + c_j AR(1), ρ = 0.6, sd 2        (serial dependence between databases)
   trend     bounded + c_j = 0.25 j                    (a trend: not one process)
 
-    python tests/bench/uncertainty_validation.py                 # the full table (about 30 min on 2 cores)
+    python tests/bench/uncertainty_validation.py                 # the full table (50 min on 2 shared cores, load 9-13)
     python tests/bench/uncertainty_validation.py --n 20 --panels 40 --replicates 100   # a quick look
 """
 
