@@ -15,7 +15,7 @@ from empdp.assessment.assess import assess
 from empdp.errors import InputError
 from empdp.io import keyed_hash, load_hash_key, output_batch, refuse_overwrite
 from empdp.models import GROUPED, JOINT, MAX_DIM, ONE, model_for
-from empdp.settings import Data, Execution, Model
+from empdp.settings import Data, Execution, Intervals, Model
 
 from ._common import (
     check_output,
@@ -171,7 +171,7 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
     execution = Execution(engine=engine, memory_limit=memory_limit, threads=threads, workers=workers,
                           screening=not no_screening)
     intervals = uncertainty_settings(uncertainty, replicates, level, uncertainty_rows, seed, adversary or adversary_sql,
-                                     out)
+                                     out, engine)
     check_outputs(source, out, report, save_result, without_shifts, calibration, audit)
     if (calibration or audit) and not report:
         raise InputError("--calibration and --audit add sections to the HTML report: give --report FILE.html "
@@ -182,11 +182,7 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
     with progress_bars(not (as_json or quiet), log) as progress:
         result = assess(data, query=list(query) or None, sql=list(sql) or None, where=where, group_by=group_by,
                         epsilon=list(epsilon) or None, model=curator, exact_all=bool(out),
-                        execution=replace(execution, progress=progress))
-        if intervals:
-            started_unc = time.perf_counter()
-            result.estimate_uncertainty(**intervals)
-            log.info("uncertainty: %d replicates in %.2f s", intervals["replicates"], time.perf_counter() - started_unc)
+                        execution=replace(execution, progress=progress), intervals=intervals)
     with result:
         log_summary(result, time.perf_counter() - started)
         # all outputs are committed together: a failure writing one leaves none of them
@@ -215,11 +211,8 @@ REFUSABLE = ("kernel", "adversary", "adversary_sql", "buckets", "engine", "table
              "save_result", "without_shifts", "workers", "no_screening", "uncertainty")
 
 
-def uncertainty_settings(uncertainty: bool, replicates, level, rows, seed, adversary, out) -> dict | None:
-    """The keywords of ``estimate_uncertainty``, checked before any data are read (None without
-    ``--uncertainty``)."""
-    from empdp.assessment.uncertainty import check_options
-
+def uncertainty_settings(uncertainty: bool, replicates, level, rows, seed, adversary, out, engine) -> Intervals | None:
+    """The intervals ``assess`` estimates, checked before any data are read (None without ``--uncertainty``)."""
     if not uncertainty:
         given = [flag for flag, value in (("--replicates", replicates), ("--level", level),
                                           ("--uncertainty-rows", rows), ("--seed", seed)) if value is not None]
@@ -229,10 +222,13 @@ def uncertainty_settings(uncertainty: bool, replicates, level, rows, seed, adver
     if adversary:
         raise InputError("--uncertainty is estimated for the plain assessment of one statistic, not against an "
                          "adversary: drop --uncertainty, or --adversary/--adversary-sql")
+    if engine != "duckdb":
+        raise InputError("--uncertainty is not estimated on the Spark engine yet: drop --uncertainty, or assess "
+                         "with --engine duckdb")
     if rows == "all" and not out:
         raise InputError("--uncertainty-rows all writes an interval for every row of --out FILE: add --out")
-    replicates, level = check_options(200 if replicates is None else replicates, 0.9 if level is None else level)
-    return {"replicates": replicates, "level": level, "rng": seed, "rows": "all" if rows == "all" else 10}
+    return Intervals(replicates=200 if replicates is None else replicates, level=0.9 if level is None else level,
+                     rng=seed, rows="all" if rows == "all" else 10)
 
 
 def parse_bandwidth(value: str, model=ONE, d: int = 1):

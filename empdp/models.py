@@ -88,7 +88,8 @@ MODELS = {m.key: m for m in (ONE, JOINT, GROUPED)}
 #: the values of the parameters that only some models take which mean "not given" (the library's defaults;
 #: ``workers="auto"`` lets each model choose)
 _UNGIVEN = {"kernel": (kernels.DEFAULT.name,), "adversary": (None,), "adversary_sql": (None,), "buckets": (None,),
-            "engine": ("duckdb",), "workers": ("threads", "auto"), "screening": (True,), "level": (None,)}
+            "engine": ("duckdb",), "workers": ("threads", "auto"), "screening": (True,), "level": (None,),
+            "uncertainty": (None,)}
 
 
 def given(**values) -> list[tuple[str, str]]:

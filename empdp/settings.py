@@ -125,3 +125,23 @@ class Execution:
             params.whole(self.threads, "threads")
         params.workers(self.workers)
 
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """Intervals of the estimates (docs/method.md#71-uncertainty-of-the-estimates): ``replicates``
+    subsamples of the databases drawn by ``rng``, intervals at ``level``; ``rows`` riskiest individuals
+    (or ``"all"``) get ``eps_i_lo``, ``eps_i_hi``."""
+
+    replicates: int = 200
+    level: float = 0.9
+    rng: Any = None
+    rows: Any = 10
+
+    def __post_init__(self):
+        from .assessment.uncertainty import check_options  # numpy and the risk modules: not for --help
+
+        check_options(self.replicates, self.level)
+        rows = self.rows
+        if rows != "all" and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+            raise InputError(f"`rows` must be a count of riskiest individuals or 'all', got {rows!r}", param="rows")

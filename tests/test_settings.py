@@ -47,7 +47,22 @@ def test_model_and_execution_reach_the_assessment():
     assert not a.screening and a.n_evaluated == a.n_individuals - a.sole_contributors
 
 
-@pytest.mark.parametrize("entry, most", [(empdp.assess, 11), (empdp.calibrate, 12)])
+@pytest.mark.parametrize("entry, most", [(empdp.assess, 12), (empdp.calibrate, 12)])
 def test_entry_points_take_settings_not_two_dozen_keywords(entry, most):
     names = list(inspect.signature(entry).parameters)
     assert len(names) <= most and {"model", "execution"} <= set(names)
+
+
+def test_intervals_are_checked_when_made_and_equal_held_or_read_again():
+    with pytest.raises(InputError) as info:
+        empdp.Intervals(replicates=0)
+    assert info.value.param == ("replicates",)
+    with pytest.raises(InputError, match="`rows`"):
+        empdp.Intervals(rows="some")
+    df = random_panel(2, n_db=24, n_ind=25)
+    a = empdp.assess(df, id="id", by="year", query="mean(x)", intervals=empdp.Intervals(replicates=40, rng=1))
+    b = empdp.assess(df, id="id", by="year", query="mean(x)")
+    b.estimate_uncertainty(40, rng=1)
+    assert a.uncertainty.to_dict() == b.uncertainty.to_dict()  # the same intervals, held or read again
+    with pytest.raises(InputError, match="does not apply to a joint query"):
+        empdp.assess(df, id="id", by="year", query=["mean(x)", "sum(x)"], intervals=empdp.Intervals())

@@ -25,7 +25,7 @@ from ..loo import LooEngine
 from ..models import GROUPED, ONE, given, model_for, statistics
 from ..progress import READING, no_progress
 from ..risk.buckets import bucket_risk
-from ..settings import Data, Execution, Model
+from ..settings import Data, Execution, Intervals, Model
 from . import adversary as adversary_model
 from . import checks
 from .adversary import read_statistic
@@ -173,7 +173,7 @@ class Assessment(RiskSweep):
         return out_eps, out_delta
 
     def estimate_uncertainty(self, replicates: int = 200, level: float = 0.9, rng=None, *,
-                             rows: int | str = 10) -> "Uncertainty":
+                             rows: int | str = 10, threads: int = 1) -> "Uncertainty":
         """Intervals for ε_all and, at each swept ε, for δ, δ* and the at-risk count, at ``level`` from
         ``replicates`` subsamples of the databases (docs/method.md#71-uncertainty-of-the-estimates); kept
         as :attr:`uncertainty` (the JSON's ``uncertainty``).
@@ -182,14 +182,17 @@ class Assessment(RiskSweep):
         individual whose ε_i is known (one exact evaluation per individual and replicate: B times the
         ε_i stage's cost), gets ``eps_i_lo`` and ``eps_i_hi`` in :attr:`individuals` (null elsewhere).
         The interval covers the variation of the estimates over other sets of databases from the same
-        process, not the density model's own assumptions.
+        process, not the density model's own assumptions. ``threads`` evaluate replicates side by side
+        (the same bits at any count). Called after :func:`assess` returned, the engine reads the shift
+        rows it needs again; ``assess(..., intervals=Intervals(...))`` computes them while they are held.
         """
-        from .uncertainty import check_options, from_assessment, individual_intervals
+        from .uncertainty import from_assessment, individual_intervals
 
-        replicates, level = check_options(replicates, level)
-        if rows != "all" and (isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 0):
-            raise InputError(f"`rows` must be a count of riskiest individuals or 'all', got {rows!r}", param="rows")
-        unc = from_assessment(self, replicates=replicates, level=level, rng=rng)
+        Intervals(replicates, level, rng, rows)  # checked as the settings object checks them
+        if self.engine is not None and self.engine.on_executors:
+            raise InputError("the intervals are not estimated on the Spark engine yet: assess on DuckDB",
+                             param=("uncertainty", "engine"))
+        unc = from_assessment(self, replicates=int(replicates), level=float(level), rng=rng, threads=threads)
         ind = self.individuals
         eps_i = ind["eps_i"].fill_null(np.nan).to_numpy()
         if rows == "all":
@@ -249,7 +252,8 @@ class Assessment(RiskSweep):
 
 def assess(data: Any, *, id: str | None = None, by: str | None = None, query: str | list | None = None,
            sql: str | list | None = None, where: str | None = None, group_by: str | None = None, epsilon=None,
-           model: Model | None = None, execution: Execution | None = None, exact_all: bool = False):
+           model: Model | None = None, execution: Execution | None = None, exact_all: bool = False,
+           intervals: Intervals | None = None):
     """Per-individual empirical privacy risk of releasing a query of repeated databases.
 
     Parameters
@@ -285,6 +289,10 @@ def assess(data: Any, *, id: str | None = None, by: str | None = None, query: st
         Compute ε_i exactly for every individual (``--out`` does). Otherwise
         ε_i is computed where ε_all needs it, and the other individuals get
         their exact δ_i only, which takes fewer nodes.
+    intervals
+        :class:`empdp.Intervals`: also the intervals of the estimates over subsamples of the
+        databases (:meth:`Assessment.estimate_uncertainty`), from the leave-one-out shifts while they
+        are held (one statistic, no adversary, the DuckDB engine).
 
     Returns
     -------
@@ -297,7 +305,10 @@ def assess(data: Any, *, id: str | None = None, by: str | None = None, query: st
     engine = engine_of(execution.engine, memory_limit=execution.memory_limit, threads=cores)
     curator.refuse(given(kernel=model.kernel, adversary=model.adversary, adversary_sql=model.adversary_sql,
                          buckets=model.buckets, engine=engine.name, workers=execution.workers,
-                         screening=execution.screening), d)
+                         screening=execution.screening, uncertainty=intervals), d)
+    if intervals is not None and (model.adversary or model.adversary_sql or engine.name != "duckdb"):
+        raise InputError("`intervals` are estimated for the plain assessment of one statistic on the DuckDB "
+                         "engine (not against an adversary, not on Spark yet)", param=("uncertainty", "engine"))
     progress = execution.progress or no_progress
     if curator is not ONE:
         queries, sqls = statistics(query, sql)
@@ -318,7 +329,8 @@ def assess(data: Any, *, id: str | None = None, by: str | None = None, query: st
         loo = engine.open(data.source, id=data.id, by=data.by, query=query, where=where, sql=sql,
                           drop_null_ids=data.drop_null_ids)
         plain = _assess(loo, eps=eps, model=model, exact_all=exact_all, screening=execution.screening,
-                        threads=cores, stack=stack, workers=execution.workers, progress=progress)
+                        threads=cores, stack=stack, workers=execution.workers, progress=progress,
+                        intervals=intervals)
         if not (model.adversary or model.adversary_sql):
             return plain
         g, statistic = read_statistic(data.source, plain.labels, id=data.id, by=data.by, adversary=model.adversary,
@@ -366,7 +378,7 @@ def _adversarial(plain: "Assessment", g: np.ndarray, statistic: str, *, eps, mod
 
 
 def _assess(engine: LooEngine, *, eps, model: Model, exact_all, screening, threads, stack, workers,
-            progress) -> Assessment:
+            progress, intervals: Intervals | None = None) -> Assessment:
     """The plain assessment in its named stages: model, screening, ε_all search, δ_i, summary."""
     checks.preload()  # the summary's trend test needs scipy.stats: imported while the table is read
     progress(READING, 0, 3)
@@ -382,6 +394,10 @@ def _assess(engine: LooEngine, *, eps, model: Model, exact_all, screening, threa
                      workers=workers, progress=progress)
     ev.search_eps_all()
     ev.delta_stage(exact_all)
+    result = Assessment(**ev.result(q))
+    if intervals is not None:  # while the shift rows are held: the replicates read nothing again
+        result.estimate_uncertainty(intervals.replicates, intervals.level, intervals.rng, rows=intervals.rows,
+                                    threads=threads)
     # the result keeps the engine (for shifts_of), not up to 8 bytes × 10^8 cells
     engine.release_shifts()
-    return Assessment(**ev.result(q))
+    return result

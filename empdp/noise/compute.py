@@ -167,10 +167,12 @@ def _verify(step: _NoiseStep, epsilon: float) -> None:
         raise RuntimeError(f"verification failed: max eps_i = {step.eps_max} > {epsilon}")
 
 
-def _at_level(inputs: _Inputs, search: LambdaSearch, level: dict, shifts, undefined) -> tuple[LambdaSearch, dict]:
+def _at_level(inputs: _Inputs, search: LambdaSearch, level: dict, shifts,
+              undefined) -> tuple[LambdaSearch, dict, list]:
     """λ_L (:func:`empdp.assessment.uncertainty.calibration_level`): the least scale at which ε holds in a
     fraction ``level["level"]`` of subsamples of the databases, never below λ*; the search at λ_L (its
-    ε_i verified there: ε_i(λ) falls as λ grows) and the calibration's ``level`` record."""
+    ε_i verified there: ε_i(λ) falls as λ grows), the calibration's ``level`` record and the warnings of
+    the subsamples (too few databases, a trend, blocks), as ``assess --uncertainty`` gives them."""
     from ..assessment.uncertainty import calibration_level
 
     found = calibration_level(inputs.q, shifts, inputs.epsilon, level=level["level"],
@@ -179,7 +181,7 @@ def _at_level(inputs: _Inputs, search: LambdaSearch, level: dict, shifts, undefi
     eps = laplace_kde_eps(inputs.q, inputs.B, lam) if len(inputs.B) and lam > 0 else np.zeros(len(inputs.B))
     record = {"level": found.level, "lambda_level": lam, "lambda_star": float(search.lam),
               "replicates": found.replicates, "method": found.to_dict()["method"]}
-    return replace(search, lam=lam, eps=eps), record
+    return replace(search, lam=lam, eps=eps), record, list(found.warnings)
 
 
 def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL, bandwidth="auto",
@@ -234,7 +236,8 @@ def calibrate_values(q, shifts, *, epsilon: float, kernel: str = DEFAULT_KERNEL,
             raise InputError(f"`level` calibrates the closed-form noise of a Laplace curator kernel; the "
                              f"{curator.name} kernel has none: drop `level`, or use the Laplace kernel",
                              param=("level", "kernel"))
-        search, at_level = _at_level(inputs, search, level, shifts, undefined)
+        search, at_level, level_notes = _at_level(inputs, search, level, shifts, undefined)
+        notes += level_notes
     step = _noise(inputs, curator, b, search, progress,
                   raised=at_level is not None and at_level["lambda_level"] > at_level["lambda_star"])
     notes += step.notes
