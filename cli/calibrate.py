@@ -106,11 +106,11 @@ def calibrate(source, id_col, by, query, where, sql, epsilon, adversary, adversa
 
 
 def _calibrated_at(cal) -> dict:
-    """Which scale a release of one statistic used: ``lambda`` (the noise's scale, the ledger's ``lambda``) and
-    the ``level`` it was calibrated at (None: at lambda*)."""
-    if isinstance(cal, JointCalibration):
+    """For a calibration at a level, which scale the release used: ``lambda`` (λ_L, the noise's scale, the
+    ledger's ``lambda``) and the ``level``; nothing otherwise (the release JSON keeps its keys)."""
+    if isinstance(cal, JointCalibration) or not cal.level:
         return {}
-    return {"lambda": cal.noise["scale"], "level": cal.level["level"] if cal.level else None}
+    return {"lambda": cal.noise["scale"], "level": cal.level["level"]}
 
 
 def _level(level, replicates, seed, kernel: str, adversary) -> dict:
@@ -334,7 +334,7 @@ def release(calibration, source, value, database, ledger, budget, expect_head, s
         click.echo(f"epsilon {fmt(out['epsilon'])}; ledger {terminal_safe(ledger)}: {fmt(out['budget_spent'])} spent, {left}; "
                    f"record {out['seq']}, chain head {out['head']}", err=True)
         at = _calibrated_at(cal)
-        if at.get("level") is not None:
+        if at:
             click.echo(f"noise calibrated at level {at['level']:g}: lambda_L {fmt(at['lambda'])} (lambda* "
                        f"{fmt(cal.lam)}), recorded in the ledger as the release's lambda", err=True)
     if joint and out["noise_added"] and not quiet:  # the size of what was added, in each statistic's units

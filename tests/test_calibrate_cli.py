@@ -13,6 +13,7 @@ from empdp.density import DensityModel
 from empdp.loo import leave_one_out
 from empdp.noise import Calibration, Ledger, calibrate_values
 from empdp.noise import calibrate as calibrate_api
+from empdp.settings import Model
 
 RELEASE_KEYS = {"value", "epsilon", "budget_spent", "budget_left", "private", "noise_added", "guarantee", "seq"}
 KEY = CURATOR_KEY
@@ -159,7 +160,7 @@ def test_sole_contributors_are_counted_and_warned(tmp_path):
 
 
 def test_python_api_sample_and_release():
-    cal = calibrate_api(SAMPLE, id="countyid", by="year", query="mean(murdrate)", epsilon=0.1, kernel="laplace")
+    cal = calibrate_api(SAMPLE, id="countyid", by="year", query="mean(murdrate)", epsilon=0.1, model=Model(kernel="laplace"))
     assert cal.sample(5).shape == (5,)
     out = cal.release(0.5)  # noise is exactly 0 with probability w, so no inequality here
     assert out["private"] and out["budget_left"] is None
