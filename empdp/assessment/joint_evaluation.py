@@ -21,7 +21,7 @@ from threadpoolctl import threadpool_limits
 from ..errors import InputError
 from ..progress import Progress, no_progress
 from ..risk.joint import JointModel, joint_risk
-from ..risk.joint.bounds import delta_lower, delta_upper, eps_lower
+from ..risk.joint.bounds import chord_upper, delta_lower, delta_upper, eps_lower
 
 #: individuals per call of the risk core when δ_i is made exact
 SWEEP_ROWS = 64
@@ -120,7 +120,7 @@ class Certified:
     0 from the screening bound on; ε_i exact where a lower and an upper bound on it do not decide
     whether δ_i(ε) > 0 at some swept ε, so the at-risk counts are exact). Then rows are evaluated
     exactly (lo = hi = δ_i), the widest brackets at the failing levels first, in doubling
-    batches, until at every ε (a) the worst case max_i δ_i is an exact value no unrefined upper bound
+    batches, until at every ε (a) the worst case max_i δ_i is an exact value no open upper bound
     exceeds and (b) the total risk's bracket [1 − Π(1 − lo_i), 1 − Π(1 − hi_i)] is at most
     max(``tolerance`` × hi, 1e−12) wide. With ``exact`` every row is evaluated exactly.
 
@@ -193,22 +193,38 @@ class Certified:
                 self.lo[r + self.start[k]] = np.minimum(delta_lower(a, su, eps), self.hi[r + self.start[k]])
 
     # ---- exact evaluation
-    def refine(self, rows: np.ndarray) -> None:
-        """Exact δ_i(ε) and ε_i of global ``rows`` (lo = hi)."""
+    def refine(self, rows: np.ndarray, levels: np.ndarray | None = None) -> None:
+        """Exact ε_i, and exact δ_i(ε) at the smallest ε and at ``levels`` (mask (E,); None: all), of
+        global ``rows``. At the other levels the cut cells are not integrated (the cost of d = 3): the
+        bracket keeps its lower bound and its upper bound takes the chord from the exact δ_i(ε_min)
+        to ε_i (:func:`empdp.risk.joint.bounds.chord_upper`), or closes at 0 from ε_i on."""
         rows = np.asarray(rows, dtype=np.int64)
+        only = cap = None
+        if levels is not None and not np.all(levels):
+            only = np.asarray(levels, dtype=bool).copy()
+            only[0] = True
+            cap = np.where(only, 0.0, np.inf)  # outside ``only``: never integrated
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(max(1, self.threads)) as pool:
             jobs = []
             for k, local in self._local(rows):
                 p = self.parts[k]
                 for c in _chunks(local, SWEEP_ROWS):
-                    jobs.append((k, c, pool.submit(joint_risk, p.model, p.shifts[c], self.eps)))
+                    jobs.append((k, c, pool.submit(joint_risk, p.model, p.shifts[c], self.eps, only=only, cap=cap)))
             for k, c, fut in jobs:
                 e, d = fut.result()
                 p, g = self.parts[k], c + self.start[k]
                 p.eps_i[c] = np.where(np.isnan(p.eps_i[c]), e, p.eps_i[c])  # the search's, where it has one
-                self.lo[g] = self.hi[g] = d
+                skipped = np.isnan(d)
+                chord = chord_upper(d[:, 0], self.eps[0], p.eps_i[c], self.eps)
+                self.hi[g] = np.where(skipped, np.minimum(self.hi[g], chord), d)
+                self.lo[g] = np.where(skipped, np.minimum(self.lo[g], self.hi[g]), d)
                 self.refined[g] = True
         self.progress("delta_i", int(self.refined.sum()), int(self.live.sum()))
+
+    @property
+    def closed(self) -> np.ndarray:
+        """(N, E): δ_i(ε) known exactly (its bracket closed)."""
+        return self.lo == self.hi
 
     # ---- the stopping rule
     def totals(self) -> np.ndarray:
@@ -226,7 +242,7 @@ class Certified:
     def _failing(self) -> np.ndarray:
         tot = self.totals()
         wide = tot[:, 1] - tot[:, 0] > np.maximum(self.tolerance * tot[:, 1], FLOOR)
-        open_hi = self.hi[~self.refined].max(axis=0, initial=0.0)
+        open_hi = np.where(self.closed, 0.0, self.hi).max(axis=0, initial=0.0)
         return wide | (open_hi > self.worst())
 
     def _certify(self) -> None:
@@ -235,24 +251,27 @@ class Certified:
             failing = self._failing()
             if not failing.any():
                 return
-            free = np.flatnonzero(~self.refined)
-            score = (self.hi[np.ix_(free, failing)] - self.lo[np.ix_(free, failing)]).max(axis=1)
-            free, score = free[score > 0], score[score > 0]
+            width = self.hi[:, failing] - self.lo[:, failing]
+            score = width.max(axis=1)
+            free = np.flatnonzero(score > 0)
             if not len(free):
                 return  # unreachable: a failing level has an open row with hi > lo
-            take = free[np.argsort(-score, kind="stable")[:batch]]
-            self.refine(take)
+            take = free[np.argsort(-score[free], kind="stable")[:batch]]
+            self.refine(take, failing)
             batch = min(2 * batch, MAX_BATCH)
 
     def top(self, k: int, level: int) -> None:
         """Refine until the ``k`` largest δ_i at ``eps[level]`` are exact values no open upper bound exceeds."""
+        at = np.zeros(len(self.eps), dtype=bool)
+        at[level] = True
         while True:
-            exact = np.sort(self.lo[self.refined, level])[::-1]
+            closed = self.closed[:, level]
+            exact = np.sort(self.lo[closed, level])[::-1]
             kth = exact[k - 1] if len(exact) >= k else 0.0
-            open_ = np.flatnonzero(~self.refined & (self.hi[:, level] > kth))
+            open_ = np.flatnonzero(~closed & (self.hi[:, level] > kth))
             if not len(open_):
                 return
-            self.refine(open_[np.argsort(-self.hi[open_, level], kind="stable")[:max(k, FIRST_BATCH)]])
+            self.refine(open_[np.argsort(-self.hi[open_, level], kind="stable")[:max(k, FIRST_BATCH)]], at)
 
     def rank_zero(self, need: int, zero: np.ndarray) -> None:
         """Exact ε_i for the rows ``zero`` (mask, δ_i = 0 at the ranking's ε) that can be among the

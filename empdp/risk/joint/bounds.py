@@ -42,6 +42,19 @@ def _chord(total_variation: np.ndarray, reach: np.ndarray, eps: np.ndarray) -> n
     return np.where(reach > 0, total_variation * np.clip(frac, 0.0, 1.0), 0.0)
 
 
+def chord_upper(delta0: np.ndarray, eps0: float, eps_i: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """Certified δ_i(ε) ≤ the returned (R, E) from the exact δ_i(ε₀) (R,) and ε_i (R,): δ_i is convex
+    in t = e^ε and 0 from e^{ε_i} on, so on [e^{ε₀}, e^{ε_i}] it lies below the chord from
+    (e^{ε₀}, δ_i(ε₀)) to (e^{ε_i}, 0); 0 from ε_i on (docs/method.md#102-joint-queries)."""
+    t0, ti, t = np.exp(min(eps0, 700.0)), np.exp(np.minimum(eps_i, 700.0))[:, None], np.exp(np.minimum(eps, 700.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.clip((ti - t[None, :]) / (ti - t0), 0.0, 1.0)
+    above = eps[None, :] >= eps_i[:, None]
+    # beyond e^700 the chord's end is not representable: δ_i(ε₀) bounds δ_i(ε) (it decreases in ε)
+    chord = (ti > t0) & (eps_i[:, None] <= 700.0)
+    return np.where(above, 0.0, np.where(chord, delta0[:, None] * frac, delta0[:, None]))
+
+
 def delta_upper(su: np.ndarray, eps: np.ndarray, eps_i: np.ndarray | None = None) -> np.ndarray:
     """Certified δ_i(ε) ≥ the returned (R, E) for scaled shifts ``su`` (R, n, d) at levels ``eps`` (E,).
 
