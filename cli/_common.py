@@ -258,7 +258,7 @@ def key_options(f):
 
 
 #: command-line names of library parameters where they differ
-_PARAMETER = {"no_screening": "screening"}
+_PARAMETER = {"no_screening": "screening", "tolerance": "precision", "exact": "precision"}
 
 
 def given_options(ctx, names) -> list[tuple[str, str]]:

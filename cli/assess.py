@@ -15,7 +15,7 @@ from empdp.assessment.assess import assess
 from empdp.errors import InputError
 from empdp.io import keyed_hash, load_hash_key, output_batch, refuse_overwrite
 from empdp.models import GROUPED, JOINT, MAX_DIM, ONE, model_for
-from empdp.settings import Data, Execution, Intervals, Model
+from empdp.settings import Data, Execution, Intervals, Model, Precision
 
 from ._common import (
     check_output,
@@ -132,12 +132,18 @@ def uncertainty_options(f):
                    "on two cores). Same results either way.")
 @click.option("--drop-null-ids", is_flag=True, help="Drop rows whose id is NULL instead of failing.")
 @click.option("--no-screening", is_flag=True, help="Evaluate every individual exactly (slower; same results).")
+@click.option("--tolerance", type=float, default=None,
+              help="2-3 statistics: the total risk is certified to a bracket [lo, hi] with hi - lo <= tolerance x hi "
+                   "(default 1e-4); --out's delta_lo, delta_hi bracket each individual's delta.")
+@click.option("--exact", is_flag=True,
+              help="2-3 statistics: every individual's delta exact (and the total risk), not certified brackets: "
+                   "an exact evaluation of every individual at every epsilon (slower; see docs/method.md).")
 @uncertainty_options
 @output_options
 def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel, bandwidth, adversary, adversary_sql, buckets,
                engine, spark_master, spark_remote, table, out, report, calibration, audit, key_file, allow_unsigned,
                save_result, without_shifts, hash_ids, hash_key_file, memory_limit, threads, workers, drop_null_ids, no_screening,
-               uncertainty, replicates, level, uncertainty_rows, seed, as_json, quiet, verbose, debug):
+               tolerance, exact, uncertainty, replicates, level, uncertainty_rows, seed, as_json, quiet, verbose, debug):
     """Per-individual empirical privacy risk of releasing QUERY of each database.
 
     Drops each individual from every database, re-computes the query, and
@@ -172,6 +178,8 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
                           screening=not no_screening)
     intervals = uncertainty_settings(uncertainty, replicates, level, uncertainty_rows, seed, adversary or adversary_sql,
                                      out, engine)
+    precision = None if tolerance is None and not exact else Precision(1e-4 if tolerance is None else tolerance,
+                                                                        exact)
     check_outputs(source, out, report, save_result, without_shifts, calibration, audit)
     if (calibration or audit) and not report:
         raise InputError("--calibration and --audit add sections to the HTML report: give --report FILE.html "
@@ -182,7 +190,8 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
     with progress_bars(not (as_json or quiet), log) as progress:
         result = assess(data, query=list(query) or None, sql=list(sql) or None, where=where, group_by=group_by,
                         epsilon=list(epsilon) or None, model=curator, exact_all=bool(out),
-                        execution=replace(execution, progress=progress), intervals=intervals)
+                        execution=replace(execution, progress=progress), precision=precision,
+                        intervals=intervals)
     with result:
         log_summary(result, time.perf_counter() - started)
         # all outputs are committed together: a failure writing one leaves none of them
@@ -208,7 +217,7 @@ def assess_cmd(source, id_col, by, query, where, sql, epsilon, group_by, kernel,
 
 #: the options some curator models do not take (:mod:`empdp.models`), in the command's order
 REFUSABLE = ("kernel", "adversary", "adversary_sql", "buckets", "engine", "table", "report", "calibration", "audit",
-             "save_result", "without_shifts", "workers", "no_screening", "uncertainty")
+             "save_result", "without_shifts", "workers", "no_screening", "uncertainty", "tolerance", "exact")
 
 
 def uncertainty_settings(uncertainty: bool, replicates, level, rows, seed, adversary, out, engine) -> Intervals | None:

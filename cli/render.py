@@ -142,8 +142,13 @@ def print_joint_assessment(result, out: str | None = None, show_id=str, top: int
 
 
 def summary_end(con, summary: Table, result, sweep_title: str) -> None:
-    """The summary's last row (sole contributors), the summary, the warnings and the sweep table."""
+    """The summary's last rows (sole contributors; for several statistics how exact the total risk is),
+    the summary, the warnings and the sweep table."""
     summary.add_row("sole contributors", str(result.sole_contributors))
+    if getattr(result, "total_risk_bounds", None) is not None or getattr(result, "exact", False):
+        summary.add_row("total risk", "exact (--exact)" if result.exact else
+                        f"certified to a relative {result.tolerance:g} (its bracket: JSON total_risk_bounds; "
+                        "each delta's: --out delta_lo, delta_hi); eps_all, delta and at risk are exact")
     con.print(summary)
     for w in result.warnings:
         con.print(f"[yellow]warning:[/yellow] {shown(w)}")

@@ -8,7 +8,7 @@ Code map, in the order data flows (the method: ``docs/method.md``)::
 
     models.py, params.py  the curator models (one statistic, joint, grouped) every stage asks for;
                         one validator per parameter concept
-    settings.py         the entry points' settings objects: Data, Model, Execution, Intervals
+    settings.py         the entry points' settings objects: Data, Model, Execution, Precision, Intervals
     data/, query.py     the source as DuckDB sees it; the query forms
     loo/, engines.py    query values q_j and leave-one-out shifts Δ_ij, one engine per strategy;
                         the engine objects (DuckDB, Spark)
@@ -41,6 +41,7 @@ _EXPORTS = {
     "Calibration": ".noise", "calibrate": ".noise", "JointCalibration": ".noise", "load_calibration": ".noise",
     "JointAssessment": ".assessment.joint", "GroupedAssessment": ".assessment.groups",
     "Data": ".settings", "Model": ".settings", "Execution": ".settings", "Intervals": ".settings",
+    "Precision": ".settings",
 }
 #: submodules reachable as attributes (``empdp.audit.mpl(...)``, ``empdp.risk``)
 _SUBMODULES = ("assessment", "audit", "noise", "risk", "density", "report", "io", "loo", "data", "engines", "models")

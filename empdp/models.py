@@ -69,7 +69,9 @@ def _vector(what: str, kind: str, **more) -> dict:
     return {k: v.format(what=what, kind=kind) for k, v in _VECTOR.items()} | more
 
 
-ONE = CuratorModel("one", "one statistic")
+ONE = CuratorModel("one", "one statistic", {
+    "precision": "one statistic's risk is exact (only the total risk of 2-3 statistics released together is "
+                 "certified to a tolerance); drop it"})
 JOINT = CuratorModel("joint", "a joint query of {d} statistics", _vector(
     "joint queries", "joint",
     calibration="the joint report has no calibration section yet; report the calibration of one statistic",
@@ -89,7 +91,7 @@ MODELS = {m.key: m for m in (ONE, JOINT, GROUPED)}
 #: ``workers="auto"`` lets each model choose)
 _UNGIVEN = {"kernel": (kernels.DEFAULT.name,), "adversary": (None,), "adversary_sql": (None,), "buckets": (None,),
             "engine": ("duckdb",), "workers": ("threads", "auto"), "screening": (True,), "level": (None,),
-            "uncertainty": (None,)}
+            "uncertainty": (None,), "precision": (None,)}
 
 
 def given(**values) -> list[tuple[str, str]]:

@@ -145,3 +145,22 @@ class Intervals:
         rows = self.rows
         if rows != "all" and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
             raise InputError(f"`rows` must be a count of riskiest individuals or 'all', got {rows!r}", param="rows")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How exactly 2–3 statistics released together are assessed (one statistic's risk is always exact):
+    the total risk δ*(ε) certified to a bracket [lo, hi] with hi − lo ≤ max(``tolerance`` × hi, 1e-12),
+    and each individual's δ_i as a certified bracket (``delta_lo``, ``delta_hi``); ``exact`` computes
+    every δ_i exactly instead (docs/method.md#102-joint-queries; it costs an exact evaluation of every
+    individual at every ε)."""
+
+    tolerance: float = 1e-4
+    exact: bool = False
+
+    def __post_init__(self):
+        from .assessment.joint_evaluation import check_tolerance  # the joint modules: not for --help
+
+        check_tolerance(self.tolerance)
+        if not isinstance(self.exact, bool):
+            raise InputError(f"`exact` must be True or False, got {self.exact!r}", param="exact")

@@ -25,7 +25,7 @@ from ..loo import LooEngine
 from ..models import GROUPED, ONE, given, model_for, statistics
 from ..progress import READING, no_progress
 from ..risk.buckets import bucket_risk
-from ..settings import Data, Execution, Intervals, Model
+from ..settings import Data, Execution, Intervals, Model, Precision
 from . import adversary as adversary_model
 from . import checks
 from .adversary import read_statistic
@@ -253,7 +253,7 @@ class Assessment(RiskSweep):
 def assess(data: Any, *, id: str | None = None, by: str | None = None, query: str | list | None = None,
            sql: str | list | None = None, where: str | None = None, group_by: str | None = None, epsilon=None,
            model: Model | None = None, execution: Execution | None = None, exact_all: bool = False,
-           intervals: Intervals | None = None):
+           precision: Precision | None = None, intervals: Intervals | None = None):
     """Per-individual empirical privacy risk of releasing a query of repeated databases.
 
     Parameters
@@ -289,6 +289,9 @@ def assess(data: Any, *, id: str | None = None, by: str | None = None, query: st
         Compute ε_i exactly for every individual (``--out`` does). Otherwise
         ε_i is computed where ε_all needs it, and the other individuals get
         their exact δ_i only, which takes fewer nodes.
+    precision
+        :class:`empdp.Precision` of 2–3 statistics released together: the total risk certified to a
+        relative ``tolerance`` (default 1e-4), or every δ_i exact (one statistic is always exact).
     intervals
         :class:`empdp.Intervals`: also the intervals of the estimates over subsamples of the
         databases (:meth:`Assessment.estimate_uncertainty`), from the leave-one-out shifts while they
@@ -305,16 +308,18 @@ def assess(data: Any, *, id: str | None = None, by: str | None = None, query: st
     engine = engine_of(execution.engine, memory_limit=execution.memory_limit, threads=cores)
     curator.refuse(given(kernel=model.kernel, adversary=model.adversary, adversary_sql=model.adversary_sql,
                          buckets=model.buckets, engine=engine.name, workers=execution.workers,
-                         screening=execution.screening, uncertainty=intervals), d)
+                         screening=execution.screening, uncertainty=intervals, precision=precision), d)
     if intervals is not None and (model.adversary or model.adversary_sql or engine.name != "duckdb"):
         raise InputError("`intervals` are estimated for the plain assessment of one statistic on the DuckDB "
                          "engine (not against an adversary, not on Spark yet)", param=("uncertainty", "engine"))
     progress = execution.progress or no_progress
     if curator is not ONE:
         queries, sqls = statistics(query, sql)
+        precision = precision or Precision()
         common = dict(id=data.id, by=data.by, where=where, epsilon=epsilon, bandwidth=model.bandwidth,
                       drop_null_ids=data.drop_null_ids, memory_limit=execution.memory_limit,
-                      threads=execution.threads, progress=progress)
+                      threads=execution.threads, progress=progress, tolerance=precision.tolerance,
+                      exact=precision.exact)
         if curator is GROUPED:
             return assess_grouped(data.source, group_by=group_by, query=(queries or [None])[0],
                                   sql=(sqls or [None])[0], **common)
