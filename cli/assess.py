@@ -303,6 +303,8 @@ def log_summary(r, seconds: float) -> None:
         log.info("%s", line)
     log.info("%d epsilon(s) in [%.4g, %.4g]; assessed in %.2f s", len(r.epsilons), r.epsilons[0], r.epsilons[-1],
              seconds)
+    for line in getattr(r, "warning_details", ()):  # the notes a warning summarises (grouped statistics)
+        log.info("note: %s", line)
     if log.isEnabledFor(logging.DEBUG):
         for line in r.debug_lines():
             log.debug("%s", line)

@@ -108,9 +108,17 @@ def statistics(query, sql) -> tuple[list, list]:
     return listed(query), listed(sql)
 
 
+def _columns(sql: str) -> int:
+    """How many columns one ``sql`` returns (:func:`empdp.loo.joint.select_width`, by DuckDB's parser)."""
+    from .loo.joint import select_width  # the leave-one-out package imports this module
+
+    return select_width(sql)
+
+
 def model_for(query=None, sql=None, group_by=None) -> tuple[CuratorModel, int]:
     """The curator model of a request and its number of statistics d: one statistic; 2–3 given as
-    ``query`` or ``sql`` (all of one kind); or one statistic per group of ``group_by``."""
+    ``query`` or ``sql`` (all of one kind), or as one ``sql`` returning 2–3 columns; or one statistic per
+    group of ``group_by``."""
     queries, sqls = statistics(query, sql)
     given = len(queries) + len(sqls)
     if group_by is not None:
@@ -122,7 +130,11 @@ def model_for(query=None, sql=None, group_by=None) -> tuple[CuratorModel, int]:
         raise InputError("give exactly one of `query` (e.g. 'mean(x)') or `sql` (over the table db)",
                          param=("query", "sql"))
     if given == 1:
-        return ONE, 1
+        width = _columns(sqls[0]) if sqls else 1  # one SELECT of 2-3 columns: statistics released together
+        if width > MAX_DIM:
+            raise InputError(f"`sql` returns {width} columns: at most {MAX_DIM} statistics are released together",
+                             param="sql")
+        return (JOINT, width) if width > 1 else (ONE, 1)
     if queries and sqls:
         raise InputError(f"give exactly one of `query` or `sql` for one statistic, or 2-{MAX_DIM} statistics released "
                          f"together all as `query` or all as `sql`, not both (got {len(queries)} `query` and "

@@ -21,7 +21,8 @@ def five(tmp_path_factory):
     table = grouped_table()
     path = tmp_path_factory.mktemp("grouped") / "regions.parquet"
     table.write_parquet(path)
-    return str(path), assess_grouped(table, id="id", by="year", group_by="region", query="mean(x)", epsilon=EPS)
+    return str(path), assess_grouped(table, id="id", by="year", group_by="region", query="mean(x)", epsilon=EPS,
+                                     exact_all=True)  # as --out: every exact eps_i
 
 
 def test_json_and_out_are_the_librarys(five, tmp_path):
@@ -82,3 +83,10 @@ def test_null_group_is_refused(tmp_path):
     path = tmp_path / "nulls.parquet"
     table.write_parquet(path)
     one_line_error(run("assess", path, *PANEL), "NULL")
+
+
+def test_verbose_lists_the_notes_the_summary_line_counts(five):
+    path, ref = five
+    res = run("assess", path, *PANEL, *EPS_ARGS, "-v")
+    assert res.exit_code == 0, res.output
+    assert ref.warning_details and all(f"note: {w}" in res.output for w in ref.warning_details)

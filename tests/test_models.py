@@ -99,3 +99,12 @@ def test_every_result_answers_one_protocol(sample_path):
     with one as same:  # a context manager that closes the engine the result keeps
         assert same.engine is not None
     assert one.engine is None and np.isfinite(one.eps_all)
+
+
+def test_one_sql_of_two_or_three_columns_is_a_joint_query():
+    assert model_for(sql="SELECT sum(x), count(*) FROM db") == (JOINT, 2)
+    assert model_for(sql="SELECT sum(x), count(*), max(x) FROM db") == (JOINT, 3)
+    assert model_for(sql="SELECT sum(x) FROM db") == (ONE, 1)
+    with pytest.raises(InputError, match="4 columns") as info:
+        model_for(sql="SELECT 1, 2, 3, 4 FROM db")
+    assert info.value.param == ("sql",)

@@ -322,7 +322,7 @@ def assess(data: Any, *, id: str | None = None, by: str | None = None, query: st
                       exact=precision.exact)
         if curator is GROUPED:
             return assess_grouped(data.source, group_by=group_by, query=(queries or [None])[0],
-                                  sql=(sqls or [None])[0], **common)
+                                  sql=(sqls or [None])[0], exact_all=exact_all, **common)
         return assess_joint(data.source, queries=queries or None, sql=sqls or None, exact_all=exact_all, **common)
     query, sql = _one(query), _one(sql)
     params.adversary(model.adversary, model.adversary_sql, model.buckets)

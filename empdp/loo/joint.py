@@ -94,7 +94,7 @@ def read_statistic(engine, *, presence: bool = False) -> StatisticShifts:
 def select_width(sql: str) -> int:
     """How many columns one SELECT over ``db`` returns (1 when its select list cannot be counted
     before it runs, e.g. ``*``: the engine then checks its one column)."""
-    check_select(sql, "--sql")
+    check_select(sql, "sql")
     with duckdb.connect(":memory:") as con:  # parses only: the text is a bound parameter
         tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
     node = tree["statements"][0]["node"] if not tree.get("error") and tree.get("statements") else {}
@@ -231,9 +231,9 @@ def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | N
     if sql is not None and where:
         raise InputError("`where` goes with `query`; put the filter inside `sql` instead",
                          param=("where", "query", "sql"))
-    check_filter(where, "--where")
+    check_filter(where, "where")
     if sql is not None:
-        check_select(sql, "--sql")
+        check_select(sql, "sql")
     if group_by in (id, by):
         raise InputError(f"`group_by` column {shorten(group_by)} is the {'`id`' if group_by == id else '`by`'} "
                          "column; group by another column", param=("group_by", "id", "by"))
