@@ -222,10 +222,11 @@ def select_density(q, kernel=DEFAULT_KERNEL, bandwidth="auto", n_scales: int = 4
         try:
             b = float(bandwidth)
         except (TypeError, ValueError):
-            raise InputError(f"--bandwidth must be auto, variable or a positive number; got {bandwidth!r}") from None
+            raise InputError(f"`bandwidth` must be auto, variable or a positive number; got {bandwidth!r}",
+                             param="bandwidth") from None
         if not (np.isfinite(b) and MIN_BANDWIDTH <= b <= MAX_BANDWIDTH):
-            raise InputError(f"--bandwidth must be a number in [{MIN_BANDWIDTH:g}, {MAX_BANDWIDTH:g}] (in the "
-                             f"query's units); got {str(bandwidth)[:40]!r}")
+            raise InputError(f"`bandwidth` must be a number in [{MIN_BANDWIDTH:g}, {MAX_BANDWIDTH:g}] (in the "
+                             f"query's units); got {str(bandwidth)[:40]!r}", param="bandwidth")
         fits = [(k, b, 0.0, loo_loglik(k, q, np.full(len(q), b))) for k in tried]
         best = max(fits, key=lambda f: f[3])
         return DensityModel(best[0], b, 0.0, q, np.full(len(q), b), loglik=best[3], selected_by="fixed",

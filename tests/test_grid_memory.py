@@ -74,7 +74,7 @@ def test_far_outlier_results_match_the_dense_grid():
 
 def test_grid_over_budget_is_refused_before_it_is_built():
     model = _model([0.0, 0.1, 0.2, 5.0], 1e-3)
-    with pytest.raises(InputError, match=r"would need ~[\d,]+ nodes.*over the memory limit.*--bandwidth"):
+    with pytest.raises(InputError, match=r"would need ~[\d,]+ nodes.*over the memory limit.*`bandwidth`"):
         risk.base_grid(model, budget=1e5, labels=[2000, 2001, 2002, 2003])
     with pytest.raises(InputError, match="inspect database 2003, whose value 5"):
         risk.base_grid(model, budget=1e5, labels=[2000, 2001, 2002, 2003])

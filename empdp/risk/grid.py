@@ -46,8 +46,8 @@ def _check_grid(model: DensityModel, pts: np.ndarray, nodes: int, budget: float 
     raise InputError(
         f"the density grid would need ~{nodes:,} nodes, ~{need / 1e9:.3g} GB, over the memory limit "
         f"({budget / 1e9:.3g} GB): the query values and their leave-one-out values span {span:.4g}, "
-        f"{span / b.min():.3g} times the smallest kernel bandwidth {b.min():.3g}; pass a larger --bandwidth "
-        f"(or --bandwidth auto) or a larger --memory-limit{outlier}")
+        f"{span / b.min():.3g} times the smallest kernel bandwidth {b.min():.3g}; pass a larger `bandwidth` "
+        f"(or `bandwidth` auto) or a larger `memory_limit`{outlier}", param=("bandwidth", "memory_limit"))
 
 
 def base_grid(model: DensityModel, extra_points: np.ndarray | None = None, budget: float | None = None,
