@@ -55,3 +55,23 @@ def test_an_unknown_engine_names_the_registered_ones(recording):
     with pytest.raises(InputError, match="duckdb, spark, recording") as info:
         empdp.Execution(engine="hadoop")
     assert info.value.param == ("engine",)
+
+
+def test_a_new_audit_mechanism_is_its_registry_entries(monkeypatch):
+    """A built-in mechanism is its builder and its default parameters (docs/architecture.md): a test-only one
+    (Laplace under another name) is audited by the library and the command line."""
+    import json
+
+    from helpers import run
+
+    from empdp.audit import mechanisms
+
+    monkeypatch.setitem(mechanisms._DEFAULTS, "test_only", dict(mechanisms._DEFAULTS["laplace"]))
+    monkeypatch.setitem(mechanisms._BUILDERS, "test_only", mechanisms._BUILDERS["laplace"])
+    sizes = dict(n=2000, N=10000, rng=1)
+    assert empdp.audit.mpl("test_only", params={"epsilon": 0.5}, **sizes).lower_bound == \
+        empdp.audit.mpl("laplace", params={"epsilon": 0.5}, **sizes).lower_bound
+    res = run("audit", "mpl", "-m", "test_only", "--param", "epsilon=0.5", "--search-size", "2000",
+              "--final-size", "10000", "--seed", "1", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["lower_bound"] <= 0.5 * 1.2
