@@ -22,7 +22,7 @@ from ..engines import engine_of
 from ..errors import InputError
 from ..io import jsonable
 from ..loo import LooEngine
-from ..models import GROUPED, ONE, given, model_for, statistics
+from ..models import GROUPED, JOINT, ONE, given, model_for, statistics
 from ..progress import READING, no_progress
 from ..risk.buckets import bucket_risk
 from ..settings import Data, Execution, Intervals, Model, Precision
@@ -312,36 +312,77 @@ def assess(data: Any, *, id: str | None = None, by: str | None = None, query: st
     if intervals is not None and (model.adversary or model.adversary_sql or engine.name != "duckdb"):
         raise InputError("`intervals` are estimated for the plain assessment of one statistic on the DuckDB "
                          "engine (not against an adversary, not on Spark yet)", param=("uncertainty", "engine"))
-    progress = execution.progress or no_progress
-    if curator is not ONE:
-        queries, sqls = statistics(query, sql)
-        precision = precision or Precision()
-        common = dict(id=data.id, by=data.by, where=where, epsilon=epsilon, bandwidth=model.bandwidth,
-                      drop_null_ids=data.drop_null_ids, memory_limit=execution.memory_limit,
-                      threads=execution.threads, progress=progress, tolerance=precision.tolerance,
-                      exact=precision.exact)
-        if curator is GROUPED:
-            return assess_grouped(data.source, group_by=group_by, query=(queries or [None])[0],
-                                  sql=(sqls or [None])[0], exact_all=exact_all, **common)
-        return assess_joint(data.source, queries=queries or None, sql=sqls or None, exact_all=exact_all, **common)
-    query, sql = _one(query), _one(sql)
+    request = _Request(data=data, queries=statistics(query, sql), where=where, group_by=group_by,
+                       epsilon=epsilon, model=model, execution=execution, engine=engine, cores=cores,
+                       exact_all=exact_all, precision=precision or Precision(), intervals=intervals,
+                       progress=execution.progress or no_progress)
+    return _PATHS[curator.key](request)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One checked request of :func:`assess`, as each curator model's path takes it."""
+
+    data: Data
+    queries: tuple  # (queries, sqls): the statistics as lists
+    where: str | None
+    group_by: str | None
+    epsilon: Any
+    model: Model
+    execution: Execution
+    engine: Any
+    cores: int
+    exact_all: bool
+    precision: Precision
+    intervals: Intervals | None
+    progress: Any
+
+    def several(self) -> dict:
+        """The keywords of the paths of 2–3 statistics (joint, grouped)."""
+        data, execution = self.data, self.execution
+        return dict(id=data.id, by=data.by, where=self.where, epsilon=self.epsilon, bandwidth=self.model.bandwidth,
+                    drop_null_ids=data.drop_null_ids, memory_limit=execution.memory_limit,
+                    threads=execution.threads, progress=self.progress, tolerance=self.precision.tolerance,
+                    exact=self.precision.exact, exact_all=self.exact_all)
+
+
+def _assess_one(r: _Request) -> "Assessment":
+    """One statistic (and its adversary buckets)."""
+    queries, sqls = r.queries
+    query, sql = _one(queries or None), _one(sqls or None)
+    model, data = r.model, r.data
     params.adversary(model.adversary, model.adversary_sql, model.buckets)
-    eps = None if epsilon is None else params.epsilons(epsilon)
+    eps = None if r.epsilon is None else params.epsilons(r.epsilon)
     with ExitStack() as stack:
         # blocks of individuals are evaluated side by side, each with single-threaded BLAS (also
         # when threads=1, so that results do not depend on the thread count)
         stack.enter_context(threadpool_limits(limits=1, user_api="blas"))
-        loo = engine.open(data.source, id=data.id, by=data.by, query=query, where=where, sql=sql,
-                          drop_null_ids=data.drop_null_ids)
-        plain = _assess(loo, eps=eps, model=model, exact_all=exact_all, screening=execution.screening,
-                        threads=cores, stack=stack, workers=execution.workers, progress=progress,
-                        intervals=intervals)
+        loo = r.engine.open(data.source, id=data.id, by=data.by, query=query, where=r.where, sql=sql,
+                            drop_null_ids=data.drop_null_ids)
+        plain = _assess(loo, eps=eps, model=model, exact_all=r.exact_all, screening=r.execution.screening,
+                        threads=r.cores, stack=stack, workers=r.execution.workers, progress=r.progress,
+                        intervals=r.intervals)
         if not (model.adversary or model.adversary_sql):
             return plain
         g, statistic = read_statistic(data.source, plain.labels, id=data.id, by=data.by, adversary=model.adversary,
-                                      adversary_sql=model.adversary_sql, engine=engine,
+                                      adversary_sql=model.adversary_sql, engine=r.engine,
                                       drop_null_ids=data.drop_null_ids)
-        return _adversarial(plain, g, statistic, eps=eps, model=model, progress=progress)
+        return _adversarial(plain, g, statistic, eps=eps, model=model, progress=r.progress)
+
+
+def _assess_joint(r: _Request):
+    queries, sqls = r.queries
+    return assess_joint(r.data.source, queries=queries or None, sql=sqls or None, **r.several())
+
+
+def _assess_grouped(r: _Request):
+    queries, sqls = r.queries
+    return assess_grouped(r.data.source, group_by=r.group_by, query=(queries or [None])[0],
+                          sql=(sqls or [None])[0], **r.several())
+
+
+#: each curator model's path through the assessment (:mod:`empdp.models`)
+_PATHS = {ONE.key: _assess_one, JOINT.key: _assess_joint, GROUPED.key: _assess_grouped}
 
 
 def _one(statistic):

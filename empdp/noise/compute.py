@@ -30,7 +30,7 @@ from ..density import select_density
 from ..engines import engine_of
 from ..errors import InputError
 from ..loo import loo_result
-from ..models import JOINT, given, model_for, statistics
+from ..models import JOINT, ONE, given, model_for, statistics
 from ..params import target_epsilon
 from ..progress import READING, Progress, no_progress
 from ..settings import Data, Execution, Model
@@ -279,9 +279,7 @@ def calibrate(data: Any, *, id: str | None = None, by: str | None = None, epsilo
     """
     data = Data.of(data, id, by)
     model, execution = model or Model(), execution or Execution()
-    source, id, by, drop_null_ids = data.source, data.id, data.by, data.drop_null_ids
-    kernel, bandwidth, adversary, adversary_sql, buckets = (model.kernel, model.bandwidth, model.adversary,
-                                                            model.adversary_sql, model.buckets)
+    kernel, adversary, adversary_sql, buckets = model.kernel, model.adversary, model.adversary_sql, model.buckets
     curator, d = model_for(query, sql)
     engine = engine_of(execution.engine, memory_limit=execution.memory_limit, threads=execution.threads)
     curator.refuse(given(kernel=kernel, adversary=adversary, adversary_sql=adversary_sql, buckets=buckets,
@@ -295,13 +293,28 @@ def calibrate(data: Any, *, id: str | None = None, by: str | None = None, epsilo
                              param=("level", "adversary"))
         replicates, level = check_options(replicates, level)
         at = {"level": level, "replicates": replicates, "rng": rng}
-    progress = execution.progress or no_progress
-    if curator is JOINT:
-        queries, sqls = statistics(query, sql)
-        return calibrate_joint(source, id=id, by=by, epsilon=epsilon, queries=queries or None, sql=sqls or None,
-                               where=where, bandwidth=bandwidth, memory_limit=execution.memory_limit,
-                               drop_null_ids=drop_null_ids, progress=progress)
-    query, sql = (v[0] if isinstance(v, (list, tuple)) else v for v in (query, sql))
+    request = dict(data=data, statistics=statistics(query, sql), where=where, epsilon=epsilon, model=model,
+                   engine=engine, memory_limit=execution.memory_limit, level=at,
+                   progress=execution.progress or no_progress)
+    return _PATHS[curator.key](**request)
+
+
+def _calibrate_joint(*, data: Data, statistics, where, epsilon, model: Model, memory_limit, progress, **_):
+    """2–3 statistics released together (:func:`empdp.noise.joint.calibrate_joint`)."""
+    queries, sqls = statistics
+    return calibrate_joint(data.source, id=data.id, by=data.by, epsilon=epsilon, queries=queries or None,
+                           sql=sqls or None, where=where, bandwidth=model.bandwidth, memory_limit=memory_limit,
+                           drop_null_ids=data.drop_null_ids, progress=progress)
+
+
+def _calibrate_one(*, data: Data, statistics, where, epsilon, model: Model, engine, level, progress,
+                   **_) -> Calibration:
+    """One statistic, against an adversary's buckets or not."""
+    queries, sqls = statistics
+    query, sql = (queries or [None])[0], (sqls or [None])[0]
+    source, id, by, drop_null_ids = data.source, data.id, data.by, data.drop_null_ids
+    kernel, bandwidth, adversary, adversary_sql, buckets = (model.kernel, model.bandwidth, model.adversary,
+                                                            model.adversary_sql, model.buckets)
     params.adversary(adversary, adversary_sql, buckets)
     t0 = time.perf_counter()
     progress(READING, 0, 0)
@@ -320,11 +333,15 @@ def calibrate(data: Any, *, id: str | None = None, by: str | None = None, epsilo
                                 undefined=loo.undefined, kernel=kernel)
     else:
         cal = calibrate_values(loo.q, loo.shifts, epsilon=epsilon, kernel=kernel, bandwidth=bandwidth,
-                               undefined=loo.undefined, progress=progress, level=at)
+                               undefined=loo.undefined, progress=progress, level=level)
     cal.source = str(source) if isinstance(source, (str, Path)) else None
     cal.source_description, cal.query_description = loo.source, loo.query
     cal.id, cal.by, cal.query, cal.where, cal.sql = id, by, query, where, sql
     cal.seconds = time.perf_counter() - t0
     return cal
+
+
+#: each curator model's calibration (:mod:`empdp.models`; grouped statistics are refused by their model)
+_PATHS = {ONE.key: _calibrate_one, JOINT.key: _calibrate_joint}
 
 
