@@ -56,7 +56,7 @@ def setup_logging(verbose: int, quiet: bool, debug: bool) -> None:
 
 #: library parameters whose flag is not ``--`` and the parameter's name with dashes
 _FLAGS = {"screening": "--no-screening", "n": "--search-size", "N": "--final-size", "master": "--spark-master",
-          "remote": "--spark-remote", "id": "--id", "by": "--by"}
+          "remote": "--spark-remote", "id": "--id", "by": "--by", "rng": "--seed", "time_budget": "--time-budget"}
 
 
 def flag(param: str) -> str:

@@ -152,14 +152,14 @@ def test_library_refuses_bad_delta(value):
 def test_library_refuses_sizes_with_budget_and_small_N():
     with pytest.raises(InputError, match="not both"):
         approx("gaussian", delta=1e-3, n=1000, time_budget=5)
-    with pytest.raises(InputError, match="must be larger than n"):
+    with pytest.raises(InputError, match="must be larger than `n`"):
         approx("gaussian", delta=1e-3, n=5000, N=5000)
 
 
 @pytest.mark.parametrize("value", ["0", "1", "-1", "nan", "inf", "1.5"])
 def test_cli_bad_delta_one_line_exit_2(value):
     one_line_error(run("approx", "-m", "gaussian", "--delta", value, "--time-budget", 2),
-                   "delta (--delta) must be a number strictly between 0 and 1")
+                   "--delta must be a number strictly between 0 and 1")
 
 
 @pytest.mark.parametrize("args,fragment", [

@@ -214,7 +214,7 @@ def test_region_is_a_box_for_discrete_vector_outputs():
 
 @pytest.mark.parametrize("n,N", [(2000, 1000), (2000, 2000)])
 def test_stage_two_must_be_larger(n, N):
-    with pytest.raises(InputError, match="must be larger than n"):
+    with pytest.raises(InputError, match="must be larger than `n`"):
         mpl("laplace", n=n, N=N, rng=1)
 
 
@@ -222,7 +222,7 @@ def test_cli_default_sizes_satisfy_n_below_N():
     """Sizes default to the time budget's (N = 5n); one size alone takes the other's old default."""
     defaults = {p.name: p.default for p in main_mod.cli.get_command(None, "audit").commands["mpl"].params}
     assert defaults["search_size"] is None and defaults["final_size"] is None and defaults["time_budget"] == 20
-    one_line_error(run("mpl", "-m", "laplace", "--final-size", 20000), "larger than n")
+    one_line_error(run("mpl", "-m", "laplace", "--final-size", 20000), "larger than --search-size")
 
 
 # ----------------------------------------------------------------------------- 6. no stray warnings

@@ -75,3 +75,19 @@ def test_a_new_audit_mechanism_is_its_registry_entries(monkeypatch):
               "--final-size", "10000", "--seed", "1", "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["lower_bound"] <= 0.5 * 1.2
+
+
+def test_every_curator_model_has_a_path_or_a_refusal_in_every_stage():
+    """A curator model (empdp.models.MODELS) is picked up by each stage's table keyed by the model, or refused
+    by the model with a reason (docs/architecture.md): a new model missing from a stage fails here."""
+    from empdp.assessment import assess as assess_stage
+    from empdp.cli.render import PRINTERS
+    from empdp.models import MODELS
+    from empdp.noise import compute
+    from empdp.report import page
+
+    for key, model in MODELS.items():
+        assert key in assess_stage._PATHS and key in PRINTERS, key
+        assert key in page._REPORTS or "report" in model.refuses, key
+        # calibrate is asked only of models a calibration request can be (no group_by there)
+        assert key in compute._PATHS or key == "grouped", key

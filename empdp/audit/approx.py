@@ -78,8 +78,8 @@ def check_delta(delta) -> float:
     """δ: a number strictly between 0 and 1."""
     if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating, np.integer)) \
             or not math.isfinite(delta) or not 0 < delta < 1:
-        raise InputError(f"delta (--delta) must be a number strictly between 0 and 1 (e.g. 1e-5), "
-                         f"got {short(delta)}")
+        raise InputError(f"`delta` must be a number strictly between 0 and 1 (e.g. 1e-5), got {short(delta)}",
+                         param="delta")
     return float(delta)
 
 
@@ -183,13 +183,12 @@ def _resolve(mechanism, pairs, delta, n, N, alpha, params, discrete) -> _Plan:
     mech = load_mechanism(mechanism, params)
     pairs = resolve_pairs(mech, pairs, "mpl")
     if delta is None:
-        raise InputError("give delta (--delta), the δ at which ε is bounded, e.g. 1e-5")
+        raise InputError("give `delta`, the δ at which ε is bounded, e.g. 1e-5", param="delta")
     delta = check_delta(delta)
     n, N = check_size("n", n), check_size("N", N)
     if N <= n:
-        raise InputError(f"N (stage-2 outputs, --final-size: {N}) must be larger than n (stage-1 outputs, "
-                         f"--search-size: {n}): stage 2 counts the chosen event among fresh, more numerous "
-                         "outputs")
+        raise InputError(f"`N` (stage-2 outputs: {N}) must be larger than `n` (stage-1 outputs: {n}): stage 2 "
+                         "counts the chosen event among fresh, more numerous outputs", param=("N", "n"))
     return _Plan(mech, pairs, delta, n, N, check_level(alpha), discrete)
 
 

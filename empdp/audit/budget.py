@@ -58,15 +58,16 @@ def given_sizes(sizes: dict, time_budget) -> dict:
     given = any(v is not None for v in sizes.values())
     if time_budget is not None and given:
         names = "; ".join(sizes)
-        raise InputError(f"give sample sizes ({names}) or a time budget (--time-budget), not both")
+        raise InputError(f"give sample sizes ({names}) or a time budget (`time_budget`), not both",
+                         param="time_budget")
     return {"chosen_by": "given" if given else "default"}
 
 
 def check_budget(seconds) -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
             or not 1 <= seconds <= MAX_BUDGET:
-        raise InputError(f"the time budget (--time-budget) must be between 1 and {MAX_BUDGET:g} seconds, "
-                         f"got {seconds!r}")
+        raise InputError(f"the time budget `time_budget` must be between 1 and {MAX_BUDGET:g} seconds, "
+                         f"got {seconds!r}", param="time_budget")
     return float(seconds)
 
 

@@ -41,7 +41,7 @@ def as_rng(rng) -> np.random.Generator:
         return np.random.default_rng()
     if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
         if rng < 0:  # NumPy's own ValueError would surface as an internal error
-            raise InputError(f"the seed (rng, --seed) must be a non-negative integer, got {int(rng)}")
+            raise InputError(f"the seed `rng` must be a non-negative integer, got {int(rng)}", param="rng")
         return np.random.default_rng(rng)
     raise InputError(f"rng must be a numpy Generator or a non-negative integer seed, got {type(rng).__name__}")
 

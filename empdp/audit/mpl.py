@@ -242,9 +242,8 @@ def _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, even
     pairs = resolve_pairs(mech, pairs, "mpl")
     n, N = check_size("n", n), check_size("N", N)
     if N <= n:
-        raise InputError(f"N (stage-2 outputs, --final-size: {N}) must be larger than n (stage-1 outputs, "
-                         f"--search-size: {n}): stage 2 measures the selected output with fresh, more "
-                         "numerous samples")
+        raise InputError(f"`N` (stage-2 outputs: {N}) must be larger than `n` (stage-1 outputs: {n}): stage 2 "
+                         "measures the selected output with fresh, more numerous samples", param=("N", "n"))
     alpha = check_level(alpha)
     if region is not None:
         check_region(region)

@@ -44,7 +44,7 @@ def resolve_pairs(mechanism: Mechanism, pairs, kind: str) -> list:
         if pairs is None:
             pairs = mechanism.mpl_pairs or mechanism.renyi_pairs
         if pairs is None:
-            raise InputError(f"mechanism {mechanism.name!r} has no default pairs; give --pairs")
+            raise InputError(f"mechanism {mechanism.name!r} has no default pairs; give `pairs`", param="pairs")
     elif isinstance(pairs, np.ndarray):
         pairs = pairs.tolist()
     elif not isinstance(pairs, (list, tuple)):
