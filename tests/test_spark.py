@@ -178,7 +178,7 @@ def _closed_port() -> int:
     ({"source": "tests/conftest.py"}, "cannot tell the format"),
     ({"table": "no_such_db.no_such_table"}, "cannot read table"),
     ({"source": "SAMPLE", "query": "mean(nope)"}, "column 'nope' not found"),
-    ({"source": "SAMPLE", "where": "nope > 1"}, "--where"),
+    ({"source": "SAMPLE", "where": "nope > 1"}, "`where`"),
     ({"source": "SAMPLE", "remote": "sc://127.0.0.1:PORT"}, "cannot reach the Spark Connect server"),
     ({"source": "SAMPLE", "master": "spark://127.0.0.1:PORT"}, "cannot reach the Spark master"),
 ])
