@@ -234,7 +234,7 @@ def test_column_names_with_quotes_and_spaces(tmp_path):
     (["--query", "avg(x"], "cannot parse"),
     (["--query", "mean(x)", "--sql", "SELECT 1 FROM db"], "exactly one"),
     (["--query", "mean(x)", "--where", "nonsense ((("], "not valid"),
-    (["--sql", "SELECT avg(x) FROM other"], "'db'"),
+    (["--sql", "SELECT avg(x) FROM other"], "table db"),
     (["--query", "mean(x)", "--bandwidth", "wide"], "--bandwidth"),
     (["--query", "mean(x)", "--out", "x.txt"], ".parquet or .csv"),
 ])
