@@ -2,8 +2,11 @@
 
 An engine object holds its own settings (:class:`DuckDB`: memory limit and threads; :class:`Spark`:
 master, Spark Connect URL, catalog table) and opens a source as a :class:`empdp.loo.LooEngine`, so
-the stages take one engine and never ask which. A new engine is one class here and one line in
-:data:`ENGINES` (docs/architecture.md).
+the stages take one engine and never ask which. For several statistics of one source (a joint query,
+grouped statistics: :mod:`empdp.loo.joint`) it also opens the source once (``open_panel``), reads
+decomposable statistics in one scan where it can (``open_set``), lists a column's groups
+(``group_cells``) and reads one statistic, or one group's, on the opened source (``read``). A new
+engine is one class here and one line in :data:`ENGINES` (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -11,8 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .data import open_panel
+from .data.guard import filter_sql
+from .data.sql import group_cells, group_filter
 from .errors import InputError
-from .loo import LooEngine, make_engine
+from .loo import DecomposableSet, LooEngine, make_engine, open_decomposable_set, replace_db
 
 
 @dataclass(frozen=True)
@@ -24,8 +30,56 @@ class DuckDB:
     name = "duckdb"
 
     def open(self, source: Any, **query) -> LooEngine:
-        """The leave-one-out engine of ``source`` (``query``: id, by, query, where, sql, drop_null_ids, database)."""
+        """The leave-one-out engine of ``source`` (``query``: id, by, query, where, sql, drop_null_ids, database;
+        ``panel``: the source opened already by :meth:`open_panel`)."""
         return make_engine(source, memory_limit=self.memory_limit, threads=self.threads, **query)
+
+    def open_panel(self, source: Any, *, id: str, by: str, drop_null_ids: bool = False, columns=(),
+                   where: str | None = None):
+        """``source`` opened once for several statistics (a :class:`empdp.data.Panel`; the caller closes it).
+        ``columns`` and ``where`` are not read here: each statistic's engine checks its own columns."""
+        return open_panel(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=self.memory_limit,
+                          threads=self.threads)
+
+    def open_set(self, source: Any, *, queries: list, **opened) -> DecomposableSet | None:
+        """Decomposable ``queries`` read together in one scan (:func:`empdp.loo.open_decomposable_set`), or
+        None when some query is not decomposable."""
+        return open_decomposable_set(source, queries=queries, memory_limit=self.memory_limit, threads=self.threads,
+                                     **opened)
+
+    def group_cells(self, panel, column: str, where: str | None) -> tuple[list, int]:
+        """The groups of ``column`` in every database (:func:`empdp.data.sql.group_cells`)."""
+        return group_cells(panel, column, where)
+
+    def read(self, source: Any, *, panel, group: tuple | None = None, presence: bool = False, **query):
+        """One statistic (``query``: id, by, query, where, sql, drop_null_ids) on ``panel``, of the rows of one
+        ``group`` (column, text as :meth:`group_cells` names it) if given: a
+        :class:`empdp.loo.joint.StatisticShifts`. The group is a filter added to the statistic's SQL."""
+        from .loo.joint import read_statistic
+
+        if group is not None:
+            query = _in_group(query, *group)
+        return read_statistic(self.open(source, panel=panel, **query), presence=presence)
+
+
+def _in_group(query: dict, column: str, text: str) -> dict:
+    """``query`` (``query`` with ``where``, or ``sql`` over ``db``) on the rows of one group of ``column``."""
+    cond = group_filter(column, text)
+    if query.get("sql") is not None:
+        return {**query, "sql": replace_db(query["sql"], f"(SELECT * FROM db WHERE {cond}) AS db")}
+    where = query.get("where")
+    return {**query, "where": f"{filter_sql(where)} AND {cond}" if where else cond}
+
+
+def _spark():
+    """:mod:`empdp.spark`, or one line saying how to install PySpark (an optional extra, loaded only for
+    this engine)."""
+    try:
+        from . import spark
+    except ImportError:
+        raise InputError("`engine` spark needs PySpark: pip install \"empdp[spark]\" (and Java 17)",
+                         param="engine") from None
+    return spark
 
 
 @dataclass(frozen=True)
@@ -40,12 +94,36 @@ class Spark:
     name = "spark"
 
     def open(self, source: Any, **query) -> LooEngine:
+        """The leave-one-out engine of ``source`` or :attr:`table` (``query`` as for :meth:`DuckDB.open`)."""
+        return _spark().make_spark_engine(source, master=self.master, remote=self.remote, table=self.table,
+                                          **query)
+
+    def open_panel(self, source: Any, *, id: str, by: str, drop_null_ids: bool = False, columns=(),
+                   where: str | None = None):
+        """``source`` or :attr:`table` opened once for several statistics, in one scan that also checks the
+        value ``columns`` on the rows ``where`` keeps (a :class:`empdp.spark.SparkPanel`)."""
+        return _spark().open_spark_source(source, id=id, by=by, master=self.master, remote=self.remote,
+                                          table=self.table, columns=columns, where=where,
+                                          drop_null_ids=drop_null_ids)
+
+    def open_set(self, source: Any, *, queries: list, **opened) -> None:
+        """None: on Spark each statistic is its own GROUP BY on the cluster."""
+        return None
+
+    def group_cells(self, panel, column: str, where: str | None) -> tuple[list, int]:
+        """The groups of ``column`` in every database, computed on Spark (:func:`empdp.spark.group_cells`)."""
+        return _spark().group_cells(panel, column, where)
+
+    def read(self, source: Any, *, panel, group: tuple | None = None, presence: bool = False, **query):
+        """As :meth:`DuckDB.read`; the group is a filter on the panel's DataFrame (a Column, not SQL text),
+        and the statistic's Δ table, cached on the cluster, is dropped once its rows are on the driver."""
+        from .loo.joint import read_statistic
+
+        engine = self.open(source, panel=panel.group(*group) if group is not None else panel, **query)
         try:
-            from .spark import make_spark_engine
-        except ImportError:  # PySpark is an optional extra: loaded only for this engine
-            raise InputError("`engine` spark needs PySpark: pip install \"empdp[spark]\" (and Java 17)",
-                             param="engine") from None
-        return make_spark_engine(source, master=self.master, remote=self.remote, table=self.table, **query)
+            return read_statistic(engine, presence=presence)
+        finally:
+            engine.close()
 
 
 #: every engine, by name

@@ -10,7 +10,7 @@ import pytest
 
 from empdp.errors import InputError
 from empdp.loo import DecomposableSet, leave_one_out
-from empdp.loo import joint as joint_panel
+from empdp import engines
 from empdp.loo.joint import read_grouped, read_joint
 
 WHERE = "g <> 'drop'"
@@ -45,18 +45,18 @@ def random_panel(seed: int, string_ids: bool = False) -> pl.DataFrame:
 def both_paths(monkeypatch, source, queries, **kw):
     """read_joint through the one-scan set and through one engine per statistic."""
     taken = []
-    real = joint_panel.open_decomposable_set
+    real = engines.open_decomposable_set
 
     def spy(*a, **k):
         taken.append(real(*a, **k))
         return taken[-1]
 
     with monkeypatch.context() as m:
-        m.setattr(joint_panel, "open_decomposable_set", spy)
+        m.setattr(engines, "open_decomposable_set", spy)
         shared = read_joint(source, id="id", by="db", queries=queries, **kw)
     assert [type(t) for t in taken] == [DecomposableSet]
     with monkeypatch.context() as m:
-        m.setattr(joint_panel, "open_decomposable_set", lambda *a, **k: None)
+        m.setattr(engines, "open_decomposable_set", lambda *a, **k: None)
         single = read_joint(source, id="id", by="db", queries=queries, **kw)
     return shared, single
 
@@ -106,8 +106,8 @@ def test_mixed_forms_keep_one_engine_per_statistic(monkeypatch, tmp_path):
     path = tmp_path / "panel.parquet"
     random_panel(3).write_parquet(path)
     taken = []
-    real = joint_panel.open_decomposable_set
-    monkeypatch.setattr(joint_panel, "open_decomposable_set", lambda *a, **k: taken.append(real(*a, **k)))
+    real = engines.open_decomposable_set
+    monkeypatch.setattr(engines, "open_decomposable_set", lambda *a, **k: taken.append(real(*a, **k)))
     out = read_joint(str(path), id="id", by="db", queries=["mean(x)", "median(y)"])
     assert taken == [None] and out.names == ["mean(x)", "median(y)"]
 
@@ -131,7 +131,7 @@ def test_one_scan_refuses_as_one_engine_per_statistic(monkeypatch, tmp_path, que
     for patch in (False, True):
         with monkeypatch.context() as m:
             if patch:
-                m.setattr(joint_panel, "open_decomposable_set", lambda *a, **k: None)
+                m.setattr(engines, "open_decomposable_set", lambda *a, **k: None)
             with pytest.raises(InputError) as exc:
                 read_joint(str(path), id="id", by="db", queries=queries)
         errors.append(str(exc.value))

@@ -1,8 +1,9 @@
 """Read a joint query's values and leave-one-out shifts from a table (docs/method.md#102-joint-queries).
 
-Decomposable statistics (count, sum, mean, var, std, ratio) are read together, one scan for all
-(:class:`empdp.loo.DecomposableSet`); other forms through one leave-one-out engine per statistic
-(:func:`empdp.loo.make_engine`) on the one opened source. The d-dimensional query values q_j and
+Read through an engine object (:mod:`empdp.engines`: DuckDB by default, or Spark). On DuckDB decomposable
+statistics (count, sum, mean, var, std, ratio) are read together, one scan for all
+(:class:`empdp.loo.DecomposableSet`); other forms, and every form on Spark, through one leave-one-out
+engine per statistic (the engine object's ``read``) on the one opened source. The d-dimensional query values q_j and
 shifts Δ_ij aligned by database and individual. Shared by the joint assessment, the joint
 calibration and release, and the grouped statistics (one statistic per group of a column,
 :func:`read_grouped`).
@@ -18,12 +19,11 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from ..data import open_panel
-from ..data.guard import check_filter, check_select, filter_sql
-from ..data.sql import group_cells, group_filter, shorten
+from ..data.guard import check_filter, check_select
+from ..data.sql import shorten
 from ..errors import InputError
+from ..query import parse_query
 from ..risk.joint.model import MAX_DIM
-from . import make_engine, open_decomposable_set, replace_db
 
 #: the most groups a grouped statistic may have: each group is one leave-one-out pass over the table
 MAX_GROUPS = 100
@@ -135,13 +135,16 @@ def statistics(queries, sql) -> list[dict]:
 
 
 def read_joint(source: Any, *, id: str, by: str, queries=None, sql=None, where: str | None = None,
-               drop_null_ids: bool = False, memory_limit: str | None = None,
-               threads: int | None = None) -> JointPanel:
-    """The :class:`JointPanel` of 1–3 statistics (``queries`` or ``sql``, one per statistic) of ``source``."""
+               drop_null_ids: bool = False, memory_limit: str | None = None, threads: int | None = None,
+               engine: Any = "duckdb") -> JointPanel:
+    """The :class:`JointPanel` of 1–3 statistics (``queries`` or ``sql``, one per statistic) of ``source``,
+    read through ``engine`` (:func:`empdp.engines.engine_of`: a name, made with ``memory_limit`` and
+    ``threads``, or an engine object such as ``Spark(table="db.claims")``, whose catalog table replaces
+    ``source``)."""
+    engine = _engine(engine, memory_limit, threads)
     stats = statistics(queries, sql)
-    opened = dict(id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit, threads=threads)
-    shared = (open_decomposable_set(source, queries=[st["query"] for st in stats], where=where, **opened)
-              if queries else None)
+    opened = dict(id=id, by=by, drop_null_ids=drop_null_ids)
+    shared = engine.open_set(source, queries=[st["query"] for st in stats], where=where, **opened) if queries else None
     if shared is not None:
         try:
             q = shared.values()
@@ -150,10 +153,10 @@ def read_joint(source: Any, *, id: str, by: str, queries=None, sql=None, where: 
             shared.close()
         return JointPanel(labels=list(shared.panel.labels), names=[e.query.describe() for e in shared.engines],
                           q=q, ids=ids, shifts=shifts, sole=undefined.any(axis=1), present=present)
-    panel = open_panel(source, **opened)
+    panel = engine.open_panel(source, columns=_columns(stats, where), where=where, **opened)
     try:  # one engine per statistic on the one panel, one after the other
         labels = list(panel.labels)
-        read = [read_statistic(make_engine(source, panel=panel, where=where, **opened, **st)) for st in stats]
+        read = [engine.read(source, panel=panel, where=where, **opened, **st) for st in stats]
     finally:
         panel.close()
     ids = pl.concat([r.ids for r in read]).unique().sort()
@@ -168,6 +171,20 @@ def read_joint(source: Any, *, id: str, by: str, queries=None, sql=None, where: 
         present[rows] = np.maximum(present[rows], r.present)
     return JointPanel(labels=labels, names=[r.name for r in read], q=np.column_stack([r.q for r in read]),
                       ids=ids, shifts=shifts, sole=sole, present=present)
+
+
+def _engine(engine: Any, memory_limit: str | None, threads: int | None):
+    """The engine object of ``engine`` (imported here: :mod:`empdp.engines` reads statistics with this module)."""
+    from ..engines import engine_of
+
+    return engine_of(engine, memory_limit=memory_limit, threads=threads)
+
+
+def _columns(stats: list, where: str | None) -> list:
+    """The value columns the statistics read (parsed before the source is opened: an engine that checks
+    columns as it opens, like Spark's, checks them all in that one scan)."""
+    parsed = [parse_query(st.get("query"), where=where, sql=st.get("sql")) for st in stats]
+    return list(dict.fromkeys(c for q in parsed for c in q.columns))
 
 
 def _positions(ids: pl.Series, some: pl.Series) -> np.ndarray:
@@ -213,11 +230,13 @@ class GroupPanel(Statistics):
 
 def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | None = None, sql: str | None = None,
                  where: str | None = None, drop_null_ids: bool = False, memory_limit: str | None = None,
-                 threads: int | None = None, check: Callable[[int], None] | None = None) -> GroupPanel:
+                 threads: int | None = None, check: Callable[[int], None] | None = None,
+                 engine: Any = "duckdb") -> GroupPanel:
     """The :class:`GroupPanel` of one statistic (``query`` with ``where``, or ``sql`` over ``db``) per
     group of column ``group_by``: one leave-one-out engine per group, its rows filtered to the group.
     ``check`` is called with the number of groups before any group is read (options that depend on it).
-    The source is opened and checked once; the groups' engines share it, one after the other.
+    The source is opened and checked once; the groups' engines share it, one after the other. ``engine``
+    as for :func:`read_joint`.
 
     Raises :class:`InputError` (one line) when the group column is missing or has NULLs on the rows
     the query reads, when a group has no rows in some database (the released vector would differ
@@ -237,10 +256,13 @@ def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | N
     if group_by in (id, by):
         raise InputError(f"`group_by` column {shorten(group_by)} is the {'`id`' if group_by == id else '`by`'} "
                          "column; group by another column", param=("group_by", "id", "by"))
-    base = open_panel(source, id=id, by=by, drop_null_ids=drop_null_ids, memory_limit=memory_limit, threads=threads)
+    engine = _engine(engine, memory_limit, threads)
+    st = {"query": query, "where": where} if query is not None else {"sql": sql}
+    opened = dict(id=id, by=by, drop_null_ids=drop_null_ids)
+    base = engine.open_panel(source, columns=_columns([st], where), where=where, **opened)
     try:
         labels = list(base.labels)
-        cells, n_null = group_cells(base, group_by, where)
+        cells, n_null = engine.group_cells(base, group_by, where)
         if n_null:
             raise InputError(f"{n_null:,} rows have a NULL group in column {shorten(group_by)}; every row the "
                              f"statistic reads must be in a group: fill them, or filter them out with `where`",
@@ -250,13 +272,8 @@ def read_grouped(source: Any, *, id: str, by: str, group_by: str, query: str | N
             check(len(groups))
         read = []
         for gtext, value in groups:
-            cond = group_filter(group_by, gtext)
-            st = ({"query": query, "where": f"{filter_sql(where)} AND {cond}" if where else cond} if query is not None
-                  else {"sql": replace_db(sql, f"(SELECT * FROM db WHERE {cond}) AS db")})
             try:  # each group's engine on the one panel: opened and checked once, not once a group
-                engine = make_engine(source, panel=base, id=id, by=by, drop_null_ids=drop_null_ids,
-                                     memory_limit=memory_limit, threads=threads, **st)
-                read.append(read_statistic(engine, presence=True))
+                read.append(engine.read(source, panel=base, group=(group_by, gtext), presence=True, **opened, **st))
             except InputError as exc:
                 raise InputError(f"group {shorten(value)} of {shorten(group_by)}: {exc}", param=exc.param) from None
     finally:

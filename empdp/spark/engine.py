@@ -31,7 +31,7 @@ from ..loo import LooEngine, Screen
 from ..loo.forms import FORMS, centred_partials, columns_for, mean_sql, partials_sql, totals_named
 from ..query import Query, parse_query
 from .executors import evaluate_buckets_on_executors, evaluate_on_executors
-from .session import SparkPanel, _collect, _q, first_line, open_spark_panel, spark_session
+from .session import SparkPanel, _collect, _q, first_line, open_spark_panel, require_values, spark_session
 
 
 def _lits(values) -> Any:
@@ -353,10 +353,30 @@ class SparkEngine(LooEngine):
         return column("__row", np.int64), column("__j", np.int64), column("delta", np.float64), column("undef", bool)
 
 
+def open_spark_source(source: Any = None, *, id: str, by: str, master: str | None = None,
+                      remote: str | None = None, table: str | None = None, columns=(), where: str | None = None,
+                      drop_null_ids: bool = False, spark=None, database: str | None = None) -> SparkPanel:
+    """Open ``source`` (or the catalog ``table``) on Spark as a checked :class:`SparkPanel`, in one scan:
+    the value ``columns`` are checked finite on the rows ``where`` keeps. Several statistics' engines
+    may share it (:func:`make_spark_engine` with ``panel``). Arguments as for :func:`make_spark_engine`."""
+    check_spark(where, "where")  # Spark reads a backslash in a string otherwise than DuckDB's parser did
+    if (source is None) == (table is None):
+        raise InputError("give a source path (or DataFrame) or the Spark engine's `table`", param="table")
+    from .session import is_dataframe, require_pyspark
+
+    require_pyspark()
+    if is_dataframe(source):
+        spark = source.sparkSession
+    elif spark is None:
+        spark = spark_session(master=master, remote=remote)
+    return open_spark_panel(spark, source, id=id, by=by, table=table, value_columns=columns, where=where,
+                            drop_null_ids=drop_null_ids, database=database)
+
+
 def make_spark_engine(source: Any = None, *, id: str, by: str, query: str | None = None,
                       where: str | None = None, sql: str | None = None, master: str | None = None,
                       remote: str | None = None, table: str | None = None, drop_null_ids: bool = False,
-                      spark=None, database: str | None = None) -> SparkEngine:
+                      spark=None, database: str | None = None, panel: SparkPanel | None = None) -> SparkEngine:
     """Open ``source`` on Spark and parse the query into a :class:`SparkEngine`.
 
     Parameters
@@ -372,21 +392,19 @@ def make_spark_engine(source: Any = None, *, id: str, by: str, query: str | None
         An existing session to use (a DataFrame source brings its own).
     database : str, optional
         Read only this database (its label as text): ``release SOURCE --database D``.
+    panel : SparkPanel, optional
+        The source opened already (:func:`open_spark_source`), shared by several statistics: the
+        engine reads it, after checking its own value columns where the panel did not.
 
     Raises :class:`InputError` (one line) for bad input, a missing PySpark or Java, and a
     master or server that does not answer.
     """
     parsed = parse_query(query, where=where, sql=sql)
-    check_spark(where, "where")  # Spark reads a backslash in a string otherwise than DuckDB's parser did
-    if (source is None) == (table is None):
-        raise InputError("give a source path (or DataFrame) or the Spark engine's `table`", param="table")
-    from .session import is_dataframe, require_pyspark
-
-    require_pyspark()
-    if is_dataframe(source):
-        spark = source.sparkSession
-    elif spark is None:
-        spark = spark_session(master=master, remote=remote)
-    panel = open_spark_panel(spark, source, id=id, by=by, table=table, value_columns=parsed.columns,
-                             where=parsed.where, drop_null_ids=drop_null_ids, database=database)
+    if panel is None:
+        panel = open_spark_source(source, id=id, by=by, master=master, remote=remote, table=table,
+                                  columns=parsed.columns, where=parsed.where, drop_null_ids=drop_null_ids,
+                                  spark=spark, database=database)
+    else:
+        check_spark(parsed.where, "where")
+        require_values(panel, parsed.columns, parsed.where)
     return SparkEngine(panel, parsed)

@@ -16,7 +16,7 @@ import socket
 import sys
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlparse
@@ -280,28 +280,43 @@ def read_source(spark, source: Any = None, table: str | None = None, options: di
 @dataclass(kw_only=True)
 class SparkPanel(Source):
     """The source as Spark sees it (the :class:`empdp.data.Panel` of the Spark engine): a
-    :class:`empdp.data.panel.Source` with ``df``, the source's DataFrame, and the session."""
+    :class:`empdp.data.panel.Source` with ``df``, the source's DataFrame, and the session.
+    ``checked`` holds the (column, where) pairs whose values were found finite when it opened."""
 
     df: Any
     spark: Any = None
+    checked: frozenset = frozenset()
     _label_df: Any = field(default=None, repr=False)
 
     def close(self) -> None:
         """Nothing to close: the session is shared (``spark.stop()`` ends it for every engine)."""
 
-    def base(self, columns: Sequence[str] = (), where: str | None = None):
-        """Rows the query reads: ``__j`` (database index), ``__i`` (id) and the value columns as
-        doubles, NULL ids removed and ``where`` applied."""
+    def kept(self, where: str | None = None):
+        """Every column of the rows a query reads, with ``__j`` (database index): NULL ids removed and
+        ``where`` applied."""
         from pyspark.sql import functions as F
 
         df = self.df.filter(F.col(_q(self.id)).isNotNull())
         if where:
             df = df.filter(F.expr(where))
         lab = F.broadcast(self._label_df)
-        df = df.join(lab, df[_q(self.by)] == lab["__label"])
+        return df.join(lab, df[_q(self.by)] == lab["__label"])
+
+    def base(self, columns: Sequence[str] = (), where: str | None = None):
+        """Rows the query reads: ``__j`` (database index), ``__i`` (id) and the value columns as
+        doubles, NULL ids removed and ``where`` applied."""
+        from pyspark.sql import functions as F
+
         cols = [F.col("__j"), F.col(_q(self.id)).alias("__i")]
         cols += [F.col(_q(c)).cast("double").alias(c) for c in dict.fromkeys(columns)]
-        return df.select(*cols)
+        return self.kept(where).select(*cols)
+
+    def group(self, column: str, text: str) -> "SparkPanel":
+        """The panel of one group: the rows whose ``column``, as Spark's text, is ``text`` (as
+        :func:`group_cells` names the groups). A Column filter, not SQL text: no value can end it early."""
+        from pyspark.sql import functions as F
+
+        return replace(self, df=self.df.filter(_group_text(column) == F.lit(text)))
 
     def require_numeric(self, column: str, where: str | None = None) -> None:
         """Raise :class:`InputError` unless ``column`` exists and is numeric (NaN/inf are counted
@@ -368,11 +383,8 @@ def open_spark_panel(spark, source: Any, *, id: str, by: str, table: str | None 
                              param="where") from None
     aggs = [F.count(F.lit(1)).alias("rows"),
             F.sum(F.col(_q(id)).isNull().cast("long")).alias("null_id")]
-    floats = [c for c in dict.fromkeys(value_columns) if columns[c].startswith(("float", "double"))]
-    for k, col in enumerate(floats):
-        x = F.col(_q(col))
-        aggs.append(F.sum((keep & F.isnan(x)).cast("long")).alias(f"nan{k}"))
-        aggs.append(F.sum((keep & x.isin(float("inf"), float("-inf"))).cast("long")).alias(f"inf{k}"))
+    floats = _floats(panel, value_columns)
+    aggs += _nonfinite(floats, keep)
     try:
         per_label = df.groupBy(F.col(_q(by)).alias("__label")).agg(*aggs).orderBy("__label").collect()
     except Exception as exc:  # noqa: BLE001 - unreadable files surface at the first job
@@ -394,21 +406,92 @@ def open_spark_panel(spark, source: Any, *, id: str, by: str, table: str | None 
     if n_null_id and not drop_null_ids:
         raise InputError(f"{n_null_id} rows have a NULL id in column {id!r}; remove them or give `drop_null_ids`",
                          param="drop_null_ids")
-    for k, col in enumerate(floats):
-        nan, inf = (sum(r[f"{w}{k}"] or 0 for r in per_label) for w in ("nan", "inf"))
-        if nan or inf:
-            raise InputError(f"column {col!r} has {nan} NaN and {inf} infinite values"
-                             + (" among the rows --where keeps" if where else "")
-                             + "; remove or impute them first, or filter them with --where "
-                               "(NULLs are ignored like SQL aggregates do)")
+    _require_finite(floats, per_label, where)
     labels = [r["__label"] for r in per_label]
     if len(labels) < (1 if database is not None else 2):
         raise InputError(f"column {by!r} has {len(labels)} distinct value(s); at least 2 databases are needed "
                          f"to estimate the query's distribution")
     panel.labels, panel.n_null_ids = labels, int(n_null_id)
+    panel.checked = frozenset((c, where) for c in value_columns)
     schema = f"__label {df.schema[by].dataType.simpleString()}, __j int"
     panel._label_df = spark.createDataFrame([(lab, j) for j, lab in enumerate(labels)], schema)
     return panel
+
+
+def _floats(panel: SparkPanel, columns: Sequence[str]) -> list[str]:
+    """The float columns among ``columns`` (the ones that can hold NaN or infinity)."""
+    return [c for c in dict.fromkeys(columns) if panel.columns[c].startswith(("float", "double"))]
+
+
+def _nonfinite(floats: Sequence[str], keep) -> list:
+    """Aggregates counting the NaN (``nan{k}``) and infinite (``inf{k}``) values of each of ``floats``
+    on the rows ``keep`` holds for."""
+    from pyspark.sql import functions as F
+
+    aggs = []
+    for k, col in enumerate(floats):
+        x = F.col(_q(col))
+        aggs.append(F.sum((keep & F.isnan(x)).cast("long")).alias(f"nan{k}"))
+        aggs.append(F.sum((keep & x.isin(float("inf"), float("-inf"))).cast("long")).alias(f"inf{k}"))
+    return aggs
+
+
+def _require_finite(floats: Sequence[str], rows: list, where: str | None) -> None:
+    """Refuse NaN or infinite values counted by :func:`_nonfinite` (summed over ``rows``)."""
+    for k, col in enumerate(floats):
+        nan, inf = (sum(r[f"{w}{k}"] or 0 for r in rows) for w in ("nan", "inf"))
+        if nan or inf:
+            raise InputError(f"column {col!r} has {nan} NaN and {inf} infinite values"
+                             + (" among the rows `where` keeps" if where else "")
+                             + "; remove or impute them first, or filter them with `where` "
+                               "(NULLs are ignored like SQL aggregates do)", param="where")
+
+
+def require_values(panel: SparkPanel, columns: Sequence[str], where: str | None) -> None:
+    """Refuse a value column that is missing, not numeric, or not finite on the rows ``where`` keeps:
+    what :func:`open_spark_panel` checks, for a query on a panel opened for others (one scan, and
+    none when the panel checked these columns already)."""
+    from pyspark.sql import functions as F
+
+    for col in columns:
+        panel.require_numeric(col, where)
+    floats = [c for c in _floats(panel, columns) if (c, where) not in panel.checked]
+    if not floats:
+        return
+    try:
+        rows = panel.kept(where).agg(*_nonfinite(floats, F.lit(True))).collect()
+    except Exception as exc:  # noqa: BLE001 - a filter Spark cannot resolve
+        raise InputError(f"the filter `where` {where!r} is not valid here: {first_line(exc)}", param="where") from None
+    _require_finite(floats, rows, where)
+
+
+def _group_text(column: str):
+    """A group's name: ``column``'s value as Spark's text (a Column)."""
+    from pyspark.sql import functions as F
+
+    return F.col(_q(column)).cast("string")
+
+
+def group_cells(panel: SparkPanel, column: str, where: str | None = None) -> tuple[list, int]:
+    """The groups of ``column`` in every database on the rows ``where`` keeps, as
+    :func:`empdp.data.sql.group_cells` gives them on DuckDB: ``(cells, n_null)``, one ``(text, value,
+    database index, rows)`` per group present in a database, ordered by the group's value, and the
+    number of kept rows whose group is NULL. One job."""
+    from pyspark.sql import functions as F
+
+    panel.require_column(column)
+    if panel.columns[column].startswith("map"):
+        raise InputError(f"`group_by` column {shorten(column)} holds maps ({clip(panel.columns[column], 60)}), "
+                         "which Spark cannot order; group by a plain column", param="group_by")
+    x = F.col(_q(column))
+    cells = (panel.kept(where).groupBy(_group_text(column).alias("t"), "__j")
+             .agg(F.first(x).alias("v"), F.count(F.lit(1)).alias("rows"), F.max(x.isNull()).alias("null")))
+    try:
+        rows = cells.orderBy("v", "t", "__j").collect()
+    except Exception as exc:  # noqa: BLE001 - a filter Spark cannot resolve
+        raise InputError(f"the filter `where` {where!r} is not valid here: {first_line(exc)}", param="where") from None
+    n_null = sum(r["rows"] for r in rows if r["null"])
+    return [(r["t"], r["v"], r["__j"], r["rows"]) for r in rows if not r["null"]], int(n_null)
 
 
 def _collect(df) -> pa.Table:

@@ -34,9 +34,7 @@ def _databases(engine):
 
     panel, spark = engine.panel, engine.spark
     view = f"empdp_db_{uuid.uuid4().hex[:12]}"
-    lab = panel._label_df
-    src = panel.df.filter(F.col(_q(panel.id)).isNotNull())
-    src = src.join(F.broadcast(lab), src[_q(panel.by)] == lab["__label"])
+    src = panel.kept()
     try:
         for j, label in enumerate(panel.labels):
             src.filter(F.col("__j") == j).drop("__j", "__label").createOrReplaceTempView(view)
