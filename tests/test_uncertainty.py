@@ -64,16 +64,61 @@ def test_other_models_are_refitted_alike_and_contain_the_point(kernel, bandwidth
 
 
 def test_the_interval_is_the_log_scale_basic_interval():
-    """lo = t·e^{−(Q_hi − med)}, hi = t·e^{−(Q_lo − med)} of the replicates' logs, by hand."""
+    """One size: lo = t·e^{−(Q_hi − med)}, hi = t·e^{−(Q_lo − med)} of the replicates' logs, by hand."""
     reps = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
-    lo, hi = U.basic_interval(3.0, reps, 0.5)
+    lo, hi = U.basic_interval(3.0, reps, 0.5, np.full(5, 4), 12)
     logs = np.log(reps)
     q1, q3 = np.quantile(logs, [0.25, 0.75])
     assert lo == pytest.approx(3.0 * math.exp(-(q3 - math.log(4.0))))
     assert hi == pytest.approx(3.0 * math.exp(-(q1 - math.log(4.0))))
     # a zero replicate: the linear scale
-    lo, hi = U.basic_interval(3.0, np.array([0.0, 1.0, 2.0]), 0.5)
+    lo, hi = U.basic_interval(3.0, np.array([0.0, 1.0, 2.0]), 0.5, np.full(3, 4), 12)
     assert (lo, hi) == pytest.approx((3.0 - 0.5, 3.0 + 0.5))
+
+
+def _sized(beta: float, sizes, n: int, u: np.ndarray, scale: float = 0.7) -> np.ndarray:
+    """Replicates (len(sizes) · len(u),) whose deviations at size b are u · C b^−β √(1 − b/n) about
+    a median that differs by size: what an estimator of rate b^β gives on subsamples of one panel."""
+    return np.concatenate([1.0 + 0.1 * b + u * scale * b**-beta * math.sqrt(1 - b / n) for b in sizes])
+
+
+@pytest.mark.parametrize("beta", [0.5, 0.15, 0.0, -0.2])
+def test_the_spread_is_carried_to_n_at_the_rate_of_the_subsamples(beta):
+    """Deviations whose spread falls (or grows) as b^−β, less the finite-panel factor √(1 − b/n), are
+    carried to n exactly: the interval is t minus the quantiles of u · C n^−β, whatever the sizes."""
+    sizes, n = (6, 10, 14, 20), 40
+    u = np.random.default_rng(1).standard_normal(50)
+    reps = _sized(beta, sizes, n, u - np.median(u))
+    lo, hi = U.basic_interval(2.0, np.exp(reps), 0.9, np.repeat(sizes, 50), n)
+    q_lo, q_hi = np.quantile(np.tile(u - np.median(u), 4) * 0.7 * n**-beta, [0.05, 0.95])
+    assert (math.log(lo), math.log(hi)) == pytest.approx((math.log(2.0) - q_hi, math.log(2.0) - q_lo), rel=1e-9)
+
+
+def test_a_mean_gets_its_root_n_spread_from_subsamples():
+    """The sample mean of n = 100 draws: its subsamples' spreads give the spread at n, 2 · 1.2816/√n
+    (10–90%), within 20% on average over panels; one size's spread taken as it is (no rate) is 1.3×
+    too wide."""
+    rng = np.random.default_rng(5)
+    found, plain = [], []
+    for _ in range(20):
+        x = rng.standard_normal(100)
+        subsets = U.draw_subsets(100, 400, 1, rng)
+        means = np.array([x[s].mean() for s in subsets])
+        dev = U.deviations_at_n(means, U.subset_sizes(subsets), 100)
+        found.append(np.subtract(*np.quantile(dev, [0.9, 0.1])))
+        one = means[U.subset_sizes(subsets) == 35]
+        plain.append(np.subtract(*np.quantile(one, [0.9, 0.1])))
+    truth = 2 * 1.2816 / 10
+    assert np.mean(found) == pytest.approx(truth, rel=0.2)
+    assert np.mean(plain) > 1.2 * truth
+
+
+def test_spreads_that_give_no_rate_are_carried_as_they_are():
+    """A quantity that does not vary at some size (a count of 0 there) keeps its deviations unscaled."""
+    values = np.r_[np.zeros(20), np.arange(20.0)]
+    sizes = np.r_[np.full(20, 5), np.full(20, 10)]
+    dev = U.deviations_at_n(values, sizes, 30)
+    np.testing.assert_array_equal(dev, values - np.r_[np.zeros(20), np.full(20, 9.5)])
 
 
 def test_intervals_narrow_as_n_grows_on_a_stationary_process():
@@ -89,8 +134,8 @@ def test_same_seed_same_intervals_other_seed_other_intervals():
     a, b, c = (run(replicates=40, level=0.8, rng=seed)[3] for seed in (7, 7, 8))
     for field in ("eps_all", "delta", "total_risk", "n_at_risk"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
-    np.testing.assert_array_equal(a.plan.subsets, b.plan.subsets)
-    assert not np.array_equal(a.plan.subsets, c.plan.subsets)
+    assert all(np.array_equal(x, y) for x, y in zip(a.plan.subsets, b.plan.subsets, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a.plan.subsets, c.plan.subsets, strict=True))
     gen = run(replicates=40, level=0.8, rng=np.random.default_rng(7))[3]  # a Generator seeded alike
     np.testing.assert_array_equal(gen.eps_all, a.eps_all)
     threaded = run(replicates=40, level=0.8, rng=7, threads=2)[3]  # replicates side by side: the same bits
@@ -121,21 +166,25 @@ def test_bad_options_are_one_line_errors_naming_the_parameter(kw, param, fragmen
 
 
 def test_too_few_databases_is_refused():
-    q, shifts = synthetic(8, 1)
-    with pytest.raises(InputError, match="at least 9 databases") as err:
+    U.draw_subsets(7, 4, 1, 1)  # sizes 3 and 4: a rate can be estimated
+    q, shifts = synthetic(6, 1)
+    with pytest.raises(InputError, match="at least 7 databases") as err:
         U.estimate(q, shifts, model=select_density(q), epsilons=[0.1], replicates=20, level=0.8, rng=1)
     assert err.value.param == ("uncertainty",)
 
 
-def test_subsets_keep_thirty_percent_in_blocks_when_asked():
+def test_subsets_keep_four_shares_in_turn_in_blocks_when_asked():
     subsets = U.draw_subsets(30, 50, 1, np.random.default_rng(0))
-    assert subsets.shape == (50, 9) and all(len(set(s)) == 9 for s in subsets)
-    assert np.all(np.diff(subsets, axis=1) > 0) and subsets.min() >= 0 and subsets.max() < 30
+    sizes = U.subset_sizes(subsets)
+    np.testing.assert_array_equal(sizes, np.tile([4, 8, 10, 15], 13)[:50])  # 0.15, 0.25, 0.35, 0.5 of 30
+    assert all(len(set(s)) == len(s) and np.all(np.diff(s) > 0) and s.min() >= 0 and s.max() < 30 for s in subsets)
     blocks = U.draw_subsets(31, 50, 3, np.random.default_rng(0))
-    assert blocks.shape == (50, 9)
-    runs = blocks.reshape(50, 3, 3)
-    assert np.all(np.diff(runs, axis=2) == 1)  # consecutive databases kept together
-    assert np.all((runs[:, :, 0] - runs[:, :1, 0]) % 3 == 0)  # on one grid of blocks per replicate
+    np.testing.assert_array_equal(U.subset_sizes(blocks), np.tile([6, 6, 12, 15], 13)[:50])  # of 10 blocks
+    for s in blocks:
+        runs = s.reshape(-1, 3)
+        assert np.all(np.diff(runs, axis=1) == 1)  # consecutive databases kept together
+        assert np.all((runs[:, 0] - runs[0, 0]) % 3 == 0)  # on one grid of blocks per replicate
+    np.testing.assert_array_equal(U.subset_sizes(U.draw_subsets(10, 4, 3, 0)), [3, 3, 3, 6])  # at least 3
 
 
 def test_autocorrelated_values_get_blocks_and_the_warnings():
@@ -211,7 +260,7 @@ def test_calibration_level_against_brute_force_recomputation():
     rng = np.random.default_rng(11)
     q = rng.normal(0, 1, 9)
     shifts = rng.normal(0, 0.05, (4, 9)) * (rng.random((4, 9)) < 0.7)
-    subsets = U.draw_subsets(9, 20, 1, rng)
+    subsets = np.sort(np.argsort(rng.random((20, 9)), axis=1)[:, :4], axis=1)  # one size: no rate to carry
     res = U.calibration_level(q, shifts, 0.3, level=0.8, subsets=subsets)
     lam_star = _brute_lambda(q, shifts, 0.3)
     lams = np.array([_brute_lambda(q[s], shifts[:, s], 0.3) for s in subsets])
@@ -223,6 +272,20 @@ def test_calibration_level_against_brute_force_recomputation():
     assert res.lam == pytest.approx(expected, rel=1e-6)
     assert res.lam > res.lam_star  # the replicates' spread raises it
     assert res.to_dict()["lambda_level"] == res.lam
+    given = U.calibration_level(q, shifts, 0.3, level=0.8, subsets=subsets, lam_star=2 * res.lam_star)
+    assert given.lam_star == 2 * res.lam_star  # a λ* found before is used, not found again
+    assert given.lam == pytest.approx(2 * res.lam, rel=1e-12)
+
+
+def test_calibration_level_carries_the_replicates_spread_to_n():
+    """Subsamples of several sizes: λ_L = λ* · e^{Q_L} of the deviations carried to n databases."""
+    q, shifts = synthetic(30, 4)
+    res = U.calibration_level(q, shifts, 0.5, replicates=40, level=0.8, rng=2)
+    subsets = U.draw_subsets(30, 40, U.block_length(q), np.random.default_rng(2))
+    assert np.unique(U.subset_sizes(subsets)).size == 4
+    dev = U.deviations_at_n(np.log(res.lams), U.subset_sizes(subsets), 30)
+    expected = res.lam_star * math.exp(np.sort(dev)[math.ceil(0.8 * 40) - 1])
+    assert res.lam == pytest.approx(max(res.lam_star, expected), rel=1e-12) and res.lam > res.lam_star
 
 
 def test_calibration_level_excludes_sole_contributors_and_is_reproducible():

@@ -3,25 +3,24 @@
 
 ε_all, δ(ε), δ*(ε) and the at-risk counts are estimates from the n databases at hand. The
 interval says how far they move over *other sets of n databases from the same process*. Each of
-B replicates keeps m ≈ 0.3 n of the databases (without replacement; whole blocks of consecutive
-databases when they are autocorrelated), re-selects the density model on their query values and
-recomputes the estimate from the leave-one-out shifts already computed (their columns of the kept
-databases; nothing is read again). Why this method (Politis, Romano and Wolf 1999, subsampling):
+B replicates keeps b of the databases (without replacement; whole blocks of consecutive databases
+when they are autocorrelated), re-selects the density model on their query values and recomputes
+the estimate from the leave-one-out shifts already computed (their columns of the kept databases;
+nothing is read again). Why this method (Politis, Romano and Wolf 1999, subsampling):
 
 - ε_all is a maximum (over individuals and over the line), for which the plain bootstrap is
   inconsistent (Bickel and Freedman 1981); resampling *with* replacement also puts ties among the
   query values, where the leave-one-out likelihood of the bandwidth grows without bound as the
   scale shrinks. Subsampling without replacement has neither problem.
-- The spread of ε_all does not shrink with n (measured: its 5–95% range is about the same at 10, 20,
-  40 and 80 databases, while its median grows with n as the selected kernel narrows; on the log
-  scale the spread is nearly constant), so a subsample's spread is carried to n as it is, and
-  only its centre is not: the interval is the basic (pivotal) one on the log scale, centred on
-  the replicates' own median, [t · e^{−(Q_hi − med)}, t · e^{−(Q_lo − med)}] with Q the
-  replicates' (1 ± L)/2 quantiles of log ε_all.
-- m = 0.3 n, chosen by simulation on four processes (tests/bench/uncertainty_validation.py):
-  subsamples of n/2 share half their databases with one another and with the full panel, and
-  their spread is too small (coverage 0.80–0.88 at level 0.9); n/3 still too small on one process
-  (0.78); at n/4 the spread of tiny panels is too large (coverage 0.95–1.00).
+- The rate at which the estimate's spread changes with n is not known and differs by process
+  (measured on log ε_all: it shrinks for bounded effects, hardly for heavy-tailed database
+  effects). So the replicates keep databases in turn at :data:`SHARES` of n, and the rate is
+  estimated from their spreads at those sizes (Bertail, Politis and Romano 1999): the log of each
+  size's 10–90% range, corrected for sampling a finite panel without replacement (the factor
+  √(1 − b/n) of a mean), is regressed on log b, and the line gives the spread at n.
+- The interval is the basic (pivotal) one on the log scale: each replicate's deviation from its
+  size's median, scaled by the ratio of the spread at n to its size's spread, and the full
+  estimate t minus the (1 ± L)/2 quantiles of those deviations.
 - Serial dependence: when the query values are autocorrelated (Ljung–Box p < 0.05), whole blocks
   of consecutive databases (length ≈ n^(1/3)) are kept or dropped together.
 """
@@ -42,11 +41,18 @@ from ..params import target_epsilon, whole
 from . import checks
 
 #: the name of the method in the JSON ``uncertainty`` object
-METHOD = "subsampling of databases (m = 0.3 n, blocks when autocorrelated), log-scale basic interval"
+METHOD = ("subsampling of databases at 0.15-0.5 n (blocks when autocorrelated), rate of convergence estimated "
+          "from the spreads at those sizes, log-scale basic interval")
 #: the validation (tests/bench/uncertainty_validation.py) holds its target from this many databases on
 MIN_VALIDATED = 20
-#: the share of the databases (or of their blocks) each replicate keeps
-SHARE = 0.3
+#: the shares of the databases (or of their blocks) the replicates keep, in turn: four sizes, so that
+#: the spread's rate of change with the number of databases can be estimated
+SHARES = (0.15, 0.25, 0.35, 0.5)
+#: the largest |β| of the estimated rate b^β: no estimate here converges faster than a mean (√b), and
+#: a steeper slope from four noisy spreads is noise (per panel, β̂ varies by ±0.3 on the validation's processes)
+MAX_RATE = 0.5
+#: the spread of a size's replicates: their 10–90% range (wider quantiles are too noisy at B/4)
+SPREAD = (0.1, 0.9)
 #: a replicate must keep this many databases to fit a density model
 MIN_KEPT = 3
 #: the individuals evaluated exactly in every replicate's sweep (those with the largest reach); beyond
@@ -64,8 +70,8 @@ class Plan:
 
     Attributes
     ----------
-    subsets : ndarray (B, m)
-        Database indices kept by each replicate (ascending).
+    subsets : list of ndarray
+        Database indices kept by each replicate (ascending), at the sizes of :data:`SHARES` in turn.
     models : list of DensityModel
         The model re-selected on each replicate's query values.
     block : int
@@ -78,6 +84,11 @@ class Plan:
     models: list
     block: int
     n: int
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """The databases each replicate keeps (B,)."""
+        return subset_sizes(self.subsets)
 
     @property
     def min_bandwidth(self) -> float:
@@ -99,8 +110,10 @@ class Uncertainty:
         [lo, hi] of ε_all.
     delta, total_risk, n_at_risk : ndarray (E, 2)
         [lo, hi] of δ(ε), δ*(ε) and the at-risk count at each swept ε.
-    block, size : int
-        Block length and databases per replicate.
+    block : int
+        Block length.
+    sizes : tuple of int
+        The distinct numbers of databases the replicates keep.
     sampled : tuple of int or None
         (individuals evaluated, individuals that can be at risk) when the sweep's replicates
         sampled individuals (more than :data:`EXACT_ROWS` can be at risk), else None.
@@ -116,11 +129,16 @@ class Uncertainty:
     total_risk: np.ndarray
     n_at_risk: np.ndarray
     block: int
-    size: int
+    sizes: tuple
     sampled: tuple | None = None
     warnings: list = field(default_factory=list)
     plan: Plan | None = field(default=None, repr=False)
     eps_all_replicates: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def size(self) -> str:
+        """The databases per replicate, as text: "6–20"."""
+        return size_text(self.sizes)
 
     def to_dict(self) -> dict:
         """The JSON ``uncertainty`` object."""
@@ -129,7 +147,7 @@ class Uncertainty:
                 "eps_all": [float(v) for v in self.eps_all],
                 "sweep": {"delta": pairs(self.delta), "total_risk": pairs(self.total_risk),
                           "n_at_risk": [[int(lo), int(hi)] for lo, hi in self.n_at_risk]},
-                "databases_per_replicate": self.size, "block_length": self.block,
+                "databases_per_replicate": [int(v) for v in self.sizes], "block_length": self.block,
                 **({"sampled_individuals": list(self.sampled)} if self.sampled else {}),
                 "warnings": list(self.warnings)}
 
@@ -158,18 +176,41 @@ def block_length(q: np.ndarray) -> int:
     return 1 if p >= 0.05 else max(2, round(len(q) ** (1 / 3)))
 
 
-def draw_subsets(n: int, replicates: int, block: int, rng) -> np.ndarray:
-    """(B, m) subsamples: round(0.3 K) of K = ⌊n/block⌋ blocks of consecutive databases, at a random offset."""
+def draw_subsets(n: int, replicates: int, block: int, rng) -> list:
+    """B subsamples: replicate k keeps round(s K) of the K = ⌊n/block⌋ blocks of consecutive databases
+    (s = :data:`SHARES` [k mod 4]; at least :data:`MIN_KEPT` databases, at most K − 1 blocks), at a
+    random offset. Raises when fewer than two sizes are possible (too few databases)."""
     rng = np.random.default_rng(rng)
     k = n // block
-    keep = max(1, round(k * SHARE))
-    if keep * block < MIN_KEPT or n - keep * block < 1:
-        least = math.ceil((MIN_KEPT - 0.5) / SHARE) * block
-        raise InputError(f"the uncertainty needs at least {least} databases (30% of them, {MIN_KEPT} or more, in "
-                         f"each replicate); this source has {n}", param="uncertainty")
+    keeps = _keeps(k, block)
+    if len(set(keeps)) < 2:
+        least = next(m for m in range(n + 1, 10 * MIN_KEPT * block) if len(set(_keeps(m // block, block))) > 1)
+        raise InputError(f"the uncertainty needs at least {least} databases (subsamples of two sizes or more, each "
+                         f"of {MIN_KEPT} or more databases and fewer than all); this source has {n}",
+                         param="uncertainty")
     offsets = rng.integers(0, n - k * block + 1, size=replicates)
-    chosen = np.sort(np.argsort(rng.random((replicates, k)), axis=1)[:, :keep], axis=1)
-    return offsets[:, None] + (chosen[:, :, None] * block + np.arange(block)).reshape(replicates, -1)
+    order = np.argsort(rng.random((replicates, k)), axis=1)
+    out = []
+    for r in range(replicates):
+        chosen = np.sort(order[r, :keeps[r % len(keeps)]])
+        out.append(offsets[r] + (chosen[:, None] * block + np.arange(block)).ravel())
+    return out
+
+
+def _keeps(k: int, block: int) -> list[int]:
+    """Blocks kept at each of :data:`SHARES` out of ``k``: at least :data:`MIN_KEPT` databases, fewer than all."""
+    least = math.ceil(MIN_KEPT / block)
+    return [min(max(round(share * k), least), k - 1) for share in SHARES]
+
+
+def subset_sizes(subsets) -> np.ndarray:
+    """The databases each subsample keeps."""
+    return np.array([len(s) for s in subsets])
+
+
+def size_text(sizes) -> str:
+    """Subsample sizes as text for messages: "6–20" (one size: "6")."""
+    return f"{min(sizes)}–{max(sizes)}" if min(sizes) < max(sizes) else f"{min(sizes)}"
 
 
 def bandwidth_option(model: DensityModel):
@@ -294,13 +335,13 @@ def _search(model: DensityModel, shifts: np.ndarray, bound: np.ndarray, eps_i: n
 
 
 # ------------------------------------------------------------------------ intervals
-def basic_interval(point, reps: np.ndarray, level: float) -> np.ndarray:
-    """[t · e^{−(Q_hi − med)}, t · e^{−(Q_lo − med)}] of the replicates ``reps`` (B, ...) around ``point``.
+def basic_interval(point, reps: np.ndarray, level: float, sizes, n: int) -> np.ndarray:
+    """The basic interval on the log scale of the replicates ``reps`` (B, ...) of sizes ``sizes`` (B,)
+    around ``point``, the estimate from all ``n`` databases.
 
-    Q_lo, Q_hi are the (1 ∓ L)/2 quantiles of the replicates' logarithms and med their median: the
-    spread of the replicates about their own centre, carried to the full sample's estimate (the basic
-    interval on the log scale). Where the point or a replicate is not positive, the same on the
-    linear scale. Returns (..., 2).
+    [t − Q_hi, t − Q_lo] on the log scale, with t the log estimate and Q_lo, Q_hi the (1 ∓ L)/2
+    quantiles of the replicates' deviations carried to n databases (:func:`deviations_at_n`). Where
+    the point or a replicate is not positive, the same on the linear scale. Returns (..., 2).
     """
     reps = np.asarray(reps, dtype=float)
     point = np.asarray(point, dtype=float)
@@ -308,11 +349,47 @@ def basic_interval(point, reps: np.ndarray, level: float) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         scaled = np.where(positive, np.log(np.where(positive, reps, 1.0)), reps)
         centre = np.where(positive, np.log(np.where(positive, point, 1.0)), point)
-    med = np.median(scaled, axis=0)
-    lo_q, hi_q = np.quantile(scaled, [(1 - level) / 2, (1 + level) / 2], axis=0)
-    ends = np.stack([centre - (hi_q - med), centre - (lo_q - med)], axis=-1)
+    lo_q, hi_q = np.quantile(deviations_at_n(scaled, sizes, n), [(1 - level) / 2, (1 + level) / 2], axis=0)
+    ends = np.stack([centre - hi_q, centre - lo_q], axis=-1)
     with np.errstate(over="ignore"):  # an end beyond e^709 is infinite (the callers clip δ and the counts)
         return np.where(positive[..., None], np.exp(ends), ends)
+
+
+def deviations_at_n(values: np.ndarray, sizes, n: int) -> np.ndarray:
+    """Each replicate's deviation from the median of its size's replicates, scaled to ``n`` databases.
+
+    The scale is the ratio of the spread at n to the size's own spread (:func:`log_spread_at`); it is
+    1 where the spreads do not give a rate (fewer than two sizes, or a size whose replicates do not
+    vary). ``values`` (B, ...), ``sizes`` (B,).
+    """
+    sizes = np.asarray(sizes)
+    groups = np.unique(sizes)
+    members = [sizes == g for g in groups]
+    med = np.stack([np.median(values[m], axis=0) for m in members])
+    hi, lo = SPREAD[1], SPREAD[0]
+    spread = np.stack([np.subtract(*np.quantile(values[m], [hi, lo], axis=0)) for m in members])
+    usable = (len(groups) > 1) & np.all(np.isfinite(spread) & (spread > 0), axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.log(np.where(usable, spread, 1.0))
+        factor = np.where(usable, np.exp(log_spread_at(n, groups, logs) - logs), 1.0)
+    at = np.searchsorted(groups, sizes)
+    return (values - med[at]) * factor[at]
+
+
+def log_spread_at(n: int, sizes: np.ndarray, log_spread: np.ndarray) -> np.ndarray:
+    """The log spread at ``n`` databases from the log spreads (G, ...) of subsamples of ``sizes`` (G,).
+
+    Subsamples of one panel share their databases, so their spread is smaller than that of
+    independent sets of b databases: by √(1 − b/n) for a mean (sampling without replacement). Less
+    that, the log spread is taken to be linear in log b, as for an estimator converging at the rate
+    b^β (Bertail, Politis and Romano 1999), and the least-squares line, its slope within
+    ±:data:`MAX_RATE`, is read at n.
+    """
+    x = np.log(sizes.astype(float))
+    x = (x - x.mean()).reshape((-1,) + (1,) * (log_spread.ndim - 1))
+    y = log_spread - 0.5 * np.log1p(-sizes / n).reshape(x.shape)
+    slope = np.clip((x * (y - y.mean(axis=0))).sum(axis=0) / (x**2).sum(), -MAX_RATE, MAX_RATE)
+    return y.mean(axis=0) + slope * (math.log(n) - np.log(sizes.astype(float)).mean())
 
 
 def estimate(q, rows: Rows | np.ndarray, *, model: DensityModel, epsilons, replicates: int = 200,
@@ -369,24 +446,24 @@ def estimate(q, rows: Rows | np.ndarray, *, model: DensityModel, epsilons, repli
 def summarise(plan: Plan, full, reps, level: float, n_individuals: int, q, rows: Rows) -> Uncertainty:
     """The :class:`Uncertainty` of the full estimates ``full`` and the replicates' ``reps``."""
     stack = [np.array([r[k] for r in reps]) for k in range(4)]
-    eps_all = np.maximum(basic_interval(full[0], stack[0], level), 0.0)
-    delta = np.clip(basic_interval(full[1], stack[1], level), 0.0, 1.0)
-    total = np.clip(basic_interval(full[2], stack[2], level), 0.0, 1.0)
-    count = basic_interval(full[3], stack[3], level)
+    interval = lambda k: basic_interval(full[k], stack[k], level, plan.sizes, plan.n)  # noqa: E731
+    eps_all = np.maximum(interval(0), 0.0)
+    delta, total = np.clip(interval(1), 0.0, 1.0), np.clip(interval(2), 0.0, 1.0)
+    count = interval(3)
     count = np.clip(np.stack([np.floor(count[:, 0] + 1e-9), np.ceil(count[:, 1] - 1e-9)], axis=1), 0,
                     n_individuals).astype(np.int64)
     sampled = None if len(rows.sweep) >= len(rows.weight) and np.all(rows.weight == 1) else \
         (int(len(rows.sweep)), int(round(rows.weight.sum())))
     unc = Uncertainty(METHOD, len(plan.subsets), level, eps_all, delta, total, count, plan.block,
-                      int(plan.subsets.shape[1]), sampled, plan=plan, eps_all_replicates=stack[0])
+                      tuple(int(v) for v in np.unique(plan.sizes)), sampled, plan=plan, eps_all_replicates=stack[0])
     unc.warnings = warnings_for(q, block=plan.block, size=unc.size)
     return unc
 
 
-def warnings_for(q, *, block: int, size: int) -> list[str]:
+def warnings_for(q, *, block: int, size: str) -> list[str]:
     """The conditions under which the interval is not validated (docs/method.md), as warning lines:
     fewer than :data:`MIN_VALIDATED` databases, a trend, blocks (``block`` > 1) for autocorrelation.
-    ``size`` is the databases each replicate keeps."""
+    ``size`` is the databases the replicates keep, as text (:func:`size_text`)."""
     q = np.asarray(q, dtype=float)
     n, out = len(q), []
     if n < MIN_VALIDATED:
@@ -468,7 +545,7 @@ def individual_intervals(unc: Uncertainty, shifts, eps_i) -> tuple[np.ndarray, n
     lo, hi = np.full(len(eps_i), np.inf), np.full(len(eps_i), np.inf)
     if finite.any():
         reps = np.array([risk.evaluate(m, shifts[finite][:, s])[0] for m, s in zip(plan.models, plan.subsets)])
-        iv = np.maximum(basic_interval(eps_i[finite], reps, unc.level), 0.0)
+        iv = np.maximum(basic_interval(eps_i[finite], reps, unc.level, plan.sizes, plan.n), 0.0)
         lo[finite], hi[finite] = iv[:, 0], iv[:, 1]
     return lo, hi
 
@@ -491,13 +568,18 @@ class CalibrationLevel:
 
 
 def calibration_level(q, shifts, epsilon: float, *, level: float = 0.9, replicates: int = 200, rng=None,
-                      undefined=None, block: int | None = None, subsets: np.ndarray | None = None) -> CalibrationLevel:
+                      undefined=None, block: int | None = None, subsets=None,
+                      lam_star: float | None = None) -> CalibrationLevel:
     """λ_L: the noise scale at which the target ε holds for a fraction L of other sets of databases.
 
     λ*_r = max_i min{λ : ε_i(λ) ≤ ε} is computed exactly on each subsample r (sole contributors
-    excluded, as in calibrate); the least λ at which ε holds in a fraction L of them is their
-    L-quantile Q_L, carried to the full sample about the replicates' median as in
-    :func:`basic_interval` (log scale): λ_L = λ* · e^{Q_L(log λ*_r) − med(log λ*_r)}, never below λ*.
+    excluded, as in calibrate). The least λ at which ε holds in a fraction L of other sets of n
+    databases is the L-quantile of λ* over them, estimated as the intervals are (:func:`basic_interval`,
+    log scale): λ_L = λ* · e^{Q_L}, Q_L the L-quantile of the replicates' deviations carried to n
+    databases (:func:`deviations_at_n`), never below λ*.
+
+    ``subsets`` (a list of index arrays, or a (B, m) array) replaces the draw; ``lam_star``, when the
+    caller has found λ* already, is used instead of computing it again.
     """
     epsilon = target_epsilon(epsilon)
     q = np.asarray(q, dtype=float)
@@ -510,18 +592,19 @@ def calibration_level(q, shifts, epsilon: float, *, level: float = 0.9, replicat
         level = check_options(len(subsets), level)[1]
     ok = np.ones(len(shifts), bool) if undefined is None else ~np.asarray(undefined, bool)
     points = q - shifts[ok]
-    lam_star = _lambda(q, points, epsilon)
+    lam_star = _lambda(q, points, epsilon) if lam_star is None else float(lam_star)
     lams = np.array([_lambda(q[s], points[:, s], epsilon) for s in subsets])
-    return CalibrationLevel(level_scale(lam_star, lams, level), lam_star, level, len(subsets), lams,
-                            warnings_for(q, block=block, size=subsets.shape[1]))
+    sizes = subset_sizes(subsets)
+    return CalibrationLevel(level_scale(lam_star, lams, level, sizes, len(q)), lam_star, level, len(subsets), lams,
+                            warnings_for(q, block=block, size=size_text(sizes)))
 
 
-def level_scale(lam_star: float, lams: np.ndarray, level: float) -> float:
-    """λ_L from λ* and the replicates' λ*_r (:func:`calibration_level`)."""
-    if lam_star > 0 and np.all(lams > 0):
-        logs = np.log(lams)
-        return max(lam_star, lam_star * math.exp(np.quantile(logs, level, method="inverted_cdf") - np.median(logs)))
-    return max(lam_star, lam_star + float(np.quantile(lams, level, method="inverted_cdf") - np.median(lams)))
+def level_scale(lam_star: float, lams: np.ndarray, level: float, sizes, n: int) -> float:
+    """λ_L from λ* and the replicates' λ*_r of ``sizes`` databases out of ``n`` (:func:`calibration_level`)."""
+    positive = lam_star > 0 and np.all(lams > 0)
+    values = np.log(lams) if positive else lams
+    top = float(np.quantile(deviations_at_n(values, sizes, n), level, method="inverted_cdf"))
+    return max(lam_star, lam_star * math.exp(top) if positive else lam_star + top)
 
 
 def _lambda(a: np.ndarray, points: np.ndarray, epsilon: float) -> float:
