@@ -78,7 +78,6 @@ JOINT = CuratorModel("joint", "a joint query of {d} statistics", _vector(
     audit="the joint report has no audit section yet; report the audit of one statistic"))
 GROUPED = CuratorModel("grouped", "grouped statistics (`group_by`)", names=("group_by",), refuses=_vector(
     "grouped statistics", "grouped",
-    report="the HTML report does not show grouped statistics yet; use --json or --out",
     calibration="it adds a section to --report, which grouped statistics do not take",
     audit="it adds a section to --report, which grouped statistics do not take",
     save_result="'empdp report' does not read grouped results; use --json or --out",

@@ -63,7 +63,6 @@ def test_terminal_labels_bounds_as_bounds(five):
 @pytest.mark.parametrize("extra, fragments", [
     (["--query", "sum(x)"], ["one --query or one --sql"]),
     (["--kernel", "gaussian"], ["--kernel gaussian", "--group-by"]),
-    (["--report", "r.html"], ["--report", "--group-by"]),
     (["--save-result", "r.json"], ["--save-result"]),
     (["--bandwidth", "variable"], ["--bandwidth variable"]),
     (["--bandwidth", "1,x"], ["--bandwidth"]),

@@ -12,6 +12,7 @@ Modules, from the page down::
     page.py         report_html / render_report: the sections in order under a header
     assessment.py   summary, risk curves, riskiest individuals, densities, representativeness, adversary
     joint.py        the same for 2–3 statistics released together, with the joint density's contours
+    grouped.py      the same for one statistic per group, with a row per group and the worst groups' density
     contours.py     p̂ and p̂_i on a grid over a pair of statistics (the 2-D margins for three)
     calibration.py  the noise a calibration chose
     audit.py        an MPL / Rényi bound, or a release audit (per adversary bucket)
@@ -22,8 +23,9 @@ Modules, from the page down::
 from ..io import keyed_hash
 from .assessment import TOP_DENSITIES, TOP_TABLE
 from .audit import AUDIT_KINDS, audit_kind
+from .grouped import GROUPED_SECTIONS
 from .joint import JOINT_SECTIONS
 from .page import OPTIONAL_SECTIONS, SECTIONS, render_report, report_html, report_sections
 
-__all__ = ["AUDIT_KINDS", "JOINT_SECTIONS", "OPTIONAL_SECTIONS", "SECTIONS", "TOP_DENSITIES", "TOP_TABLE",
+__all__ = ["AUDIT_KINDS", "GROUPED_SECTIONS", "JOINT_SECTIONS", "OPTIONAL_SECTIONS", "SECTIONS", "TOP_DENSITIES", "TOP_TABLE",
            "audit_kind", "keyed_hash", "render_report", "report_html", "report_sections"]

@@ -39,8 +39,8 @@ def databases(a) -> str:
 
 
 def kernel_of(a) -> kernels.Kernel:
-    """The kernel of a result's density model; a joint model's product kernels are Laplace."""
-    return getattr(a.model, "kernel", None) or kernels.Laplace()
+    """The kernel of a result's density model; the product kernels of a joint or grouped model are Laplace."""
+    return getattr(getattr(a, "model", None), "kernel", None) or kernels.Laplace()
 
 
 def _tolerance(a) -> str:

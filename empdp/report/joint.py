@@ -19,9 +19,10 @@ SWEEP_ROWS = 12
 
 
 def check_epsilon(a, eps: float) -> None:
-    """A joint result holds every individual's δ_i at the smallest assessed ε only: the table is there."""
+    """A joint or grouped result holds every individual's δ_i at the smallest assessed ε only: the table
+    is there."""
     if not np.isclose(eps, a.epsilons[0], rtol=1e-12, atol=0):
-        raise InputError(f"a joint result's table is exact at the smallest assessed epsilon, "
+        raise InputError(f"a {a.kind.key} result's table is exact at the smallest assessed epsilon, "
                          f"{float(a.epsilons[0]):.6g}, only; got `epsilon` {eps:.6g}: assess again with `epsilon` "
                          f"{eps:.6g}", param="epsilon")
 

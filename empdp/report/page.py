@@ -9,6 +9,7 @@ from ..assessment.result import keep_shifts
 from ..errors import InputError
 from ..io import atomic_path
 from . import assessment as _a
+from . import grouped as _g
 from . import joint as _j
 from .audit import audit as audit_section
 from .audit import audit_kind
@@ -28,13 +29,16 @@ def report_html(assessment, *, epsilon: float | None = None, calibration: dict |
     A joint assessment (:class:`empdp.assessment.joint.JointAssessment`, 2–3 statistics released
     together) gets the joint sections (:data:`empdp.report.joint.JOINT_SECTIONS`) at the smallest
     assessed ε, with the joint density's contours with and without the riskiest individual when the
-    result holds their shifts (:func:`empdp.assessment.result.keep_shifts`).
+    result holds their shifts (:func:`empdp.assessment.result.keep_shifts`). Grouped statistics
+    (:class:`empdp.assessment.groups.GroupedAssessment`) get :data:`empdp.report.grouped.GROUPED_SECTIONS`
+    at the smallest assessed ε: a row per group, and the worst groups' density with and without the
+    riskiest individual.
 
     Parameters
     ----------
-    assessment : empdp.assessment.assess.Assessment or empdp.assessment.joint.JointAssessment
-        The result of :func:`empdp.assessment.assess.assess` or :func:`empdp.assessment.joint.assess_joint`,
-        live or loaded (:func:`empdp.assessment.result.load_result`).
+    assessment : empdp.assessment.assess.Assessment, JointAssessment or GroupedAssessment
+        The result of :func:`empdp.assessment.assess.assess` (of any curator model), live or (one
+        statistic or joint) loaded (:func:`empdp.assessment.result.load_result`).
     epsilon : float, optional
         The ε to mark and to evaluate the table at; default the smallest assessed ε.
     calibration : dict, optional
@@ -92,14 +96,23 @@ def _joint(a, eps: float, show, calibration, audit, audit_hash_ids) -> list:
     return _j.sections(keep_shifts(a), eps, show)
 
 
-#: the report of each curator model (:mod:`empdp.models`); grouped statistics have none yet
-_REPORTS = {"one": _one_statistic, "joint": _joint}
+def _grouped(a, eps: float, show, calibration, audit, audit_hash_ids) -> list:
+    """The sections of a grouped report, at the smallest assessed ε (calibration and audit are refused by
+    the model, :data:`empdp.models.GROUPED`)."""
+    _j.check_epsilon(a, eps)
+    return _g.sections(a, eps, show)
+
+
+#: the report of each curator model (:mod:`empdp.models`)
+_REPORTS = {"one": _one_statistic, "joint": _joint, "grouped": _grouped}
+#: the sections of the models whose report has its own
+_SECTIONS = {"joint": _j.JOINT_SECTIONS, "grouped": _g.GROUPED_SECTIONS}
 
 
 def report_sections(a, calibration: dict | None = None, audit: dict | None = None) -> list[str]:
     """The ids of the sections :func:`report_html` writes for ``a`` (with these optional sections)."""
-    if a.kind.key == "joint":
-        return list(_j.JOINT_SECTIONS)
+    if a.kind.key in _SECTIONS:
+        return list(_SECTIONS[a.kind.key])
     return list(SECTIONS) + [s for s, d in (("adversary", a.adversary), ("calibration", calibration),
                                             ("audit", audit)) if d]
 
