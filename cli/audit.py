@@ -208,7 +208,8 @@ def audit():
                    "chosen by --time-budget; 20000 when only --final-size is given.")
 @click.option("--final-size", "final_size", type=int, default=None,
               help="Stage-2 outputs per database, fresh, more than --search-size: the bound (old name --N). "
-                   "Default: 5 x --search-size under --time-budget; 50000 when only --search-size is given.")
+                   "Default: chosen by --time-budget (what stage 1 leaves of it); 50000 when only --search-size "
+                   "is given.")
 @click.option("--n", "n_old", type=int, default=None, hidden=True)
 @click.option("--N", "N_old", type=int, default=None, hidden=True)
 @click.option("--region", default=None, metavar="LO,HI", callback=lambda ctx, param, value: _region(value),

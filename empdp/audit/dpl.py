@@ -172,14 +172,15 @@ def _stage1_discrete(x, y, tau, zc, N, region, events: bool):
     return cats, np.where(keep, loss, 0.0), best_crit, members
 
 
-def score_candidate(x, y, is_discrete: bool, plan: Plan) -> Candidate:
+def score_candidate(x, y, is_discrete: bool, plan: Plan, logistic: bool = True) -> Candidate:
     """The best score event (module :mod:`empdp.audit.events`) by its predicted stage-2 bound, less
     SCORE_PENALTY stage-1 standard errors.
 
     Vector outputs have several scores, the logistic regression of :func:`fit_score` and the
     per-coordinate log ratios of module :mod:`empdp.audit.ratios`: each is fitted on the first half
     of the stage-1 outputs and judged, threshold and all, on the second, so a score that fits its own
-    noise is not preferred.
+    noise is not preferred. Without ``logistic`` the regression is not among them (it was most of stage
+    1's cost, and the first round of successive halving only ranks the pairs).
     """
     half = len(x) // 2 if x.shape[1] > 1 else 0
     fit_x, fit_y, x, y = x[:half], y[:half], x[half:], y[half:]
@@ -187,7 +188,8 @@ def score_candidate(x, y, is_discrete: bool, plan: Plan) -> Candidate:
     # a loss whose event is rare under x′ (noisy_hist2's 10) at ln(n/40) instead of ln(n/20)
     tau = plan.tau if plan.tau is not None else _default_tau(True, half + len(x), None)
     weight = plan.zc / math.sqrt(plan.N) + SCORE_PENALTY / math.sqrt(len(x))
-    rule = fit_score(x, y, is_discrete) if not half else _best_score(fit_x, fit_y, x, y, is_discrete, tau, weight)
+    rule = (fit_score(x, y, is_discrete) if not half
+            else _best_score(fit_x, fit_y, x, y, is_discrete, tau, weight, logistic))
     rule, crit, cand, loss = best_threshold(rule, x, y, tau, weight)
     return Candidate(score=crit, t=np.array([rule.threshold]), event=None, pts=cand[:, None], loss=loss, tau=tau,
                      box=None, rule=rule)
@@ -201,18 +203,21 @@ LOGISTIC_STEPS = 30
 COMPARE_ROWS = 20_000
 
 
-def _best_score(fit_x, fit_y, x, y, is_discrete: bool, tau: float, weight: float) -> ScoreRule:
+def _best_score(fit_x, fit_y, x, y, is_discrete: bool, tau: float, weight: float,
+                logistic: bool = True) -> ScoreRule:
     """The score (fitted on ``fit_x``, ``fit_y``) whose best event has the largest criterion on the first
     COMPARE_ROWS of ``x``, ``y`` (the ratio scores of one binning share its bins)."""
     cx, cy = x[:COMPARE_ROWS], y[:COMPARE_ROWS]
     cw = weight - SCORE_PENALTY / math.sqrt(len(x)) + SCORE_PENALTY / math.sqrt(len(cx))
-    best = fit_score(fit_x, fit_y, is_discrete, LOGISTIC_STEPS)
-    top = best_threshold(best, cx, cy, tau, cw)[1]
+    best, top = None, -math.inf
+    if logistic:
+        best = fit_score(fit_x, fit_y, is_discrete, LOGISTIC_STEPS)
+        top = best_threshold(best, cx, cy, tau, cw)[1]
     for binning, scores in ratio_scores(fit_x, fit_y):
         codes_x, codes_y = binning.codes(cx), binning.codes(cy)
         for score in scores:
             crit = best_threshold_of(score.score_codes(codes_x), score.score_codes(codes_y), tau, cw)[0]
-            if crit > top:
+            if best is None or crit > top:
                 best, top = ScoreRule(score.name, 0.0, 1, score), crit
     return best
 
@@ -227,10 +232,10 @@ def _sparse(x) -> bool:
     return x.shape[1] > 1 and len(np.unique(x[:SPARSE_ROWS], axis=0)) >= SPARSE_LEVELS
 
 
-def candidate(x, y, is_discrete: bool, plan: Plan) -> Candidate:
+def candidate(x, y, is_discrete: bool, plan: Plan, logistic: bool = True) -> Candidate:
     """The best of DPL's candidate (continuous outputs of at most 3 dimensions, or discrete ones) and,
     when ``plan.score_events``, a score event (continuous outputs of any dimension; discrete vectors of
-    many distinct values get the score event alone)."""
+    many distinct values get the score event alone); ``logistic`` as in :func:`score_candidate`."""
     d = x.shape[1]
     use_score = plan.score_events and (not is_discrete or _sparse(x))
     # sparse discrete outputs have too few repeats for DPL's frequencies, and a score event is judged on
@@ -238,7 +243,7 @@ def candidate(x, y, is_discrete: bool, plan: Plan) -> Candidate:
     use_dpl = not use_score if is_discrete else d <= 3
     point = dpl(x, y, is_discrete, plan) if use_dpl else None
     if use_score:
-        scored = score_candidate(x, y, is_discrete, plan)
+        scored = score_candidate(x, y, is_discrete, plan, logistic)
         if point is None or scored.score > point.score:
             return scored
     if point is None:

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..io import jsonable
-from .budget import PILOT_SIZES, check_budget, given_sizes, size_for_budget, stage1_cap
+from .budget import PILOT_SIZES, check_budget, given_sizes, run_pilots, stage1_cap, two_stage_sizes
 from .common import (
     MAX_SAMPLES,
     as_rng,
@@ -159,11 +159,12 @@ def _resolve_feature(mech, feature):
 
 #: sample sizes when neither sizes nor a time budget are given
 DEFAULT_N, DEFAULT_FINAL = 20000, 50000
-#: with a time budget, N = BUDGET_RATIO · n: stage 2's fresh outputs set the bound's standard error, but
-#: stage 1 must find the pair and the event first: N = 2 · pairs · n gave stage 2 two thirds of the
-#: outputs but left stage 1 too few to tell SVT's events of ~4% mass apart (svt1 and svt2 fell from
-#: 0.083 and 0.079 to 0.070 and 0.047 in the suite, on a host more loaded than before)
+#: the pilots of a time budget run with N = BUDGET_RATIO · n (stage 2's cost per output is timed on them)
 BUDGET_RATIO = 5
+#: with a time budget, stage 1 is planned to take this share of the time the pilots leave and stage 2 the
+#: rest (module :mod:`empdp.audit.budget`): stage 1 must find the pair and the event (N = 2 · pairs · n
+#: left it too few outputs to tell SVT's events of ~4% mass apart), stage 2's N sets the bound's error
+STAGE1_SHARE = 0.75
 
 
 @one_blas_thread
@@ -197,17 +198,17 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
     events : also consider likelihood-ratio events for discrete outputs (``selection="lb"`` only).
     feature : ``"default"`` (the mechanism's own, if any), None (raw outputs), or a function
         ``(x, x_prime, outputs) -> array`` applied to the outputs of each pair (post-processing).
-    time_budget : seconds; instead of n and N, choose n (and N = 5n) so that the audit takes
-        about this long (module :mod:`empdp.audit.budget`: the sizes depend on the machine's
-        speed, are reported in ``sizes``, and give the same result again with the same seed).
+    time_budget : seconds; instead of n and N, choose them so that the audit takes about this
+        long, stage 1 about STAGE1_SHARE of it (module :mod:`empdp.audit.budget`: the sizes depend
+        on the machine's speed, are reported in ``sizes``, and give the same result again with the
+        same seed).
     progress : optional callback ``progress(stage, done, total)``.
     """
     sizes = given_sizes({"n, N: --search-size, --final-size": n if n is not None else N}, time_budget)
     if time_budget is not None:
         plan = _resolve(mechanism, pairs, DEFAULT_N, DEFAULT_FINAL, region, alpha, params, tau, selection, events,
                         feature, bandwidth, undersmooth)
-        n, sizes = _budget_sizes(plan, check_budget(time_budget), discrete)
-        N = BUDGET_RATIO * n
+        n, N, sizes = _budget_sizes(plan, check_budget(time_budget), discrete)
     n, N = DEFAULT_N if n is None else n, DEFAULT_FINAL if N is None else N
     plan = _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, events, feature,
                     bandwidth, undersmooth)
@@ -216,23 +217,32 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
     return res
 
 
-def _run(plan: Plan, rng, discrete, report) -> MPLResult:
+def _run(plan: Plan, rng, discrete, report, clock: list | None = None) -> MPLResult:
+    """Both stages; ``clock`` (the pilots') gets the seconds of each."""
+    t0 = time.perf_counter()
     stage1 = _stage1(plan, rng, discrete, report)
     best = stage1.candidates[stage1.selected]
+    t1 = time.perf_counter()
     stage2 = _stage2(plan, stage1.discrete, best, plan.pairs[stage1.selected], rng, report)
+    if clock is not None:
+        clock.append((t1 - t0, time.perf_counter() - t1))
     return _result(plan, stage1, stage2)
 
 
-def _budget_sizes(plan: Plan, budget: float, discrete) -> tuple[int, dict]:
-    """n for a time budget (N = BUDGET_RATIO · n), from pilot runs (module :mod:`empdp.audit.budget`)."""
+def _budget_sizes(plan: Plan, budget: float, discrete) -> tuple[int, int, dict]:
+    """n and N for a time budget, from pilot runs (:func:`empdp.audit.budget.two_stage_sizes`)."""
     exact_or_none(plan.mech.true_epsilon_over, plan.pairs)  # cached: a one-off cost, not the audit's
     probe = as_samples(_draw_pair(plan, plan.pairs[0], 2, np.random.default_rng(0))[0])
     cap = max(PILOT_SIZES[-1], min(stage1_cap(probe, 2 * len(plan.pairs)), MAX_SAMPLES // BUDGET_RATIO))
+    clock = []
 
     def run(size, rng):
-        _run(replace(plan, n=size, N=BUDGET_RATIO * size), rng, discrete, _no_progress)
+        _run(replace(plan, n=size, N=BUDGET_RATIO * size), rng, discrete, _no_progress, clock)
 
-    return size_for_budget(run, budget, PILOT_SIZES[-1], cap)
+    sizes, _, pilot = run_pilots(run, budget, cap)
+    stage1, stage2 = zip(*clock)
+    return two_stage_sizes(sizes, stage1, stage2, BUDGET_RATIO, budget, pilot, STAGE1_SHARE, PILOT_SIZES[-1],
+                           (cap, MAX_SAMPLES))
 
 
 def _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, events, feature,
@@ -279,7 +289,7 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report) -> _Stage1:
         if b == 0:
             is_discrete = detect_discrete(np.concatenate([np.ravel(xs), np.ravel(ys)]), discrete)
         x, y = as_samples(xs), as_samples(ys)
-        cands.append(candidate(x, y, is_discrete, plan))
+        cands.append(candidate(x, y, is_discrete, plan, logistic=not extra))
         kept_samples.append((x, y) if extra else None)
         report(stage, b + 1, steps)
     finalists = sorted(range(len(pairs)), key=lambda k: -cands[k].score)[:keep]
