@@ -23,7 +23,7 @@ factor e^{∓u_k}, so L does not depend on u_k there. Consequences, all exact:
   one whose vertices all have L ≤ ε contributes 0. On the few cells the level cuts, the integrand
   h = Σ_σ C_σ e^{σ·t} is integrated exactly along the first axis (αe^t + βe^{−t} has one root),
   and by Gauss–Legendre along the others, on pieces split where the level crosses the cell's edges
-  (closed-form roots), so each piece's integrand is analytic; cells are at most 1 scaled unit
+  (closed-form roots), so each piece's integrand is analytic (compiled, :mod:`._compiled`); cells are at most 1 scaled unit
   wide along the quadrature axes. Tail cells (40 scales beyond the outermost kink, 4e−18 of mass
   left out) carry a single exponential along their tail axis, integrated in closed form.
 
@@ -187,86 +187,15 @@ def _cell_coefficients(lows, highs, P: np.ndarray) -> np.ndarray:
     return (acc.sum(-1) / (n * 2.0 ** d)).reshape((K,) + (2,) * d)
 
 
-def _pos_1d(alpha, beta, w):
-    """∫_0^w (α e^t + β e^{−t})_+ dt in closed form (one root at most)."""
-    lo = np.zeros_like(alpha)
-    hi = np.where((alpha >= 0) & (beta >= 0), w, 0.0)
-    mixed = (alpha * beta) < 0
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        r = np.clip(0.5 * np.log(-beta / alpha), 0.0, w)
-    rising = mixed & (alpha > 0)
-    falling = mixed & (alpha < 0)
-    lo = np.where(rising, r, lo)
-    hi = np.where(rising, w, np.where(falling, r, hi))
-    span = hi - lo
-    with np.errstate(over="ignore", invalid="ignore"):
-        val = alpha * np.exp(lo) * np.expm1(span) - beta * np.exp(-lo) * np.expm1(-span)
-        # a root strictly inside: the part on the positive side is a square (α e^r = −β e^{−r} there),
-        # (√α e^{w/2} − √(−β) e^{−w/2})² rising and (√β − √(−α))² falling: no cancellation
-        half = np.exp(np.minimum(0.5 * w, 350.0))
-        cut = np.where(rising, np.square(np.sqrt(np.abs(alpha)) * half - np.sqrt(np.abs(beta)) / half),
-                       np.square(np.sqrt(np.abs(beta)) - np.sqrt(np.abs(alpha))))
-    inside = mixed & (r > 0) & (r < w)
-    val = np.where(inside, cut, val)
-    return np.where(span > 0, np.nan_to_num(val, nan=0.0, posinf=0.0, neginf=0.0), 0.0).clip(min=0.0)
+def _cut_integrals(CA: np.ndarray, CB: np.ndarray, width: np.ndarray, item: tuple, nodes: int) -> np.ndarray:
+    """∫ over each cut (cell, level, side) of the positive part (compiled: :mod:`._compiled`); ``item``
+    is (cell index into CA/CB, e^ε, side)."""
+    from ._compiled import cut_integrals  # numba: loaded by the first cut cell only
 
-
-def _edge_root(gamma, eta, w):
-    """Root of γ e^t + η e^{−t} in [0, w] (0 when there is none: a harmless extra breakpoint)."""
-    with np.errstate(divide="ignore", invalid="ignore"):  # logs apart: the ratio of far terms overflows
-        r = 0.5 * (np.log(np.abs(eta)) - np.log(np.abs(gamma)))
-    return np.where((gamma * eta < 0) & np.isfinite(r), np.clip(r, 0.0, w), 0.0)
-
-
-def _pos_integral(C: np.ndarray, w: np.ndarray, nodes: int) -> np.ndarray:
-    """∫_{[0,w]} (Σ_σ C_σ e^{σ·t})_+ dt for K cells: C (K, 2, …, 2), w (K, d) (docs/method.md#102-joint-queries).
-
-    Exact along axis 1; Gauss–Legendre along the others, on pieces split where h vanishes on the
-    edges parallel to that axis (closed form), so that each piece's integrand is analytic. An axis
-    where h is a single exponential (a tail cell) factorises: ∫ (e^{σt} g)_+ = (g)_+ ∫ e^{σt}.
-    """
-    d = C.ndim - 1
-    if d == 1:
-        return _pos_1d(C[:, 0], C[:, 1], w[:, 0])
-    K = C.shape[0]
-    wl = w[:, -1]
-    plus, minus = C[..., 0], C[..., 1]  # (K, 2, …, 2), d − 1 axes
-    inner = tuple(range(1, d))
-    pure_minus = ~np.any(plus != 0, axis=inner)
-    pure_plus = ~np.any(minus != 0, axis=inner) & ~pure_minus
-    # h on the edges parallel to the last axis, at the corners c ∈ {0, w}^{d−1} of the other axes
-    roots = []
-    for corner in np.ndindex(*(2,) * (d - 1)):
-        e = np.ones((K,) + (2,) * (d - 1))
-        for k, at_end in enumerate(corner):
-            if at_end:
-                shape = [1] * d
-                shape[0] = K
-                fac = np.stack([np.exp(np.minimum(w[:, k], 700)), np.exp(-w[:, k])], axis=1)
-                shape[k + 1] = 2
-                e = e * fac.reshape(shape)
-        gamma = (plus * e).reshape(K, -1).sum(1)
-        eta = (minus * e).reshape(K, -1).sum(1)
-        roots.append(_edge_root(gamma, eta, wl))
-    bps = np.sort(np.column_stack([np.zeros(K)] + roots + [wl]), axis=1)
     x, wts = np.polynomial.legendre.leggauss(nodes)
-    a, b = bps[:, :-1, None], bps[:, 1:, None]  # (K, P, 1)
-    t = (a + (b - a) * (x + 1) / 2).reshape(K, -1)
-    wt = ((b - a) / 2 * wts).reshape(K, -1)
-    pure = pure_minus | pure_plus
-    if pure.any():
-        t[pure] = 0.0
-        wt[pure] = 0.0
-        wt[pure_minus, 0] = -np.expm1(-wl[pure_minus])
-        wt[pure_plus, 0] = np.expm1(np.minimum(wl[pure_plus], 700))
-    # nodes of empty pieces (absent edge roots sit at 0) have weight 0: only the others recurse
-    cell, node = np.nonzero(wt)
-    tn = t[cell, node].reshape((-1,) + (1,) * (d - 1))
-    with np.errstate(over="ignore", invalid="ignore"):
-        Cr = plus[cell] * np.exp(np.minimum(tn, 700)) + minus[cell] * np.exp(-tn)
-    Cr = np.nan_to_num(Cr, nan=0.0, posinf=0.0, neginf=0.0)
-    vals = _pos_integral(Cr, w[cell, :-1], nodes)
-    return np.bincount(cell, weights=vals * wt[cell, node], minlength=K)
+    cell, grow, side = item
+    return cut_integrals(np.ascontiguousarray(CA), np.ascontiguousarray(CB), np.ascontiguousarray(width),
+                         cell.astype(np.int64), grow.astype(np.float64), side.astype(np.int64), x, wts)
 
 
 def _corner_stats(L: np.ndarray):
@@ -343,7 +272,6 @@ def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_e
         lo_c = [lows[k][idx[k]] for k in range(d)]
         hi_c = [highs[k][idx[k]] for k in range(d)]
         w_c = np.column_stack([hi_c[k] - lo_c[k] for k in range(d)])
-        step = max(1, 200_000 // ((2 ** (d - 1) + 1) * nodes) ** (d - 1))
         vals = np.empty(len(cells))
         vals2 = np.empty(len(cells)) if with_error else None
         by_cell = np.argsort(inv, kind="stable")
@@ -351,17 +279,13 @@ def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_e
         for u0, t0, t1 in zip(range(0, len(uniq), COEF_CELLS), bounds[:-1], bounds[1:]):
             # the cells' coefficients (2^d n numbers each while formed) a chunk of cells at a time
             u = slice(u0, u0 + COEF_CELLS)
-            CA = _cell_coefficients([c[u] for c in lo_c], [c[u] for c in hi_c], a)
-            CB = _cell_coefficients([c[u] for c in lo_c], [c[u] for c in hi_c], b)
-            for k0 in range(t0, t1, step):
-                at = by_cell[k0:min(k0 + step, t1)]
-                ci, ei, si = inv[at], e_of[at], s_of[at]
-                f = ee[ei].reshape((-1,) + (1,) * d)
-                C = np.where((si == 0).reshape((-1,) + (1,) * d), CA[ci - u0] - f * CB[ci - u0],
-                             CB[ci - u0] - f * CA[ci - u0])
-                vals[at] = _pos_integral(C, w_c[ci], nodes)
-                if with_error:
-                    vals2[at] = _pos_integral(C, w_c[ci], max(2, nodes - 2))
+            CA = _cell_coefficients([c[u] for c in lo_c], [c[u] for c in hi_c], a).reshape(-1, 2 ** d)
+            CB = _cell_coefficients([c[u] for c in lo_c], [c[u] for c in hi_c], b).reshape(-1, 2 ** d)
+            at = by_cell[t0:t1]
+            item = (inv[at] - u0, ee[e_of[at]], s_of[at])
+            vals[at] = _cut_integrals(CA, CB, w_c[u], item, nodes)
+            if with_error:
+                vals2[at] = _cut_integrals(CA, CB, w_c[u], item, max(2, nodes - 2))
         plus_cut = np.bincount(e_of[s_of == 0], vals[s_of == 0], minlength=E)
         minus_cut = np.bincount(e_of[s_of == 1], vals[s_of == 1], minlength=E)
         if with_error:
