@@ -166,9 +166,8 @@ def test_bad_options_are_one_line_errors_naming_the_parameter(kw, param, fragmen
 
 
 def test_too_few_databases_is_refused():
-    U.draw_subsets(7, 4, 1, 1)  # sizes 3 and 4: a rate can be estimated
-    q, shifts = synthetic(6, 1)
-    with pytest.raises(InputError, match="at least 7 databases") as err:
+    q, shifts = synthetic(8, 1)
+    with pytest.raises(InputError, match="at least 9 databases") as err:
         U.estimate(q, shifts, model=select_density(q), epsilons=[0.1], replicates=20, level=0.8, rng=1)
     assert err.value.param == ("uncertainty",)
 
@@ -185,6 +184,7 @@ def test_subsets_keep_four_shares_in_turn_in_blocks_when_asked():
         assert np.all(np.diff(runs, axis=1) == 1)  # consecutive databases kept together
         assert np.all((runs[:, 0] - runs[0, 0]) % 3 == 0)  # on one grid of blocks per replicate
     np.testing.assert_array_equal(U.subset_sizes(U.draw_subsets(10, 4, 3, 0)), [3, 3, 3, 6])  # at least 3
+    np.testing.assert_array_equal(U.subset_sizes(U.draw_subsets(10, 4, 2, 0)), [4, 4, 4, 4])  # one size: no rate
 
 
 def test_autocorrelated_values_get_blocks_and_the_warnings():

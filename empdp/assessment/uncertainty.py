@@ -55,6 +55,8 @@ MAX_RATE = 0.5
 SPREAD = (0.1, 0.9)
 #: a replicate must keep this many databases to fit a density model
 MIN_KEPT = 3
+#: fewer databases than this give subsamples that are most of the panel, or too few to fit
+MIN_DATABASES = 9
 #: the individuals evaluated exactly in every replicate's sweep (those with the largest reach); beyond
 #: them a uniform sample of :data:`SAMPLE_ROWS` stands for the rest (weighted by the inverse share)
 EXACT_ROWS, SAMPLE_ROWS = 2048, 2048
@@ -179,15 +181,16 @@ def block_length(q: np.ndarray) -> int:
 def draw_subsets(n: int, replicates: int, block: int, rng) -> list:
     """B subsamples: replicate k keeps round(s K) of the K = ⌊n/block⌋ blocks of consecutive databases
     (s = :data:`SHARES` [k mod 4]; at least :data:`MIN_KEPT` databases, at most K − 1 blocks), at a
-    random offset. Raises when fewer than two sizes are possible (too few databases)."""
+    random offset. On few databases the shares may round to one size; then no rate is estimated
+    (:func:`deviations_at_n`)."""
     rng = np.random.default_rng(rng)
     k = n // block
-    keeps = _keeps(k, block)
-    if len(set(keeps)) < 2:
-        least = next(m for m in range(n + 1, 10 * MIN_KEPT * block) if len(set(_keeps(m // block, block))) > 1)
-        raise InputError(f"the uncertainty needs at least {least} databases (subsamples of two sizes or more, each "
-                         f"of {MIN_KEPT} or more databases and fewer than all); this source has {n}",
+    least = math.ceil(MIN_KEPT / block)
+    if n < MIN_DATABASES or k - 1 < least:
+        raise InputError(f"the uncertainty needs at least {max(MIN_DATABASES, (least + 1) * block)} databases "
+                         f"(subsamples of {MIN_KEPT} or more of them, fewer than all); this source has {n}",
                          param="uncertainty")
+    keeps = [min(max(round(share * k), least), k - 1) for share in SHARES]
     offsets = rng.integers(0, n - k * block + 1, size=replicates)
     order = np.argsort(rng.random((replicates, k)), axis=1)
     out = []
@@ -195,12 +198,6 @@ def draw_subsets(n: int, replicates: int, block: int, rng) -> list:
         chosen = np.sort(order[r, :keeps[r % len(keeps)]])
         out.append(offsets[r] + (chosen[:, None] * block + np.arange(block)).ravel())
     return out
-
-
-def _keeps(k: int, block: int) -> list[int]:
-    """Blocks kept at each of :data:`SHARES` out of ``k``: at least :data:`MIN_KEPT` databases, fewer than all."""
-    least = math.ceil(MIN_KEPT / block)
-    return [min(max(round(share * k), least), k - 1) for share in SHARES]
 
 
 def subset_sizes(subsets) -> np.ndarray:
