@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -75,3 +76,20 @@ def settings(**flat) -> dict:
     unknown = set(flat) - {f.name for cls in (Model, Execution) for f in fields(cls)}
     assert not unknown, f"not a setting: {unknown}"
     return out
+
+
+def html_sections(html: str) -> dict:
+    """A report's sections by their id."""
+    return dict(re.findall(r'<section id="([^"]+)">(.*?)</section>', html, flags=re.S))
+
+
+def no_timestamp(html: str) -> str:
+    """A report without the time it was generated at."""
+    return re.sub(r"generated \S+ \S+ UTC", "", html)
+
+
+def table_rows(section: str) -> list[list[str]]:
+    """The text of each cell of each body row of a section's table."""
+    body = section[section.index("<tbody>"):section.index("</tbody>")]
+    return [[re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+            for row in re.findall(r"<tr>(.*?)</tr>", body)]

@@ -11,7 +11,7 @@ import stat
 import numpy as np
 import polars as pl
 import pytest
-from helpers import run
+from helpers import html_sections, no_timestamp, run, table_rows
 from test_joint_groups import EPS, grouped_table
 
 from empdp.assessment.groups import assess_grouped
@@ -20,20 +20,6 @@ from empdp.report import GROUPED_SECTIONS, render_report, report_html, report_se
 
 PANEL = ["--id", "id", "--by", "year", "--query", "mean(x)", "--group-by", "region"]
 EPS_ARGS = [a for e in EPS for a in ("-e", str(e))]
-
-
-def _sections(html: str) -> dict:
-    return dict(re.findall(r'<section id="([^"]+)">(.*?)</section>', html, flags=re.S))
-
-
-def _no_timestamp(html: str) -> str:
-    return re.sub(r"generated \S+ \S+ UTC", "", html)
-
-
-def _table_rows(section: str) -> list[list[str]]:
-    body = section[section.index("<tbody>"):section.index("</tbody>")]
-    return [[re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
-            for row in re.findall(r"<tr>(.*?)</tr>", body)]
 
 
 @pytest.fixture(scope="module", params=["ab", "abcde"], ids=["two groups", "five groups"])
@@ -55,16 +41,16 @@ def test_sections_and_the_library_report(grouped):
     _, path, lib = grouped
     html = path.read_text(encoding="utf-8")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert tuple(_sections(html)) == GROUPED_SECTIONS == tuple(report_sections(lib))
+    assert tuple(html_sections(html)) == GROUPED_SECTIONS == tuple(report_sections(lib))
     lib_html = report_html(lib)
-    assert _no_timestamp(lib_html) == _no_timestamp(html)
+    assert no_timestamp(lib_html) == no_timestamp(html)
     assert "mean(x)</code> by <code>region" in html
 
 
 def test_a_row_per_group_against_the_table(grouped):
     table, path, lib = grouped
-    sec = _sections(path.read_text(encoding="utf-8"))
-    rows = _table_rows(sec["groups"])
+    sec = html_sections(path.read_text(encoding="utf-8"))
+    rows = table_rows(sec["groups"])
     assert [r[0].replace(" (worst)", "") for r in rows] == list(lib.groups)
     members = table.group_by("region").agg(pl.col("id").n_unique()).sort("region")["id"].to_list()
     assert [int(r[1].replace(",", "")) for r in rows] == members
@@ -82,8 +68,8 @@ def test_a_row_per_group_against_the_table(grouped):
 
 def test_the_riskiest_name_their_groups_and_bounds(grouped):
     table, path, lib = grouped
-    sec = _sections(path.read_text(encoding="utf-8"))
-    rows = _table_rows(sec["riskiest"])
+    sec = html_sections(path.read_text(encoding="utf-8"))
+    rows = table_rows(sec["riskiest"])
     top = lib.riskiest(10)
     assert [r[1] for r in rows] == [str(i) for i in top["id"]]
     for r, i, e in zip(rows, top["id"], top["eps_i"]):
@@ -97,7 +83,7 @@ def test_the_riskiest_name_their_groups_and_bounds(grouped):
 
 def test_the_worst_groups_density_is_drawn(grouped):
     _, path, lib = grouped
-    sec = _sections(path.read_text(encoding="utf-8"))
+    sec = html_sections(path.read_text(encoding="utf-8"))
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', sec["contours"])
     setter = lib.riskiest(10).filter(pl.col("sets_eps_all"))
     assert 1 <= len(images) <= 2 and all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
@@ -114,7 +100,7 @@ def test_another_epsilon_is_refused_in_one_line(grouped, tmp_path):
 
 def test_scales_of_each_group(grouped):
     _, path, lib = grouped
-    rows = _table_rows(_sections(path.read_text(encoding="utf-8"))["groups"])
+    rows = table_rows(html_sections(path.read_text(encoding="utf-8"))["groups"])
     G = len(lib.groups)
     want = (lib.models[tuple(range(G))].scales if G <= 3 else
             np.array([lib.models[(g,)].scales[0] for g in range(G)]))

@@ -11,7 +11,7 @@ import stat
 
 import numpy as np
 import pytest
-from helpers import one_line_error, run
+from helpers import html_sections, no_timestamp, one_line_error, run, table_rows
 from numpy.testing import assert_allclose
 from scipy.integrate import quad
 from test_joint_assess import paper_table
@@ -53,29 +53,15 @@ def live(assessed):
     return keep_shifts(assessed)
 
 
-def _sections(html: str) -> dict:
-    return dict(re.findall(r'<section id="([^"]+)">(.*?)</section>', html, flags=re.S))
-
-
-def _no_timestamp(html: str) -> str:
-    return re.sub(r"generated \S+ \S+ UTC", "", html)
-
-
-def _table_rows(section: str) -> list[list[str]]:
-    body = section[section.index("<tbody>"):section.index("</tbody>")]
-    return [[re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
-            for row in re.findall(r"<tr>(.*?)</tr>", body)]
-
-
 def test_the_papers_example(paper, live):
     """Individual 7 first in the table and setting ε_all, the contours embedded, no bound anywhere."""
     folder, K, sql = paper
     path = folder / "r.html"
     html = path.read_text(encoding="utf-8")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    sec = _sections(html)
+    sec = html_sections(html)
     assert tuple(sec) == JOINT_SECTIONS
-    rows = _table_rows(sec["riskiest"])
+    rows = table_rows(sec["riskiest"])
     top = live.riskiest(10)
     assert rows[0][1] == str(K) and rows[0][-1] == "sets ε_all" and len(rows) == 10
     assert top["id"][0] == K and rows[0][3] == f"{live.eps_all:.4g}" and live.eps_all == top["eps_i"][0]
@@ -87,7 +73,7 @@ def test_the_papers_example(paper, live):
         assert word in html
     assert "≤" not in sec["riskiest"] and "&lt;=" not in html and "eps_i <=" not in html
     # the sweep table: the assessed δ(ε), δ*(ε) and at-risk counts
-    sweep = _table_rows(sec["sweep"])
+    sweep = table_rows(sec["sweep"])
     assert sweep[0] == [f"{live.epsilons[0]:.4g}", f"{live.delta[0]:.4g}", f"{live.total_risk[0]:.4g}",
                         str(int(live.n_at_risk[0]))]
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', sec["contours"])
@@ -98,7 +84,7 @@ def test_the_papers_example(paper, live):
 def test_the_library_report_is_the_cli_report(paper, assessed):
     folder, _, _ = paper
     cli = (folder / "r.html").read_text(encoding="utf-8")
-    assert _no_timestamp(report_html(assessed)) == _no_timestamp(cli)
+    assert no_timestamp(report_html(assessed)) == no_timestamp(cli)
 
 
 def _direct_log_density(model, x, shifts=None) -> np.ndarray:
@@ -180,10 +166,10 @@ def test_three_statistics_report_draws_the_pairwise_margins(tmp_path):
     res = run("assess", path, *PANEL, "--query", "sum(x)", "--query", "max(x)", "--query", "median(x)",
               "--bandwidth", "10,3,2", "-e", "0.5", "--report", tmp_path / "r.html", "-q")
     assert res.exit_code == 0, res.output
-    sec = _sections((tmp_path / "r.html").read_text(encoding="utf-8"))
+    sec = html_sections((tmp_path / "r.html").read_text(encoding="utf-8"))
     assert "2-D margins" in sec["contours"] and "one panel per pair" in sec["contours"]
     assert len(re.findall(r"data:image/png;base64,", sec["contours"])) >= 1
-    assert len(_table_rows(sec["riskiest"])[0]) == 9  # #, id, δ_i, ε_i, databases, three shifts, note
+    assert len(table_rows(sec["riskiest"])[0]) == 9  # #, id, δ_i, ε_i, databases, three shifts, note
 
 
 def test_saved_result_reads_back_and_renders_the_same_report(paper, live):
@@ -201,7 +187,7 @@ def test_saved_result_reads_back_and_renders_the_same_report(paper, live):
     assert_allclose(saved.shifts_of([K]), live.shifts_of([K]), rtol=0, atol=0)
     res = run("report", folder / "r.json", "-o", folder / "again.html")
     assert res.exit_code == 0, res.output
-    assert _no_timestamp((folder / "again.html").read_text()) == _no_timestamp((folder / "r.html").read_text())
+    assert no_timestamp((folder / "again.html").read_text()) == no_timestamp((folder / "r.html").read_text())
     res = run("report", folder / "r.json", "-o", folder / "again.json.html", "--json")
     assert json.loads(res.output)["sections"] == list(JOINT_SECTIONS)
 
@@ -212,7 +198,7 @@ def test_the_library_saves_a_live_joint_assessment(paper, assessed, tmp_path):
     saved = load_result(tmp_path / "api.json")
     assert saved.riskiest(3)["id"][0] == K and saved.saved_ids[0] == K
     assert_allclose(saved.shifts_of([K])[0], assessed.shifts[assessed.individuals["id"].to_list().index(K)])
-    assert _no_timestamp(report_html(saved)) == _no_timestamp((folder / "r.html").read_text())
+    assert no_timestamp(report_html(saved)) == no_timestamp((folder / "r.html").read_text())
 
 
 def test_hashed_ids_and_a_result_without_shifts(paper, tmp_path):
@@ -222,13 +208,13 @@ def test_hashed_ids_and_a_result_without_shifts(paper, tmp_path):
               env={"EMPDP_HASH_KEY": "k" * 40})
     assert res.exit_code == 0, res.output
     html = (tmp_path / "h.html").read_text()
-    assert f"<code>{K}</code>" not in html and len(re.findall(r"data:image/png", _sections(html)["contours"])) == 1
+    assert f"<code>{K}</code>" not in html and len(re.findall(r"data:image/png", html_sections(html)["contours"])) == 1
     saved = json.loads((tmp_path / "h.json").read_text())
     assert saved["ids_hashed"] and str(K) not in map(str, saved["individuals"]["id"])
     assert saved["shifts"] == {"ids": [], "rows": []}
     res = run("report", tmp_path / "h.json", "-o", tmp_path / "h2.html")
     assert res.exit_code == 0, res.output
-    contours = _sections((tmp_path / "h2.html").read_text())["contours"]
+    contours = html_sections((tmp_path / "h2.html").read_text())["contours"]
     assert "data:image/png" not in contours and "saved without them" in contours
 
 
@@ -313,9 +299,9 @@ def test_a_sole_contributor_is_listed_and_the_next_rows_drawn(tmp_path):
     assert res.exit_code == 0, res.output
     assert run("report", tmp_path / "r.json", "-o", tmp_path / "again.html", "-q").exit_code == 0
     html = (tmp_path / "r.html").read_text()
-    assert _no_timestamp(html) == _no_timestamp((tmp_path / "again.html").read_text())
-    sec = _sections(html)
-    rows = _table_rows(sec["riskiest"])
+    assert no_timestamp(html) == no_timestamp((tmp_path / "again.html").read_text())
+    sec = html_sections(html)
+    rows = table_rows(sec["riskiest"])
     assert rows[0][1] == "solo" and rows[0][3] == "∞" and "sole contributor" in rows[0][-1]
     setter = [r[1] for r in rows if r[-1] == "sets ε_all"]
     assert setter and setter[0] != rows[1][1]  # two individuals to draw
@@ -326,7 +312,7 @@ def test_a_sole_contributor_is_listed_and_the_next_rows_drawn(tmp_path):
 def test_a_joint_query_of_one_statistic_draws_curves():
     table, K = paper_table()
     a = assess_joint(table, id="id", by="db", queries=["sum(x)"])
-    sec = _sections(report_html(a))
+    sec = html_sections(report_html(a))
     assert tuple(sec) == JOINT_SECTIONS and "curves, not contours" in sec["contours"]
     top = a.riskiest(10)
     drawn = 1 + (not top["sets_eps_all"][0])  # the riskiest, and the ε_all setter when another
