@@ -176,7 +176,8 @@ def _at_level(inputs: _Inputs, search: LambdaSearch, level: dict, shifts,
     from ..assessment.uncertainty import calibration_level
 
     found = calibration_level(inputs.q, shifts, inputs.epsilon, level=level["level"],
-                              replicates=level["replicates"], rng=level.get("rng"), undefined=undefined)
+                              replicates=level["replicates"], rng=level.get("rng"), undefined=undefined,
+                              lam_star=float(search.lam))  # λ* is found already: not again
     lam = max(float(found.lam), float(search.lam))
     eps = laplace_kde_eps(inputs.q, inputs.B, lam) if len(inputs.B) and lam > 0 else np.zeros(len(inputs.B))
     record = {"level": found.level, "lambda_level": lam, "lambda_star": float(search.lam),
