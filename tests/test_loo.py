@@ -200,6 +200,31 @@ def test_screen_from_the_held_matrix_equals_the_sql_screen(expr, monkeypatch):
     np.testing.assert_allclose(held.shifts(codes), fetched.shifts(codes), rtol=1e-13, atol=1e-15)
 
 
+def test_fetched_rows_come_from_the_table_the_screen_made(tmp_path, monkeypatch):
+    """Above DENSE_CELLS the screen makes the Δ table once, and every later fetch (rows, rows with
+    their presence) reads it: the file is not aggregated again (at 10^8 rows each fetch repeated the
+    GROUP BY of every row), so the rows come back even once the file is gone."""
+    from empdp.loo import decomposable, make_engine
+
+    df = random_panel(5)
+    path = tmp_path / "panel.parquet"
+    df.to_parquet(path)
+    scale = np.ones(df["year"].nunique())
+    held = make_engine(df, id="id", by="year", query="std(x)")
+    held.values()
+    held.screen(scale)
+    monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
+    fetched = make_engine(str(path), id="id", by="year", query="std(x)")
+    fetched.values()
+    fetched.screen(scale)
+    path.unlink()
+    codes = np.arange(df["id"].nunique())[::-2]
+    np.testing.assert_allclose(fetched.shifts(codes), held.shifts(codes), rtol=1e-13, atol=1e-15)
+    rows, present = fetched.shifts(codes, presence=True)
+    np.testing.assert_allclose(rows, held.shifts(codes), rtol=1e-13, atol=1e-15)
+    assert present.any() and not present.all()
+
+
 def test_low_memory_limit_does_not_hold_the_matrix(monkeypatch):
     """A third of DuckDB's memory limit caps the held matrix (a low --memory-limit stays low)."""
     from empdp.loo import make_engine

@@ -34,6 +34,7 @@ class DecomposableEngine(DuckDBEngine):
         #: :class:`DecomposableSet` share one panel and one scan, and tell their moments apart by it
         self.tag = tag
         self._screened = False
+        self._made = False  # whether _screen made the Δ table (see _rows)
         self._read_totals: pl.DataFrame | None = None  # the totals a DecomposableSet read for it
 
     def _base_sql(self) -> str:
@@ -101,19 +102,23 @@ class DecomposableEngine(DuckDBEngine):
 
     def _screen(self, scale: np.ndarray) -> Screen:
         self._dense = self._inside = None
+        self._made = False
         ids = self._codes()
         m, n = len(ids), len(self.panel.labels)
         self._screened = True
         if m * n <= min(DENSE_CELLS, self.memory_limit_bytes() // (3 * 8)):
             return self._dense_screen(ids, scale)
-        # too large to hold: aggregate per individual in DuckDB, fetch chosen rows later
+        # too large to hold: the Δ table is made once, in DuckDB (which spills it under its memory
+        # limit), then aggregated per individual; chosen rows leave it later. Each fetch used to run
+        # the GROUP BY (database, id) of every row again: at 10^8 rows, three of them in all.
+        self._execute(f"CREATE OR REPLACE TEMP TABLE {self._table} AS {self._coded_sql()}")
+        self._made = True
         self.panel.temp_table("__scale", pa.table({"__j": pa.array(np.arange(n, dtype=np.int32)),
                                                    "scale": pa.array(scale)}))
-        sql = (f"SELECT c.__code, count(*)::BIGINT AS n_present, bool_or(d.undef) AS undefined, "
+        sql = (f"SELECT d.__code, count(*)::BIGINT AS n_present, bool_or(d.undef) AS undefined, "
                f"coalesce(max(abs(d.delta)) FILTER (WHERE NOT d.undef), 0) AS max_abs_shift, "
                f"coalesce(max(abs(d.delta) / s.scale) FILTER (WHERE NOT d.undef), 0) AS bound "
-               f"FROM ({self._delta_sql()}) d JOIN __scale s USING (__j) JOIN __ids c USING (__i) "
-               f"GROUP BY c.__code ORDER BY c.__code")
+               f"FROM {self._table} d JOIN __scale s USING (__j) GROUP BY d.__code ORDER BY d.__code")
         df = pl.from_arrow(self._arrow(sql))
         if not np.array_equal(df["__code"].to_numpy(), np.arange(m)):  # rows must line up with ``ids``
             raise RuntimeError("screening table does not cover every individual code")
@@ -145,7 +150,7 @@ class DecomposableEngine(DuckDBEngine):
         self._want(codes)
         n = out.shape[1]
         sql = (f"SELECT (w.__row * {n} + d.__j)::BIGINT AS flat, d.delta "
-               f"FROM ({self._delta_sql('SELECT __i FROM __want')}) d JOIN __want w USING (__i) WHERE NOT d.undef")
+               f"FROM {self._rows()} d JOIN __want w USING (__code) WHERE NOT d.undef")
         flat_out = out.reshape(-1)
         for batch in self.panel.batches(sql, where=self.query.where):
             np.put(flat_out, arrow_numpy(batch.column(0)), arrow_numpy(batch.column(1)))
@@ -153,20 +158,36 @@ class DecomposableEngine(DuckDBEngine):
 
     def _shift_rows(self, codes: np.ndarray) -> tuple:
         self._want(codes)
-        sql = (f"SELECT w.__row, d.__j, d.delta, d.undef FROM ({self._delta_sql('SELECT __i FROM __want')}) d "
-               f"JOIN __want w USING (__i)")
+        sql = f"SELECT w.__row, d.__j, d.delta, d.undef FROM {self._rows()} d JOIN __want w USING (__code)"
         res = self._execute(sql).fetchnumpy()
         return (np.asarray(res["__row"], dtype=np.int64), np.asarray(res["__j"], dtype=np.int64),
                 np.asarray(res["delta"], dtype=np.float64), np.asarray(res["undef"], dtype=bool))
 
     def _want(self, codes: np.ndarray) -> None:
-        """The temp table ``__want`` (__i, __row): the individuals of ``codes`` and their output rows."""
+        """The temp table ``__want`` (__code, __row): the individuals of ``codes`` and their output rows
+        (rows of :attr:`_table`, which :meth:`_screen` made)."""
         if not self._screened:
             raise RuntimeError("screen() must run before shifts()")
-        self.panel.temp_table("__want_codes", pa.table({"__code": pa.array(codes),
-                                                         "__row": pa.array(np.arange(len(codes)))}))
-        self.panel.execute("CREATE OR REPLACE TEMP TABLE __want AS SELECT i.__i, w.__row "
-                           "FROM __want_codes w JOIN __ids i USING (__code)")
+        self.panel.temp_table("__want", pa.table({"__code": pa.array(codes, type=pa.int64()),
+                                                   "__row": pa.array(np.arange(len(codes)))}))
+
+    @property
+    def _table(self) -> str:
+        """The temp table of every present (individual code, database, Δ, undefined), made by :meth:`_screen`
+        when the shifts are not held in memory."""
+        return f"__delta{self.tag}"
+
+    def _coded_sql(self, id_filter: str = "") -> str:
+        """SQL of (__code, __j, delta, undef) for every present pair (of the ids ``id_filter`` selects)."""
+        return (f"SELECT c.__code, d.__j, d.delta, d.undef FROM ({self._delta_sql(id_filter)}) d "
+                f"JOIN __ids c USING (__i)")
+
+    def _rows(self) -> str:
+        """The rows of :meth:`_coded_sql` to fetch those of ``__want`` from: the table :meth:`_screen` made,
+        else (shifts held in memory, their presence asked for) the pairs of those individuals only."""
+        if self._made:
+            return self._table
+        return f"({self._coded_sql('SELECT c.__i FROM __want JOIN __ids c USING (__code)')})"
 
     # ---------------------------------------------------------------- SQL runs
     def _execute(self, sql: str):
