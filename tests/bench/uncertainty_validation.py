@@ -20,7 +20,8 @@ leave-one-out shifts of the mean, Δ_ij = (x_ij − q_j)/(N_j − 1). Processes:
   ar1       bounded + c_j AR(1), ρ = 0.6, sd 2        (serial dependence between databases)
   trend     bounded + c_j = 0.25 j                    (a trend: not one process)
 
-    python tests/bench/uncertainty_validation.py                 # the full table (about an hour on 2 shared cores)
+    python tests/bench/uncertainty_validation.py --panels 80 --draws 300   # the table of docs/method.md
+                                                                 # (1,670 s on 2 shared cores, load 12-15)
     python tests/bench/uncertainty_validation.py --n 20 --panels 40 --replicates 100   # a quick look
 """
 
