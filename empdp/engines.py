@@ -58,13 +58,14 @@ class DuckDB:
         from .loo.joint import read_statistic
 
         if group is not None:
-            query = _in_group(query, *group)
+            query = _in_group(query, group_filter(*group))
         return read_statistic(self.open(source, panel=panel, **query), presence=presence)
 
 
-def _in_group(query: dict, column: str, text: str) -> dict:
-    """``query`` (``query`` with ``where``, or ``sql`` over ``db``) on the rows of one group of ``column``."""
-    cond = group_filter(column, text)
+def _in_group(query: dict, cond: str) -> dict:
+    """``query`` (``query`` with ``where``, or ``sql`` over ``db``) on the rows where ``cond`` holds (one
+    group's rows). ``sql`` reads them inside its text: the individuals it reads stay those of the whole
+    database, with no shift where they are not in the group."""
     if query.get("sql") is not None:
         return {**query, "sql": replace_db(query["sql"], f"(SELECT * FROM db WHERE {cond}) AS db")}
     where = query.get("where")
@@ -115,11 +116,17 @@ class Spark:
         return _spark().group_cells(panel, column, where)
 
     def read(self, source: Any, *, panel, group: tuple | None = None, presence: bool = False, **query):
-        """As :meth:`DuckDB.read`; the group is a filter on the panel's DataFrame (a Column, not SQL text),
-        and the statistic's Δ table, cached on the cluster, is dropped once its rows are on the driver."""
+        """As :meth:`DuckDB.read`; the statistic's Δ table, cached on the cluster, is dropped once its rows are
+        on the driver. A ``query``'s group is a filter on the panel's DataFrame (a Column: no SQL text, and the
+        columns the panel checked as it opened are not scanned again); ``sql`` reads the group inside its
+        text, as on DuckDB, with a condition no group value can end early (its text in hexadecimal)."""
         from .loo.joint import read_statistic
 
-        engine = self.open(source, panel=panel.group(*group) if group is not None else panel, **query)
+        if group is not None and query.get("sql") is not None:
+            query = _in_group(query, _spark().group_condition(*group))
+        elif group is not None:
+            panel = panel.group(*group)
+        engine = self.open(source, panel=panel, **query)
         try:
             return read_statistic(engine, presence=presence)
         finally:

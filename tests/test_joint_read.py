@@ -8,9 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from empdp import engines
 from empdp.errors import InputError
 from empdp.loo import DecomposableSet, leave_one_out
-from empdp import engines
 from empdp.loo.joint import read_grouped, read_joint
 
 WHERE = "g <> 'drop'"
@@ -189,3 +189,23 @@ def test_one_sql_returning_two_or_three_columns_is_those_statistics_released_tog
 def test_one_sql_with_too_many_columns_is_one_line():
     with pytest.raises(InputError, match=r"^`sql` returns 4 columns: at most 3 statistics"):
         read_joint(random_panel(1), id="id", by="db", sql="SELECT sum(x), sum(y), avg(x), avg(y) FROM db")
+
+
+@pytest.mark.xfail(strict=True, reason="empdp/loo/sql.py's replace_db reads its replacement as a regex template "
+                                       "(re.sub): a backslash in a group's value breaks it")
+@pytest.mark.parametrize("value", ["back\\slash", "x\\g<0>"])
+def test_a_backslash_in_a_group_value_of_sql(tmp_path, value):
+    """A group value holding a backslash (or a regex group reference) selects its own rows in ``sql`` as in
+    a query form: the same values and shifts as ``mean(x)`` per group."""
+    path = tmp_path / "panel.parquet"
+    random_panel(5).with_columns(
+        x=pl.when(pl.col("db") == 1).then(pl.col("w") * 3).otherwise(pl.col("x")),
+        region=(pl.col("id") % 3).replace_strict({0: value, 1: "b", 2: "c"}),
+    ).write_parquet(path)
+    options = dict(id="id", by="db", group_by="region")
+    a = read_grouped(str(path), query="mean(x)", **options)
+    b = read_grouped(str(path), sql="SELECT avg(x) FROM db", **options)
+    assert b.groups == a.groups == sorted([value, "b", "c"])
+    np.testing.assert_allclose(b.q, a.q, rtol=1e-12)
+    for g in range(3):
+        np.testing.assert_allclose(b.stack(a.rows[g], [g])[:, :, 0], a.shifts[g], rtol=1e-12, atol=1e-12)

@@ -8,7 +8,7 @@ bucket). Needs ``pip install "empdp[spark]"`` and Java.
 
 from .engine import SparkEngine, make_spark_engine, open_spark_source
 from .executors import evaluate_buckets_on_executors, evaluate_on_executors
-from .session import SparkPanel, group_cells, spark_session
+from .session import SparkPanel, group_cells, group_condition, spark_session
 
 __all__ = ["SparkEngine", "SparkPanel", "evaluate_buckets_on_executors", "evaluate_on_executors", "group_cells",
-           "make_spark_engine", "open_spark_source", "spark_session"]
+           "group_condition", "make_spark_engine", "open_spark_source", "spark_session"]

@@ -345,12 +345,22 @@ class SparkEngine(LooEngine):
 
     def _shift_rows(self, codes: np.ndarray) -> tuple:
         """(row, j, Δ, undefined) of the present pairs of ``codes``, collected from the cluster."""
-        tab = self._run(lambda: _collect(self.shift_rows(codes)))
+        codes = np.asarray(codes, dtype=np.int64)
+        if self._ids is not None and np.array_equal(codes, np.arange(len(self._ids))):
+            # every individual in order (a joint or grouped read, a calibration): the whole Δ table, one job,
+            # without sending every id to the cluster for a join
+            tab = self._run(lambda: _collect(self._delta_table().select("__i", "__j", "delta", "undef")))
+            rows = self._ids.search_sorted(pl.Series(tab.column("__i").combine_chunks(), dtype=self._ids.dtype))
+            rows = rows.to_numpy()
+        else:
+            tab = self._run(lambda: _collect(self.shift_rows(codes)))
+            rows = tab.column("__row").to_numpy(zero_copy_only=False)
 
         def column(name, dtype):
             return np.asarray(tab.column(name).to_numpy(zero_copy_only=False), dtype=dtype)
 
-        return column("__row", np.int64), column("__j", np.int64), column("delta", np.float64), column("undef", bool)
+        return (np.asarray(rows, dtype=np.int64), column("__j", np.int64), column("delta", np.float64),
+                column("undef", bool))
 
 
 def open_spark_source(source: Any = None, *, id: str, by: str, master: str | None = None,

@@ -472,6 +472,12 @@ def _group_text(column: str):
     return F.col(_q(column)).cast("string")
 
 
+def group_condition(column: str, text: str) -> str:
+    """Spark SQL keeping the rows of one group of ``column`` (named by its text, as :func:`group_cells`):
+    the text compared in hexadecimal, so that no group value can end the literal early."""
+    return f"hex(CAST({_q(column)} AS STRING)) = '{text.encode('utf-8').hex().upper()}'"
+
+
 def group_cells(panel: SparkPanel, column: str, where: str | None = None) -> tuple[list, int]:
     """The groups of ``column`` in every database on the rows ``where`` keeps, as
     :func:`empdp.data.sql.group_cells` gives them on DuckDB: ``(cells, n_null)``, one ``(text, value,
