@@ -23,6 +23,10 @@ nothing is read again). Why this method (Politis, Romano and Wolf 1999, subsampl
   estimate t minus the (1 ± L)/2 quantiles of those deviations.
 - Serial dependence: when the query values are autocorrelated (Ljung–Box p < 0.05), whole blocks
   of consecutive databases (length ≈ n^(1/3)) are kept or dropped together.
+- Validated for ε_all (tests/bench/uncertainty_validation.py: coverage 0.86–0.95 at level 0.9 in
+  11 of 12 stationary cases from 20 databases). The δ*(ε) interval covers less (0.66–0.86): small
+  subsamples often give δ* = 0, and the linear scale it then falls back to cannot reach δ*'s
+  multiplicative spread.
 """
 
 from __future__ import annotations
@@ -465,7 +469,7 @@ def warnings_for(q, *, block: int, size: str) -> list[str]:
     n, out = len(q), []
     if n < MIN_VALIDATED:
         out.append(f"the uncertainty interval rests on only {n} databases (subsamples of {size}): its "
-                   f"coverage was validated from {MIN_VALIDATED} databases on; below that it is often too narrow")
+                   f"coverage was validated from {MIN_VALIDATED} databases on, not below")
     p = checks.trend_test(q)
     if p < 0.05:
         out.append(f"the query values trend over the databases (Mann-Kendall p = {p:.2g}): they are not draws of "
