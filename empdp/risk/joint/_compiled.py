@@ -34,7 +34,7 @@ def _pos_1d(alpha: float, beta: float, w: float) -> float:
     """∫_0^w (α e^t + β e^{−t})_+ dt in closed form (one root at most); a root strictly inside gives a
     square (α e^r = −β e^{−r} there), which has no cancellation."""
     lo, hi = 0.0, w if (alpha >= 0.0 and beta >= 0.0) else 0.0
-    mixed = alpha * beta < 0.0
+    mixed = (alpha > 0.0 and beta < 0.0) or (alpha < 0.0 and beta > 0.0)  # not the product: it underflows
     rising = mixed and alpha > 0.0
     r = 0.0
     if mixed:
@@ -62,7 +62,7 @@ def _pos_1d(alpha: float, beta: float, w: float) -> float:
 @njit(cache=True, nogil=True)
 def _edge_root(gamma: float, eta: float, w: float) -> float:
     """Root of γ e^t + η e^{−t} in [0, w] (0 when there is none: a harmless extra breakpoint)."""
-    if not gamma * eta < 0.0:
+    if not ((gamma > 0.0 and eta < 0.0) or (gamma < 0.0 and eta > 0.0)):
         return 0.0
     r = 0.5 * (math.log(abs(eta)) - math.log(abs(gamma)))
     if not math.isfinite(r):
@@ -146,23 +146,36 @@ def _pos_3d(c: np.ndarray, w: np.ndarray, x: np.ndarray, wts: np.ndarray, bps: n
 
 
 @njit(cache=True, nogil=True)
-def cut_integrals(CA: np.ndarray, CB: np.ndarray, width: np.ndarray, cell: np.ndarray, grow: np.ndarray,
-                  side: np.ndarray, x: np.ndarray, wts: np.ndarray) -> np.ndarray:
+def cut_integrals(CA: np.ndarray, CB: np.ndarray, sA: np.ndarray, sB: np.ndarray, width: np.ndarray,
+                  cell: np.ndarray, level: np.ndarray, side: np.ndarray, x: np.ndarray,
+                  wts: np.ndarray) -> np.ndarray:
     """∫_cell (p − e^ε p_i)_+ (``side`` 0) or (p_i − e^ε p)_+ (1) for each (cell, level) item, d = 2 or 3.
 
-    CA, CB (U, 2^d): the cells' coefficients of p̂ and p̂_i; width (U, d); per item its cell (index
-    into U), e^ε (``grow``) and side. Runs without the GIL (the exact rows run in threads).
+    p = e^{sA} Σ_σ CA_σ e^{σ·t} and p_i = e^{sB} Σ_σ CB_σ e^{σ·t} on each cell (CA, CB (U, 2^d), the log
+    scales sA, sB (U,)); width (U, d); per item its cell (index into U), ε and side. The factor
+    e^{ε + s_other − s_own} is applied to the smaller side (the other divided by it when it exceeds 1)
+    and the result scaled back in log space, so ε beyond 709 does not overflow. Runs without the GIL
+    (the exact rows run in threads).
     """
     out = np.empty(cell.shape[0])
     c = np.empty(CA.shape[1])
     bps = np.empty(6)
     for k in range(cell.shape[0]):
         u = cell[k]
-        f = grow[k]
-        for i in range(c.shape[0]):
-            c[i] = CA[u, i] - f * CB[u, i] if side[k] == 0 else CB[u, i] - f * CA[u, i]
+        own, other = (CA, CB) if side[k] == 0 else (CB, CA)
+        s_own, s_other = (sA[u], sB[u]) if side[k] == 0 else (sB[u], sA[u])
+        lg = level[k] + s_other - s_own
+        if lg <= 0.0:  # h = e^{s_own} (own − e^{lg} other)
+            g, scale = math.exp(lg), s_own
+            for i in range(c.shape[0]):
+                c[i] = own[u, i] - g * other[u, i]
+        else:  # h = e^{s_own + lg} (e^{−lg} own − other)
+            g, scale = math.exp(-lg), s_own + lg
+            for i in range(c.shape[0]):
+                c[i] = g * own[u, i] - other[u, i]
         if c.shape[0] == 4:
-            out[k] = _pos_2d(c[0], c[1], c[2], c[3], width[u, 0], width[u, 1], x, wts)
+            v = _pos_2d(c[0], c[1], c[2], c[3], width[u, 0], width[u, 1], x, wts)
         else:
-            out[k] = _pos_3d(c, width[u], x, wts, bps)
+            v = _pos_3d(c, width[u], x, wts, bps)
+        out[k] = math.exp(math.log(v) + scale) if v > 0.0 else 0.0
     return out

@@ -43,17 +43,23 @@ def pos_1d(alpha, beta, f):
     total = (alpha + beta) * (1.0 - f)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = -beta * f / alpha
-    inside = (alpha * beta < 0) & (ratio > f * f) & (ratio < 1.0)
+    inside = _opposite(alpha, beta) & (ratio > f * f) & (ratio < 1.0)
     pos, neg = np.maximum(alpha, beta), np.minimum(alpha, beta)
     cut = np.square(np.sqrt(np.maximum(pos, 0.0)) - np.sqrt(np.maximum(-f * neg, 0.0)))
     return np.where(inside, cut, np.where(alpha + beta > 0, np.maximum(total, 0.0), 0.0))
+
+
+def _opposite(x, y):
+    """x and y nonzero of opposite signs, by their signs: the product overflows (a warning) or
+    underflows to −0.0 (a root lost) for coefficients e^{±500} apart."""
+    return ((x > 0) & (y < 0)) | ((x < 0) & (y > 0))
 
 
 def _edge_root(gamma, eta, f, w):
     """t in [0, w] where γ e^{−t} + η e^{−(w−t)} = 0 (0 when there is none: a harmless breakpoint)."""
     with np.errstate(divide="ignore", invalid="ignore"):  # logs apart: the ratio of far terms overflows
         t = 0.5 * (w + np.log(np.abs(gamma)) - np.log(np.abs(eta)))
-    return np.where((gamma * eta < 0) & np.isfinite(t), np.clip(t, 0.0, w), 0.0)
+    return np.where(_opposite(gamma, eta) & np.isfinite(t), np.clip(t, 0.0, w), 0.0)
 
 
 def cell_integral(D, w1, w2, nodes, tol):
@@ -103,7 +109,7 @@ def _cell_chunk(D, w1, w2, nodes, tol):
         al = dmm[:, None] * e_lo + dmp[:, None] * e_hi
         be = dpm[:, None] * e_lo + dpp[:, None] * e_hi
         ratio = -be * f1[:, None] / al
-    inside = (al * be < 0) & (ratio > f1[:, None] ** 2) & (ratio < 1.0)
+    inside = _opposite(al, be) & (ratio > f1[:, None] ** 2) & (ratio < 1.0)
     safe = (hi <= lo) | ~inside | (near >= SAFE_DISTANCE * h)
     fast = safe.all(axis=1)
     out = np.zeros(len(w1))

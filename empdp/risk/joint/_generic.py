@@ -33,6 +33,7 @@ Screening: each term's ratio is within e^{±Σ_k |s_ijk|}, so ε_i ≤ M_i = max
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import logsumexp
 
 from ...errors import InputError
 from .model import JointModel
@@ -48,6 +49,9 @@ MAX_CELL = 1.0
 MAX_EXACT_CELL = 300.0
 #: Gauss–Legendre nodes per piece inside a cut cell
 QUAD_NODES = 6
+#: levels above this get the cells' masses in log space (e^600 × 1e−308 ≈ 4e−48: below, the plain
+#: masses' underflow is negligible)
+LOG_LEVEL = 600.0
 #: vertex sums below this are recomputed in log space (the scaled products may have underflowed)
 _TINY = 1e-280
 #: cut cells whose density coefficients are formed at once (2^d n numbers each while formed)
@@ -166,36 +170,68 @@ def _cdf_diff(lo: np.ndarray, hi: np.ndarray, p: np.ndarray) -> np.ndarray:
     return np.where(left, m_left, np.where(right, m_right, inside))
 
 
-def _side_factors(lo: np.ndarray, hi: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """(K, 2, n): on cell [lo, hi], term j is f[0] e^{t} + f[1] e^{−t} with t = u − lo (one is 0)."""
-    mid = 0.5 * (lo + hi)[:, None]
-    left = p[None, :] <= mid
-    with np.errstate(over="ignore"):
-        plus = np.where(left, 0.0, np.exp(-(p[None, :] - lo[:, None])))
-        minus = np.where(left, np.exp(-(lo[:, None] - p[None, :])), 0.0)
-    return np.stack([plus, minus], axis=1)
+def _log_cdf_diff(lo: np.ndarray, hi: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """log of :func:`_cdf_diff` (C, n), finite however far the point (the masses e^ε multiplies at ε
+    beyond 600, where the plain products underflow)."""
+    lo, hi = lo[:, None], hi[:, None]
+    w = hi - lo
+    edge = np.log(0.5) + np.log(-np.expm1(-w))
+    with np.errstate(over="ignore", divide="ignore"):
+        inside = np.log(np.maximum(1.0 - 0.5 * np.exp(-(p - lo)) - 0.5 * np.exp(-(hi - p)), 0.0))
+    return np.where(p <= lo, edge - (lo - p), np.where(p >= hi, edge - (p - hi), inside))
 
 
-def _cell_coefficients(lows, highs, P: np.ndarray) -> np.ndarray:
-    """(K, 2, …, 2): p(t) = Σ_σ A_σ e^{σ·t} on K cells (lows/highs: per axis (K,)), σ index 0 = +1."""
+def _log_masses(lows: list, highs: list, P: np.ndarray) -> np.ndarray:
+    """log of the cells' masses (1/n) Σ_j Π_k ∫ ½ e^{−|u_k − p_jk|} in log space, the first axis in
+    blocks (at most :data:`_BLOCK` terms at once)."""
     n, d = P.shape
-    F = [_side_factors(lows[k], highs[k], P[:, k]) for k in range(d)]
+    lc = [_log_cdf_diff(lows[k], highs[k], P[:, k]) for k in range(d)]
+    rest = lc[1][:, None, :] + lc[2][None, :, :] if d == 3 else lc[1]  # (G1[, G2], n)
+    step = max(1, _BLOCK // max(1, rest.size))
+    out = [logsumexp(lc[0][k0:k0 + step].reshape((-1,) + (1,) * (d - 1) + (n,)) + rest[None], axis=-1)
+           for k0 in range(0, len(lc[0]), step)]
+    return np.concatenate(out) - np.log(n)
+
+
+def _log_prefix(logm: np.ndarray) -> np.ndarray:
+    """log of the sums of the first k masses, k = 0 … len (−∞ for none)."""
+    with np.errstate(divide="ignore"):
+        return np.r_[-np.inf, np.logaddexp.accumulate(logm)] if len(logm) else np.array([-np.inf])
+
+
+def _side_factors(lo: np.ndarray, hi: np.ndarray, p: np.ndarray):
+    """((K, 2, n), (K,)): on cell [lo, hi], term j is e^{off} (f[0] e^{t} + f[1] e^{−t}) with t = u − lo
+    (one of f is 0); ``off`` is the largest exponent, so no factor overflows and the nearest point's
+    is 1 (the others underflow only below e^{−745} of it)."""
+    left = p[None, :] <= 0.5 * (lo + hi)[:, None]  # points lie on the cells' edges, not inside
+    expo = np.where(left, p[None, :] - lo[:, None], lo[:, None] - p[None, :])
+    off = expo.max(axis=1)
+    f = np.exp(expo - off[:, None])
+    return np.stack([np.where(left, 0.0, f), np.where(left, f, 0.0)], axis=1), off
+
+
+def _cell_coefficients(lows, highs, P: np.ndarray):
+    """((K, 2^d), (K,)): p(t) = e^{scale} Σ_σ A_σ e^{σ·t} on K cells (lows/highs: per axis (K,)), σ
+    index 0 = +1, flat in the order of the axes; the scale keeps far cells' coefficients finite."""
+    n, d = P.shape
+    F, offs = zip(*[_side_factors(lows[k], highs[k], P[:, k]) for k in range(d)])
     K = F[0].shape[0]
     acc = F[0]  # (K, 2, n)
     for k in range(1, d):
         acc = (acc[:, :, None, :] * F[k][:, None, :, :]).reshape(K, 2 ** (k + 1), n)
-    return (acc.sum(-1) / (n * 2.0 ** d)).reshape((K,) + (2,) * d)
+    return acc.sum(-1), np.sum(offs, axis=0) - np.log(n * 2.0 ** d)
 
 
-def _cut_integrals(CA: np.ndarray, CB: np.ndarray, width: np.ndarray, item: tuple, nodes: int) -> np.ndarray:
-    """∫ over each cut (cell, level, side) of the positive part (compiled: :mod:`._compiled`); ``item``
-    is (cell index into CA/CB, e^ε, side)."""
+def _cut_integrals(A: tuple, B: tuple, width: np.ndarray, item: tuple, nodes: int) -> np.ndarray:
+    """∫ over each cut (cell, level, side) of the positive part (compiled: :mod:`._compiled`); A, B the
+    cells' (coefficients, log scales) of p̂ and p̂_i, ``item`` (cell index into them, ε, side)."""
     from ._compiled import cut_integrals  # numba: loaded by the first cut cell only
 
     x, wts = np.polynomial.legendre.leggauss(nodes)
-    cell, grow, side = item
-    return cut_integrals(np.ascontiguousarray(CA), np.ascontiguousarray(CB), np.ascontiguousarray(width),
-                         cell.astype(np.int64), grow.astype(np.float64), side.astype(np.int64), x, wts)
+    cell, level, side = item
+    return cut_integrals(np.ascontiguousarray(A[0]), np.ascontiguousarray(B[0]), A[1], B[1],
+                         np.ascontiguousarray(width), cell.astype(np.int64), level.astype(np.float64),
+                         side.astype(np.int64), x, wts)
 
 
 def _corner_stats(L: np.ndarray):
@@ -234,10 +270,14 @@ def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_e
     E = len(eps)
     delta = np.zeros(E)
     err = np.zeros(E)
-    ee = np.exp(eps)
     cells_shape = Lmin.shape
     flat_min, flat_max = Lmin.ravel(), Lmax.ravel()
     fa, fb = mA.ravel(), mB.ravel()
+    if eps.max(initial=0.0) > LOG_LEVEL:  # e^ε times masses below 1e−308 is not negligible there
+        lma, lmb = _log_masses(lows, highs, a).ravel(), _log_masses(lows, highs, b).ravel()
+    else:
+        with np.errstate(divide="ignore"):
+            lma, lmb = np.log(fa), np.log(fb)
     # only cells whose L reaches ± min ε matter at any level (a small part of the grid)
     lowest = float(eps.min()) if E else np.inf
     up = np.flatnonzero(flat_max > lowest)
@@ -245,14 +285,15 @@ def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_e
     # inside sums for every ε: cells with all vertices ≥ ε (plus side) or ≤ −ε (minus side)
     sel = up[flat_min[up] >= lowest]
     o1 = sel[np.argsort(-flat_min[sel], kind="stable")]
-    cA1, cB1 = np.r_[0.0, np.cumsum(fa[o1])], np.r_[0.0, np.cumsum(fb[o1])]  # sums of the first k cells
+    cA1, lB1 = np.r_[0.0, np.cumsum(fa[o1])], _log_prefix(lmb[o1])  # sums of the first k cells
     k1 = np.searchsorted(-flat_min[o1], -eps, side="right")
     sel = down[flat_max[down] <= -lowest]
     o2 = sel[np.argsort(flat_max[sel], kind="stable")]
-    cA2, cB2 = np.r_[0.0, np.cumsum(fa[o2])], np.r_[0.0, np.cumsum(fb[o2])]
+    lA2, cB2 = _log_prefix(lma[o2]), np.r_[0.0, np.cumsum(fb[o2])]
     k2 = np.searchsorted(flat_max[o2], -eps, side="right")
-    plus_in = cA1[k1] - ee * cB1[k1]
-    minus_in = cB2[k2] - ee * cA2[k2]
+    # e^ε times a mass, in log space (no overflow at ε > 709: inside cells it is below the other mass)
+    plus_in = cA1[k1] - np.exp(eps + lB1[k1])
+    minus_in = cB2[k2] - np.exp(eps + lA2[k2])
     # cut cells: gather every (cell, ε, side) once, coefficients per distinct cell
     cut_cells, cut_eps, cut_side = [], [], []
     for e_idx, e in enumerate(eps):
@@ -279,10 +320,10 @@ def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_e
         for u0, t0, t1 in zip(range(0, len(uniq), COEF_CELLS), bounds[:-1], bounds[1:]):
             # the cells' coefficients (2^d n numbers each while formed) a chunk of cells at a time
             u = slice(u0, u0 + COEF_CELLS)
-            CA = _cell_coefficients([c[u] for c in lo_c], [c[u] for c in hi_c], a).reshape(-1, 2 ** d)
-            CB = _cell_coefficients([c[u] for c in lo_c], [c[u] for c in hi_c], b).reshape(-1, 2 ** d)
+            CA = _cell_coefficients([c[u] for c in lo_c], [c[u] for c in hi_c], a)
+            CB = _cell_coefficients([c[u] for c in lo_c], [c[u] for c in hi_c], b)
             at = by_cell[t0:t1]
-            item = (inv[at] - u0, ee[e_of[at]], s_of[at])
+            item = (inv[at] - u0, eps[e_of[at]], s_of[at])
             vals[at] = _cut_integrals(CA, CB, w_c[u], item, nodes)
             if with_error:
                 vals2[at] = _cut_integrals(CA, CB, w_c[u], item, max(2, nodes - 2))
