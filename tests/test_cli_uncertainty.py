@@ -34,6 +34,7 @@ def test_json_holds_the_intervals_around_the_estimates(panel):
     d = _json(panel)
     u = d["uncertainty"]
     assert u["replicates"] == 40 and u["level"] == 0.9 and u["method"].startswith("subsampling")
+    assert u["validated"] == ["eps_all"] and u["notes"][0].startswith("only the eps_all interval is validated")
     lo, hi = u["eps_all"]
     assert lo <= d["eps_all"] <= hi and lo < hi
     E = len(d["sweep"])
@@ -96,6 +97,7 @@ def test_report_shows_the_intervals(panel, tmp_path):
     assert res.exit_code == 0, res.output
     html = page.read_text()
     assert "ε_all, 90% interval" in html and "replicates of" in html and "other sets of databases" in html
+    assert "only the eps_all interval is validated" in html  # the sweep's bands are not: the page says so
     plain = tmp_path / "plain.html"
     assert run("assess", panel, *QUERY, "--report", plain, "-q").exit_code == 0
     assert "90% interval" not in plain.read_text()

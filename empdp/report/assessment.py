@@ -8,6 +8,7 @@ from typing import Callable
 import numpy as np
 
 from .. import kernels
+from ..assessment import uncertainty as unc_notes
 from ..errors import InputError
 from ..textfmt import bandwidth_choice, fmt
 from . import plots
@@ -81,7 +82,8 @@ def summary(a, eps: float, idx, exact: bool) -> str:
     if unc is not None:
         rows.append(("uncertainty", f"{unc.method}; {unc.replicates} replicates of {unc.size} databases: how far "
                                     "the estimates move over other sets of databases from the same process (the "
-                                    "shaded bands below), not the density model's own assumptions"))
+                                    "shaded bands below), not the density model's own assumptions; "
+                                    + unc_notes.SWEEP_NOTE))
     warnings = [*a.warnings, *(unc.warnings if unc is not None else [])]
     return section("summary", "Summary", figures + (explain(upper) if upper else ""), kv(rows),
                    warning_box(warnings), risk_note())
