@@ -3,8 +3,9 @@
 One GROUP BY (database, id) pass gives every individual's partial moments; the database totals
 minus them give every Δ_ij in closed form (the form's entry in :data:`empdp.loo.forms.FORMS`).
 This is the path that scales to 10^8 rows: when the m × n shifts fit in memory :meth:`screen`
-streams them into one matrix kept for :meth:`shifts`; otherwise DuckDB aggregates the screening
-table per individual and only the rows asked for leave it.
+streams them into one matrix kept for :meth:`shifts`; otherwise the Δ table is made once in DuckDB
+(spilled under its memory limit), aggregated there per individual for the screening table, and only
+the rows asked for leave it.
 """
 
 from __future__ import annotations
