@@ -142,4 +142,4 @@ def bind(sql: str, tag: str) -> str:
     table aliased ``t<tag>`` and its partials the columns ``p.<name><tag>`` (unchanged for tag "")."""
     if not tag:
         return sql
-    return _PARTIAL.sub(rf"p.\1{tag}", _TOTAL.sub(rf"t{tag}.\1", sql))
+    return _PARTIAL.sub(lambda m: f"p.{m.group(1)}{tag}", _TOTAL.sub(lambda m: f"t{tag}.{m.group(1)}", sql))

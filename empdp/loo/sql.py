@@ -61,7 +61,10 @@ def replace_db(sql: str, replacement: str) -> str:
     comment of the user's (a group's value, say) must not become SQL of its own.
     """
     check_select(sql, "sql")
-    return check_select(re.sub(r"\bFROM\s+db\b", "FROM " + replacement, sql, flags=re.I), "sql", tables=None)
+    # a function, not a template: the replacement (a group's value, say) is text, and a backslash in it
+    # must stay a backslash, never a group reference of the pattern
+    return check_select(re.sub(r"\bFROM\s+db\b", lambda _: "FROM " + replacement, sql, flags=re.I), "sql",
+                        tables=None)
 
 
 def _scalar(panel, sql: str, label) -> float:
