@@ -263,7 +263,14 @@ def test_the_certified_grouped_total_brackets_the_exact_one(five):
 def test_a_wrong_number_of_scales_is_refused_before_any_group_is_read(monkeypatch):
     import empdp.loo.joint as jp
 
-    monkeypatch.setattr(jp, "make_engine", lambda *args, **kwargs: pytest.fail("a group was read"))
+    made = jp._engine
+
+    def engine(*args, **kwargs):  # the real engine (frozen: its class), whose reading of a group fails the test
+        real = made(*args, **kwargs)
+        monkeypatch.setattr(type(real), "read", lambda *a, **k: pytest.fail("a group was read"))
+        return real
+
+    monkeypatch.setattr(jp, "_engine", engine)
     with pytest.raises(InputError, match=r"^`bandwidth` needs one scale, or one per group \(5\); got 3$"):
         assess_grouped(grouped_table(), id="id", by="year", group_by="region", query="mean(x)",
                        bandwidth=[0.1, 0.2, 0.3])
