@@ -316,9 +316,6 @@ def release(calibration, source, value, database, ledger, budget, expect_head, s
     origin = {}
     with common.progress_bars(not (as_json or quiet)) as progress:  # the library logs its stages
         if value is None:
-            if joint and (engine != "duckdb" or table is not None):
-                raise InputError("a joint calibration's statistics are read by DuckDB: give a file, glob or "
-                                 "folder as SOURCE, without --engine spark")
             value, digest = release_value(cal, source, database, memory_limit=memory_limit, progress=progress,
                                           **engine_kw)
             origin = {"source": source if source is not None else table, "source_digest": digest}

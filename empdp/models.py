@@ -54,9 +54,6 @@ _VECTOR = {
     "adversary": f"the adversary model conditions one statistic; {_ONE_ONLY}",
     "adversary_sql": f"the adversary model conditions one statistic; {_ONE_ONLY}",
     "buckets": f"adversary buckets condition one statistic; {_ONE_ONLY}",
-    "engine": "{what} read through DuckDB only so far",
-    "table": "a catalog table is read by Spark, and {what} read through DuckDB only so far; give a file, "
-             "glob or folder as SOURCE",
     "workers": "the {kind} evaluation runs in this process",
     "screening": "every individual's eps_i is exact already (or labelled a bound), and screening only skips "
                  "delta_i(epsilon) certified to be 0; drop it",

@@ -136,7 +136,6 @@ REFUSED = "does not apply to a joint query of 2 statistics"
     (["--sql", "SELECT max(x) FROM db"], ["not both"]),
     (["--kernel", "gaussian"], ["--kernel gaussian", REFUSED]),
     (["--adversary", "count(*)"], ["--adversary", REFUSED]),
-    (["--engine", "spark"], ["--engine spark", REFUSED]),
     (["--report", "{tmp}/r.html", "--calibration", "{tmp}/cal.json"], ["--calibration", REFUSED, "no calibration section"]),
     (["--report", "{tmp}/r.html", "--audit", "{tmp}/audit.json"], ["--audit", REFUSED, "no audit section"]),
     (["--report", "{tmp}/r.txt"], ["--report", ".html"]),

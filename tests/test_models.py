@@ -16,11 +16,11 @@ MISSING = "/nonexistent/never-read.parquet"  # a refusal must come before any da
 SOURCE = dict(id="id", by="year")
 #: library keyword -> a value that some models refuse
 REFUSABLE = {"kernel": "gaussian", "adversary": "count(*)", "adversary_sql": "SELECT count(*) FROM db",
-             "buckets": 2, "engine": "spark", "workers": "processes", "screening": False}
+             "buckets": 2, "workers": "processes", "screening": False}
 #: the same on the command line
 FLAGS = {"kernel": ["--kernel", "gaussian"], "adversary": ["--adversary", "count(*)"],
          "adversary_sql": ["--adversary-sql", "SELECT count(*) FROM db"], "buckets": ["--buckets", "2"],
-         "engine": ["--engine", "spark"], "workers": ["--workers", "processes"], "screening": ["--no-screening"]}
+         "workers": ["--workers", "processes"], "screening": ["--no-screening"]}
 STATISTICS = {"joint": dict(query=["sum(x)", "count(*)"]), "grouped": dict(query="mean(x)", group_by="region")}
 
 

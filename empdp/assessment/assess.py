@@ -342,7 +342,8 @@ class _Request:
         data, execution = self.data, self.execution
         return dict(id=data.id, by=data.by, where=self.where, epsilon=self.epsilon, bandwidth=self.model.bandwidth,
                     drop_null_ids=data.drop_null_ids, memory_limit=execution.memory_limit,
-                    threads=execution.threads, progress=self.progress, tolerance=self.precision.tolerance,
+                    threads=execution.threads, engine=self.engine, progress=self.progress,
+                    tolerance=self.precision.tolerance,
                     exact=self.precision.exact, exact_all=self.exact_all)
 
 

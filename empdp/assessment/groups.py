@@ -220,7 +220,8 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
                    sql: str | None = None, where: str | None = None, epsilon=None, bandwidth="auto",
                    drop_null_ids: bool = False, memory_limit: str | None = None,
                    threads: int | None = None, tolerance: float = TOLERANCE, exact: bool = False,
-                   exact_all: bool = False, progress: Progress = no_progress) -> GroupedAssessment:
+                   exact_all: bool = False, progress: Progress = no_progress,
+                   engine: Any = "duckdb") -> GroupedAssessment:
     """Per-individual empirical risk of releasing one statistic per group of ``group_by`` and database.
 
     Parameters
@@ -243,6 +244,8 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
         As for :func:`empdp.assessment.joint.assess_joint`: the total risk certified to a bracket of
         relative width ``tolerance``, or every δ_i exact; ε_i exact for every exactly assessed
         individual (``--out``), otherwise where ε_all, the at-risk counts and the table need it.
+    engine
+        Where the groups are read, as for :func:`empdp.assessment.joint.assess_joint`.
 
     Raises
     ------
@@ -259,7 +262,7 @@ def assess_grouped(source: Any, *, id: str, by: str, group_by: str, query: str |
         _fixed_scales(bandwidth, np.size(bandwidth))  # a malformed value is refused before the table is read
     progress(READING, 0, 1)
     panel = read_grouped(source, id=id, by=by, group_by=group_by, query=query, sql=sql, where=where,
-                         drop_null_ids=drop_null_ids, memory_limit=memory_limit, threads=threads,
+                         drop_null_ids=drop_null_ids, memory_limit=memory_limit, threads=threads, engine=engine,
                          check=lambda G: _fixed_scales(bandwidth, G))  # the count, before the groups are read
     progress(READING, 1, 1)
     cores = available_cores() if threads is None else max(1, int(threads))

@@ -172,7 +172,7 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
                  where: str | None = None, epsilon=None, bandwidth="auto", drop_null_ids: bool = False,
                  memory_limit: str | None = None, threads: int | None = None,
                  exact_all: bool = False, tolerance: float = TOLERANCE, exact: bool = False,
-                 progress: Progress = no_progress) -> JointAssessment:
+                 progress: Progress = no_progress, engine: Any = "duckdb") -> JointAssessment:
     """Per-individual empirical risk of releasing 1–3 statistics of each database together.
 
     Parameters
@@ -200,6 +200,9 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
         Exact δ_i(ε) for every individual (``delta_lo`` = ``delta_hi`` = ``delta``); slower.
     progress
         ``progress(stage, done, total)`` after each piece of work (:mod:`empdp.progress`).
+    engine
+        Where the statistics are read: an engine object or name (:func:`empdp.loo.joint.read_joint`;
+        ``Spark(table=...)`` reads a catalog table, ``source`` None). The risk is computed here.
 
     Raises
     ------
@@ -209,7 +212,7 @@ def assess_joint(source: Any, *, id: str, by: str, queries: list[str] | None = N
     tolerance = check_tolerance(tolerance)
     progress(READING, 0, 1)
     panel = read_joint(source, id=id, by=by, queries=queries, sql=sql, where=where, drop_null_ids=drop_null_ids,
-                       memory_limit=memory_limit, threads=threads)
+                       memory_limit=memory_limit, threads=threads, engine=engine)
     progress(READING, 1, 1)
     labels, q, names, ids, shifts, sole = panel.labels, panel.q, panel.names, panel.ids, panel.shifts, panel.sole
     m, d = len(ids), panel.d

@@ -401,12 +401,10 @@ def _read_shifts(cal, source, loo, engine):
     if cal.id is None or cal.by is None or (cal.kind is JOINT and cal.query is None and cal.sql is None):
         raise InputError("this calibration stores no query (it was made from arrays); pass loo=")
     if cal.kind is JOINT:
-        if engine.name != "duckdb":
-            raise InputError("a joint calibration's statistics are read by DuckDB: give a file, glob or folder as "
-                             "the source, on the DuckDB engine", param="engine")
         from ..loo.joint import read_joint
 
-        return read_joint(source, id=cal.id, by=cal.by, queries=cal.query, sql=cal.sql, where=cal.where)
+        return read_joint(source, id=cal.id, by=cal.by, queries=cal.query, sql=cal.sql, where=cal.where,
+                          engine=engine)
     if engine.name != "duckdb":
         from ..noise.source import SourceShifts
 

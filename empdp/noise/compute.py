@@ -300,12 +300,12 @@ def calibrate(data: Any, *, id: str | None = None, by: str | None = None, epsilo
     return _PATHS[curator.key](**request)
 
 
-def _calibrate_joint(*, data: Data, statistics, where, epsilon, model: Model, memory_limit, progress, **_):
+def _calibrate_joint(*, data: Data, statistics, where, epsilon, model: Model, engine, memory_limit, progress, **_):
     """2–3 statistics released together (:func:`empdp.noise.joint.calibrate_joint`)."""
     queries, sqls = statistics
     return calibrate_joint(data.source, id=data.id, by=data.by, epsilon=epsilon, queries=queries or None,
                            sql=sqls or None, where=where, bandwidth=model.bandwidth, memory_limit=memory_limit,
-                           drop_null_ids=data.drop_null_ids, progress=progress)
+                           drop_null_ids=data.drop_null_ids, progress=progress, engine=engine)
 
 
 def _calibrate_one(*, data: Data, statistics, where, epsilon, model: Model, engine, level, progress,

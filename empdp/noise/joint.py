@@ -432,17 +432,18 @@ def calibrate_joint_values(q, shifts, *, epsilon: float, bandwidth="auto", undef
 def calibrate_joint(source: Any, *, id: str, by: str, epsilon: float, queries=None, sql=None,
                     where: str | None = None, bandwidth="auto", memory_limit: str | None = None,
                     drop_null_ids: bool = False, threads: int | None = None,
-                    progress: Progress | None = None) -> JointCalibration:
+                    progress: Progress | None = None, engine: Any = "duckdb") -> JointCalibration:
     """Calibrate noise for 2–3 statistics of each database of ``source`` released together.
 
-    ``queries`` (named query forms) or ``sql`` (SQL over ``db``): one per statistic. The other
-    parameters as for :func:`empdp.noise.calibrate` and :func:`calibrate_joint_values`.
+    ``queries`` (named query forms) or ``sql`` (SQL over ``db``): one per statistic; ``engine`` where they
+    are read (:func:`empdp.loo.joint.read_joint`). The other parameters as for :func:`empdp.noise.calibrate`
+    and :func:`calibrate_joint_values`.
     """
     progress = progress or no_progress
     t0 = time.perf_counter()
     progress(READING, 0, 0)
     panel = read_joint(source, id=id, by=by, queries=queries, sql=sql, where=where, drop_null_ids=drop_null_ids,
-                       memory_limit=memory_limit, threads=threads)
+                       memory_limit=memory_limit, threads=threads, engine=engine)
     progress(READING, 1, 1)
     log.info("read %s: %d databases, %d individuals, %d statistics, in %.2f s", source, len(panel.labels),
              len(panel.ids), panel.d, time.perf_counter() - t0)
