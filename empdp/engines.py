@@ -19,6 +19,7 @@ from .data.guard import filter_sql
 from .data.sql import group_cells, group_filter
 from .errors import InputError
 from .loo import DecomposableSet, LooEngine, make_engine, open_decomposable_set, replace_db
+from .loo.statistic import read_statistic
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,6 @@ class DuckDB:
         """One statistic (``query``: id, by, query, where, sql, drop_null_ids) on ``panel``, of the rows of one
         ``group`` (column, text as :meth:`group_cells` names it) if given: a
         :class:`empdp.loo.joint.StatisticShifts`. The group is a filter added to the statistic's SQL."""
-        from .loo.joint import read_statistic
-
         if group is not None:
             query = _in_group(query, group_filter(*group))
         return read_statistic(self.open(source, panel=panel, **query), presence=presence)
@@ -120,8 +119,6 @@ class Spark:
         on the driver. A ``query``'s group is a filter on the panel's DataFrame (a Column: no SQL text, and the
         columns the panel checked as it opened are not scanned again); ``sql`` reads the group inside its
         text, as on DuckDB, with a condition no group value can end early (its text in hexadecimal)."""
-        from .loo.joint import read_statistic
-
         if group is not None and query.get("sql") is not None:
             query = _in_group(query, _spark().group_condition(*group))
         elif group is not None:

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from . import kernels
+from .data.guard import select_width
 from .errors import InputError
 
 #: the most statistics released together that have an exact joint model
@@ -104,13 +105,6 @@ def statistics(query, sql) -> tuple[list, list]:
     return listed(query), listed(sql)
 
 
-def _columns(sql: str) -> int:
-    """How many columns one ``sql`` returns (:func:`empdp.loo.joint.select_width`, by DuckDB's parser)."""
-    from .loo.joint import select_width  # the leave-one-out package imports this module
-
-    return select_width(sql)
-
-
 def model_for(query=None, sql=None, group_by=None) -> tuple[CuratorModel, int]:
     """The curator model of a request and its number of statistics d: one statistic; 2–3 given as
     ``query`` or ``sql`` (all of one kind), or as one ``sql`` returning 2–3 columns; or one statistic per
@@ -126,7 +120,7 @@ def model_for(query=None, sql=None, group_by=None) -> tuple[CuratorModel, int]:
         raise InputError("give exactly one of `query` (e.g. 'mean(x)') or `sql` (over the table db)",
                          param=("query", "sql"))
     if given == 1:
-        width = _columns(sqls[0]) if sqls else 1  # one SELECT of 2-3 columns: statistics released together
+        width = select_width(sqls[0]) if sqls else 1  # one SELECT of 2-3 columns: statistics released together
         if width > MAX_DIM:
             raise InputError(f"`sql` returns {width} columns: at most {MAX_DIM} statistics are released together",
                              param="sql")

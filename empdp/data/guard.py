@@ -232,3 +232,16 @@ def check_spark(text: str | None, option: str) -> str | None:
         raise InputError(f"{shown} {shorten(text, 60)}: a backslash is not allowed on the Spark engine (Spark and "
                          f"DuckDB read it differently in strings); write the value without one {DOC}", param=param)
     return text
+
+
+def select_width(sql: str) -> int:
+    """How many columns one SELECT over ``db`` returns (1 when its select list cannot be counted
+    before it runs, e.g. ``*``: the engine then checks its one column)."""
+    check_select(sql, "sql")
+    with duckdb.connect(":memory:") as con:  # parses only: the text is a bound parameter
+        tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+    node = tree["statements"][0]["node"] if not tree.get("error") and tree.get("statements") else {}
+    items = node.get("select_list", []) if node.get("type") == "SELECT_NODE" else []
+    if not items or any(e.get("class") == "STAR" for e in items):
+        return 1
+    return len(items)

@@ -11,19 +11,19 @@ calibration and release, and the grouped statistics (one statistic per group of 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import duckdb
 import numpy as np
 import polars as pl
 
-from ..data.guard import check_filter, check_select
+from ..data.guard import check_filter, check_select, select_width
 from ..data.sql import shorten
+from ..engines import engine_of
 from ..errors import InputError
 from ..query import parse_query
 from ..risk.joint.model import MAX_DIM
+from .statistic import StatisticShifts, read_statistic  # noqa: F401 (assembled here; re-exported)
 
 #: the most groups a grouped statistic may have: each group is one leave-one-out pass over the table
 MAX_GROUPS = 100
@@ -60,48 +60,6 @@ class JointPanel(Statistics):
     @property
     def d(self) -> int:
         return self.q.shape[1]
-
-
-@dataclass(kw_only=True)
-class StatisticShifts:
-    """One statistic read through its leave-one-out engine (:func:`read_statistic`).
-
-    q : ndarray (n,); ids : polars Series (m), the individuals with rows it reads, sorted;
-    shifts : ndarray (m, n); sole : ndarray (m,) bool; present : ndarray (m,) int, databases the
-    individual is in; in_database : ndarray (m, n) bool with ``presence``, else None.
-    """
-
-    name: str
-    q: np.ndarray
-    ids: pl.Series
-    shifts: np.ndarray
-    sole: np.ndarray
-    present: np.ndarray
-    in_database: np.ndarray | None = None
-
-
-def read_statistic(engine, *, presence: bool = False) -> StatisticShifts:
-    """The values and every individual's shifts of an open leave-one-out engine (one statistic)."""
-    engine.hold_presence = presence
-    q = engine.values()
-    s = engine.screen(np.ones(len(q)))
-    codes = np.arange(len(s))
-    shifts, inside = engine.shifts(codes, presence=True) if presence else (engine.shifts(codes), None)
-    return StatisticShifts(name=engine.query.describe(), q=q, ids=s.ids, shifts=shifts, sole=s.undefined,
-                           present=s.n_present, in_database=inside)
-
-
-def select_width(sql: str) -> int:
-    """How many columns one SELECT over ``db`` returns (1 when its select list cannot be counted
-    before it runs, e.g. ``*``: the engine then checks its one column)."""
-    check_select(sql, "sql")
-    with duckdb.connect(":memory:") as con:  # parses only: the text is a bound parameter
-        tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
-    node = tree["statements"][0]["node"] if not tree.get("error") and tree.get("statements") else {}
-    items = node.get("select_list", []) if node.get("type") == "SELECT_NODE" else []
-    if not items or any(e.get("class") == "STAR" for e in items):
-        return 1
-    return len(items)
 
 
 def split_columns(sql: str) -> list[str]:
@@ -174,9 +132,7 @@ def read_joint(source: Any, *, id: str, by: str, queries=None, sql=None, where: 
 
 
 def _engine(engine: Any, memory_limit: str | None, threads: int | None):
-    """The engine object of ``engine`` (imported here: :mod:`empdp.engines` reads statistics with this module)."""
-    from ..engines import engine_of
-
+    """The engine object of ``engine`` (a name made with ``memory_limit`` and ``threads``, or an object)."""
     return engine_of(engine, memory_limit=memory_limit, threads=threads)
 
 
