@@ -71,3 +71,17 @@ def cal_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("cal") / "cal.json"
     make_calibration().save(path, key=KEY)
     return path
+
+
+def local_spark():
+    """A local Spark session for a test module (the Spark tests' ``spark`` fixture): two cores, two
+    partitions, no code generation (tiny tables: compiling generated code costs more than it saves);
+    stopped when the module is done."""
+    from empdp.spark import spark_session
+
+    session = spark_session("local[2]", config={
+        "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
+        "spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"})
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

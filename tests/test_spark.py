@@ -23,14 +23,14 @@ if not shutil.which("java"):
     if not os.environ.get("JAVA_HOME"):
         pytest.skip("the Spark engine needs Java (a JRE 17) on PATH or JAVA_HOME", allow_module_level=True)
 
-from conftest import random_panel  # noqa: E402
+from conftest import local_spark, random_panel  # noqa: E402
 
 from empdp import risk  # noqa: E402
 from empdp.density import select_density  # noqa: E402
 from empdp.errors import InputError  # noqa: E402
 from empdp.loo import make_engine  # noqa: E402
 from empdp.settings import Execution, Model
-from empdp.spark import evaluate_on_executors, make_spark_engine, spark_session  # noqa: E402
+from empdp.spark import evaluate_on_executors, make_spark_engine  # noqa: E402
 
 RTOL = 1e-9
 RANDOM_FORMS = ["count(*)", "sum(x)", "mean(x)", "var(x)", "std(x)", "sum(x)/sum(w)", "min(x)", "max(x)",
@@ -49,13 +49,7 @@ SQL = "SELECT avg(x) * count(*) FROM db WHERE w > 0.8"
 
 @pytest.fixture(scope="module")
 def spark():
-    session = spark_session("local[2]", config={
-        "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
-        # tiny tables: compiling generated code costs more than it saves
-        "spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"})
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+    yield from local_spark()
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,13 @@ pytest.importorskip("pyspark", reason="the Spark engine needs PySpark: pip insta
 if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
     pytest.skip("the Spark engine needs Java (a JRE 17) on PATH or JAVA_HOME", allow_module_level=True)
 
+from conftest import local_spark  # noqa: E402
 from test_joint_read import WHERE, random_panel  # noqa: E402
 
 from empdp.engines import Spark  # noqa: E402
 from empdp.errors import InputError  # noqa: E402
 from empdp.loo.joint import read_grouped, read_joint  # noqa: E402
-from empdp.spark import make_spark_engine, open_spark_source, spark_session  # noqa: E402
+from empdp.spark import make_spark_engine, open_spark_source  # noqa: E402
 
 RTOL = 1e-9
 #: name → (panel, read_joint keywords): decomposable pairs and triples, one SQL of two columns, an order
@@ -53,13 +54,7 @@ KEYS = {"sample": ("countyid", "year")}
 
 @pytest.fixture(scope="module")
 def spark():
-    session = spark_session("local[2]", config={
-        "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
-        # tiny tables: compiling generated code costs more than it saves
-        "spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"})
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+    yield from local_spark()
 
 
 def _regions(frame: pl.DataFrame) -> pl.DataFrame:
