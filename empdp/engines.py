@@ -55,7 +55,7 @@ class DuckDB:
     def read(self, source: Any, *, panel, group: tuple | None = None, presence: bool = False, **query):
         """One statistic (``query``: id, by, query, where, sql, drop_null_ids) on ``panel``, of the rows of one
         ``group`` (column, text as :meth:`group_cells` names it) if given: a
-        :class:`empdp.loo.joint.StatisticShifts`. The group is a filter added to the statistic's SQL."""
+        :class:`empdp.loo.statistic.StatisticShifts`. The group is a filter added to the statistic's SQL."""
         if group is not None:
             query = _in_group(query, group_filter(*group))
         return read_statistic(self.open(source, panel=panel, **query), presence=presence)
