@@ -40,7 +40,7 @@ def test_group_by_is_the_grouped_assessment():
     assert got.n_bound_only == 1  # individual 20: rows in all 4 regions
 
 
-@pytest.mark.parametrize("option", [{"kernel": "gaussian"}, {"adversary": "count(*)"}, {"engine": "spark"},
+@pytest.mark.parametrize("option", [{"kernel": "gaussian"}, {"adversary": "count(*)"},
                                     {"screening": False}])
 def test_one_statistic_options_are_refused_for_several(option):
     table, _ = paper_table(n_db=6, n_ind=8, K=3)
