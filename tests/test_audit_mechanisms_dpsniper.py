@@ -332,7 +332,8 @@ def test_vector_outputs_beyond_three_dimensions_are_audited_by_score_events():
     for name, n, N in (("noisy_hist1", 20_000, 100_000), ("rappor", 20_000, 100_000)):
         mech, pairs = dpsniper_mechanism(name)
         res = mpl(mech, pairs, n=n, N=N, alpha=0.1, rng=3)
-        assert "log ratios of the" in res.event_rule["score"]
+        # which score wins (logistic or a log-ratio table) is the held-out comparison's call, seed by seed
+        assert res.event_rule["score"] == "logistic regression" or "log ratios of the" in res.event_rule["score"]
         assert 0.4 * res.pairs_true_value < res.lower_bound <= res.pairs_true_value, (name, res.lower_bound)
     with pytest.raises(InputError, match="score events"):  # a region rules them out: no estimator left
         mpl("noisy_hist1", n=500, N=1000, region=(-5, 5))

@@ -26,6 +26,19 @@ def stat(database) -> float:
     return float(vec(database).sum())
 
 
+def laplace_noise(rng: np.random.Generator, scale: float, shape) -> np.ndarray:
+    """Lap(scale) noise of ``shape`` as scale·(E1 − E2), E1, E2 independent standard exponentials.
+
+    The difference of two Exp(1) is Lap(1) exactly; NumPy's ziggurat exponentials make it about twice
+    as fast as ``rng.laplace`` (its logarithm per draw), and the audits of the vector-output
+    mechanisms spend most of their time drawing noise.
+    """
+    noise = rng.standard_exponential(shape)
+    noise -= rng.standard_exponential(shape)
+    noise *= scale
+    return noise
+
+
 def laplace(epsilon=1.0, sensitivity=1.0):
     scale = sensitivity / epsilon
 
@@ -98,10 +111,10 @@ def svt(variant: int, epsilon=1.0, threshold=1.0, c=1, sensitivity=1.0):
     def sample(database, size, rng):
         q = vec(database)
         m = q.size
-        rho = rng.laplace(0.0, rho_scale, size)
+        rho = laplace_noise(rng, rho_scale, size)
         if variant == 5:
             return (q[None, :] >= threshold + rho[:, None]).astype(np.int8)
-        noisy = q[None, :] + rng.laplace(0.0, nu_scale, (size, m))
+        noisy = q[None, :] + laplace_noise(rng, nu_scale, (size, m))
         if variant == 6:
             return (noisy >= threshold + rho[:, None]).astype(np.int8)
         if c == 1:  # abort at the first answer above: fresh threshold noise never matters
@@ -116,7 +129,7 @@ def svt(variant: int, epsilon=1.0, threshold=1.0, c=1, sensitivity=1.0):
             out[:, j] = np.where(count >= c, -1, above)
             count += above & (count < c)
             if variant == 2:  # fresh threshold noise after each answer above
-                fresh = rng.laplace(0.0, rho_scale, size)
+                fresh = laplace_noise(rng, rho_scale, size)
                 rho = np.where(above, fresh, rho)
         return out
 
