@@ -188,18 +188,41 @@ def grid_for(samples: list[np.ndarray], h: np.ndarray, lo=None, hi=None, step_fr
     return make_grid(a, b, np.maximum(sizes, 2))
 
 
+#: integer row keys below this many values are categorised by a table of them (linear time), not a sort
+DENSE_KEYS = 1 << 24
+
+
 def _row_keys(pooled: np.ndarray):
-    """One sortable key per row: a mixed-radix int64 for small integer values, else raw bytes."""
-    if pooled.shape[1] == 1:
-        return pooled[:, 0]
+    """(key per row, number of possible keys or None): a mixed-radix int64 for small integer values,
+    else the value (one column) or raw bytes (sortable, unbounded)."""
     if pooled.dtype.kind in "biu" or np.all(pooled == np.round(pooled)):
         lo = pooled.min(axis=0)
         radix = (pooled.max(axis=0) - lo + 1).astype(np.float64)
         if np.prod(radix) < 2.0 ** 62:
             weights = np.concatenate([np.cumprod(radix[::-1])[::-1][1:], [1.0]]).astype(np.int64)
-            return (pooled - lo).astype(np.int64) @ weights
+            keys = (pooled - lo).astype(np.int64) @ weights
+            return keys, int(np.prod(radix))
+    if pooled.shape[1] == 1:
+        return pooled[:, 0], None
     rows = np.ascontiguousarray(pooled)
-    return rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    return rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel(), None
+
+
+def _unique_keys(keys: np.ndarray, size: int | None):
+    """(first row of each distinct key, in key order; each row's category), as np.unique's index and inverse.
+
+    Keys of at most DENSE_KEYS values are looked up in a table (three linear passes): the sort of
+    np.unique cost 3 of svt1's 18 s with millions of answer vectors of a dozen distinct values.
+    """
+    if size is None or size > DENSE_KEYS:
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        return first, inverse.ravel()
+    seen = np.zeros(size, dtype=bool)
+    seen[keys] = True
+    inverse = (np.cumsum(seen) - 1)[keys]
+    first = np.empty(int(seen.sum()), dtype=np.intp)
+    first[inverse[::-1]] = np.arange(len(keys) - 1, -1, -1)  # the last write per category is its first row
+    return first, inverse
 
 
 def categorize(*samples: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -209,9 +232,8 @@ def categorize(*samples: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """
     arrs = [as_samples(s) for s in samples]
     pooled = np.vstack(arrs)
-    _, first, inverse = np.unique(_row_keys(pooled), return_index=True, return_inverse=True)
+    first, inverse = _unique_keys(*_row_keys(pooled))
     cats = pooled[first]
-    inverse = inverse.ravel()
     codes, start = [], 0
     for a in arrs:
         codes.append(inverse[start:start + len(a)])
