@@ -61,3 +61,17 @@ def test_categories_of_one_column_stay_in_value_order():
     cats, (codes,) = kde.categorize(x)
     assert cats[:, 0].tolist() == [-2.0, 5.0, 1e300]
     assert codes.tolist() == [1, 0, 1, 2]
+
+
+def test_integer_bins_by_lookup_match_the_search():
+    from empdp.audit import ratios
+
+    rng = np.random.default_rng(5)
+    u = rng.integers(-3, 40, (5000, 3))
+    atoms = [np.array([-1.0, 7.0]), np.array([]), np.array([2.0])]
+    edges = [np.array([0.0, 2.5, 10.0, 10.0, 30.0]), np.array([5.0]), np.array([-2.0, 20.0])]
+    fast = ratios._lookup(u, atoms, edges)
+    for j in range(3):
+        assert np.array_equal(fast[:, j], ratios._bins(u[:, j].astype(float), atoms[j], edges[j]))
+    assert ratios._lookup(u.astype(float), atoms, edges) is None  # floats are searched
+    assert ratios._lookup(u * 10_000, atoms, edges) is None  # so are integers of a wide range

@@ -51,6 +51,10 @@ class Binning:
     def codes(self, outputs: np.ndarray) -> np.ndarray:
         """(n, d) fine bin index of every coordinate: its atom's index, else len(atoms) + its quantile bin."""
         u = _coordinates(outputs, self.differences)
+        k = u.shape[1] if self.pooled else 1
+        looked_up = _lookup(u, self.atoms * k, self.edges * k)
+        if looked_up is not None:
+            return looked_up
         if self.pooled:  # one call over all coordinates: a column at a time cost most of stage 2
             return _bins(u.ravel(), self.atoms[0], self.edges[0]).reshape(u.shape)
         out = np.empty(u.shape, dtype=np.intp)
@@ -108,10 +112,30 @@ def _shrunk(ratio: np.ndarray, variance: np.ndarray) -> np.ndarray:
 
 
 def _coordinates(outputs: np.ndarray, differences: bool) -> np.ndarray:
-    u = np.asarray(outputs, float)
+    u = np.asarray(outputs)
+    # integers stay integers (int64: differences of int8 codes would wrap) for the lookup of _bins
+    u = u.astype(np.int64) if u.dtype.kind in "biu" else u.astype(float)
     if differences:
         u = np.concatenate([u[:, :1], np.diff(u, axis=1)], axis=1)
     return u
+
+
+#: integer outputs spanning at most this many values are binned by a table over their range
+LOOKUP_RANGE = 1 << 12
+
+
+def _lookup(u: np.ndarray, atoms: list, edges: list) -> np.ndarray | None:
+    """The bins of integer coordinates ``u`` (n, d) spanning under LOOKUP_RANGE values, by one gather from
+    a table per column (bits and SVT's answer codes: a search per value and column cost most of RAPPOR's
+    stage 2); None for other coordinates."""
+    if u.dtype.kind not in "iu" or not u.size:
+        return None
+    lo, hi = int(u.min()), int(u.max())
+    if hi - lo >= LOOKUP_RANGE:
+        return None
+    span = np.arange(lo, hi + 1, dtype=float)
+    tables = np.stack([_bins(span, a, e) for a, e in zip(atoms, edges)])  # (d, span)
+    return tables.ravel()[(u - lo) + len(span) * np.arange(u.shape[1])[None, :]]
 
 
 def _bins(values: np.ndarray, atoms: np.ndarray, edges: np.ndarray) -> np.ndarray:
