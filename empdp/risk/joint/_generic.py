@@ -199,27 +199,12 @@ def _log_prefix(logm: np.ndarray) -> np.ndarray:
         return np.r_[-np.inf, np.logaddexp.accumulate(logm)] if len(logm) else np.array([-np.inf])
 
 
-def _side_factors(lo: np.ndarray, hi: np.ndarray, p: np.ndarray):
-    """((K, 2, n), (K,)): on cell [lo, hi], term j is e^{off} (f[0] e^{t} + f[1] e^{−t}) with t = u − lo
-    (one of f is 0); ``off`` is the largest exponent, so no factor overflows and the nearest point's
-    is 1 (the others underflow only below e^{−745} of it)."""
-    left = p[None, :] <= 0.5 * (lo + hi)[:, None]  # points lie on the cells' edges, not inside
-    expo = np.where(left, p[None, :] - lo[:, None], lo[:, None] - p[None, :])
-    off = expo.max(axis=1)
-    f = np.exp(expo - off[:, None])
-    return np.stack([np.where(left, 0.0, f), np.where(left, f, 0.0)], axis=1), off
+def _cell_coefficients(lo: np.ndarray, hi: np.ndarray, P: np.ndarray):
+    """((K, 2^d), (K,)): p(t) = e^{scale} Σ_σ A_σ e^{σ·t} on K cells [lo, hi] (K, d) (compiled:
+    :func:`._compiled.cell_coefficients`)."""
+    from ._compiled import cell_coefficients  # numba: loaded by the first cut cell only
 
-
-def _cell_coefficients(lows, highs, P: np.ndarray):
-    """((K, 2^d), (K,)): p(t) = e^{scale} Σ_σ A_σ e^{σ·t} on K cells (lows/highs: per axis (K,)), σ
-    index 0 = +1, flat in the order of the axes; the scale keeps far cells' coefficients finite."""
-    n, d = P.shape
-    F, offs = zip(*[_side_factors(lows[k], highs[k], P[:, k]) for k in range(d)])
-    K = F[0].shape[0]
-    acc = F[0]  # (K, 2, n)
-    for k in range(1, d):
-        acc = (acc[:, :, None, :] * F[k][:, None, :, :]).reshape(K, 2 ** (k + 1), n)
-    return acc.sum(-1), np.sum(offs, axis=0) - np.log(n * 2.0 ** d)
+    return cell_coefficients(np.ascontiguousarray(lo), np.ascontiguousarray(hi), np.ascontiguousarray(P))
 
 
 def _cut_integrals(A: tuple, B: tuple, width: np.ndarray, item: tuple, nodes: int) -> np.ndarray:
@@ -310,9 +295,9 @@ def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_e
         s_of = np.concatenate(cut_side)
         uniq, inv = np.unique(cells, return_inverse=True)
         idx = np.unravel_index(uniq, cells_shape)
-        lo_c = [lows[k][idx[k]] for k in range(d)]
-        hi_c = [highs[k][idx[k]] for k in range(d)]
-        w_c = np.column_stack([hi_c[k] - lo_c[k] for k in range(d)])
+        lo_c = np.column_stack([lows[k][idx[k]] for k in range(d)])
+        hi_c = np.column_stack([highs[k][idx[k]] for k in range(d)])
+        w_c = hi_c - lo_c
         vals = np.empty(len(cells))
         vals2 = np.empty(len(cells)) if with_error else None
         by_cell = np.argsort(inv, kind="stable")
@@ -320,8 +305,8 @@ def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_e
         for u0, t0, t1 in zip(range(0, len(uniq), COEF_CELLS), bounds[:-1], bounds[1:]):
             # the cells' coefficients (2^d n numbers each while formed) a chunk of cells at a time
             u = slice(u0, u0 + COEF_CELLS)
-            CA = _cell_coefficients([c[u] for c in lo_c], [c[u] for c in hi_c], a)
-            CB = _cell_coefficients([c[u] for c in lo_c], [c[u] for c in hi_c], b)
+            CA = _cell_coefficients(lo_c[u], hi_c[u], a)
+            CB = _cell_coefficients(lo_c[u], hi_c[u], b)
             at = by_cell[t0:t1]
             item = (inv[at] - u0, eps[e_of[at]], s_of[at])
             vals[at] = _cut_integrals(CA, CB, w_c[u], item, nodes)

@@ -110,11 +110,11 @@ ROUNDING = 1e-12
 
 
 def _cdf(x: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """The Laplace(p, 1) CDF at x (both broadcast), exact at ±∞."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        z = x - p
-        out = np.where(z < 0, 0.5 * np.exp(np.minimum(z, 0.0)), 1.0 - 0.5 * np.exp(-np.maximum(z, 0.0)))
-    return out
+    """The Laplace(p, 1) CDF at x (both broadcast), exact at ±∞: ½ e^{−|x − p|} or one less it, from
+    one exponential per element (the bounds' largest cost at 10^4 individuals)."""
+    z = x - p
+    half = 0.5 * np.exp(-np.abs(z))
+    return np.where(z < 0, half, 1.0 - half)
 
 
 def _box_mass(lo: np.ndarray, hi: np.ndarray, pts: np.ndarray) -> np.ndarray:
