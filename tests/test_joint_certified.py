@@ -165,3 +165,22 @@ def test_assess_joint_keeps_the_contract_and_exact_makes_every_row_exact(paper):
 def test_a_bad_tolerance_is_refused_before_the_table_is_read(paper, bad):
     with pytest.raises(InputError, match=r"^`tolerance` must be a number in \[0, 1\)"):
         assess_joint(paper, id="id", by="db", queries=["sum(x)", "sum(x_not_k)"], tolerance=bad)
+
+
+def test_the_rows_made_exact_are_shared_among_the_threads(monkeypatch):
+    """A batch no larger than one block (the first batch: 64 rows) still runs on every thread, each
+    block mixing the costly rows (widest brackets, first) with the others, and every row once."""
+    model, shifts = panel(2, "bounded", seed=3, m=40)
+    blocks = []
+
+    def spy(model, shifts, eps, **kw):
+        blocks.append(len(shifts))
+        return joint_risk(model, shifts, eps, **kw)
+
+    monkeypatch.setattr(je, "joint_risk", spy)
+    eps = np.array([0.01, 0.1])
+    bound = np.abs(shifts @ model.transform.T).sum(-1).max(-1)
+    cert = je.Certified([je.Part(model, shifts, bound, np.full(len(shifts), np.nan))], eps, exact=True, threads=2)
+    assert sum(blocks) == int(cert.live.sum()) > 8
+    assert len(blocks) >= 8 and max(blocks) - min(blocks) <= 1
+    assert [list(b) for b in je._deal(np.arange(10), 64, 1)] == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]

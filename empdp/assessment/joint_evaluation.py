@@ -6,8 +6,9 @@ totals (docs/method.md#102-joint-queries, issue 37's contract).
 * δ_i(ε) = 0 for ε ≥ M_i; every other row starts from certified bounds (:mod:`empdp.risk.joint.bounds`)
   and is evaluated exactly only where the bounds cannot decide the worst case, the at-risk counts
   or the total risk to its tolerance (:class:`Certified`).
-* Exact rows run in blocks of :data:`SWEEP_ROWS` side by side in threads (NumPy releases the GIL);
-  which rows are refined depends only on the bounds and the values found, not on the thread count.
+* Exact rows run in blocks of at most :data:`SWEEP_ROWS`, dealt round-robin, side by side in threads
+  (NumPy and the compiled loops release the GIL); which rows are refined depends only on the bounds
+  and the values found, not on the thread count.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ EPS_ROWS = 512
 
 def _chunks(rows: np.ndarray, size: int) -> list:
     return [rows[k:k + size] for k in range(0, len(rows), size)]
+
+
+def _deal(rows: np.ndarray, size: int, threads: int) -> list:
+    """``rows`` dealt round-robin into blocks of at most ``size``, and at least 4 blocks a thread: the
+    rows come widest bracket first, which are the costly ones, so contiguous blocks left the other
+    threads idle (the first batch of 64 rows was one block)."""
+    jobs = max(-(-len(rows) // size), min(len(rows), 4 * threads))
+    return [rows[j::jobs] for j in range(jobs)]
 
 
 def exact_eps(model: JointModel, shifts: np.ndarray, rows: np.ndarray, threads: int) -> np.ndarray:
@@ -208,7 +217,7 @@ class Certified:
             jobs = []
             for k, local in self._local(rows):
                 p = self.parts[k]
-                for c in _chunks(local, SWEEP_ROWS):
+                for c in _deal(local, SWEEP_ROWS, self.threads):
                     jobs.append((k, c, pool.submit(joint_risk, p.model, p.shifts[c], self.eps, only=only, cap=cap)))
             for k, c, fut in jobs:
                 e, d = fut.result()
