@@ -123,7 +123,7 @@ def uncertainty_options(f):
 @click.option("--hash-ids", is_flag=True, help="Replace ids by a keyed hash (HMAC-SHA256) in every output.")
 @click.option("--hash-key-file", metavar="FILE", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
 @click.option("--memory-limit", help="DuckDB memory limit, e.g. 3GB (spills to disk beyond it; "
-                                     "default: 2GB or 25% of memory, whichever is smaller).")
+                                     "default: 1GB or 25% of memory, whichever is smaller).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Threads for reading and for the exact evaluation (default: every core).")
 @click.option("--workers", type=click.Choice(["auto", "threads", "processes"]), default="auto", show_default=True,

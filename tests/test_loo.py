@@ -362,6 +362,48 @@ def test_every_query_form_has_one_engine_and_each_decomposable_form_one_table_en
     assert set(TABLE) == set(query.DECOMPOSABLE) == {f for f, e in ENGINES.items() if e is DecomposableEngine}
 
 
+def test_the_rows_fetched_at_once_stay_within_a_quarter_of_the_memory_limit(monkeypatch, sample_path):
+    """At 10^8 rows one fetch of every shift row (0.8 GB) came on top of DuckDB's whole share and
+    the assessment peaked at 3.4 GB: each fetch now holds at most a quarter of the limit."""
+    from empdp.assessment import assess, evaluation
+    from empdp.loo import decomposable
+
+    class Limited:
+        def __init__(self, limit):
+            self.limit = limit
+
+        def memory_limit_bytes(self):
+            return self.limit
+
+    assert evaluation.fetch_rows(Limited(10**9), 100) == 10**9 // 32 // 100
+    assert evaluation.fetch_rows(Limited(10**12), 100) == evaluation.FETCH_CELLS // 100
+    # no limit to read (Spark): the evaluation's default of 4 GB
+    assert evaluation.fetch_rows(Limited(0), 100) == min(evaluation.FETCH_CELLS, evaluation.DEFAULT_MEMORY_LIMIT // 32) // 100
+    assert evaluation.fetch_rows(Limited(64), 100) == 1
+    monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
+    sizes = []
+    shifts = decomposable.DecomposableEngine.shifts
+
+    def counted(self, codes, presence=False):
+        out = shifts(self, codes, presence)
+        sizes.append(out.nbytes)
+        return out
+    monkeypatch.setattr(decomposable.DecomposableEngine, "shifts", counted)
+    held = []  # the rows held after each fetch: the search's and the δ stage's together stay within it
+    prefetch = evaluation._ShiftCache.prefetch
+
+    def holding(self, codes):
+        prefetch(self, codes)
+        held.append(sum(rows.nbytes for _, rows in self.parts))
+    monkeypatch.setattr(evaluation._ShiftCache, "prefetch", holding)
+    # DuckDB's smallest limit (16 MB) holds the sample's 2,197 × 17 cells (0.3 MB) many times: a
+    # limit of 0.4 MB as the evaluation reads it, a quarter of it 0.1 MB, is three fetches or more
+    monkeypatch.setattr(evaluation, "_memory_limit", lambda engine: 400_000)
+    res = assess(sample_path, id="countyid", by="year", query="mean(murdrate)", exact_all=True)
+    assert res.n_individuals == 2197 and len(sizes) >= 3
+    assert max(sizes) <= 100_000 and max(held) <= 100_000
+
+
 @pytest.mark.parametrize("kernel", ["laplace", "gaussian"])
 def test_assess_with_rows_fetched_in_small_chunks_equals_the_held_matrix(kernel, monkeypatch, sample_path):
     """An assessment whose Δ rows are fetched from the table (above DENSE_CELLS), through a shift cache

