@@ -75,3 +75,62 @@ def test_integer_bins_by_lookup_match_the_search():
         assert np.array_equal(fast[:, j], ratios._bins(u[:, j].astype(float), atoms[j], edges[j]))
     assert ratios._lookup(u.astype(float), atoms, edges) is None  # floats are searched
     assert ratios._lookup(u * 10_000, atoms, edges) is None  # so are integers of a wide range
+
+
+# ----------------------------------------------------------------------------- pattern-and-value scores
+
+
+def _xor_outputs(rng, size, same: bool):
+    """Two columns, each the atom -1000 or a value N(0, 1); under x the two agree (both atoms or both
+    values), under x' they differ: each column alone has the same law under both, the pattern does not."""
+    first = rng.random(size) < 0.5
+    second = first if same else ~first
+    vals = rng.normal(size=(size, 2))
+    return np.where(np.column_stack([first, second]), vals, -1000.0)
+
+
+def test_pattern_score_sees_a_joint_pattern_the_columns_miss():
+    from empdp.audit import ratios
+
+    rng = np.random.default_rng(6)
+    x, y = _xor_outputs(rng, 20_000, True), _xor_outputs(rng, 20_000, False)
+    families = ratios.ratio_scores(x, y)
+    pattern = [s for _, scores in families for s in scores if isinstance(s, ratios.PatternScore)]
+    column = [s for b, scores in families for s in scores
+              if not isinstance(s, ratios.PatternScore) and not b.differences]  # raw columns, one by one
+    assert pattern and column
+    fx, fy = _xor_outputs(rng, 5000, True), _xor_outputs(rng, 5000, False)
+    # the pattern's log ratio is ±infinite in truth; the pseudo-counts keep it large and finite
+    assert np.all(pattern[0].score(fx) > 3) and np.all(pattern[0].score(fy) < -3)
+    assert max(abs(np.mean(s.score(fx)) - np.mean(s.score(fy))) for s in column) < 0.1
+
+
+def test_pattern_score_adds_the_values_log_ratio():
+    """Column 0 is a value with probability 0.6 (x) or 0.4 (x'), the value N(1, 1) or N(0, 1): the log
+    ratio of a value v is ln 1.5 + v - 1/2, of the atom ln(0.4 / 0.6)."""
+    from empdp.audit import ratios
+
+    rng = np.random.default_rng(7)
+
+    def draw(p, mean, size):
+        is_value = rng.random(size) < p
+        return np.column_stack([np.where(is_value, rng.normal(mean, 1, size), -1.0), rng.normal(size=size)])
+
+    x, y = draw(0.6, 1.0, 100_000), draw(0.4, 0.0, 100_000)
+    score = [s for _, scores in ratios.ratio_scores(x, y) for s in scores
+             if isinstance(s, ratios.PatternScore) and s.bins == 32][0]
+    fresh = draw(0.5, 0.5, 5000)
+    truth = np.where(fresh[:, 0] == -1.0, np.log(0.4 / 0.6), np.log(1.5) + fresh[:, 0] - 0.5)
+    inner = np.abs(fresh[:, 0]) < 2  # the outer quantile bins average over a long tail
+    assert np.corrcoef(score.score(fresh)[inner], truth[inner])[0, 1] > 0.97
+    atom = score.score(fresh)[fresh[:, 0] == -1.0]
+    # the second column (the same law under both) adds only its shrunk tables' noise
+    assert abs(np.median(atom) - np.log(0.4 / 0.6)) < 0.03 and np.all(np.abs(atom - np.log(0.4 / 0.6)) < 0.15)
+
+
+def test_no_pattern_family_without_atoms():
+    from empdp.audit import ratios
+
+    rng = np.random.default_rng(8)
+    x, y = rng.normal(size=(2000, 3)), rng.normal(0.1, 1, (2000, 3))
+    assert not any(isinstance(s, ratios.PatternScore) for _, scores in ratios.ratio_scores(x, y) for s in scores)

@@ -23,10 +23,12 @@ PILOT_SEED = 20210524
 #: sizes of the first two pilot runs; more follow, each 2 to PILOT_GROWTH times larger (aiming at
 #: PILOT_SHARE of the budget from the last one's rate), until one takes PILOT_SHARE of the budget.
 #: A long last pilot is what makes the forecast hold: costs that stop growing (a logistic fit on
-#: at most 40,000 rows) made pilots of 4% forecast 2-3 times the real cost (runs of 7-12 s of 20)
+#: at most 40,000 rows) made pilots of 4% forecast 2-3 times the real cost (runs of 7-12 s of 20).
+#: At 12% the pilots' overshoot took 7-10 of the 20 s (SVT1, RAPPOR, LaplaceParallel); at 6% they
+#: take 3.5-6 s and runs still end at 17-21 s
 PILOT_SIZES = (1000, 4000)
 PILOT_GROWTH = 4
-PILOT_SHARE = 0.12
+PILOT_SHARE = 0.06
 #: the range the cost's growth power is kept in (a noisy pair of pilots must not forecast wildly)
 POWER_RANGE = (0.8, 1.3)
 #: share of the budget planned for, pilots included (the rest absorbs the forecast's error)

@@ -102,6 +102,95 @@ class RatioScore:
         return np.concatenate(self.tables)[codes + offsets[None, :]].sum(axis=1)
 
 
+@dataclass
+class PatternBinning:
+    """The answer pattern of an output (which atom, or "a value", in each column: SVT's above / below /
+    aborted) and the fine bins of the values (the per-column binning ``inner`` of the raw outputs)."""
+
+    inner: Binning
+    radix: np.ndarray  # per column: its number of atoms + 1 ("a value")
+    patterns: np.ndarray  # sorted keys of the patterns seen in the fitting rows
+
+    def codes(self, outputs: np.ndarray) -> np.ndarray:
+        """(n, 1 + d): the pattern's index (len(patterns) if unseen), then the fine bin of every coordinate."""
+        return self.codes_from_fine(self.inner.codes(outputs))
+
+    def codes_from_fine(self, fine: np.ndarray) -> np.ndarray:
+        keys = _pattern_keys(fine, self.radix)
+        idx = np.minimum(np.searchsorted(self.patterns, keys), len(self.patterns) - 1)
+        return np.column_stack([np.where(self.patterns[idx] == keys, idx, len(self.patterns)), fine])
+
+
+def _pattern_keys(fine: np.ndarray, radix: np.ndarray) -> np.ndarray:
+    """Mixed-radix key of each row's pattern: per column its atom index, or radix − 1 for a value."""
+    which = np.minimum(fine, radix[None, :] - 1)
+    weights = np.concatenate([np.cumprod(radix[::-1])[::-1][1:], [1]]).astype(np.int64)
+    return which.astype(np.int64) @ weights
+
+
+@dataclass
+class PatternScore:
+    """s(t) = r(pattern of t) + Σ_{j a value} r_j(t_j | a value): the pattern's log ratio from its counts
+    and each released value's log ratio given that it is a value (a joint law that is a pattern times
+    independent values, as NumericalSVT's, is scored exactly up to the binning). The events combine the
+    answers with the released values, where the loss of SVT3 and NumericalSVT mostly is."""
+
+    binning: PatternBinning
+    bins: int
+    pattern_table: np.ndarray  # (patterns + 1,): the last, unseen patterns, scores 0
+    value_tables: list  # per column, per fine bin (atoms 0)
+
+    @property
+    def name(self) -> str:
+        return f"log ratios of the answer pattern and the values ({self.bins} bins)"
+
+    def score(self, outputs: np.ndarray) -> np.ndarray:
+        return self.score_codes(self.binning.codes(outputs))
+
+    def score_codes(self, codes: np.ndarray) -> np.ndarray:
+        offsets = np.cumsum([0] + [len(t) for t in self.value_tables[:-1]])
+        values = np.concatenate(self.value_tables)[codes[:, 1:] + offsets[None, :]].sum(axis=1)
+        return self.pattern_table[codes[:, 0]] + values
+
+    @classmethod
+    def fit(cls, binning: PatternBinning, codes_x: np.ndarray, codes_y: np.ndarray, bins: int) -> PatternScore:
+        k = len(binning.patterns) + 1
+        nx = np.bincount(codes_x[:, 0], minlength=k) + PSEUDO
+        ny = np.bincount(codes_y[:, 0], minlength=k) + PSEUDO
+        table = _shrunk(np.log(nx / nx.sum()) - np.log(ny / ny.sum()), 1 / nx + 1 / ny)
+        table[-1] = 0.0
+        merge = FINE_BINS // bins
+        values = []
+        for j, atoms in enumerate(binning.inner.atoms):
+            a = len(atoms)
+            cx, cy = codes_x[:, 1 + j], codes_y[:, 1 + j]
+            coarse = np.arange(FINE_BINS) // merge
+            vx = np.bincount(coarse[cx[cx >= a] - a], minlength=bins) + PSEUDO
+            vy = np.bincount(coarse[cy[cy >= a] - a], minlength=bins) + PSEUDO
+            ratio = _shrunk(np.log(vx / vx.sum()) - np.log(vy / vy.sum()), 1 / vx + 1 / vy)
+            values.append(np.concatenate([np.zeros(a), ratio[coarse]]))
+        return cls(binning, bins, table, values)
+
+
+#: most distinct answer patterns kept from the fitting rows (more are too thin to estimate one by one)
+MAX_PATTERNS = 1 << 16
+
+
+def pattern_family(binning: Binning, codes_x: np.ndarray, codes_y: np.ndarray):
+    """The pattern-and-value scores over the per-column ``binning`` of the raw outputs (with its codes of
+    the fitting rows), or None where no column has atoms (the per-column scores are then the same) or
+    the patterns are too many."""
+    radix = np.array([len(a) + 1 for a in binning.atoms], dtype=np.int64)
+    if np.all(radix == 1) or np.sum(np.log2(radix.astype(float))) > 62:
+        return None
+    patterns = np.unique(np.concatenate([_pattern_keys(codes_x, radix), _pattern_keys(codes_y, radix)]))
+    if len(patterns) > MAX_PATTERNS:
+        return None
+    pb = PatternBinning(binning, radix, patterns)
+    px, py = pb.codes_from_fine(codes_x), pb.codes_from_fine(codes_y)
+    return pb, [PatternScore.fit(pb, px, py, b) for b in BIN_COUNTS]
+
+
 def _shrunk(ratio: np.ndarray, variance: np.ndarray) -> np.ndarray:
     """Each bin's log ratio times max(0, 1 − var/ratio²) (positive-part James–Stein): a coordinate whose
     loss is nil (the four unchanged bins of a noisy histogram) adds its tables' noise to every output's
@@ -167,13 +256,18 @@ def fit_binning(x: np.ndarray, y: np.ndarray, differences: bool, pooled: bool) -
     return Binning(differences, pooled, atoms, edges)
 
 
-def ratio_scores(x: np.ndarray, y: np.ndarray) -> list[tuple[Binning, list[RatioScore]]]:
+def ratio_scores(x: np.ndarray, y: np.ndarray) -> list[tuple[Binning | PatternBinning, list]]:
     """The scores of vector outputs ``x`` (from x) and ``y`` (from x′), grouped by binning: the raw
-    coordinates per column and pooled, and the differences per column, each at every BIN_COUNTS."""
+    coordinates per column and pooled, and the differences per column, each at every BIN_COUNTS, and
+    where some column has atoms, the answer pattern with the values (:class:`PatternScore`)."""
     x, y = x[:FIT_ROWS], y[:FIT_ROWS]
     families = []
     for differences, pooled in ((False, False), (False, True), (True, False)):
         binning = fit_binning(x, y, differences, pooled)
         cx, cy = binning.codes(x), binning.codes(y)
         families.append((binning, [RatioScore(binning, b, binning.tables(cx, cy, b)) for b in BIN_COUNTS]))
+        if not (differences or pooled):
+            patterns = pattern_family(binning, cx, cy)
+            if patterns is not None:
+                families.append(patterns)
     return families
