@@ -57,11 +57,9 @@ class Binning:
             return looked_up
         if self.pooled:  # one call over all coordinates: a column at a time cost most of stage 2
             return _bins(u.ravel(), self.atoms[0], self.edges[0]).reshape(u.shape)
-        out = np.empty(u.shape, dtype=np.intp)
-        for j in range(u.shape[1]):
-            k = 0 if self.pooled else j
-            out[:, j] = _bins(u[:, j], self.atoms[k], self.edges[k])
-        return out
+        columns = np.ascontiguousarray(u.T)  # a column of a row-major array is strided: slow to search
+        # stacked as rows and transposed (a view): the codes are read column by column
+        return np.stack([_bins(columns[j], self.atoms[j], self.edges[j]) for j in range(u.shape[1])]).T
 
     def tables(self, codes_x: np.ndarray, codes_y: np.ndarray, bins: int) -> np.ndarray:
         """(d, size) binned log ratio ln(count_x / count_x′) over ``bins`` merged quantile bins, per fine bin."""
@@ -230,8 +228,12 @@ def _lookup(u: np.ndarray, atoms: list, edges: list) -> np.ndarray | None:
 def _bins(values: np.ndarray, atoms: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Bin index of each value: its atom's index, else len(atoms) + its quantile bin."""
     which = len(atoms) + np.searchsorted(edges, values, side="right")
-    for i, a in enumerate(atoms):
-        which[values == a] = i
+    if len(atoms):  # one search among the atoms, not a pass per atom (SVT3's columns have several codes)
+        order = np.argsort(atoms)
+        ranked = np.asarray(atoms, float)[order]
+        i = np.minimum(np.searchsorted(ranked, values), len(ranked) - 1)
+        hit = ranked[i] == values
+        which[hit] = order[i[hit]]
     return which
 
 
