@@ -274,3 +274,156 @@ def cut_integrals(CA: np.ndarray, CB: np.ndarray, sA: np.ndarray, sB: np.ndarray
             v = _pos_3d(c, width[u], f, x, wts, bps)
         out[k] = math.exp(math.log(v) + scale) if v > 0.0 else 0.0
     return out
+
+
+# ----------------------------------------------------------------------------- d = 2 cut cells
+@njit(cache=True, nogil=True)
+def _root_2d(gamma: float, eta: float, w: float) -> float:
+    """t in [0, w] where γ e^{−t} + η e^{−(w−t)} = 0 (0 when there is none: a harmless breakpoint);
+    by logarithms apart (the ratio of far terms overflows)."""
+    if not ((gamma > 0.0 and eta < 0.0) or (gamma < 0.0 and eta > 0.0)):
+        return 0.0
+    t = 0.5 * (w + math.log(abs(gamma)) - math.log(abs(eta)))
+    if not math.isfinite(t):
+        return 0.0
+    return min(max(t, 0.0), w)
+
+
+@njit(cache=True, nogil=True)
+def _square_2d(alpha: float, beta: float, f1: float) -> float:
+    """(√P − √(f1 N))², P the positive and −N the negative of α, β: the exact integral along t1 where
+    the root lies inside (no cancellation)."""
+    pos, neg = max(alpha, beta), min(alpha, beta)
+    return (math.sqrt(max(pos, 0.0)) - math.sqrt(max(-f1 * neg, 0.0))) ** 2
+
+
+@njit(cache=True, nogil=True)
+def _along_t1(alpha: float, beta: float, f1: float) -> float:
+    """∫_0^{w1} (α e^{−t} + β e^{−(w1−t)})_+ dt, f1 = e^{−w1}: the square where the root lies inside
+    (α, β of opposite signs and f1² < −β f1/α < 1), else (α + β)(1 − f1) or 0."""
+    mixed = (alpha > 0.0 and beta < 0.0) or (alpha < 0.0 and beta > 0.0)
+    if mixed:
+        ratio = -beta * f1 / alpha
+        if ratio > f1 * f1 and ratio < 1.0:
+            return _square_2d(alpha, beta, f1)
+    if alpha + beta > 0.0:
+        return max((alpha + beta) * (1.0 - f1), 0.0)
+    return 0.0
+
+
+@njit(cache=True, nogil=True)
+def _gauss_2d(d: np.ndarray, f1: float, w2: float, lo: float, hi: float, parts: int, x: np.ndarray,
+              wts: np.ndarray, square: bool) -> float:
+    """Gauss–Legendre over ``parts`` equal parts of [lo, hi] along t2 of the exact integral along t1
+    (``square``: the root is known to lie inside, the square alone)."""
+    h = (hi - lo) / parts
+    total = 0.0
+    for k in range(parts):
+        centre = lo + h * (k + 0.5)
+        piece = 0.0
+        for q in range(x.shape[0]):
+            t = centre + 0.5 * h * x[q]
+            e_lo, e_hi = math.exp(-t), math.exp(t - w2)
+            alpha = d[0] * e_lo + d[2] * e_hi
+            beta = d[1] * e_lo + d[3] * e_hi
+            piece += wts[q] * (_square_2d(alpha, beta, f1) if square else _along_t1(alpha, beta, f1))
+        total += piece * (0.5 * h)
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _fixed_2d(d: np.ndarray, f1: float, w2: float, bps: np.ndarray, parts: np.ndarray, inside: np.ndarray,
+              positive: np.ndarray, x: np.ndarray, wts: np.ndarray) -> float:
+    """∫ over the three intervals of t2 between the edge roots: where the root stays outside [0, w1]
+    the integrand along t1 is (α + β)(1 − f1) or 0, a sum of exponentials in t2 (closed form); where
+    it lies inside, the square by one rule on each of ``parts`` equal parts."""
+    out = 0.0
+    for i in range(3):
+        lo, hi = bps[i], bps[i + 1]
+        span = hi - lo
+        if not inside[i] and positive[i] and span > 0.0:
+            down = math.exp(-lo) * -math.expm1(-span)  # ∫ e^{−t}
+            up = math.exp(hi - w2) * -math.expm1(-span)  # ∫ e^{t − w2}
+            out += ((d[0] * down + d[2] * up) + (d[1] * down + d[3] * up)) * (1.0 - f1)
+    for i in range(3):
+        if inside[i] and bps[i + 1] - bps[i] > 0.0:
+            out += _gauss_2d(d, f1, w2, bps[i], bps[i + 1], parts[i], x, wts, True)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _adaptive_2d(d: np.ndarray, f1: float, w2: float, bps: np.ndarray, x: np.ndarray, wts: np.ndarray,
+                 tol: float, max_piece: float, max_parts: int) -> float:
+    """Every interval cut into m equal parts, m doubled until two rules agree within ``tol`` (or m
+    reaches ``max_parts``): the cells near a zero of α or β."""
+    m = max(1, int(math.ceil(w2 / max_piece)))
+    coarse = 0.0
+    first = True
+    while True:
+        fine = 0.0
+        for i in range(3):
+            if bps[i + 1] > bps[i]:
+                fine += _gauss_2d(d, f1, w2, bps[i], bps[i + 1], m, x, wts, False)
+        if not first and (abs(fine - coarse) <= tol or m >= max_parts):
+            return fine
+        first = False
+        m *= 2
+        coarse = fine
+
+
+@njit(cache=True, nogil=True)
+def cut_cells_2d(D: np.ndarray, w1: np.ndarray, w2: np.ndarray, fx: np.ndarray, fw: np.ndarray,
+                 ax: np.ndarray, aw: np.ndarray, tol: float, max_piece: float, safe: float,
+                 max_parts: int) -> np.ndarray:
+    """∫∫ (h)_+ over [0, w1] × [0, w2] for each d = 2 cut cell, h = D−− e^{−t1−t2} + D+− e^{−(w1−t1)−t2}
+    + D−+ e^{−t1−(w2−t2)} + D++ e^{−(w1−t1)−(w2−t2)} (D (N, 4) in that order; docs/method.md#102-joint-queries).
+
+    Exact along the wider axis (t1); along the other, the edge roots (where h vanishes on t1 = 0, w1)
+    split t2 into three intervals on each of which one formula holds, analytic except at the real
+    zeros of α(t2) = D−− e^{−t2} + D−+ e^{t2−w2} and β(t2) = D+− e^{−t2} + D++ e^{t2−w2} (closed form;
+    their complex zeros lie π/2 off the axis). A cell whose intervals with the root inside have their
+    nearest zero at least ``safe`` piece lengths away gets one rule (``fx``, ``fw``) per piece of at
+    most ``max_piece``; the others are halved until two rules (``ax``, ``aw``) agree within ``tol``.
+    """
+    N = D.shape[0]
+    out = np.empty(N)
+    d = np.empty(4)
+    bps = np.empty(4)
+    parts = np.empty(3, dtype=np.int64)
+    inside = np.empty(3, dtype=np.bool_)
+    positive = np.empty(3, dtype=np.bool_)
+    for c in range(N):
+        a, b = w1[c], w2[c]
+        if b > a:  # the exact axis is the wider one
+            a, b = b, a
+            d[0], d[1], d[2], d[3] = D[c, 0], D[c, 2], D[c, 1], D[c, 3]
+        else:
+            d[0], d[1], d[2], d[3] = D[c, 0], D[c, 1], D[c, 2], D[c, 3]
+        f1 = math.exp(-a)
+        r1 = _root_2d(d[0] + f1 * d[1], d[2] + f1 * d[3], b)
+        r2 = _root_2d(f1 * d[0] + d[1], f1 * d[2] + d[3], b)
+        bps[0], bps[1], bps[2], bps[3] = 0.0, min(r1, r2), max(r1, r2), b
+        fast = True
+        for i in range(3):
+            lo, hi = bps[i], bps[i + 1]
+            parts[i] = max(1, int(math.ceil((hi - lo) / max_piece)))
+            near = np.inf
+            for c0, c1 in ((d[0], d[2]), (d[1], d[3])):
+                z = 0.5 * (b + math.log(-c0 / c1)) if c1 != 0.0 and -c0 / c1 > 0.0 else np.nan
+                if math.isfinite(z):
+                    near = min(near, max(max(lo - z, z - hi), 0.0))
+            mid = 0.5 * (lo + hi)
+            e_lo, e_hi = math.exp(-mid), math.exp(mid - b)
+            al = d[0] * e_lo + d[2] * e_hi
+            be = d[1] * e_lo + d[3] * e_hi
+            mixed = (al > 0.0 and be < 0.0) or (al < 0.0 and be > 0.0)
+            ratio = -be * f1 / al if mixed else 0.0
+            inside[i] = mixed and ratio > f1 * f1 and ratio < 1.0
+            positive[i] = al + be > 0.0
+            if not (hi <= lo or not inside[i] or near >= safe * (hi - lo) / parts[i]):
+                fast = False
+        if fast:
+            out[c] = _fixed_2d(d, f1, b, bps, parts, inside, positive, fx, fw)
+        else:
+            out[c] = _adaptive_2d(d, f1, b, bps, ax, aw, tol, max_piece, max_parts)
+    return out
