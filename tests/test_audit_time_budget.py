@@ -22,7 +22,8 @@ def test_mpl_budget_chooses_reports_and_reproduces_sizes():
     assert took < 8  # about the budget (a loaded machine may overrun it somewhat)
     again = mpl("laplace", params={"epsilon": 0.5}, n=s["search_size"], N=s["final_size"], rng=3)
     assert again.lower_bound == res.lower_bound and again.sizes["chosen_by"] == "given"
-    assert 0 < res.lower_bound <= 0.5
+    # a 95% bound exceeds the truth on 5% of seeds, and then only by about its own error: ~1% here
+    assert 0 < res.lower_bound <= 0.5 * 1.02
 
 
 def test_renyi_budget_chooses_reports_and_reproduces_sizes():
