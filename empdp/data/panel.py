@@ -307,10 +307,13 @@ def open_panel(
     for col, what, option in ((id, "individual", "--id"), (by, "database", "--by")):
         _require_flat(columns, col, what, option)
         _require_one_json_type(con, columns, col, what)
+    # one scan: the rows, and those with a NULL id, per database label (NULL labels in a group of their
+    # own); the labels' codes __j are numbered from this small table, not from another scan
+    con.execute(f"CREATE TEMP TABLE __counts AS SELECT {qb} AS __label, count(*) AS __rows, "
+                f"count(*) FILTER (WHERE {qi} IS NULL) AS __null_ids FROM {SOURCE_VIEW} GROUP BY 1")
     n_rows, n_null_id, n_null_by = con.execute(
-        f"SELECT count(*), count(*) FILTER (WHERE {qi} IS NULL), count(*) FILTER (WHERE {qb} IS NULL) "
-        f"FROM {SOURCE_VIEW}"
-    ).fetchall()[0]
+        "SELECT coalesce(sum(__rows), 0), coalesce(sum(__null_ids), 0), "
+        "coalesce(sum(__rows) FILTER (WHERE __label IS NULL), 0) FROM __counts").fetchall()[0]
     if n_rows == 0:
         raise InputError(f"{description} has no rows")
     if n_null_by:
@@ -320,7 +323,10 @@ def open_panel(
             f"{n_null_id} rows have a NULL id in column {shorten(id)}; remove them or pass `drop_null_ids`",
                          param="drop_null_ids")
     panel.n_null_ids = int(n_null_id)
-    counts = con.execute(f"SELECT {qb}, count(*) FROM {SOURCE_VIEW} GROUP BY 1 ORDER BY 1").fetchall()
+    con.execute("CREATE TEMP TABLE __labels AS SELECT __label, "
+                "(row_number() OVER (ORDER BY __label) - 1)::INTEGER AS __j, __rows FROM __counts")
+    con.execute("DROP TABLE __counts")
+    counts = con.execute("SELECT __label, __rows FROM __labels ORDER BY __j").fetchall()
     labels = [r[0] for r in counts]
     if database is None:
         check_databases(by, [r[1] for r in counts])
@@ -330,9 +336,6 @@ def open_panel(
             f"to estimate the query's distribution"
         )
     panel.labels = labels
-    con.execute("CREATE TEMP TABLE __labels AS SELECT * FROM "
-                f"(SELECT {qb} AS __label, (row_number() OVER (ORDER BY {qb}) - 1)::INTEGER AS __j "
-                f"FROM (SELECT DISTINCT {qb} FROM {SOURCE_VIEW}))")
     panel.label_index = _label_index(qb, columns[by], labels)
     return panel
 
