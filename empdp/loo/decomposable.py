@@ -104,27 +104,38 @@ class DecomposableEngine(DuckDBEngine):
     def _screen(self, scale: np.ndarray) -> Screen:
         self._dense = self._inside = None
         self._made = False
-        ids = self._codes()
-        m, n = len(ids), len(self.panel.labels)
+        n = len(self.panel.labels)
         self._screened = True
-        if m * n <= min(DENSE_CELLS, self.memory_limit_bytes() // (3 * 8)):
-            return self._dense_screen(ids, scale)
+        cells = min(DENSE_CELLS, self.memory_limit_bytes() // (3 * 8))
+        # the individuals are coded (a DISTINCT over every row: 12 s of a 10^8-row panel on a loaded
+        # host) only when their shifts may be held; an estimate of their number (HyperLogLog, within a
+        # few percent, 1.8 s there) tells, and the Δ table's screening codes them otherwise
+        estimate = self.panel.fetchall(f"SELECT approx_count_distinct(__i) FROM ({self._base_sql()})",
+                                       where=self.query.where)[0][0]
+        if estimate * n <= 1.1 * cells:
+            ids = self._codes()
+            if len(ids) * n <= cells:
+                return self._dense_screen(ids, scale)
         # too large to hold: the Δ table is made once, in DuckDB (which spills it under its memory
         # limit), then aggregated per individual; chosen rows leave it later. Each fetch used to run
         # the GROUP BY (database, id) of every row again: at 10^8 rows, three of them in all.
-        self._execute(f"CREATE OR REPLACE TEMP TABLE {self._table} AS {self._coded_sql()}")
+        self._execute(f"CREATE OR REPLACE TEMP TABLE {self._table} AS {self._delta_sql()}")
         self._made = True
         self.panel.temp_table("__scale", pa.table({"__j": pa.array(np.arange(n, dtype=np.int32)),
                                                    "scale": pa.array(scale)}))
-        sql = (f"SELECT d.__code, count(*)::BIGINT AS n_present, bool_or(d.undef) AS undefined, "
-               f"coalesce(max(abs(d.delta)) FILTER (WHERE NOT d.undef), 0) AS max_abs_shift, "
-               f"coalesce(max(abs(d.delta) / s.scale) FILTER (WHERE NOT d.undef), 0) AS bound "
-               f"FROM {self._table} d JOIN __scale s USING (__j) GROUP BY d.__code ORDER BY d.__code")
-        df = pl.from_arrow(self._arrow(sql))
-        if not np.array_equal(df["__code"].to_numpy(), np.arange(m)):  # rows must line up with ``ids``
-            raise RuntimeError("screening table does not cover every individual code")
+        # the screening table codes the individuals in id order, as _codes does
+        self._execute(
+            f"CREATE OR REPLACE TEMP TABLE __ids AS SELECT __i, (row_number() OVER (ORDER BY __i) - 1)::BIGINT "
+            f"AS __code, n_present, undefined, max_abs_shift, bound FROM ("
+            f"SELECT d.__i, count(*)::BIGINT AS n_present, bool_or(d.undef) AS undefined, "
+            f"coalesce(max(abs(d.delta)) FILTER (WHERE NOT d.undef), 0) AS max_abs_shift, "
+            f"coalesce(max(abs(d.delta) / s.scale) FILTER (WHERE NOT d.undef), 0) AS bound "
+            f"FROM {self._table} d JOIN __scale s USING (__j) GROUP BY d.__i)")
+        df = pl.from_arrow(self._arrow("SELECT * FROM __ids ORDER BY __code"))
+        if not np.array_equal(df["__code"].to_numpy(), np.arange(len(df))):
+            raise RuntimeError("screening table does not code every individual once")
         return Screen(
-            ids=ids,
+            ids=df["__i"].rename(self.panel.id),
             n_present=df["n_present"].to_numpy(),
             undefined=df["undefined"].to_numpy().astype(bool),
             max_abs_shift=df["max_abs_shift"].to_numpy().astype(np.float64),
@@ -151,7 +162,7 @@ class DecomposableEngine(DuckDBEngine):
         self._want(codes)
         n = out.shape[1]
         sql = (f"SELECT (w.__row * {n} + d.__j)::BIGINT AS flat, d.delta "
-               f"FROM {self._rows()} d JOIN __want w USING (__code) WHERE NOT d.undef")
+               f"FROM {self._rows()} d JOIN __want w USING (__i) WHERE NOT d.undef")
         flat_out = out.reshape(-1)
         for batch in self.panel.batches(sql, where=self.query.where):
             # an index assignment: np.put took twice as long on scattered cells (13 s of 10^8)
@@ -160,36 +171,33 @@ class DecomposableEngine(DuckDBEngine):
 
     def _shift_rows(self, codes: np.ndarray) -> tuple:
         self._want(codes)
-        sql = f"SELECT w.__row, d.__j, d.delta, d.undef FROM {self._rows()} d JOIN __want w USING (__code)"
+        sql = f"SELECT w.__row, d.__j, d.delta, d.undef FROM {self._rows()} d JOIN __want w USING (__i)"
         res = self._execute(sql).fetchnumpy()
         return (np.asarray(res["__row"], dtype=np.int64), np.asarray(res["__j"], dtype=np.int64),
                 np.asarray(res["delta"], dtype=np.float64), np.asarray(res["undef"], dtype=bool))
 
     def _want(self, codes: np.ndarray) -> None:
-        """The temp table ``__want`` (__code, __row): the individuals of ``codes`` and their output rows
-        (rows of :attr:`_table`, which :meth:`_screen` made)."""
+        """The temp table ``__want`` (__i, __row): the ids of ``codes`` (through ``__ids``) and their
+        output rows."""
         if not self._screened:
             raise RuntimeError("screen() must run before shifts()")
-        self.panel.temp_table("__want", pa.table({"__code": pa.array(codes, type=pa.int64()),
-                                                   "__row": pa.array(np.arange(len(codes)))}))
+        self.panel.temp_table("__want_codes", pa.table({"__code": pa.array(codes, type=pa.int64()),
+                                                         "__row": pa.array(np.arange(len(codes)))}))
+        self._execute("CREATE OR REPLACE TEMP TABLE __want AS "
+                      "SELECT c.__i, w.__row FROM __want_codes w JOIN __ids c USING (__code)")
 
     @property
     def _table(self) -> str:
-        """The temp table of every present (individual code, database, Δ, undefined), made by :meth:`_screen`
+        """The temp table of every present (individual, database, Δ, undefined), made by :meth:`_screen`
         when the shifts are not held in memory."""
         return f"__delta{self.tag}"
 
-    def _coded_sql(self, id_filter: str = "") -> str:
-        """SQL of (__code, __j, delta, undef) for every present pair (of the ids ``id_filter`` selects)."""
-        return (f"SELECT c.__code, d.__j, d.delta, d.undef FROM ({self._delta_sql(id_filter)}) d "
-                f"JOIN __ids c USING (__i)")
-
     def _rows(self) -> str:
-        """The rows of :meth:`_coded_sql` to fetch those of ``__want`` from: the table :meth:`_screen` made,
-        else (shifts held in memory, their presence asked for) the pairs of those individuals only."""
+        """The rows (__i, __j, delta, undef) to fetch those of ``__want`` from: the table :meth:`_screen`
+        made, else (shifts held in memory, their presence asked for) the pairs of those individuals only."""
         if self._made:
             return self._table
-        return f"({self._coded_sql('SELECT c.__i FROM __want JOIN __ids c USING (__code)')})"
+        return f"({self._delta_sql('SELECT __i FROM __want')})"
 
     # ---------------------------------------------------------------- SQL runs
     def _execute(self, sql: str):
