@@ -3,6 +3,7 @@
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from conftest import random_panel
 
@@ -198,6 +199,28 @@ def test_screen_from_the_held_matrix_equals_the_sql_screen(expr, monkeypatch):
     np.testing.assert_allclose(a.bound, b.bound, rtol=1e-13)
     codes = np.arange(len(a))[::-1]
     np.testing.assert_allclose(held.shifts(codes), fetched.shifts(codes), rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("scales", ["one", "several"])
+def test_the_sql_screen_bound_is_the_largest_shift_over_its_scale_to_the_bit(scales, monkeypatch):
+    """With one scale (the default model) the Δ table's screen divides the largest |Δ_ij| once instead
+    of joining every row to its database's scale: the same number as DuckDB's max(|Δ_ij| / b_j), bit for
+    bit (division is monotone and correctly rounded)."""
+    from empdp.loo import decomposable, make_engine
+
+    df = random_panel(11)
+    n = df["year"].nunique()
+    scale = np.full(n, 0.37) if scales == "one" else np.linspace(0.3, 1.7, n)
+    monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
+    engine = make_engine(df, id="id", by="year", query="mean(x)")
+    engine.values()
+    got = engine.screen(scale)
+    engine.panel.temp_table("__s", pa.table({"__j": pa.array(np.arange(n, dtype=np.int32)), "s": pa.array(scale)}))
+    want = engine.panel.arrow(f"SELECT c.__code, coalesce(max(abs(d.delta) / s.s) FILTER (WHERE NOT d.undef), 0) AS b "
+                              f"FROM {engine._table} d JOIN __s s USING (__j) JOIN __ids c USING (__i) "
+                              f"GROUP BY c.__code ORDER BY c.__code")
+    assert np.any(got.bound > 0)
+    np.testing.assert_array_equal(got.bound, want.column("b").to_numpy())
 
 
 def test_fetched_rows_come_from_the_table_the_screen_made(tmp_path, monkeypatch):

@@ -121,25 +121,33 @@ class DecomposableEngine(DuckDBEngine):
         # the GROUP BY (database, id) of every row again: at 10^8 rows, three of them in all.
         self._execute(f"CREATE OR REPLACE TEMP TABLE {self._table} AS {self._delta_sql()}")
         self._made = True
-        self.panel.temp_table("__scale", pa.table({"__j": pa.array(np.arange(n, dtype=np.int32)),
-                                                   "scale": pa.array(scale)}))
+        # one scale for every database (the default model): max_j |Δ_ij| / b is max_j (|Δ_ij| / b), division
+        # being monotone and correctly rounded, so the bound needs no join of every row to the scales
+        one = bool(np.all(scale == scale[0]))
+        if one:
+            bound, join = "0.0", ""
+        else:
+            self.panel.temp_table("__scale", pa.table({"__j": pa.array(np.arange(n, dtype=np.int32)),
+                                                       "scale": pa.array(scale)}))
+            bound, join = ("coalesce(max(abs(d.delta) / s.scale) FILTER (WHERE NOT d.undef), 0)",
+                           "JOIN __scale s USING (__j)")
         # the screening table codes the individuals in id order, as _codes does
         self._execute(
             f"CREATE OR REPLACE TEMP TABLE __ids AS SELECT __i, (row_number() OVER (ORDER BY __i) - 1)::BIGINT "
             f"AS __code, n_present, undefined, max_abs_shift, bound FROM ("
             f"SELECT d.__i, count(*)::BIGINT AS n_present, bool_or(d.undef) AS undefined, "
-            f"coalesce(max(abs(d.delta)) FILTER (WHERE NOT d.undef), 0) AS max_abs_shift, "
-            f"coalesce(max(abs(d.delta) / s.scale) FILTER (WHERE NOT d.undef), 0) AS bound "
-            f"FROM {self._table} d JOIN __scale s USING (__j) GROUP BY d.__i)")
+            f"coalesce(max(abs(d.delta)) FILTER (WHERE NOT d.undef), 0) AS max_abs_shift, {bound} AS bound "
+            f"FROM {self._table} d {join} GROUP BY d.__i)")
         df = pl.from_arrow(self._arrow("SELECT * FROM __ids ORDER BY __code"))
         if not np.array_equal(df["__code"].to_numpy(), np.arange(len(df))):
             raise RuntimeError("screening table does not code every individual once")
+        max_abs = df["max_abs_shift"].to_numpy().astype(np.float64)
         return Screen(
             ids=df["__i"].rename(self.panel.id),
             n_present=df["n_present"].to_numpy(),
             undefined=df["undefined"].to_numpy().astype(bool),
-            max_abs_shift=df["max_abs_shift"].to_numpy().astype(np.float64),
-            bound=df["bound"].to_numpy().astype(np.float64),
+            max_abs_shift=max_abs,
+            bound=max_abs / scale[0] if one else df["bound"].to_numpy().astype(np.float64),
         )
 
     def _dense_screen(self, ids: pl.Series, scale: np.ndarray) -> Screen:
