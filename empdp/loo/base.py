@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from .. import data
 from ..data import Panel, quote_ident
 from ..data import shorten as short
 from ..errors import InputError
@@ -24,9 +23,6 @@ from ..query import Query
 #: largest |query value| and |shift| accepted: the density model squares differences of them,
 #: and squares of larger numbers overflow a double (1.8e308)
 MAX_MAGNITUDE = 1e150
-#: bytes per pair of databases the density model holds at its peak (measured: 1.4 GB for 5,000
-#: databases, 19 GB for 20,000); its bandwidth search compares every pair of query values
-DENSITY_BYTES_PER_PAIR = 56
 
 
 @dataclass
@@ -82,7 +78,6 @@ class LooEngine(ABC):
     def __init__(self, panel: Panel, query: Query):
         self.panel = panel
         self.query = query
-        _require_workable_databases(panel)
         #: rows the query skips because a value column is NULL (known after :meth:`values`)
         self.n_null_values = 0
         self._q: np.ndarray | None = None
@@ -213,23 +208,6 @@ class DuckDBEngine(LooEngine):
             return "0::BIGINT"
         nulls = " OR ".join(f"{quote_ident(c)} IS NULL" for c in self.query.columns)
         return f"count(*) FILTER (WHERE {nulls})"
-
-
-def _require_workable_databases(panel: Panel) -> None:
-    """Refuse, before any scan, more databases than the density model can hold in memory.
-
-    10^5 one-row databases failed after the scan with 'out of memory (74.5 GiB)' and the
-    advice to raise --memory-limit, which bounds DuckDB, not the model.
-    """
-    n, total = panel.n_databases, data.physical_memory()  # looked up here: tests replace it
-    if total is None or n * n * DENSITY_BYTES_PER_PAIR <= 0.8 * total:
-        return
-    fits = int((0.8 * total / DENSITY_BYTES_PER_PAIR) ** 0.5)
-    raise InputError(
-        f"column {short(panel.by)} makes {n:,} databases; the density model compares every pair of their "
-        f"query values, ~{n * n * DENSITY_BYTES_PER_PAIR / 2**30:,.0f} GiB, and this machine's memory "
-        f"({total / 2**30:.1f} GiB) holds about {fits:,} databases: label the rows with a coarser `by` "
-        f"(e.g. month instead of day) or assess a sample of the databases", param="by")
 
 
 def factorize(ids: pl.Series, name: str) -> tuple[pl.Series, np.ndarray]:
