@@ -385,9 +385,9 @@ def test_every_query_form_has_one_engine_and_each_decomposable_form_one_table_en
     assert set(TABLE) == set(query.DECOMPOSABLE) == {f for f, e in ENGINES.items() if e is DecomposableEngine}
 
 
-def test_the_rows_fetched_at_once_stay_within_a_quarter_of_the_memory_limit(monkeypatch, sample_path):
+def test_the_rows_fetched_at_once_stay_within_a_sixth_of_the_memory_limit(monkeypatch, sample_path):
     """At 10^8 rows one fetch of every shift row (0.8 GB) came on top of DuckDB's whole share and
-    the assessment peaked at 3.4 GB: each fetch now holds at most a quarter of the limit."""
+    the assessment peaked at 3.4 GB: each fetch now holds at most a sixth of the limit."""
     from empdp.assessment import assess, evaluation
     from empdp.loo import decomposable
 
@@ -398,10 +398,10 @@ def test_the_rows_fetched_at_once_stay_within_a_quarter_of_the_memory_limit(monk
         def memory_limit_bytes(self):
             return self.limit
 
-    assert evaluation.fetch_rows(Limited(10**9), 100) == 10**9 // 32 // 100
+    assert evaluation.fetch_rows(Limited(10**9), 100) == 10**9 // 48 // 100
     assert evaluation.fetch_rows(Limited(10**12), 100) == evaluation.FETCH_CELLS // 100
     # no limit to read (Spark): the evaluation's default of 4 GB
-    assert evaluation.fetch_rows(Limited(0), 100) == min(evaluation.FETCH_CELLS, evaluation.DEFAULT_MEMORY_LIMIT // 32) // 100
+    assert evaluation.fetch_rows(Limited(0), 100) == min(evaluation.FETCH_CELLS, evaluation.DEFAULT_MEMORY_LIMIT // 48) // 100
     assert evaluation.fetch_rows(Limited(64), 100) == 1
     monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
     sizes = []
@@ -420,8 +420,8 @@ def test_the_rows_fetched_at_once_stay_within_a_quarter_of_the_memory_limit(monk
         held.append(sum(rows.nbytes for _, rows in self.parts))
     monkeypatch.setattr(evaluation._ShiftCache, "prefetch", holding)
     # DuckDB's smallest limit (16 MB) holds the sample's 2,197 × 17 cells (0.3 MB) many times: a
-    # limit of 0.4 MB as the evaluation reads it, a quarter of it 0.1 MB, is three fetches or more
-    monkeypatch.setattr(evaluation, "_memory_limit", lambda engine: 400_000)
+    # limit of 0.6 MB as the evaluation reads it, a sixth of it 0.1 MB, is three fetches or more
+    monkeypatch.setattr(evaluation, "_memory_limit", lambda engine: 600_000)
     res = assess(sample_path, id="countyid", by="year", query="mean(murdrate)", exact_all=True)
     assert res.n_individuals == 2197 and len(sizes) >= 3
     assert max(sizes) <= 100_000 and max(held) <= 100_000

@@ -28,7 +28,8 @@ from .parallel import Executors
 DEFAULT_MEMORY_LIMIT = 4 * 10**9
 
 #: dense shift cells fetched from the engine in one scan and held at once (float64: 8 bytes each),
-#: at most; :func:`fetch_rows` also keeps them within a quarter of the memory limit
+#: at most; :func:`fetch_rows` also keeps them within a sixth of the memory limit (:data:`FETCH_SHARE`)
+FETCH_SHARE = 6
 FETCH_CELLS = 100_000_000
 #: individuals evaluated on one shared grid (risk.evaluate bounds its own working memory)
 EVAL_ROWS = 8192
@@ -70,10 +71,11 @@ def _memory_limit(engine: LooEngine) -> int:
 
 def fetch_rows(engine: LooEngine, n: int) -> int:
     """Individuals whose dense shift rows (``n`` databases each) are fetched in one scan and held at once:
-    :data:`FETCH_CELLS` cells at most, and no more than a quarter of the memory limit. The rows are held
+    :data:`FETCH_CELLS` cells at most, and no more than a sixth of the memory limit. The rows are held
     beside DuckDB's own share: at 10^8 rows (10^6 individuals, all at risk) one fetch of every row
-    was 0.8 GB on top of a 2 GB limit."""
-    cells = min(FETCH_CELLS, _memory_limit(engine) // (4 * 8))
+    was 0.8 GB on top of a 2 GB limit; a quarter of the limit still peaked at 3.06 GB with
+    --memory-limit 2GB."""
+    cells = min(FETCH_CELLS, _memory_limit(engine) // (FETCH_SHARE * 8))
     return max(1, cells // max(n, 1))
 
 

@@ -23,7 +23,7 @@ def default_memory_limit() -> str:
     with a limit it spills instead, at about the same speed, and leaves room
     for the density evaluation. A whole 10^8-row assessment holds the
     interpreter and libraries (~0.4 GB), DuckDB's share and the shift rows
-    fetched at once (at most a quarter of the share): with a 2 GB share it
+    fetched at once (at most a sixth of the share): with a 2 GB share it
     peaked at 2.5–3.4 GB, with 1 GB under 2 GB. The GROUP BY alone took
     the same time under either share (44–47 s on a loaded host).
     """
