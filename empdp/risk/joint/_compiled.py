@@ -100,6 +100,14 @@ def _exps(t: float) -> tuple:
 
 
 @njit(cache=True, nogil=True)
+def _node(a: float, b: float, x: np.ndarray, wts: np.ndarray, q: int) -> tuple:
+    """Node ``q`` of the Gauss–Legendre rule (x, wts) on [a, b]: (weight, e^t, e^{−t}) at its t."""
+    t = a + (b - a) * (x[q] + 1.0) * 0.5
+    up, down = _exps(t)
+    return 0.5 * (b - a) * wts[q], up, down
+
+
+@njit(cache=True, nogil=True)
 def _at(plus: float, minus: float, up: float, down: float) -> float:
     """plus e^t + minus e^{−t} from e^t, e^{−t} (non-finite values 0)."""
     v = plus * up + minus * down
@@ -132,11 +140,9 @@ def _piece(c0: float, c1: float, c2: float, c3: float, a: float, b: float, f: tu
             return max(val, 0.0)
     total = 0.0
     for q in range(x.shape[0]):
-        wt = 0.5 * (b - a) * wts[q]
+        wt, up, down = _node(a, b, x, wts, q)
         if wt == 0.0:
             continue
-        t = a + (b - a) * (x[q] + 1.0) * 0.5
-        up, down = _exps(t)
         total += wt * _pos_1d(_at(c0, c1, up, down), _at(c2, c3, up, down), f)
     return total
 
@@ -193,11 +199,9 @@ def _pos_3d(c: np.ndarray, w: np.ndarray, f: tuple, x: np.ndarray, wts: np.ndarr
         if not b > a:
             continue
         for q in range(x.shape[0]):
-            wt = 0.5 * (b - a) * wts[q]
+            wt, up, down = _node(a, b, x, wts, q)
             if wt == 0.0:
                 continue
-            t = a + (b - a) * (x[q] + 1.0) * 0.5
-            up, down = _exps(t)
             total += wt * _pos_2d(_at(c[0], c[1], up, down), _at(c[2], c[3], up, down),
                                   _at(c[4], c[5], up, down), _at(c[6], c[7], up, down), f, w[1], x, wts)
     return total
