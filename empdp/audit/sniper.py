@@ -96,14 +96,19 @@ def prefix_sum(epsilon=0.1):
     return sample
 
 
+#: ReportNoisyMax's noise families: (rng, scale, shape) → draws
+_NOISE = {"laplace": laplace_noise,
+          "exponential": lambda rng, scale, shape: rng.exponential(scale, shape)}
+
+
 def report_noisy_max(epsilon=0.1, noise="laplace", output="index"):
     """ReportNoisyMax1-4 (Ding et al. 2018, Alg. 5-8): noise of scale 2/ε, the argmax or the max."""
     scale = 2.0 / epsilon
+    draw = _NOISE[noise]  # a family looked up once (an unknown name fails here, not as exponential noise)
 
     def sample(database, size, rng):
         q = vec(database)
-        draw = laplace_noise(rng, scale, (size, q.size)) if noise == "laplace" else rng.exponential(scale, (size, q.size))
-        noisy = q[None, :] + draw
+        noisy = q[None, :] + draw(rng, scale, (size, q.size))
         return np.argmax(noisy, axis=1) if output == "index" else np.max(noisy, axis=1)
 
     return in_chunks(sample)
