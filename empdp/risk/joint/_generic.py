@@ -56,6 +56,9 @@ LOG_LEVEL = 600.0
 _TINY = 1e-280
 #: cut cells whose density coefficients are formed at once (2^d n numbers each while formed)
 COEF_CELLS = 4096
+#: cells of the grid whose vertex values, masses and corner statistics are held at once (a dozen
+#: arrays of 8 bytes a cell: about 50 MB)
+SLAB_CELLS = 1 << 19
 #: elements per block of the vertex contractions (memory: ~8 bytes each, a few arrays at once)
 _BLOCK = 4_000_000
 
@@ -233,57 +236,104 @@ def _corner_stats(L: np.ndarray):
     return np.where(finite, lo, -np.inf), np.where(finite, hi, np.inf)
 
 
-def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_error: bool):
-    """Exact ε_i, δ_i(ε) and the quadrature's error estimate for one individual (scaled coordinates)."""
+def _axis_tables(grids: list, a: np.ndarray, b: np.ndarray):
+    """Per axis, what a slab of the grid needs: the vertex factors e^{off − |g − p|} of both point
+    sets (the offset the nearer of them, so L is unchanged) and the cells' Laplace CDF differences."""
     n, d = a.shape
-    grids = [_union_axis(np.concatenate([a[:, k], b[:, k]]), refine=k > 0) for k in range(d)]
-    # vertex log-ratios (all G_k equal is not needed: contract per axis)
-    diffA = [np.abs(grids[k][:, None] - a[None, :, k]) for k in range(d)]
-    diffB = [np.abs(grids[k][:, None] - b[None, :, k]) for k in range(d)]
-    off = [np.minimum(diffA[k].min(1), diffB[k].min(1))[:, None] for k in range(d)]
-    SA = _contract([np.exp(off[k] - diffA[k])[None] for k in range(d)])[0]
-    SB = _contract([np.exp(off[k] - diffB[k])[None] for k in range(d)])[0]
+    vertex, cdf = [], []
+    for k in range(d):
+        diffA = np.abs(grids[k][:, None] - a[None, :, k])
+        diffB = np.abs(grids[k][:, None] - b[None, :, k])
+        off = np.minimum(diffA.min(1), diffB.min(1))[:, None]
+        vertex.append((np.exp(off - diffA)[None], np.exp(off - diffB)[None]))
+        cdf.append((_cdf_diff(grids[k][:-1], grids[k][1:], a[:, k])[None],
+                    _cdf_diff(grids[k][:-1], grids[k][1:], b[:, k])[None]))
+    return vertex, cdf
+
+
+def _slab(tables, grids, a, b, cells: slice, lowest: float, logs: bool) -> dict:
+    """One slab of cells along axis 0: |L|'s max over its vertices (NaN if one is not finite), and
+    the cells whose L reaches ± ``lowest`` (the others add nothing at any level swept), with their
+    flat index over the whole grid, corner min and max of L, the masses their side sums and the
+    other side's log masses (log space when ``logs``)."""
+    vertex, cdf = tables
+    planes = slice(cells.start, cells.stop + 1)  # the vertices of cells i0 … i1 − 1
+    SA = _contract([vertex[0][0][:, planes]] + [v[0] for v in vertex[1:]])[0]
+    SB = _contract([vertex[0][1][:, planes]] + [v[1] for v in vertex[1:]])[0]
     with np.errstate(divide="ignore", invalid="ignore"):
         L = np.log(SA) - np.log(SB)
-    lows = [g[:-1] for g in grids]
-    highs = [g[1:] for g in grids]
-    mA = _contract([_cdf_diff(lows[k], highs[k], a[:, k])[None] for k in range(d)])[0] / n
-    mB = _contract([_cdf_diff(lows[k], highs[k], b[:, k])[None] for k in range(d)])[0] / n
-    Lmin, Lmax = _corner_stats(L)
+    del SA, SB
     fin = np.isfinite(L)
-    eps_i = float(np.abs(L[fin]).max(initial=0.0)) if fin.all() else np.nan
-    E = len(eps)
-    delta = np.zeros(E)
-    err = np.zeros(E)
-    cells_shape = Lmin.shape
-    flat_min, flat_max = Lmin.ravel(), Lmax.ravel()
-    fa, fb = mA.ravel(), mB.ravel()
-    if eps.max(initial=0.0) > LOG_LEVEL:  # e^ε times masses below 1e−308 is not negligible there
-        lma, lmb = _log_masses(lows, highs, a).ravel(), _log_masses(lows, highs, b).ravel()
+    top = float(np.abs(L[fin]).max(initial=0.0)) if fin.all() else np.nan
+    del fin
+    Lmin, Lmax = (x.ravel() for x in _corner_stats(L))
+    del L
+    base = cells.start * (Lmin.size // max(1, cells.stop - cells.start))
+    masses = [_contract([cdf[0][s][:, cells]] + [c[s] for c in cdf[1:]])[0].ravel() / len(a) for s in (0, 1)]
+    if logs:
+        lows = [grids[0][cells]] + [g[:-1] for g in grids[1:]]
+        highs = [grids[0][cells.start + 1:cells.stop + 1]] + [g[1:] for g in grids[1:]]
+        log_masses = [_log_masses(lows, highs, p).ravel() for p in (a, b)]
     else:
         with np.errstate(divide="ignore"):
-            lma, lmb = np.log(fa), np.log(fb)
-    # only cells whose L reaches ± min ε matter at any level (a small part of the grid)
+            log_masses = [np.log(m) for m in masses]
+    out = {"top": top}
+    for name, pick, own in (("up", Lmax > lowest, 0), ("down", Lmin < -lowest, 1)):
+        idx = np.flatnonzero(pick)
+        out[name] = (idx + base, Lmin[idx], Lmax[idx], masses[own][idx], log_masses[1 - own][idx])
+    return out
+
+
+def _gather_slabs(a, b, grids, lowest: float, logs: bool):
+    """ε_i and the kept cells of every slab (:func:`_slab`), concatenated in flat order: at most
+    :data:`SLAB_CELLS` cells' vertex values, masses and corner statistics are held at once."""
+    tables = _axis_tables(grids, a, b)
+    plane = int(np.prod([len(g) - 1 for g in grids[1:]]))
+    cells0 = len(grids[0]) - 1
+    step = max(1, SLAB_CELLS // max(1, plane))
+    parts = [_slab(tables, grids, a, b, slice(i0, min(i0 + step, cells0)), lowest, logs)
+             for i0 in range(0, cells0, step)]
+    tops = [p["top"] for p in parts]
+    eps_i = float(max(tops)) if not np.isnan(tops).any() else np.nan
+    kept = {side: tuple(np.concatenate([p[side][k] for p in parts]) for k in range(5)) for side in ("up", "down")}
+    return eps_i, kept
+
+
+def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_error: bool):
+    """Exact ε_i, δ_i(ε) and the quadrature's error estimate for one individual (scaled coordinates).
+
+    The grid is visited in slabs along axis 0 (:func:`_gather_slabs`): only the cells whose L
+    reaches ± min ε are kept, so memory follows them and not the (2n)^d grid."""
+    n, d = a.shape
+    grids = [_union_axis(np.concatenate([a[:, k], b[:, k]]), refine=k > 0) for k in range(d)]
+    lows = [g[:-1] for g in grids]
+    highs = [g[1:] for g in grids]
+    cells_shape = tuple(len(g) - 1 for g in grids)
+    E = len(eps)
     lowest = float(eps.min()) if E else np.inf
-    up = np.flatnonzero(flat_max > lowest)
-    down = np.flatnonzero(flat_min < -lowest)
+    # levels above LOG_LEVEL: e^ε times masses below 1e−308 is not negligible there
+    eps_i, kept = _gather_slabs(a, b, grids, lowest, eps.max(initial=0.0) > LOG_LEVEL)
+    up_idx, up_min, up_max, fa, lmb = kept["up"]
+    down_idx, down_min, down_max, fb, lma = kept["down"]
+    delta = np.zeros(E)
+    err = np.zeros(E)
     # inside sums for every ε: cells with all vertices ≥ ε (plus side) or ≤ −ε (minus side)
-    sel = up[flat_min[up] >= lowest]
-    o1 = sel[np.argsort(-flat_min[sel], kind="stable")]
+    sel = np.flatnonzero(up_min >= lowest)
+    o1 = sel[np.argsort(-up_min[sel], kind="stable")]
     cA1, lB1 = np.r_[0.0, np.cumsum(fa[o1])], _log_prefix(lmb[o1])  # sums of the first k cells
-    k1 = np.searchsorted(-flat_min[o1], -eps, side="right")
-    sel = down[flat_max[down] <= -lowest]
-    o2 = sel[np.argsort(flat_max[sel], kind="stable")]
+    k1 = np.searchsorted(-up_min[o1], -eps, side="right")
+    sel = np.flatnonzero(down_max <= -lowest)
+    o2 = sel[np.argsort(down_max[sel], kind="stable")]
     lA2, cB2 = _log_prefix(lma[o2]), np.r_[0.0, np.cumsum(fb[o2])]
-    k2 = np.searchsorted(flat_max[o2], -eps, side="right")
+    k2 = np.searchsorted(down_max[o2], -eps, side="right")
     # e^ε times a mass, in log space (no overflow at ε > 709: inside cells it is below the other mass)
     plus_in = cA1[k1] - np.exp(eps + lB1[k1])
     minus_in = cB2[k2] - np.exp(eps + lA2[k2])
     # cut cells: gather every (cell, ε, side) once, coefficients per distinct cell
     cut_cells, cut_eps, cut_side = [], [], []
     for e_idx, e in enumerate(eps):
-        for side, lev, pool in ((0, e, up), (1, -e, down)):
-            c = pool[(flat_min[pool] < lev) & (flat_max[pool] > lev)]
+        for side, lev, (idx, cmin, cmax) in ((0, e, (up_idx, up_min, up_max)), (1, -e, (down_idx, down_min, down_max))):
+            c = idx[(cmin < lev) & (cmax > lev)]
             cut_cells.append(c)
             cut_eps.append(np.full(len(c), e_idx))
             cut_side.append(np.full(len(c), side))
