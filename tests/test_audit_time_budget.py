@@ -1,5 +1,6 @@
 """--time-budget: sample sizes chosen by pilot runs, reported, and reproducible given back with the seed."""
 
+import importlib
 import json
 import time
 
@@ -162,3 +163,80 @@ def test_stage1_memory_cap_counts_bytes():
     assert stage1_cap(floats, 16) == 5 * 10**7 // (16 * 10)
     assert stage1_cap(narrow, 16) == MAX_NARROWING * stage1_cap(floats, 16)
     assert stage1_cap(np.zeros((2, 10), np.float32), 16) == 2 * stage1_cap(floats, 16)
+
+
+def test_stage2_stops_at_its_deadline_and_the_reported_size_reproduces(monkeypatch):
+    """With a deadline, stage 2 of an event draws whole chunks until the next would end past it (the clock
+    alone stops it, never the counts): a stage 2 aimed at 10^8 outputs ends within the budget, reports
+    the outputs it counted, and those sizes given back reproduce the bound."""
+    mpl_mod = importlib.import_module("empdp.audit.mpl")  # the package binds the name mpl to the function
+    monkeypatch.setattr(mpl_mod._Deadline, "final_size", lambda self, n, stoppable: mpl_mod.MAX_SAMPLES)
+    t0 = time.perf_counter()
+    res = mpl("randomized_response", time_budget=3, rng=4)
+    took = time.perf_counter() - t0
+    assert took < 3.5  # the deadline is 0.95 x 3 - 0.3 s after the call; one chunk takes milliseconds
+    assert res.sizes["final_size_aimed"] == mpl_mod.MAX_SAMPLES > res.final_size == res.sizes["final_size"]
+    assert res.final_size % mpl_mod.STAGE2_CHUNK == 0
+    again = mpl("randomized_response", n=res.search_size, N=res.final_size, rng=4)
+    assert again.lower_bound == res.lower_bound
+
+
+def test_a_past_deadline_still_draws_one_chunk():
+    import numpy as np
+
+    from empdp.audit.dpl import Plan
+    from empdp.audit.mechanisms import load_mechanism
+
+    mpl_mod = importlib.import_module("empdp.audit.mpl")  # the package binds the name mpl to the function
+    mech = load_mechanism("randomized_response", None)
+    plan = Plan(mech=mech, pairs=[(0, 1)], n=100, N=5 * mpl_mod.STAGE2_CHUNK, alpha=0.05, zc=1.64, region=None,
+                tau=None, selection="lb", events=True, bandwidth=None, undersmooth=0.03, feature=None)
+    rng = np.random.default_rng(1)
+    past = list(mpl_mod._stage2_chunks(plan, (0, 1), rng, end=time.perf_counter() - 1))
+    assert [len(x) for x, _ in past] == [mpl_mod.STAGE2_CHUNK]
+    later = list(mpl_mod._stage2_chunks(plan, (0, 1), rng, end=time.perf_counter() + 60))
+    assert sum(len(x) for x, _ in later) == plan.N
+
+
+def test_the_budget_counts_from_the_given_clock_start():
+    """The command line counts its budget from its process's start (start-up and imports took 1-2.6 s of
+    20 that the plan never saw): a budget of 6 s that started 3 s ago leaves the call about 2 s."""
+    t0 = time.perf_counter()
+    res = mpl("randomized_response", time_budget=6, rng=2, clock_start=t0 - 3)
+    assert time.perf_counter() - t0 < 3.2  # about 0.95 x 6 - 0.6 - 3 = 2.1 s, where counting from the call took 5
+    assert res.sizes["seconds_before_plan"] > 3
+
+
+def test_the_command_counts_from_its_process_start_only_when_it_is_the_command(monkeypatch):
+    import sys
+
+    import cli.audit
+    from empdp.audit import budget
+
+    monkeypatch.setattr(budget, "process_age", lambda: 4.0)
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/empdp", "audit", "mpl"])
+    assert cli.audit._clock_start() == pytest.approx(time.perf_counter() - 4.0, abs=0.5)
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/pytest"])  # in-process: the process may be hours old
+    assert cli.audit._clock_start() is None
+
+
+def test_process_age_of_a_fresh_process_is_its_start_up():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "from empdp.audit.budget import process_age; print(process_age())"],
+                         capture_output=True, text=True, timeout=60)
+    assert 0 < float(out.stdout) < 10, out
+
+
+def test_stage1_forecast_is_never_below_linear():
+    """Stage 1's fixed costs made its pilots fit a power of 0.8 where runs 12 times larger grew linearly
+    (8.1 s forecast, 11.2 s taken): its forecast grows at least linearly, and stage 2 takes what is left."""
+    from empdp.audit.budget import two_stage_sizes
+
+    sizes, ratio = [1000, 4000, 16000], 5
+    stage1 = [0.01 * (s / 1000) ** 0.8 for s in sizes]
+    stage2 = [1e-7 * ratio * s for s in sizes]
+    n, N, info = two_stage_sizes(sizes, stage1, stage2, ratio, 20.0, 1.0, 0.75, 1000, (10**9, 10**9), left=10.0)
+    assert info["cost_power"] == 1.0
+    assert stage1[-1] * n / sizes[-1] == pytest.approx(7.5, rel=0.01)

@@ -11,6 +11,7 @@ result: the pilots never touch the seeded generator.
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Callable
 
@@ -31,11 +32,22 @@ PILOT_GROWTH = 4
 PILOT_SHARE = 0.06
 #: the range the cost's growth power is kept in (a noisy pair of pilots must not forecast wildly)
 POWER_RANGE = (0.8, 1.3)
+#: the same for stage 1 of a two-stage audit with a deadline: its fixed costs made the pilots fit p = 0.8
+#: where runs 12 times larger grew linearly (SVT6: 8.1 s forecast, 11.2 s taken). Forecasting too much
+#: costs little there, as stage 2 draws until the deadline
+STAGE1_POWER_RANGE = (1.0, 1.3)
 #: share of the budget planned for, pilots included (the rest absorbs the forecast's error; at 0.9 with
 #: the shorter pilots, runs of 20 s took up to 24 s at a load of 5-6 on 2 cores)
 SAFETY = 0.85
 #: most seconds accepted (a day); the sizes are capped by memory well before
 MAX_BUDGET = 86400.0
+#: an audit with a deadline (``audit mpl``) ends stage 2 by END_SHARE of the budget less END_SECONDS (at
+#: most END_SMALL of the budget) after its clock started. What follows stage 2 (the result, its JSON, the
+#: interpreter's exit) took 0.4-0.8 s at 20 s, less for the small arrays of short budgets; the rest
+#: absorbs the granularity of stage 2's clock checks (one chunk of outputs)
+END_SHARE = 0.95
+END_SECONDS = 0.6
+END_SMALL = 0.1
 
 
 #: most bytes of outputs stage 1 holds at once under a time budget (every pair's outputs of both databases)
@@ -43,6 +55,32 @@ MAX_STAGE1_BYTES = 4 * 10**8
 #: narrow outputs (SVT's int8 answers) may have at most this many times the rows of float64 ones: they
 #: are widened on the way (int64 row keys, float features), and this bounds those transient arrays
 MAX_NARROWING = 4
+
+
+def deadline(started: float, budget: float) -> float:
+    """The ``time.perf_counter()`` value by which stage 2 must end, for a budget counted from ``started``."""
+    return started + END_SHARE * budget - min(END_SECONDS, END_SMALL * budget)
+
+
+def process_age() -> float:
+    """Seconds since this process started (from Linux's ``/proc``; 0 where that is not available).
+
+    The command line counts its budget from here, as ``time empdp audit ...`` does: the interpreter's
+    start and the imports took 1-2.6 s of a 20 s budget that the plan never saw.
+    """
+    try:
+        with open("/proc/self/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def stage2_rate(sizes, stage2_times, ratio: int) -> float:
+    """Seconds per stage-2 output, from the last pilot (``N = ratio·n``): counting an event is linear in N."""
+    return max(stage2_times[-1], 1e-9) / (ratio * sizes[-1])
 
 
 def stage1_cap(probe: np.ndarray, copies: int) -> int:
@@ -107,20 +145,21 @@ def run_pilots(run: Callable[[int, np.random.Generator], object], budget: float,
 
 
 def two_stage_sizes(sizes, stage1_times, stage2_times, ratio: int, budget: float, pilot: float,
-                    share: float, minimum: int, maximum: tuple[int, int]) -> tuple[int, int, dict]:
+                    share: float, minimum: int, maximum: tuple[int, int],
+                    left: float | None = None) -> tuple[int, int, dict]:
     """Sizes (n, N) of a two-stage audit from pilots of ``n = sizes[i]``, ``N = ratio·n``: stage 1 is
-    planned to take ``share`` of what the pilots left of SAFETY·budget and stage 2 the rest, unless that
-    gives N < ratio·n; then both stages share the time with N = ratio·n.
+    planned to take ``share`` of the seconds ``left`` (default: what the pilots left of SAFETY·budget)
+    and stage 2 the rest, unless that gives N < ratio·n; then both stages share the time with N = ratio·n.
 
     Stage 1's cost grows as n^p (:func:`_growth_power`, fitted to its own times); stage 2 only counts an
     event among fresh outputs, so its cost is linear in N and its rate is the last pilot's. A fixed
     N = ratio·n left stage 2 under a tenth of the time where stage 1 costs 50 times more per output
     (the Sparse Vector variants' score events), while the bound's error shrinks as 1/√N.
     """
-    power = _growth_power(sizes[-3:], stage1_times[-3:])
-    left = max(SAFETY * budget - pilot, 0.0)
+    power = _growth_power(sizes[-3:], stage1_times[-3:], STAGE1_POWER_RANGE)
+    left = max(SAFETY * budget - pilot if left is None else left, 0.0)
     t1, n_last = max(stage1_times[-1], 1e-9), sizes[-1]
-    rate = max(stage2_times[-1], 1e-9) / (ratio * n_last)
+    rate = stage2_rate(sizes, stage2_times, ratio)
 
     def stage1(n):
         return t1 * (n / n_last) ** power
@@ -152,12 +191,12 @@ def _report(budget, pilot, sizes, times, power, affordable, minimum, maximum) ->
             "capped_by": "memory" if affordable > maximum else "minimum size" if affordable < minimum else None}
 
 
-def _growth_power(sizes, times) -> float:
+def _growth_power(sizes, times, within: tuple[float, float] = POWER_RANGE) -> float:
     """p in cost ∝ size^p fitted to the last (two or three) pilots in logs, within POWER_RANGE: costs
     that stop growing (a fit on capped rows) give p < 1 and sort-like ones p > 1, where a straight
     line through two pilots forecast 2-3 times too much or too little."""
     p = np.polyfit(np.log(sizes), np.log(np.maximum(times, 1e-9)), 1)[0]
-    return float(min(max(p, POWER_RANGE[0]), POWER_RANGE[1]))
+    return float(min(max(p, within[0]), within[1]))
 
 
 def _next_pilot(size: int, seconds: float, budget: float) -> int:

@@ -43,7 +43,17 @@ import numpy as np
 
 from ..errors import InputError
 from ..io import jsonable
-from .budget import PILOT_SIZES, check_budget, given_sizes, run_pilots, stage1_cap, two_stage_sizes
+from .budget import (
+    PILOT_SIZES,
+    check_budget,
+    deadline,
+    given_sizes,
+    run_pilots,
+    stage1_cap,
+    stage2_rate,
+    two_stage_sizes,
+)
+from .budget import _round as round_size
 from .common import (
     MAX_SAMPLES,
     as_rng,
@@ -137,6 +147,28 @@ class _Stage2:
     lower_bound: float
     bandwidth: np.ndarray | None
     warnings: list
+    size: int  # N, the fresh outputs per database it counted
+
+
+@dataclass(frozen=True)
+class _Deadline:
+    """A time budget's end for stage 2 (``time.perf_counter()`` value) and stage 2's cost per output."""
+
+    end: float
+    rate: float
+
+    def final_size(self, n: int, stoppable: bool) -> int:
+        """N to aim at for the time stage 1 left: chosen after stage 1, before any fresh output is drawn
+        (so it depends on the clock, never on stage 2's outcomes), at least 2n, at most MAX_SAMPLES.
+
+        A ``stoppable`` stage 2 (counts of an event) aims at FINAL_HEADROOM times what the pilots' rate
+        buys: that rate, timed on a small pilot, ran 1.5-2 times slow (fixed costs per chunk), and the
+        clock stops it at the deadline anyway (:func:`_stage2_chunks`). A kernel density at t̂ is not
+        stopped: its bandwidth is set by N before the outputs are drawn, and the reported N must
+        reproduce it.
+        """
+        affordable = (FINAL_HEADROOM if stoppable else 1.0) * (self.end - time.perf_counter()) / self.rate
+        return round_size(min(max(affordable, 2 * n), MAX_SAMPLES))
 
 
 def _draw_pair(plan: Plan, pair, size, rng):
@@ -161,6 +193,9 @@ def _resolve_feature(mech, feature):
 DEFAULT_N, DEFAULT_FINAL = 20000, 50000
 #: the pilots of a time budget run with N = BUDGET_RATIO · n (stage 2's cost per output is timed on them)
 BUDGET_RATIO = 5
+#: with a time budget, stage 2 of an event aims at this many times the outputs the pilots' rate buys (the
+#: deadline stops it)
+FINAL_HEADROOM = 2.0
 #: with a time budget, stage 1 is planned to take this share of the time the pilots leave and stage 2 the
 #: rest (module :mod:`empdp.audit.budget`): stage 1 must find the pair and the event (N = 2 · pairs · n
 #: left it too few outputs to tell SVT's events of ~4% mass apart), stage 2's N sets the bound's error
@@ -172,7 +207,7 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
         rng=None, *, params: dict | None = None, tau: float | None = None, discrete: bool | None = None,
         bandwidth=None, undersmooth: float = UNDERSMOOTH, selection: str = "lb",
         events: bool = True, feature="default", time_budget: float | None = None,
-        progress: Callable[[str, int, int], None] | None = None) -> MPLResult:
+        progress: Callable[[str, int, int], None] | None = None, clock_start: float | None = None) -> MPLResult:
     """MPL lower bound on the pure-DP ε of ``mechanism`` over ``pairs`` (Askin et al. 2022, Alg. 4).
 
     Parameters
@@ -201,36 +236,52 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
     time_budget : seconds; instead of n and N, choose them so that the audit takes about this
         long, stage 1 about STAGE1_SHARE of it (module :mod:`empdp.audit.budget`: the sizes depend
         on the machine's speed, are reported in ``sizes``, and give the same result again with the
-        same seed).
+        same seed). N is chosen when stage 1 ends, for the time it left, and stage 2 stops drawing
+        early (between chunks of outputs) if the clock says the next chunk would end past the budget.
     progress : optional callback ``progress(stage, done, total)``.
+    clock_start : the ``time.perf_counter()`` value the time budget counts from (default: this call;
+        the command line gives its process's start).
     """
+    started = time.perf_counter() if clock_start is None else clock_start
     sizes = given_sizes({"n, N: --search-size, --final-size": n if n is not None else N}, time_budget)
+    end = None
     if time_budget is not None:
+        budget = check_budget(time_budget)
         plan = _resolve(mechanism, pairs, DEFAULT_N, DEFAULT_FINAL, region, alpha, params, tau, selection, events,
                         feature, bandwidth, undersmooth)
-        n, N, sizes = _budget_sizes(plan, check_budget(time_budget), discrete)
+        n, N, sizes, end = _budget_sizes(plan, budget, started, discrete)
     n, N = DEFAULT_N if n is None else n, DEFAULT_FINAL if N is None else N
     plan = _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, events, feature,
                     bandwidth, undersmooth)
-    res = _run(plan, as_rng(rng), discrete, progress or _no_progress)
-    res.sizes = {**sizes, "search_size": plan.n, "final_size": plan.N}
+    res = _run(plan, as_rng(rng), discrete, progress or _no_progress, end=end)
+    res.sizes = {**sizes, "search_size": plan.n, "final_size": res.final_size, **res.sizes}
     return res
 
 
-def _run(plan: Plan, rng, discrete, report, clock: list | None = None) -> MPLResult:
-    """Both stages; ``clock`` (the pilots') gets the seconds of each."""
+def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Deadline | None = None) -> MPLResult:
+    """Both stages; ``clock`` (the pilots') gets the seconds of each; with a deadline ``end``, N is
+    what the time left after stage 1 buys."""
     t0 = time.perf_counter()
     stage1 = _stage1(plan, rng, discrete, report)
     best = stage1.candidates[stage1.selected]
     t1 = time.perf_counter()
-    stage2 = _stage2(plan, stage1.discrete, best, plan.pairs[stage1.selected], rng, report)
+    stoppable = stage1.discrete or best.rule is not None
+    if end is not None:
+        plan = replace(plan, N=end.final_size(plan.n, stoppable))
+    stage2 = _stage2(plan, stage1.discrete, best, plan.pairs[stage1.selected], rng, report,
+                     end.end if end is not None and stoppable else None)
     if clock is not None:
         clock.append((t1 - t0, time.perf_counter() - t1))
-    return _result(plan, stage1, stage2)
+    res = _result(plan, stage1, stage2)
+    if end is not None:
+        res.sizes["final_size_aimed"] = plan.N  # above final_size when the deadline stopped stage 2
+    return res
 
 
-def _budget_sizes(plan: Plan, budget: float, discrete) -> tuple[int, int, dict]:
-    """n and N for a time budget, from pilot runs (:func:`empdp.audit.budget.two_stage_sizes`)."""
+def _budget_sizes(plan: Plan, budget: float, started: float, discrete) -> tuple[int, int, dict, _Deadline]:
+    """n and N for a time budget counted from ``started`` (a ``time.perf_counter()`` value), from pilot
+    runs (:func:`empdp.audit.budget.two_stage_sizes`), and stage 2's deadline."""
+    end = deadline(started, budget)
     exact_or_none(plan.mech.true_epsilon_over, plan.pairs)  # cached: a one-off cost, not the audit's
     probe = as_samples(_draw_pair(plan, plan.pairs[0], 2, np.random.default_rng(0))[0])
     cap = max(PILOT_SIZES[-1], min(stage1_cap(probe, 2 * len(plan.pairs)), MAX_SAMPLES // BUDGET_RATIO))
@@ -241,8 +292,12 @@ def _budget_sizes(plan: Plan, budget: float, discrete) -> tuple[int, int, dict]:
 
     sizes, _, pilot = run_pilots(run, budget, cap)
     stage1, stage2 = zip(*clock)
-    return two_stage_sizes(sizes, stage1, stage2, BUDGET_RATIO, budget, pilot, STAGE1_SHARE, PILOT_SIZES[-1],
-                           (cap, MAX_SAMPLES))
+    log.debug("MPL pilots: sizes %s, stage 1 %s s, stage 2 %s s", sizes, [round(t, 3) for t in stage1],
+              [round(t, 3) for t in stage2])
+    n, N, info = two_stage_sizes(sizes, stage1, stage2, BUDGET_RATIO, budget, pilot, STAGE1_SHARE, PILOT_SIZES[-1],
+                                 (cap, MAX_SAMPLES), left=end - time.perf_counter())
+    info["seconds_before_plan"] = round(time.perf_counter() - started, 3)  # start-up and pilots
+    return n, N, info, _Deadline(end, stage2_rate(sizes, stage2, BUDGET_RATIO))
 
 
 def _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, events, feature,
@@ -311,28 +366,39 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report) -> _Stage1:
 
 
 #: stage 2 draws at most this many outputs per database at once (counts and kernel sums add up
-#: over chunks), so that a time budget's large N needs no more memory than this
-STAGE2_CHUNK = 1 << 20
+#: over chunks), so that a time budget's large N needs no more memory than this, and its deadline is
+#: checked often enough (a chunk of NumericalSVT's took 0.15-0.3 s)
+STAGE2_CHUNK = 1 << 16
 
 
-def _stage2_chunks(plan: Plan, pair, rng):
-    """Stage 2's fresh outputs of both databases, in chunks of STAGE2_CHUNK (one chunk up to it)."""
+def _stage2_chunks(plan: Plan, pair, rng, end: float | None = None):
+    """Stage 2's fresh outputs of both databases, in chunks of STAGE2_CHUNK (one chunk up to it).
+
+    With a deadline ``end``, no chunk is begun that would end past it at the last chunk's pace. The
+    stop depends on the clock alone, never on the outputs counted, so N stays independent of them;
+    the outputs drawn are the first chunks of a run with a larger N (the reported N reproduces them).
+    """
+    last = 0.0
     for start in range(0, plan.N, STAGE2_CHUNK):
+        t0 = time.perf_counter()
+        if start and end is not None and t0 + last > end:
+            return
         xs, ys = _draw_pair(plan, pair, min(STAGE2_CHUNK, plan.N - start), rng)
         yield as_samples(xs), as_samples(ys)
+        last = time.perf_counter() - t0
 
 
-def _stage2(plan: Plan, is_discrete: bool, best: Candidate, pair, rng, report) -> _Stage2:
-    """Fresh outputs of the selected pair and the confidence bound at t̂ (or on its event), eq. 26."""
+def _stage2(plan: Plan, is_discrete: bool, best: Candidate, pair, rng, report, end: float | None = None) -> _Stage2:
+    """Fresh outputs of the selected pair and the confidence bound at t̂ (or on its event), eq. 26;
+    with a deadline ``end``, perhaps fewer than ``plan.N`` (:func:`_stage2_chunks`)."""
     t_start = time.perf_counter()
-    N = plan.N
-    stage = f"MPL stage 2: 2 x {N:,} fresh outputs"
+    stage = f"MPL stage 2: 2 x {plan.N:,} fresh outputs"
     report(stage, 0, 1)
-    chunks = _stage2_chunks(plan, pair, rng)
+    chunks = _stage2_chunks(plan, pair, rng, end)
     if is_discrete or best.rule is not None:
-        fx, fy, sigma, c_n, h2, warnings = _stage2_discrete(chunks, best, N)
+        fx, fy, sigma, c_n, h2, warnings, N = _stage2_discrete(chunks, best)
     else:
-        fx, fy, sigma, c_n, h2, warnings = _stage2_continuous(chunks, best, plan)
+        fx, fy, sigma, c_n, h2, warnings, N = _stage2_continuous(chunks, best, plan)
     if min(fx, fy) <= best.tau:
         warnings.append(f"the floor tau = {best.tau:.3g} binds at t_hat (a density estimate is at the "
                         "floor): too few samples there, the bound is unreliable "
@@ -344,14 +410,15 @@ def _stage2(plan: Plan, is_discrete: bool, best: Candidate, pair, rng, report) -
              else f"an event of {len(best.event)} outputs")
     log.info("MPL stage 2: 2 x %d fresh outputs at %s in %.2f s: loss %.4g, sigma/c_N %.3g, lower bound %.4g",
              N, where, time.perf_counter() - t_start, loss_star, sigma / c_n, lb)
-    return _Stage2(loss=loss_star, sigma=sigma, c_n=c_n, lower_bound=lb, bandwidth=h2, warnings=warnings)
+    return _Stage2(loss=loss_star, sigma=sigma, c_n=c_n, lower_bound=lb, bandwidth=h2, warnings=warnings, size=N)
 
 
-def _stage2_discrete(chunks, best: Candidate, N: int):
-    """Frequencies of t̂ (or of its event), σ̂ = √(1/f_x + 1/f_x′ − 2) (eq. 25) and c_N = √N."""
+def _stage2_discrete(chunks, best: Candidate):
+    """Frequencies of t̂ (or of its event), σ̂ = √(1/f_x + 1/f_x′ − 2) (eq. 25), c_N = √N, and N."""
     target = best.t[None, :] if best.event is None else best.event
-    hits_x = hits_y = 0
+    hits_x = hits_y = N = 0
     for xs, ys in chunks:
+        N += len(xs)
         if best.rule is not None:
             hits_x += int(np.sum(best.rule.members(xs)))
             hits_y += int(np.sum(best.rule.members(ys)))
@@ -364,28 +431,31 @@ def _stage2_discrete(chunks, best: Candidate, N: int):
     if min(fx, fy) * N < 10:
         warnings.append(f"only {int(round(min(fx, fy) * N))} stage-2 outputs fall on t_hat (or its "
                         "event) in one sample; the normal approximation is poor (increase N)")
-    return fx, fy, sigma, math.sqrt(N), None, warnings
+    return fx, fy, sigma, math.sqrt(N), None, warnings, N
 
 
 def _stage2_continuous(chunks, best: Candidate, plan: Plan):
     """KDEs at t̂ with the undersmoothed bandwidth, σ̂² = ∫K²(1/f_x + 1/f_x′) and c_N = √(N h^d).
 
-    The bandwidth's spread comes from the first chunk (all outputs when N ≤ STAGE2_CHUNK).
+    The bandwidth's spread comes from the first chunk (all outputs when N ≤ STAGE2_CHUNK), its size
+    from ``plan.N`` (which a deadline never cuts here: :meth:`_Deadline.final_size`).
     """
-    N = plan.N
     h2 = None
     fx = fy = 0.0
+    N = 0
     for xs, ys in chunks:
         xs, ys = xs.astype(float), ys.astype(float)
         d = xs.shape[1]
         if h2 is None and plan.bandwidth is not None:
-            h2 = undersmoothed(np.broadcast_to(np.asarray(plan.bandwidth, float), (d,)), N, plan.n, d,
+            h2 = undersmoothed(np.broadcast_to(np.asarray(plan.bandwidth, float), (d,)), plan.N, plan.n, d,
                                 plan.undersmooth)
         elif h2 is None:
-            h2 = (rule_of_thumb(xs, size=N, undersmooth=plan.undersmooth)
-                  + rule_of_thumb(ys, size=N, undersmooth=plan.undersmooth)) / 2
-        fx += float(kde_at(xs, best.t, h2)[0]) * len(xs) / N
-        fy += float(kde_at(ys, best.t, h2)[0]) * len(ys) / N
+            h2 = (rule_of_thumb(xs, size=plan.N, undersmooth=plan.undersmooth)
+                  + rule_of_thumb(ys, size=plan.N, undersmooth=plan.undersmooth)) / 2
+        fx += float(kde_at(xs, best.t, h2)[0]) * len(xs)
+        fy += float(kde_at(ys, best.t, h2)[0]) * len(ys)
+        N += len(xs)
+    fx, fy = fx / N, fy / N
     sigma = math.sqrt(GAUSS_R ** d * (1 / max(fx, best.tau) + 1 / max(fy, best.tau)))
     c_n = math.sqrt(N * float(np.prod(h2)))
     warnings = []
@@ -396,7 +466,7 @@ def _stage2_continuous(chunks, best: Candidate, plan: Plan):
     lo, hi = best.box  # the box stage 1 searched (its default comes from stage-1 outputs)
     if np.any(np.isclose(best.t, lo) | np.isclose(best.t, hi)):
         warnings.append("t_hat lies on the edge of the region C; the loss may be larger outside it")
-    return fx, fy, sigma, c_n, h2, warnings
+    return fx, fy, sigma, c_n, h2, warnings, N
 
 
 def _result(plan: Plan, stage1: _Stage1, stage2: _Stage2) -> MPLResult:
@@ -418,7 +488,7 @@ def _result(plan: Plan, stage1: _Stage1, stage2: _Stage2) -> MPLResult:
     return MPLResult(
         lower_bound=float(stage2.lower_bound), stage1_max_loss=best.max_loss, pair=tuple(plan.pairs[b]), pair_index=b,
         t_hat=_point(best.t), event=None if best.event is None else [_point(t) for t in best.event],
-        loss_at_t_hat=float(stage2.loss), sigma=float(stage2.sigma), search_size=plan.n, final_size=plan.N, alpha=plan.alpha,
+        loss_at_t_hat=float(stage2.loss), sigma=float(stage2.sigma), search_size=plan.n, final_size=stage2.size, alpha=plan.alpha,
         discrete=is_discrete, tau=float(best.tau),
         bandwidth=None if stage2.bandwidth is None else [float(v) for v in np.atleast_1d(stage2.bandwidth)],
         region=region_out, selection=plan.selection, true_value=true_eps,
