@@ -116,12 +116,16 @@ def _default_tau(discrete: bool, n: int, scale: np.ndarray) -> float:
     return 1e-3 / float(np.prod(scale))
 
 
-def _stage1_continuous(x, y, h, lo, hi, tau, zc, c_n2):
+def _stage1_continuous(x, y, h, lo, hi, tau, zc, c_n2, against_events: bool):
     """Loss on the grid points inside the box [lo, hi] and each point's selection criterion:
     the predicted stage-2 bound, in 2-3 dimensions less SELECT_PENALTY stage-1 standard errors
     (the winner's curse: thousands of grid points compete there and the noisiest tail points
-    won). In 1-d a few dozen bandwidths compete, and a penalty would only hold back the search
-    for growing losses in the tails that exposes mechanisms that are not pure DP."""
+    won). In 1-d a few dozen bandwidths compete, and alone a penalty would only hold back the
+    search for growing losses in the tails that exposes mechanisms that are not pure DP; but
+    ``against_events`` (a half-line score event competes, judged less SCORE_PENALTY standard
+    errors) the points take the same penalty: without it their inflated criterion beat the event
+    where the event was better (ReportNoisyMax3 at n = 3·10^5, N = 1.5·10^6: a point in 8 of 9
+    seeds, median bound 0.227; the half-line in 9 of 9, 0.240, true 0.25; Laplace 0.097 either way)."""
     grid = grid_for([x, y], h, lo, hi)
     fx = np.maximum(binned_kde(x, h, grid), tau)
     fy = np.maximum(binned_kde(y, h, grid), tau)
@@ -131,7 +135,7 @@ def _stage1_continuous(x, y, h, lo, hi, tau, zc, c_n2):
     loss = np.abs(np.log(fx) - np.log(fy))
     sigma = np.sqrt(GAUSS_R ** x.shape[1] * (1 / fx + 1 / fy))
     c_n1 = math.sqrt(len(x) * float(np.prod(h)))
-    penalty = SELECT_PENALTY if x.shape[1] > 1 else 0.0  # 1-d: a few dozen bandwidths compete, not thousands
+    penalty = SELECT_PENALTY if x.shape[1] > 1 else SCORE_PENALTY if against_events else 0.0
     return pts, loss, loss - (zc / c_n2 + penalty / c_n1) * sigma
 
 
@@ -283,7 +287,8 @@ def dpl(x, y, is_discrete: bool, plan: Plan) -> Candidate:
              else (rule_of_thumb(x) + rule_of_thumb(y)) / 2)
         t0 = plan.tau if plan.tau is not None else _default_tau(False, n, scale_estimate(pooled))
         h2 = undersmoothed(h, plan.N, n, d, plan.undersmooth)
-        pts, loss, crit = _stage1_continuous(x, y, h, *box, t0, plan.zc, math.sqrt(plan.N * np.prod(h2)))
+        pts, loss, crit = _stage1_continuous(x, y, h, *box, t0, plan.zc, math.sqrt(plan.N * np.prod(h2)),
+                                             plan.score_events)
         if len(pts) == 0:
             raise InputError(f"the region {np.column_stack(box).tolist()} holds no evaluation point "
                              "of the density estimate; widen it or omit it")
