@@ -207,3 +207,53 @@ def test_compiled_rows_equal_the_matrix_form(seed):
     np.testing.assert_allclose(e_new, e_ref, rtol=1e-14, atol=1e-17)
     np.testing.assert_allclose(d_new, d_ref, rtol=0, atol=1e-12 * max(d_ref.max(), 1e-300))
     assert np.array_equal(d_new > 0, d_ref > 0)
+
+
+def _log_counts(vp, vq, eps, cap):
+    """The level counts and ε_i of one row from the logs at every node, as the kernel took them
+    before comparing ratios: the reference of test_node_levels_count_as_the_logs_do."""
+    from empdp import compiled
+
+    L = np.array([compiled._clipped_log_ratio(a, c, cap) for a, c in zip(vp, vq)])
+    return (np.searchsorted(eps, L, side="left"), np.searchsorted(eps, -L, side="left"),
+            float(np.abs(L).max(initial=0.0)))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_node_levels_count_as_the_logs_do(seed):
+    """The row kernel counts the levels below each node's log-ratio from the ratio v_p / v_q (no
+    logs): at nodes whose log-ratio equals a level, lies within rounding of it with densities
+    e^{−400} small (where the two logs' rounding, ~1e-13, exceeds the ratio's), has a zero density
+    or a ratio beyond e^{±645}, the counts and ε_i must still be exactly those of the logs."""
+    from empdp import compiled
+    from empdp.risk.laplace import L_CAP
+
+    rng = np.random.default_rng(seed)
+    eps = np.sort(np.concatenate([rng.uniform(0.001, 3.0, 30), [0.5, 0.5, 1e-4, 2.0]]))
+    scale = np.exp(rng.uniform(-400.0, 5.0, 600))  # tiny densities: log rounding ~1e-13
+    offsets = rng.choice([0.0, 1e-16, -1e-16, 1e-14, -1e-14, 1e-12, -1e-12], 600)
+    level = rng.choice(np.concatenate([eps, -eps]), 600)
+    vq = scale
+    vp = scale * np.exp(level) * (1.0 + offsets)
+    free = rng.random(600) < 0.2  # some nodes anywhere
+    vp[free] = scale[free] * np.exp(rng.normal(0, 2.0, free.sum()))
+    # the largest |L| among a hundred ratios within rounding of each other (and of tiny densities)
+    top_nodes = slice(500, 600)
+    vq[top_nodes] = np.exp(rng.uniform(-400.0, -300.0, 100))
+    vp[top_nodes] = vq[top_nodes] * np.exp(8.1234567) * (1.0 + rng.integers(-3, 4, 100) * 1e-16)
+    vp[:4], vq[:4] = [0.0, 1.0, 0.0, 1e-300], [1.0, 0.0, 0.0, 1.0]  # zero densities, a huge ratio
+    vp[4], vq[4] = 1.0, 1e-290
+    E = len(eps)
+    above, below = np.exp(eps + compiled.RATIO_BAND), np.exp(eps - compiled.RATIO_BAND)
+    table = np.zeros(16 * E + 1, dtype=np.int64)
+    inv = compiled._band_table(above, table)
+    J = len(vp)
+    cnt_p, cnt_m, ratio = np.empty(J, dtype=np.int64), np.empty(J, dtype=np.int64), np.empty(J)
+    top = compiled._node_levels(vp, vq, ratio, eps, above, below, table, inv, True, L_CAP, cnt_p, cnt_m, True)
+    want_p, want_m, want_top = _log_counts(vp, vq, eps, L_CAP)
+    np.testing.assert_array_equal(cnt_p, want_p)
+    np.testing.assert_array_equal(cnt_m, want_m)
+    assert top == want_top
+    # ε_i alone (the search's rows): the same maximum, from the logs at the extreme ratios only
+    assert compiled._node_levels(vp[5:], vq[5:], ratio[5:], eps, above, below, table, inv, True, L_CAP,
+                                 cnt_p, cnt_m, False) == _log_counts(vp[5:], vq[5:], eps, L_CAP)[2]
