@@ -149,7 +149,7 @@ def test_gaps_of_hundreds_of_scales_near_eps_i_against_arbitrary_precision(gap, 
         S = np.zeros((1, n, d))
         S[0, :, axis] = s
         e, dl = _quiet(joint_risk, model, S, eps)
-        _, general, _ = _quiet(_generic._delta_row, q, q - S[0], eps, 6, False)
+        _, general = _quiet(_generic._delta_row, q, q - S[0], eps, 6)
         np.testing.assert_allclose(dl[0], ref, atol=1e-6, err_msg=f"d={d} axis={axis}")
         np.testing.assert_allclose(general, ref, atol=1e-6, err_msg=f"general path d={d} axis={axis}")
         assert e[0] == pytest.approx(ref_eps(q, q - S[0]), rel=1e-6)
@@ -173,7 +173,7 @@ def test_one_database_moved_far_in_two_dimensions_beyond_709():
     ref = ref_delta_lines(q, q - S[0], eps, corners=True)
     assert ref[-2] > 1e-4
     _, dl = _quiet(joint_risk, model, S, eps)
-    _, general, _ = _quiet(_generic._delta_row, q, q - S[0], eps, 6, False)
+    _, general = _quiet(_generic._delta_row, q, q - S[0], eps, 6)
     np.testing.assert_allclose(dl[0], ref, atol=1e-6)
     np.testing.assert_allclose(general, ref, atol=1e-6)
 
@@ -190,6 +190,6 @@ def test_sum_and_sum_without_k_at_n_20_near_eps_i():
     ref = ref_delta_lines(A, B, eps)
     assert ref[-1] > 1e-6
     _, dl = _quiet(joint_risk, model, shifts[K:K + 1], eps)
-    _, general, _ = _quiet(_generic._delta_row, A, B, eps, 6, False)
+    _, general = _quiet(_generic._delta_row, A, B, eps, 6)
     np.testing.assert_allclose(dl[0], ref, atol=1e-6)
     np.testing.assert_allclose(general, ref, atol=1e-6)

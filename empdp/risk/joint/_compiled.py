@@ -10,12 +10,18 @@ parallel to the quadrature axis (closed-form roots), so that each piece's integr
 cell where h is a single exponential along the last axis (a tail cell) factorises:
 ∫ (e^{σt} g)_+ = (g)_+ ∫ e^{σt}. Between those edge roots the root along axis 0 either stays
 inside the cell or stays out of it, so a piece where it stays out is integrated in closed form (h
-keeps one sign there), without nodes: about half of the pieces on the county sample's rows. The
-factors of axis 0's width are formed once per cell. This was the numpy recursion of
-:mod:`._generic` (one call per recursion level over every (cell, node) at once, and its
-temporaries); here each (cell, level) is one loop, with the same pieces and nodes, so the values
-agree with it to rounding (on the county sample's 786 three-group rows at 50 levels, δ_i within
-7e−17 absolute, 2e−12 relative where δ_i > 1e−6). The cells' coefficients are formed here too
+keeps one sign there), without nodes: about half of the pieces on the county sample's rows.
+
+Where the root stays inside, the integrand along axis 1 is singular at the zeros of α and β, and
+the integral over axes 0 and 1 as a function of t2 is singular where they vanish together (a fold of
+the level set: a whole line along axis 0 on it, two bilinear equations in e^{2t1}, e^{2t2}) and where
+the edge roots' coefficients vanish, all in closed form. Axis 2 is also split at the real folds. A
+piece gets one rule where its nearest singular point lies :data:`SAFE` piece lengths away or more;
+otherwise it is halved until two rules agree within a tolerance relative to the cell's
+∫ Σ_σ |C_σ| e^{σ·t}, as the d = 2 cells are (issue 37: one rule a piece erred by up to 7e−5
+relative on the county sample's rows, 6.7e−6 on random cells, where a fold or a zero lay inside or
+beside a piece). Each cell is integrated at every level it cuts in one pass (:func:`cut_cells`),
+adding to each level's sum in ascending cell order. The cells' coefficients are formed here too
 (:func:`cell_coefficients`), one exponential per point and cell.
 
 Coefficients are flat: C[i_0 2^{d−1} + … + i_{d−1}], index 0 for σ_k = +1 and 1 for −1.
@@ -35,6 +41,11 @@ from ... import compiled  # noqa: F401  (sets numba's cache folder before the fu
 
 #: exponents are capped here (e^700 is finite; a larger factor only multiplies terms that vanish)
 _CAP = 700.0
+#: a piece whose nearest real singular point lies at least this many piece lengths away gets one rule
+#: (Bernstein ellipse ρ ≥ 3 + √8 ≈ 5.8: 6 nodes err by at most about ρ^{−12} ≈ 6e−10 of the piece; on the
+#: county sample's rows the δ_i agree with 16 nodes a piece to 1e−11 relative, and 3 piece lengths,
+#: ρ ≥ 13.9, cost 1.6× as much); closer, it is halved until two rules agree
+SAFE = 1.0
 
 
 @njit(cache=True, nogil=True)
@@ -115,13 +126,77 @@ def _at(plus: float, minus: float, up: float, down: float) -> float:
 
 
 @njit(cache=True, nogil=True)
+def _zero(plus: float, minus: float) -> float:
+    """The real t where plus e^t + minus e^{−t} vanishes (NaN if none): a singular point of a piece's
+    integrand (its other zeros lie π/2 off the real axis)."""
+    if not ((plus > 0.0 and minus < 0.0) or (plus < 0.0 and minus > 0.0)):
+        return np.nan
+    return 0.5 * (math.log(abs(minus)) - math.log(abs(plus)))
+
+
+@njit(cache=True, nogil=True)
+def _gap(re: float, im: float, a: float, b: float) -> float:
+    """Distance from the point re + i im to the segment [a, b] (∞ for a NaN point)."""
+    if not math.isfinite(re):
+        return np.inf
+    return math.hypot(max(a - re, re - b, 0.0), im)
+
+
+@njit(cache=True, nogil=True)
+def _inner_rule(c0: float, c1: float, c2: float, c3: float, a: float, b: float, f: tuple, x: np.ndarray,
+                wts: np.ndarray) -> float:
+    """One Gauss–Legendre rule on [a, b] of the exact integral along axis 0 (see :func:`_piece`)."""
+    total = 0.0
+    for q in range(x.shape[0]):
+        wt, up, down = _node(a, b, x, wts, q)
+        if wt == 0.0:
+            continue
+        total += wt * _pos_1d(_at(c0, c1, up, down), _at(c2, c3, up, down), f)
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _accept(whole: float, halves: float, a: float, b: float, tol: float, stack: np.ndarray, top: int) -> bool:
+    """Whether a halved piece [a, b] is done: its two halves agree with the whole within ``tol`` per
+    unit length, or the piece is too short or the stack too deep to halve again."""
+    return (abs(halves - whole) <= tol * (b - a) or top + 2 > stack.shape[0]
+            or b - a <= 1e-12 * max(1.0, abs(a)))
+
+
+@njit(cache=True, nogil=True)
+def _inner_adaptive(c0: float, c1: float, c2: float, c3: float, a: float, b: float, f: tuple,
+                    x: np.ndarray, wts: np.ndarray, tol: float, stack: np.ndarray) -> float:
+    """:func:`_inner_rule` on [a, b], pieces halved until two rules agree within ``tol`` per unit
+    length (depth first, ``stack`` scratch (S, 3))."""
+    total = 0.0
+    stack[0, 0], stack[0, 1], stack[0, 2] = a, b, _inner_rule(c0, c1, c2, c3, a, b, f, x, wts)
+    top = 1
+    while top:
+        top -= 1
+        lo, hi, whole = stack[top, 0], stack[top, 1], stack[top, 2]
+        mid = 0.5 * (lo + hi)
+        left = _inner_rule(c0, c1, c2, c3, lo, mid, f, x, wts)
+        right = _inner_rule(c0, c1, c2, c3, mid, hi, f, x, wts)
+        if _accept(whole, left + right, lo, hi, tol, stack, top):
+            total += left + right
+            continue
+        stack[top, 0], stack[top, 1], stack[top, 2] = mid, hi, right
+        stack[top + 1, 0], stack[top + 1, 1], stack[top + 1, 2] = lo, mid, left
+        top += 2
+    return total
+
+
+@njit(cache=True, nogil=True)
 def _piece(c0: float, c1: float, c2: float, c3: float, a: float, b: float, f: tuple, x: np.ndarray,
-           wts: np.ndarray) -> float:
+           wts: np.ndarray, tol: float, stack: np.ndarray) -> float:
     """∫_{t1=a}^{b} ∫_0^{w0} (h)_+ for h = (c0 e^{t1} + c1 e^{−t1}) e^{t0} + (c2 e^{t1} + c3 e^{−t1}) e^{−t0},
     on a piece [a, b] where the root along axis 0 does not cross the cell's edges t0 = 0, w0.
 
     So either the root lies inside (0, w0) all along the piece: Gauss–Legendre on the exact integral
-    along axis 0; or nowhere on it: h keeps its sign at every t1 of the piece, and the integral is 0
+    along axis 0, whose only singular points are the zeros of α = c0 e^{t1} + c1 e^{−t1} and
+    β = c2 e^{t1} + c3 e^{−t1} (real, or π/2 off the axis): one rule where the nearest real one is at
+    least :data:`SAFE` piece lengths away, else halved until two rules agree within ``tol`` per unit
+    length; or nowhere on it: h keeps its sign at every t1 of the piece, and the integral is 0
     or that of h, a sum of exponentials, in closed form (the same value as the rule's to ~1e−13 of it,
     without its nodes). The case is read at the piece's midpoint.
     """
@@ -138,20 +213,17 @@ def _piece(c0: float, c1: float, c2: float, c3: float, a: float, b: float, f: tu
         val = f[3] * (c0 * rise + c1 * fall) - f[4] * (c2 * rise + c3 * fall)
         if math.isfinite(val):
             return max(val, 0.0)
-    total = 0.0
-    for q in range(x.shape[0]):
-        wt, up, down = _node(a, b, x, wts, q)
-        if wt == 0.0:
-            continue
-        total += wt * _pos_1d(_at(c0, c1, up, down), _at(c2, c3, up, down), f)
-    return total
+    near = min(_gap(_zero(c0, c1), 0.0, a, b), _gap(_zero(c2, c3), 0.0, a, b))
+    if near >= SAFE * (b - a):
+        return _inner_rule(c0, c1, c2, c3, a, b, f, x, wts)
+    return _inner_adaptive(c0, c1, c2, c3, a, b, f, x, wts, tol, stack)
 
 
 @njit(cache=True, nogil=True)
 def _pos_2d(c0: float, c1: float, c2: float, c3: float, f: tuple, w1: float, x: np.ndarray,
-            wts: np.ndarray) -> float:
+            wts: np.ndarray, tol: float, stack: np.ndarray) -> float:
     """∫_{[0,w0]×[0,w1]} (Σ_σ c_σ e^{σ·t})_+ dt, flat c = (c_{++}, c_{+−}, c_{−+}, c_{−−}); ``f`` =
-    :func:`_axis0` (w0)."""
+    :func:`_axis0` (w0); ``tol`` per unit length of axis 1 (:func:`_piece`)."""
     if c0 == 0.0 and c2 == 0.0 or c1 == 0.0 and c3 == 0.0:  # one exponential along axis 1
         weight = -math.expm1(-w1) if (c0 == 0.0 and c2 == 0.0) else math.expm1(min(w1, _CAP))
         return 0.0 if weight == 0.0 else _pos_1d(c0 + c1, c2 + c3, f) * weight
@@ -164,14 +236,112 @@ def _pos_2d(c0: float, c1: float, c2: float, c3: float, f: tuple, w1: float, x: 
         a = 0.0 if p == 0 else (lo_r if p == 1 else hi_r)
         b = lo_r if p == 0 else (hi_r if p == 1 else w1)
         if b > a:
-            total += _piece(c0, c1, c2, c3, a, b, f, x, wts)
+            total += _piece(c0, c1, c2, c3, a, b, f, x, wts, tol, stack)
     return total
 
 
 @njit(cache=True, nogil=True)
-def _pos_3d(c: np.ndarray, w: np.ndarray, f: tuple, x: np.ndarray, wts: np.ndarray, bps: np.ndarray) -> float:
-    """∫_{[0,w]} (Σ_σ c_σ e^{σ·t})_+ dt for d = 3 (flat c of 8; ``f`` = :func:`_axis0` (w[0]); ``bps``
-    scratch of 6)."""
+def _outer_rule(c: np.ndarray, a: float, b: float, f: tuple, w1: float, x: np.ndarray, wts: np.ndarray,
+                tol: float, stack: np.ndarray) -> float:
+    """One Gauss–Legendre rule on [a, b] along axis 2 of the integral over axes 0 and 1 (d = 3)."""
+    total = 0.0
+    for q in range(x.shape[0]):
+        wt, up, down = _node(a, b, x, wts, q)
+        if wt == 0.0:
+            continue
+        total += wt * _pos_2d(_at(c[0], c[1], up, down), _at(c[2], c[3], up, down),
+                              _at(c[4], c[5], up, down), _at(c[6], c[7], up, down), f, w1, x, wts, tol, stack)
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _outer_adaptive(c: np.ndarray, a: float, b: float, f: tuple, w1: float, x: np.ndarray, wts: np.ndarray,
+                    tol: float, tol_inner: float, stack: np.ndarray, inner: np.ndarray) -> float:
+    """:func:`_outer_rule` on [a, b], pieces halved until two rules agree within ``tol`` per unit
+    length (depth first, as :func:`_inner_adaptive`)."""
+    total = 0.0
+    stack[0, 0], stack[0, 1], stack[0, 2] = a, b, _outer_rule(c, a, b, f, w1, x, wts, tol_inner, inner)
+    top = 1
+    while top:
+        top -= 1
+        lo, hi, whole = stack[top, 0], stack[top, 1], stack[top, 2]
+        mid = 0.5 * (lo + hi)
+        left = _outer_rule(c, lo, mid, f, w1, x, wts, tol_inner, inner)
+        right = _outer_rule(c, mid, hi, f, w1, x, wts, tol_inner, inner)
+        if _accept(whole, left + right, lo, hi, tol, stack, top):
+            total += left + right
+            continue
+        stack[top, 0], stack[top, 1], stack[top, 2] = mid, hi, right
+        stack[top + 1, 0], stack[top + 1, 1], stack[top + 1, 2] = lo, mid, left
+        top += 2
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _folds(c: np.ndarray, w1: float, w2: float, sre: np.ndarray, sim: np.ndarray, ns: int,
+           bps: np.ndarray, nb: int) -> tuple:
+    """The t2 where α and β (the coefficients of e^{±t0}) vanish together at some t1: there the level
+    set holds a whole line along axis 0 and its projection folds, a singular point of the integral over
+    axes 0 and 1. With U = e^{2t1}, V = e^{2t2}, α = β = 0 is two bilinear equations in (U, V), so V
+    solves a quadratic. Each root (complex ones too) is added to the singular points (sre, sim);
+    real ones with t1 in (0, w1) and t2 in (0, w2) to the breakpoints ``bps``. Returns (ns, nb)."""
+    qa = c[6] * c[0] - c[2] * c[4]
+    qb = c[6] * c[1] + c[7] * c[0] - c[2] * c[5] - c[3] * c[4]
+    qc = c[7] * c[1] - c[3] * c[5]
+    disc = qb * qb - 4.0 * qa * qc
+    if qa == 0.0 or not math.isfinite(disc):
+        return ns, nb
+    if disc < 0.0:  # V = (−qb ± i √−disc) / 2qa: t2 = ½ (log |V| + i arg V)
+        re, im = -qb / (2.0 * qa), math.sqrt(-disc) / (2.0 * abs(qa))
+        sre[ns], sim[ns] = 0.5 * math.log(math.hypot(re, im)), 0.5 * abs(math.atan2(im, re))
+        return ns + 1, nb
+    s = -0.5 * (qb + math.copysign(math.sqrt(disc), qb))
+    for V in (s / qa, qc / s if s != 0.0 else np.nan):
+        if not V > 0.0:
+            continue
+        t2 = 0.5 * math.log(V)
+        sre[ns], sim[ns] = t2, 0.0
+        ns += 1
+        d1, d2 = c[0] * V + c[1], c[4] * V + c[5]
+        if d1 == 0.0 and d2 == 0.0:
+            continue
+        U = -(c[2] * V + c[3]) / d1 if abs(d1) >= abs(d2) else -(c[6] * V + c[7]) / d2
+        if U > 0.0 and 0.0 < 0.5 * math.log(U) < w1 and 0.0 < t2 < w2:
+            bps[nb] = t2
+            nb += 1
+    return ns, nb
+
+
+@njit(cache=True, nogil=True)
+def _outer_singular(c: np.ndarray, f: tuple, w1: float, sre: np.ndarray, sim: np.ndarray) -> int:
+    """Real singular points along axis 2 besides the folds: the zeros in t2 of the coefficients the
+    pieces' breakpoints along axis 1 come from (h on the faces t0 = 0, w0) and of α, β on the edges
+    t1 = 0, w1. Returns their count in (sre, sim)."""
+    e1, g1 = math.exp(min(w1, _CAP)), math.exp(-w1)
+    ns = 0
+    for k in range(2):  # faces t0 = 0, w0: h's coefficients of e^{t1} and e^{−t1}
+        p, m = (1.0, 1.0) if k == 0 else (f[0], f[1])
+        for j in (0, 2):
+            sre[ns], sim[ns] = _zero(c[j] * p + c[j + 4] * m, c[j + 1] * p + c[j + 5] * m), 0.0
+            ns += 1
+    for k in range(2):  # edges t1 = 0, w1: α (c0 … c3) and β (c4 … c7)
+        p, m = (1.0, 1.0) if k == 0 else (e1, g1)
+        for j in (0, 4):
+            sre[ns], sim[ns] = _zero(c[j] * p + c[j + 2] * m, c[j + 1] * p + c[j + 3] * m), 0.0
+            ns += 1
+    return ns
+
+
+@njit(cache=True, nogil=True)
+def _pos_3d(c: np.ndarray, w: np.ndarray, f: tuple, x: np.ndarray, wts: np.ndarray, tol: float,
+            bps: np.ndarray, sre: np.ndarray, sim: np.ndarray, stack: np.ndarray, inner: np.ndarray) -> float:
+    """∫_{[0,w]} (Σ_σ c_σ e^{σ·t})_+ dt for d = 3 (flat c of 8; ``f`` = :func:`_axis0` (w[0]); ``tol``
+    for the whole cell; scratch ``bps`` of 8, ``sre``, ``sim`` of 12, the stacks (S, 3)).
+
+    Axis 2 is split at the edge roots on the four edges parallel to it and at the folds
+    (:func:`_folds`); a piece whose nearest singular point (:func:`_outer_singular`, the folds) lies at
+    least :data:`SAFE` piece lengths away gets one rule, the others are halved until two rules agree.
+    """
     pure_minus = c[0] == 0.0 and c[2] == 0.0 and c[4] == 0.0 and c[6] == 0.0
     pure_plus = c[1] == 0.0 and c[3] == 0.0 and c[5] == 0.0 and c[7] == 0.0
     wl = w[2]
@@ -179,7 +349,8 @@ def _pos_3d(c: np.ndarray, w: np.ndarray, f: tuple, x: np.ndarray, wts: np.ndarr
         weight = -math.expm1(-wl) if pure_minus else math.expm1(min(wl, _CAP))
         if weight == 0.0:
             return 0.0
-        return _pos_2d(c[0] + c[1], c[2] + c[3], c[4] + c[5], c[6] + c[7], f, w[1], x, wts) * weight
+        return _pos_2d(c[0] + c[1], c[2] + c[3], c[4] + c[5], c[6] + c[7], f, w[1], x, wts,
+                       tol / (weight * w[1]), inner) * weight
     # h on the edges parallel to axis 2, at the four corners of axes 0 and 1
     f0 = (1.0, f[0])
     g0 = (1.0, f[1])
@@ -192,18 +363,37 @@ def _pos_3d(c: np.ndarray, w: np.ndarray, f: tuple, x: np.ndarray, wts: np.ndarr
         gamma = c[0] * k00 + c[2] * k01 + c[4] * k10 + c[6] * k11
         eta = c[1] * k00 + c[3] * k01 + c[5] * k10 + c[7] * k11
         bps[corner + 1] = _edge_root(gamma, eta, wl)
-    bps.sort()
+    ns = _outer_singular(c, f, w[1], sre, sim)
+    ns, nb = _folds(c, w[1], wl, sre, sim, ns, bps, 6)
+    bps[:nb].sort()
+    tol_outer, tol_inner = tol / wl, tol / (wl * w[1])
     total = 0.0
-    for p in range(5):
+    for p in range(nb - 1):
         a, b = bps[p], bps[p + 1]
         if not b > a:
             continue
-        for q in range(x.shape[0]):
-            wt, up, down = _node(a, b, x, wts, q)
-            if wt == 0.0:
-                continue
-            total += wt * _pos_2d(_at(c[0], c[1], up, down), _at(c[2], c[3], up, down),
-                                  _at(c[4], c[5], up, down), _at(c[6], c[7], up, down), f, w[1], x, wts)
+        near = np.inf
+        for k in range(ns):
+            near = min(near, _gap(sre[k], sim[k], a, b))
+        if near >= SAFE * (b - a):
+            total += _outer_rule(c, a, b, f, w[1], x, wts, tol_inner, inner)
+        else:
+            total += _outer_adaptive(c, a, b, f, w[1], x, wts, tol_outer, tol_inner, stack, inner)
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _magnitude(c: np.ndarray, w: np.ndarray) -> float:
+    """∫ Σ_σ |c_σ| e^{σ·t} over the cell [0, w] (flat c, index 0 for +1): a bound on ∫ |h| that the
+    cell's tolerance is relative to."""
+    d = w.shape[0]
+    total = 0.0
+    for i in range(c.shape[0]):
+        term = abs(c[i])
+        for k in range(d):
+            plus = (i >> (d - 1 - k)) & 1 == 0
+            term *= math.expm1(min(w[k], _CAP)) if plus else -math.expm1(-w[k])
+        total += term
     return total
 
 
@@ -247,40 +437,49 @@ def cell_coefficients(lo: np.ndarray, hi: np.ndarray, P: np.ndarray) -> tuple:
 
 
 @njit(cache=True, nogil=True)
-def cut_integrals(CA: np.ndarray, CB: np.ndarray, sA: np.ndarray, sB: np.ndarray, width: np.ndarray,
-                  cell: np.ndarray, level: np.ndarray, side: np.ndarray, x: np.ndarray,
-                  wts: np.ndarray) -> np.ndarray:
-    """∫_cell (p − e^ε p_i)_+ (``side`` 0) or (p_i − e^ε p)_+ (1) for each (cell, level) item, d = 2 or 3.
+def cut_cells(CA: np.ndarray, CB: np.ndarray, sA: np.ndarray, sB: np.ndarray, width: np.ndarray,
+              cmin: np.ndarray, cmax: np.ndarray, eps: np.ndarray, x: np.ndarray, wts: np.ndarray,
+              tol: float, out: np.ndarray) -> None:
+    """Adds to ``out`` (2, E) ∫_cell (p − e^ε p_i)_+ (row 0) and (p_i − e^ε p)_+ (row 1) over every cell
+    at every level it cuts (ε with cmin < ε < cmax, row 0; cmin < −ε < cmax, row 1), d = 2 or 3.
 
     p = e^{sA} Σ_σ CA_σ e^{σ·t} and p_i = e^{sB} Σ_σ CB_σ e^{σ·t} on each cell (CA, CB (U, 2^d), the log
-    scales sA, sB (U,)); width (U, d); per item its cell (index into U), ε and side. The factor
-    e^{ε + s_other − s_own} is applied to the smaller side (the other divided by it when it exceeds 1)
-    and the result scaled back in log space, so ε beyond 709 does not overflow. Runs without the GIL
-    (the exact rows run in threads).
+    scales sA, sB (U,)); width (U, d); the cells in ascending order (each level's sum adds them in that
+    order). The factor e^{ε + s_other − s_own} is applied to the smaller side (the other divided by it
+    when it exceeds 1) and the result scaled back in log space, so ε beyond 709 does not overflow.
+    Pieces are halved until two rules agree within ``tol`` × :func:`_magnitude` of the cell. Runs
+    without the GIL (the exact rows run in threads).
     """
-    out = np.empty(cell.shape[0])
     c = np.empty(CA.shape[1])
-    bps = np.empty(6)
-    for k in range(cell.shape[0]):
-        u = cell[k]
-        own, other = (CA, CB) if side[k] == 0 else (CB, CA)
-        s_own, s_other = (sA[u], sB[u]) if side[k] == 0 else (sB[u], sA[u])
-        lg = level[k] + s_other - s_own
-        if lg <= 0.0:  # h = e^{s_own} (own − e^{lg} other)
-            g, scale = math.exp(lg), s_own
-            for i in range(c.shape[0]):
-                c[i] = own[u, i] - g * other[u, i]
-        else:  # h = e^{s_own + lg} (e^{−lg} own − other)
-            g, scale = math.exp(-lg), s_own + lg
-            for i in range(c.shape[0]):
-                c[i] = g * own[u, i] - other[u, i]
+    bps = np.empty(8)
+    sre = np.empty(12)
+    sim = np.empty(12)
+    stack = np.empty((64, 3))
+    inner = np.empty((64, 3))
+    for u in range(CA.shape[0]):
         f = _axis0(width[u, 0])
-        if c.shape[0] == 4:
-            v = _pos_2d(c[0], c[1], c[2], c[3], f, width[u, 1], x, wts)
-        else:
-            v = _pos_3d(c, width[u], f, x, wts, bps)
-        out[k] = math.exp(math.log(v) + scale) if v > 0.0 else 0.0
-    return out
+        for side in range(2):
+            own, other = (CA, CB) if side == 0 else (CB, CA)
+            s_own, s_other = (sA[u], sB[u]) if side == 0 else (sB[u], sA[u])
+            for k in range(eps.shape[0]):
+                lev = eps[k] if side == 0 else -eps[k]
+                if not (cmin[u] < lev and lev < cmax[u]):
+                    continue
+                lg = eps[k] + s_other - s_own
+                if lg <= 0.0:  # h = e^{s_own} (own − e^{lg} other)
+                    g, scale = math.exp(lg), s_own
+                    for i in range(c.shape[0]):
+                        c[i] = own[u, i] - g * other[u, i]
+                else:  # h = e^{s_own + lg} (e^{−lg} own − other)
+                    g, scale = math.exp(-lg), s_own + lg
+                    for i in range(c.shape[0]):
+                        c[i] = g * own[u, i] - other[u, i]
+                cell_tol = tol * _magnitude(c, width[u])
+                if c.shape[0] == 4:
+                    v = _pos_2d(c[0], c[1], c[2], c[3], f, width[u, 1], x, wts, cell_tol / width[u, 1], inner)
+                else:
+                    v = _pos_3d(c, width[u], f, x, wts, cell_tol, bps, sre, sim, stack, inner)
+                out[side, k] += math.exp(math.log(v) + scale) if v > 0.0 else 0.0
 
 
 # ----------------------------------------------------------------------------- d = 2 cut cells

@@ -23,8 +23,9 @@ factor e^{∓u_k}, so L does not depend on u_k there. Consequences, all exact:
   one whose vertices all have L ≤ ε contributes 0. On the few cells the level cuts, the integrand
   h = Σ_σ C_σ e^{σ·t} is integrated exactly along the first axis (αe^t + βe^{−t} has one root),
   and by Gauss–Legendre along the others, on pieces split where the level crosses the cell's edges
-  (closed-form roots), so each piece's integrand is analytic (compiled, :mod:`._compiled`); cells are at most 1 scaled unit
-  wide along the quadrature axes. Tail cells (40 scales beyond the outermost kink, 4e−18 of mass
+  (closed-form roots), so each piece's integrand is analytic; pieces near a singular point of it
+  are halved until two rules agree (compiled, :mod:`._compiled`, each cell at all the levels it
+  cuts in one pass); cells are at most 1 scaled unit wide along the quadrature axes. Tail cells (40 scales beyond the outermost kink, 4e−18 of mass
   left out) carry a single exponential along their tail axis, integrated in closed form.
 
 Screening: each term's ratio is within e^{±Σ_k |s_ijk|}, so ε_i ≤ M_i = max_j Σ_k |(T Δ_ij)_k|.
@@ -49,6 +50,9 @@ MAX_CELL = 1.0
 MAX_EXACT_CELL = 300.0
 #: Gauss–Legendre nodes per piece inside a cut cell
 QUAD_NODES = 6
+#: pieces of a cut cell near a singular point are halved until two rules agree within this fraction
+#: of ∫ Σ_σ |C_σ| e^{σ·t} over the cell (per unit length of the halved axis)
+CUT_TOL = 1e-11
 #: levels above this get the cells' masses in log space (e^600 × 1e−308 ≈ 4e−48: below, the plain
 #: masses' underflow is negligible)
 LOG_LEVEL = 600.0
@@ -210,16 +214,21 @@ def _cell_coefficients(lo: np.ndarray, hi: np.ndarray, P: np.ndarray):
     return cell_coefficients(np.ascontiguousarray(lo), np.ascontiguousarray(hi), np.ascontiguousarray(P))
 
 
-def _cut_integrals(A: tuple, B: tuple, width: np.ndarray, item: tuple, nodes: int) -> np.ndarray:
-    """∫ over each cut (cell, level, side) of the positive part (compiled: :mod:`._compiled`); A, B the
-    cells' (coefficients, log scales) of p̂ and p̂_i, ``item`` (cell index into them, ε, side)."""
-    from ._compiled import cut_integrals  # numba: loaded by the first cut cell only
+def _cut_cells(A: tuple, B: tuple, width, cmin, cmax, eps, nodes: int, out: np.ndarray) -> None:
+    """Adds to ``out`` (2, E) the integrals over the cut cells at every level each cuts (compiled:
+    :func:`._compiled.cut_cells`); A, B the cells' (coefficients, log scales) of p̂ and p̂_i."""
+    from ._compiled import cut_cells  # numba: loaded by the first cut cell only
 
     x, wts = np.polynomial.legendre.leggauss(nodes)
-    cell, level, side = item
-    return cut_integrals(np.ascontiguousarray(A[0]), np.ascontiguousarray(B[0]), A[1], B[1],
-                         np.ascontiguousarray(width), cell.astype(np.int64), level.astype(np.float64),
-                         side.astype(np.int64), x, wts)
+    cut_cells(np.ascontiguousarray(A[0]), np.ascontiguousarray(B[0]), A[1], B[1], np.ascontiguousarray(width),
+              np.ascontiguousarray(cmin), np.ascontiguousarray(cmax), np.ascontiguousarray(eps, dtype=np.float64),
+              x, wts, CUT_TOL, out)
+
+
+def _cut_at_some_level(cmin: np.ndarray, cmax: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Whether some level lies strictly between each cell's corner min and max of L."""
+    srt = np.sort(levels)
+    return np.searchsorted(srt, cmax, side="left") > np.searchsorted(srt, cmin, side="right")
 
 
 def _corner_stats(L: np.ndarray):
@@ -299,24 +308,20 @@ def _gather_slabs(a, b, grids, lowest: float, logs: bool):
     return eps_i, kept
 
 
-def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_error: bool):
-    """Exact ε_i, δ_i(ε) and the quadrature's error estimate for one individual (scaled coordinates).
+def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int):
+    """Exact ε_i and δ_i(ε) for one individual (scaled coordinates).
 
     The grid is visited in slabs along axis 0 (:func:`_gather_slabs`): only the cells whose L
-    reaches ± min ε are kept, so memory follows them and not the (2n)^d grid."""
+    reaches ± min ε are kept, so memory follows them and not the (2n)^d grid. Each cell a level cuts
+    is integrated at all the levels it cuts in one compiled pass."""
     n, d = a.shape
     grids = [_union_axis(np.concatenate([a[:, k], b[:, k]]), refine=k > 0) for k in range(d)]
-    lows = [g[:-1] for g in grids]
-    highs = [g[1:] for g in grids]
-    cells_shape = tuple(len(g) - 1 for g in grids)
     E = len(eps)
     lowest = float(eps.min()) if E else np.inf
     # levels above LOG_LEVEL: e^ε times masses below 1e−308 is not negligible there
     eps_i, kept = _gather_slabs(a, b, grids, lowest, eps.max(initial=0.0) > LOG_LEVEL)
     up_idx, up_min, up_max, fa, lmb = kept["up"]
     down_idx, down_min, down_max, fb, lma = kept["down"]
-    delta = np.zeros(E)
-    err = np.zeros(E)
     # inside sums for every ε: cells with all vertices ≥ ε (plus side) or ≤ −ε (minus side)
     sel = np.flatnonzero(up_min >= lowest)
     o1 = sel[np.argsort(-up_min[sel], kind="stable")]
@@ -329,44 +334,32 @@ def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int, with_e
     # e^ε times a mass, in log space (no overflow at ε > 709: inside cells it is below the other mass)
     plus_in = cA1[k1] - np.exp(eps + lB1[k1])
     minus_in = cB2[k2] - np.exp(eps + lA2[k2])
-    # cut cells: gather every (cell, ε, side) once, coefficients per distinct cell
-    cut_cells, cut_eps, cut_side = [], [], []
-    for e_idx, e in enumerate(eps):
-        for side, lev, (idx, cmin, cmax) in ((0, e, (up_idx, up_min, up_max)), (1, -e, (down_idx, down_min, down_max))):
-            c = idx[(cmin < lev) & (cmax > lev)]
-            cut_cells.append(c)
-            cut_eps.append(np.full(len(c), e_idx))
-            cut_side.append(np.full(len(c), side))
-    cells = np.concatenate(cut_cells)
-    plus_cut = np.zeros(E)
-    minus_cut = np.zeros(E)
-    if len(cells):
-        e_of = np.concatenate(cut_eps)
-        s_of = np.concatenate(cut_side)
-        uniq, inv = np.unique(cells, return_inverse=True)
-        idx = np.unravel_index(uniq, cells_shape)
-        lo_c = np.column_stack([lows[k][idx[k]] for k in range(d)])
-        hi_c = np.column_stack([highs[k][idx[k]] for k in range(d)])
-        w_c = hi_c - lo_c
-        vals = np.empty(len(cells))
-        vals2 = np.empty(len(cells)) if with_error else None
-        by_cell = np.argsort(inv, kind="stable")
-        bounds = np.searchsorted(inv[by_cell], np.arange(0, len(uniq) + COEF_CELLS, COEF_CELLS))
-        for u0, t0, t1 in zip(range(0, len(uniq), COEF_CELLS), bounds[:-1], bounds[1:]):
-            # the cells' coefficients (2^d n numbers each while formed) a chunk of cells at a time
-            u = slice(u0, u0 + COEF_CELLS)
-            CA = _cell_coefficients(lo_c[u], hi_c[u], a)
-            CB = _cell_coefficients(lo_c[u], hi_c[u], b)
-            at = by_cell[t0:t1]
-            item = (inv[at] - u0, eps[e_of[at]], s_of[at])
-            vals[at] = _cut_integrals(CA, CB, w_c[u], item, nodes)
-            if with_error:
-                vals2[at] = _cut_integrals(CA, CB, w_c[u], item, max(2, nodes - 2))
-        plus_cut = np.bincount(e_of[s_of == 0], vals[s_of == 0], minlength=E)
-        minus_cut = np.bincount(e_of[s_of == 1], vals[s_of == 1], minlength=E)
-        if with_error:
-            diff = np.abs(vals - vals2)
-            err = np.maximum(np.bincount(e_of[s_of == 0], diff[s_of == 0], minlength=E),
-                             np.bincount(e_of[s_of == 1], diff[s_of == 1], minlength=E))
-    delta = np.clip(np.maximum(plus_in + plus_cut, minus_in + minus_cut), 0.0, 1.0)
-    return eps_i, delta, err
+    cut = _cut_sums(a, b, grids, eps, nodes, (up_idx, up_min, up_max), (down_idx, down_min, down_max))
+    delta = np.clip(np.maximum(plus_in + cut[0], minus_in + cut[1]), 0.0, 1.0)
+    return eps_i, delta
+
+
+def _cut_sums(a, b, grids, eps, nodes, up: tuple, down: tuple) -> np.ndarray:
+    """(2, E): the integrals over the cells some level cuts, plus side (row 0) and minus side (row 1),
+    from the kept cells (flat index, corner min and max of L) of each side."""
+    d = a.shape[1]
+    out = np.zeros((2, len(eps)))
+    pick_up = _cut_at_some_level(up[1], up[2], eps)
+    pick_down = _cut_at_some_level(down[1], down[2], -eps)
+    cells = np.concatenate([up[0][pick_up], down[0][pick_down]])
+    if not len(cells):
+        return out
+    cmin = np.concatenate([up[1][pick_up], down[1][pick_down]])
+    cmax = np.concatenate([up[2][pick_up], down[2][pick_down]])
+    cells, first = np.unique(cells, return_index=True)  # a cell in both pools has the same corners
+    cmin, cmax = cmin[first], cmax[first]
+    idx = np.unravel_index(cells, tuple(len(g) - 1 for g in grids))
+    lo_c = np.column_stack([grids[k][idx[k]] for k in range(d)])
+    hi_c = np.column_stack([grids[k][idx[k] + 1] for k in range(d)])
+    for u0 in range(0, len(cells), COEF_CELLS):
+        # the cells' coefficients (2^d n numbers each while formed) a chunk of cells at a time
+        u = slice(u0, u0 + COEF_CELLS)
+        A = _cell_coefficients(lo_c[u], hi_c[u], a)
+        B = _cell_coefficients(lo_c[u], hi_c[u], b)
+        _cut_cells(A, B, hi_c[u] - lo_c[u], cmin[u], cmax[u], eps, nodes, out)
+    return out

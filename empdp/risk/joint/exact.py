@@ -66,21 +66,21 @@ def _general_levels(a, b, eps, nodes, eps_i, only, cap):
     """δ_i(ε) of one row by the general path: every level, or with ``only``/``cap`` the levels in
     ``only`` and those where the chord bound exceeds the cap (NaN at the others below ε_i)."""
     if only is None:
-        return _generic._delta_row(a, b, eps, nodes, False)[1]
+        return _generic._delta_row(a, b, eps, nodes)[1]
     out = np.zeros(len(eps))
     live = eps < eps_i
     first = only & live
     if first.any():
-        out[first] = _generic._delta_row(a, b, eps[first], nodes, False)[1]
+        out[first] = _generic._delta_row(a, b, eps[first], nodes)[1]
     bound = _cells.chord_bound(out[:1], eps[0], np.array([eps_i]), eps)[0]
     more = ~only & live & (bound > cap)
     if more.any():
-        out[more] = _generic._delta_row(a, b, eps[more], nodes, False)[1]
+        out[more] = _generic._delta_row(a, b, eps[more], nodes)[1]
     out[~only & live & ~more] = np.nan
     return out
 
 
-def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES, return_error: bool = False,
+def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES,
                screen: bool = True, only=None, cap=None):
     """Exact ε_i and δ_i(ε) of each individual for a joint query (docs/method.md#41-per-individual-risk).
 
@@ -92,11 +92,8 @@ def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES, 
     eps : array (E,), optional
         Privacy levels for δ_i(ε), any order.
     nodes : int
-        Gauss–Legendre nodes per piece inside cells the level cuts (d = 2: pieces are halved until
-        two rules agree to 1e−13; d = 3: fixed).
-    return_error : bool
-        Also return an (m, E) error estimate of δ_i (0 for d ≤ 2, whose pieces are certified by
-        agreement; d = 3: the difference from a rule with 2 nodes fewer).
+        Gauss–Legendre nodes per piece inside cells the level cuts (pieces near a singular point
+        of their integrand are halved until two rules agree to 1e−13 of the cell's scale).
     screen : bool
         Rows with M_i ≤ min(eps) get ε_i only (their δ_i is exactly 0 there and above).
     only, cap : arrays (E,), optional
@@ -111,7 +108,6 @@ def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES, 
         sup |log p̂ − log p̂_i|, exact (max of L over grid vertices).
     delta : ndarray (m, E) or None
         δ_i(ε); exactly 0 for ε ≥ ε_i.
-    error : ndarray (m, E), only with ``return_error``
     """
     s = _check_shifts(model, shifts)
     T = model.transform
@@ -124,7 +120,7 @@ def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES, 
     if eps is None:
         eps_i[live] = _risk(a, su[live], None, nodes)[0]
         eps_i = np.minimum(eps_i, bound * (1 + 1e-12))
-        return (eps_i, None, None) if return_error else (eps_i, None)
+        return eps_i, None
     eps = np.atleast_1d(np.asarray(eps, dtype=np.float64))
     if eps.ndim != 1 or not np.all(np.isfinite(eps) & (eps >= 0)):
         raise InputError("eps must be a list of non-negative numbers")
@@ -135,7 +131,6 @@ def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES, 
             raise ValueError("only must keep the smallest epsilon, and comes with cap")
         cap = np.asarray(cap, dtype=np.float64)[order]
     delta = np.zeros((m, len(eps)))
-    err = np.zeros((m, len(eps)))
     need = live[bound[live] > (eps.min() if screen else -1.0)]
     only_eps = np.setdiff1d(live, need)
     eps_i[only_eps] = _risk(a, su[only_eps], None, nodes)[0]
@@ -143,9 +138,6 @@ def joint_risk(model: JointModel, shifts, eps=None, *, nodes: int = QUAD_NODES, 
         e, d = _risk(a, su[need], eps[order], nodes, only, cap)
         eps_i[need] = e
         delta[np.ix_(need, order)] = d
-        if return_error and model.d == 3:
-            for k, r in enumerate(need):
-                err[r] = _generic._delta_row(a, a - su[r], eps, nodes, True)[2]
     eps_i = np.minimum(eps_i, bound * (1 + 1e-12))
     delta[eps_i[:, None] <= eps[None, :]] = 0.0
-    return (eps_i, delta, err) if return_error else (eps_i, delta)
+    return eps_i, delta
