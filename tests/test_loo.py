@@ -427,6 +427,29 @@ def test_the_rows_fetched_at_once_stay_within_a_sixth_of_the_memory_limit(monkey
     assert max(sizes) <= 100_000 and max(held) <= 100_000
 
 
+def test_each_row_is_fetched_once_when_the_search_and_the_delta_stage_share_the_cache(monkeypatch, sample_path):
+    """A fetch scans the whole Δ table whatever it takes: the ε_all search fills the cache in its first
+    fetch, and the δ stage starts with the rows held. At 10^8 rows (10^6 individuals, all at risk)
+    a first fetch of 32,768 rows left the search two more scans, and the δ stage dropped the search's
+    rows and made five, each ~4 s: here every individual's row is fetched once, in the fewest scans."""
+    from empdp.assessment import assess, evaluation
+    from empdp.loo import decomposable
+
+    monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
+    monkeypatch.setattr(evaluation, "FETCH_CELLS", 500 * 17)  # 17 databases: 500 rows at once
+    fetched = []
+    shifts = decomposable.DecomposableEngine.shifts
+
+    def counted(self, codes, presence=False):
+        fetched.append(np.asarray(codes).copy())
+        return shifts(self, codes, presence)
+    monkeypatch.setattr(decomposable.DecomposableEngine, "shifts", counted)
+    res = assess(sample_path, id="countyid", by="year", query="mean(murdrate)", exact_all=True)
+    every = np.concatenate(fetched)
+    assert res.n_individuals == 2197 and len(every) == len(np.unique(every)) == 2197
+    assert len(fetched) == 5  # ⌈2,197 / 500⌉
+
+
 @pytest.mark.parametrize("kernel", ["laplace", "gaussian"])
 def test_assess_with_rows_fetched_in_small_chunks_equals_the_held_matrix(kernel, monkeypatch, sample_path):
     """An assessment whose Δ rows are fetched from the table (above DENSE_CELLS), through a shift cache
@@ -439,7 +462,6 @@ def test_assess_with_rows_fetched_in_small_chunks_equals_the_held_matrix(kernel,
     held = assess(path, **kw)
     monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
     monkeypatch.setattr(evaluation, "FETCH_CELLS", 40 * 17)  # 17 databases: 40 rows
-    monkeypatch.setattr(evaluation, "SEARCH_PREFETCH", 30)
     fetches = []
     prefetch = evaluation._ShiftCache.prefetch
 

@@ -35,8 +35,7 @@ FETCH_CELLS = 100_000_000
 EVAL_ROWS = 8192
 #: smallest block worth a thread of its own (smaller chunks are split in four for the threads)
 MIN_EVAL_ROWS = 128
-#: individuals fetched for the ε_all search up front, and the search's first batch
-SEARCH_PREFETCH = 32768
+#: the ε_all search's first batch
 SEARCH_BATCH = 256
 #: the same for Gaussian kernels, whose exact ε_i(τ) costs a search each: after the first batch,
 #: only rows that can raise ε_all get it (see search_eps_all), so a smaller first batch pays less
@@ -109,6 +108,12 @@ class _ShiftCache:
         new = np.unique(codes[self._find(codes)[0] < 0])
         if len(new):
             self.parts.append((new, self.engine.shifts(new)))
+
+    def held(self) -> np.ndarray:
+        """The codes whose rows are held, sorted."""
+        if not self.parts:
+            return np.zeros(0, dtype=np.int64)
+        return np.sort(np.concatenate([codes for codes, _ in self.parts]))
 
     def keep(self, codes: np.ndarray) -> None:
         """Drop held rows that are not in ``codes``."""
@@ -230,10 +235,12 @@ class Evaluation:
             self._prepare(len(definable))  # worker processes start meanwhile (if they will run)
         elif self.eps is not None:
             self._prepare(len(self.candidates(self.eps[0])))
-        # one fetch, within the cache's capacity (the rows held at once): the rows of largest bound,
-        # then, with a given sweep, as many of its candidates as fit
+        # one fetch, as many rows as the cache holds at once: the rows of largest bound, then, with a
+        # given sweep, as many of its candidates as fit. A fetch scans the whole table whatever it
+        # takes, and the δ stage starts with the rows held: at 10^8 rows (10^6 individuals, all at
+        # risk) a first fetch of 32,768 rows left the search two more scans, the δ stage five
         capacity = self.cache.capacity
-        want = order[:min(SEARCH_PREFETCH, capacity)]
+        want = order[:capacity]
         if self.eps is not None:
             more = np.setdiff1d(self.candidates(self.eps[0]), want)
             want = np.union1d(want, more[:capacity - len(want)])
@@ -277,8 +284,10 @@ class Evaluation:
         if exact_all:
             need = np.union1d(need, self.definable[np.isnan(self.eps_i[self.definable])])
         rest = need[~self.evaluated_delta[need]]
-        # held rows (the search's) stay only if the first fetch wants them: the held and the fetched
-        # rows together stay within the cache's capacity; the others come again with their own fetch
+        # the rows held (the search's) first, in one chunk with no scan; the held and the fetched rows
+        # together stay within the cache's capacity, and the held rows not wanted go
+        held = np.isin(rest, self.cache.held(), assume_unique=True)
+        rest = np.concatenate([rest[held], rest[~held]])
         self.cache.keep(rest[:self.cache.capacity])
         self._prepare(len(rest))  # (when the search's estimate did not start them)
         self.run(rest, True, "delta_i", release=True, need_eps_i=exact_all or not self.screening)
