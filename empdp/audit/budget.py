@@ -123,7 +123,7 @@ def size_for_budget(run: Callable[[int, np.random.Generator], object], budget: f
     power = _growth_power(sizes[-3:], times[-3:])
     left = max(SAFETY * budget - pilot, 0.0)
     affordable = sizes[-1] * (left / max(times[-1], 1e-9)) ** (1 / power)
-    size = _round(min(max(affordable, minimum), maximum))
+    size = round_size(min(max(affordable, minimum), maximum))
     return size, _report(budget, pilot, sizes, times, power, affordable, minimum, maximum)
 
 
@@ -167,8 +167,8 @@ def two_stage_sizes(sizes, stage1_times, stage2_times, ratio: int, budget: float
     affordable = n_last * (share * left / t1) ** (1 / power)
     if left - stage1(affordable) < rate * ratio * affordable:  # stage 2 dear: N = ratio·n, both fit in
         affordable = _solve(lambda n: stage1(n) + rate * ratio * n, left, n_last)
-    n = _round(min(max(affordable, minimum), maximum[0]))
-    N = _round(min(max((left - stage1(n)) / rate, ratio * n if affordable >= minimum else 2 * n), maximum[1]))
+    n = round_size(min(max(affordable, minimum), maximum[0]))
+    N = round_size(min(max((left - stage1(n)) / rate, ratio * n if affordable >= minimum else 2 * n), maximum[1]))
     info = _report(budget, pilot, sizes, [a + b for a, b in zip(stage1_times, stage2_times)], power,
                    affordable, minimum, maximum[0])
     info["stage1_share"] = share
@@ -206,7 +206,7 @@ def _next_pilot(size: int, seconds: float, budget: float) -> int:
     return int(size * min(PILOT_GROWTH, max(1.5, 1.2 * aim)))
 
 
-def _round(value: float) -> int:
+def round_size(value: float) -> int:
     """Three significant digits, so reported sizes are easy to give back with --search-size."""
     value = int(value)
     digits = max(0, len(str(value)) - 3)

@@ -48,12 +48,12 @@ from .budget import (
     check_budget,
     deadline,
     given_sizes,
+    round_size,
     run_pilots,
     stage1_cap,
     stage2_rate,
     two_stage_sizes,
 )
-from .budget import _round as round_size
 from .common import (
     MAX_SAMPLES,
     as_rng,
