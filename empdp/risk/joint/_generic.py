@@ -200,12 +200,6 @@ def _log_masses(lows: list, highs: list, P: np.ndarray) -> np.ndarray:
     return np.concatenate(out) - np.log(n)
 
 
-def _log_prefix(logm: np.ndarray) -> np.ndarray:
-    """log of the sums of the first k masses, k = 0 … len (−∞ for none)."""
-    with np.errstate(divide="ignore"):
-        return np.r_[-np.inf, np.logaddexp.accumulate(logm)] if len(logm) else np.array([-np.inf])
-
-
 def _cell_coefficients(lo: np.ndarray, hi: np.ndarray, P: np.ndarray):
     """((K, 2^d), (K,)): p(t) = e^{scale} Σ_σ A_σ e^{σ·t} on K cells [lo, hi] (K, d) (compiled:
     :func:`._compiled.cell_coefficients`)."""
@@ -248,7 +242,7 @@ def _corner_stats(L: np.ndarray):
 def _axis_tables(grids: list, a: np.ndarray, b: np.ndarray):
     """Per axis, what a slab of the grid needs: the vertex factors e^{off − |g − p|} of both point
     sets (the offset the nearer of them, so L is unchanged) and the cells' Laplace CDF differences."""
-    n, d = a.shape
+    d = a.shape[1]
     vertex, cdf = [], []
     for k in range(d):
         diffA = np.abs(grids[k][:, None] - a[None, :, k])
@@ -260,11 +254,10 @@ def _axis_tables(grids: list, a: np.ndarray, b: np.ndarray):
     return vertex, cdf
 
 
-def _slab(tables, grids, a, b, cells: slice, lowest: float, logs: bool) -> dict:
-    """One slab of cells along axis 0: |L|'s max over its vertices (NaN if one is not finite), and
-    the cells whose L reaches ± ``lowest`` (the others add nothing at any level swept), with their
-    flat index over the whole grid, corner min and max of L, the masses their side sums and the
-    other side's log masses (log space when ``logs``)."""
+def _slab(tables, grids, a, b, cells: slice, lev: np.ndarray, logs: bool, nodes: int, acc: dict) -> float:
+    """One slab of cells along axis 0, levels ``lev`` ascending: returns |L|'s max over its vertices
+    (NaN if one is not finite) and adds to ``acc`` its cells inside {L ≥ ε} or {L ≤ −ε}
+    (:func:`_inside`) and the integrals over the cells a level cuts (:func:`_cut_sums`)."""
     vertex, cdf = tables
     planes = slice(cells.start, cells.stop + 1)  # the vertices of cells i0 … i1 − 1
     SA = _contract([vertex[0][0][:, planes]] + [v[0] for v in vertex[1:]])[0]
@@ -277,7 +270,6 @@ def _slab(tables, grids, a, b, cells: slice, lowest: float, logs: bool) -> dict:
     del fin
     Lmin, Lmax = (x.ravel() for x in _corner_stats(L))
     del L
-    base = cells.start * (Lmin.size // max(1, cells.stop - cells.start))
     masses = [_contract([cdf[0][s][:, cells]] + [c[s] for c in cdf[1:]])[0].ravel() / len(a) for s in (0, 1)]
     if logs:
         lows = [grids[0][cells]] + [g[:-1] for g in grids[1:]]
@@ -286,80 +278,70 @@ def _slab(tables, grids, a, b, cells: slice, lowest: float, logs: bool) -> dict:
     else:
         with np.errstate(divide="ignore"):
             log_masses = [np.log(m) for m in masses]
-    out = {"top": top}
-    for name, pick, own in (("up", Lmax > lowest, 0), ("down", Lmin < -lowest, 1)):
-        idx = np.flatnonzero(pick)
-        out[name] = (idx + base, Lmin[idx], Lmax[idx], masses[own][idx], log_masses[1 - own][idx])
-    return out
+    if len(lev):
+        _inside(acc["plus"], lev, Lmin, masses[0], log_masses[1])
+        _inside(acc["minus"], lev, -Lmax, masses[1], log_masses[0])
+    cut = np.flatnonzero(_cut_at_some_level(Lmin, Lmax, lev) | _cut_at_some_level(Lmin, Lmax, -lev))
+    base = cells.start * (Lmin.size // max(1, cells.stop - cells.start))
+    _cut_sums(a, b, grids, lev, nodes, (cut + base, Lmin[cut], Lmax[cut]), acc["cut"])
+    return top
 
 
-def _gather_slabs(a, b, grids, lowest: float, logs: bool):
-    """ε_i and the kept cells of every slab (:func:`_slab`), concatenated in flat order: at most
-    :data:`SLAB_CELLS` cells' vertex values, masses and corner statistics are held at once."""
-    tables = _axis_tables(grids, a, b)
-    plane = int(np.prod([len(g) - 1 for g in grids[1:]]))
-    cells0 = len(grids[0]) - 1
-    step = max(1, SLAB_CELLS // max(1, plane))
-    parts = [_slab(tables, grids, a, b, slice(i0, min(i0 + step, cells0)), lowest, logs)
-             for i0 in range(0, cells0, step)]
-    tops = [p["top"] for p in parts]
-    eps_i = float(max(tops)) if not np.isnan(tops).any() else np.nan
-    kept = {side: tuple(np.concatenate([p[side][k] for p in parts]) for k in range(5)) for side in ("up", "down")}
-    return eps_i, kept
+def _inside(sums: tuple, lev: np.ndarray, key: np.ndarray, mass: np.ndarray, log_other: np.ndarray) -> None:
+    """Adds to ``sums`` ((E,) sums of ``mass``, (E,) log-sums of the other side's masses) the cells
+    with ``key`` ≥ each level, as prefix sums over the cells in descending key order: a level's sum
+    is the same to the bit whichever other levels are asked."""
+    sel = np.flatnonzero(key >= lev[0])
+    order = sel[np.argsort(-key[sel], kind="stable")]
+    k = np.searchsorted(-key[order], -lev, side="right")
+    sums[0][:] += np.r_[0.0, np.cumsum(mass[order])][k]
+    with np.errstate(divide="ignore"):
+        sums[1][:] = np.logaddexp(sums[1], np.r_[-np.inf, np.logaddexp.accumulate(log_other[order])][k])
 
 
 def _delta_row(a: np.ndarray, b: np.ndarray, eps: np.ndarray, nodes: int):
     """Exact ε_i and δ_i(ε) for one individual (scaled coordinates).
 
-    The grid is visited in slabs along axis 0 (:func:`_gather_slabs`): only the cells whose L
-    reaches ± min ε are kept, so memory follows them and not the (2n)^d grid. Each cell a level cuts
-    is integrated at all the levels it cuts in one compiled pass."""
-    n, d = a.shape
+    The grid is visited in slabs along axis 0 (:func:`_slab`), each reduced to its part of the sums
+    per level: at most :data:`SLAB_CELLS` cells' values are held at once, whatever the grid."""
+    d = a.shape[1]
     grids = [_union_axis(np.concatenate([a[:, k], b[:, k]]), refine=k > 0) for k in range(d)]
-    E = len(eps)
-    lowest = float(eps.min()) if E else np.inf
+    order = np.argsort(eps, kind="stable")
+    lev = np.asarray(eps, dtype=np.float64)[order]
+    E = len(lev)
+    acc = {side: (np.zeros(E), np.full(E, -np.inf)) for side in ("plus", "minus")}
+    acc["cut"] = np.zeros((2, E))
+    tables = _axis_tables(grids, a, b)
+    plane = int(np.prod([len(g) - 1 for g in grids[1:]]))
+    cells0 = len(grids[0]) - 1
+    step = max(1, SLAB_CELLS // max(1, plane))
     # levels above LOG_LEVEL: e^ε times masses below 1e−308 is not negligible there
-    eps_i, kept = _gather_slabs(a, b, grids, lowest, eps.max(initial=0.0) > LOG_LEVEL)
-    up_idx, up_min, up_max, fa, lmb = kept["up"]
-    down_idx, down_min, down_max, fb, lma = kept["down"]
-    # inside sums for every ε: cells with all vertices ≥ ε (plus side) or ≤ −ε (minus side)
-    sel = np.flatnonzero(up_min >= lowest)
-    o1 = sel[np.argsort(-up_min[sel], kind="stable")]
-    cA1, lB1 = np.r_[0.0, np.cumsum(fa[o1])], _log_prefix(lmb[o1])  # sums of the first k cells
-    k1 = np.searchsorted(-up_min[o1], -eps, side="right")
-    sel = np.flatnonzero(down_max <= -lowest)
-    o2 = sel[np.argsort(down_max[sel], kind="stable")]
-    lA2, cB2 = _log_prefix(lma[o2]), np.r_[0.0, np.cumsum(fb[o2])]
-    k2 = np.searchsorted(down_max[o2], -eps, side="right")
+    logs = bool(E) and lev[-1] > LOG_LEVEL
+    tops = [_slab(tables, grids, a, b, slice(i0, min(i0 + step, cells0)), lev, logs, nodes, acc)
+            for i0 in range(0, cells0, step)]
+    eps_i = float(max(tops)) if not np.isnan(tops).any() else np.nan
+    (cA, lB), (cB, lA) = acc["plus"], acc["minus"]
     # e^ε times a mass, in log space (no overflow at ε > 709: inside cells it is below the other mass)
-    plus_in = cA1[k1] - np.exp(eps + lB1[k1])
-    minus_in = cB2[k2] - np.exp(eps + lA2[k2])
-    cut = _cut_sums(a, b, grids, eps, nodes, (up_idx, up_min, up_max), (down_idx, down_min, down_max))
-    delta = np.clip(np.maximum(plus_in + cut[0], minus_in + cut[1]), 0.0, 1.0)
+    plus = cA - np.exp(lev + lB) + acc["cut"][0]
+    minus = cB - np.exp(lev + lA) + acc["cut"][1]
+    delta = np.empty(E)
+    delta[order] = np.clip(np.maximum(plus, minus), 0.0, 1.0)
     return eps_i, delta
 
 
-def _cut_sums(a, b, grids, eps, nodes, up: tuple, down: tuple) -> np.ndarray:
-    """(2, E): the integrals over the cells some level cuts, plus side (row 0) and minus side (row 1),
-    from the kept cells (flat index, corner min and max of L) of each side."""
+def _cut_sums(a, b, grids, lev, nodes, cells: tuple, out: np.ndarray) -> None:
+    """Adds to ``out`` (2, E) the integrals over ``cells`` (flat index ascending, corner min and max of
+    L) at every level ``lev`` (ascending) each cuts, plus side (row 0) and minus side (row 1)."""
     d = a.shape[1]
-    out = np.zeros((2, len(eps)))
-    pick_up = _cut_at_some_level(up[1], up[2], eps)
-    pick_down = _cut_at_some_level(down[1], down[2], -eps)
-    cells = np.concatenate([up[0][pick_up], down[0][pick_down]])
-    if not len(cells):
-        return out
-    cmin = np.concatenate([up[1][pick_up], down[1][pick_down]])
-    cmax = np.concatenate([up[2][pick_up], down[2][pick_down]])
-    cells, first = np.unique(cells, return_index=True)  # a cell in both pools has the same corners
-    cmin, cmax = cmin[first], cmax[first]
-    idx = np.unravel_index(cells, tuple(len(g) - 1 for g in grids))
+    flat, cmin, cmax = cells
+    if not len(flat):
+        return
+    idx = np.unravel_index(flat, tuple(len(g) - 1 for g in grids))
     lo_c = np.column_stack([grids[k][idx[k]] for k in range(d)])
     hi_c = np.column_stack([grids[k][idx[k] + 1] for k in range(d)])
-    for u0 in range(0, len(cells), COEF_CELLS):
+    for u0 in range(0, len(flat), COEF_CELLS):
         # the cells' coefficients (2^d n numbers each while formed) a chunk of cells at a time
         u = slice(u0, u0 + COEF_CELLS)
         A = _cell_coefficients(lo_c[u], hi_c[u], a)
         B = _cell_coefficients(lo_c[u], hi_c[u], b)
-        _cut_cells(A, B, hi_c[u] - lo_c[u], cmin[u], cmax[u], eps, nodes, out)
-    return out
+        _cut_cells(A, B, hi_c[u] - lo_c[u], cmin[u], cmax[u], lev, nodes, out)
