@@ -57,6 +57,14 @@ class Plan:
     undersmooth: float
     feature: Callable | None
     score_events: bool = False
+    #: the stage-2 size stage 1 weighs its candidates by (their predicted bound's error); None: N. A
+    #: time budget fixes it before stage 1, then draws what the clock allows (N may differ)
+    selection_N: int | None = None
+
+    @property
+    def weighed_N(self) -> int:
+        """The stage-2 size of stage 1's selection criterion."""
+        return self.selection_N or self.N
 
 
 @dataclass
@@ -191,7 +199,7 @@ def score_candidate(x, y, is_discrete: bool, plan: Plan, logistic: bool = True) 
     # the floor is the whole stage 1's, as without the split: stage 2 keeps it, and 20/(n/2) would cap
     # a loss whose event is rare under x′ (noisy_hist2's 10) at ln(n/40) instead of ln(n/20)
     tau = plan.tau if plan.tau is not None else _default_tau(True, half + len(x), None)
-    weight = plan.zc / math.sqrt(plan.N) + SCORE_PENALTY / math.sqrt(len(x))
+    weight = plan.zc / math.sqrt(plan.weighed_N) + SCORE_PENALTY / math.sqrt(len(x))
     rule = (fit_score(x, y, is_discrete) if not half
             else _best_score(fit_x, fit_y, x, y, is_discrete, tau, weight, logistic))
     rule, crit, cand, loss = best_threshold(rule, x, y, tau, weight)
@@ -274,7 +282,7 @@ def dpl(x, y, is_discrete: bool, plan: Plan) -> Candidate:
     members = None
     if is_discrete:
         t0 = plan.tau if plan.tau is not None else _default_tau(True, n, None)
-        pts, loss, crit, members = _stage1_discrete(x, y, t0, plan.zc, plan.N, plan.region, plan.events)
+        pts, loss, crit, members = _stage1_discrete(x, y, t0, plan.zc, plan.weighed_N, plan.region, plan.events)
         i = int(members[0]) if plan.selection == "lb" else int(np.argmax(loss))
         score = crit if plan.selection == "lb" else float(loss[i])
         box = None
@@ -286,8 +294,8 @@ def dpl(x, y, is_discrete: bool, plan: Plan) -> Candidate:
         h = (np.broadcast_to(np.asarray(plan.bandwidth, float), (d,)) if plan.bandwidth is not None
              else (rule_of_thumb(x) + rule_of_thumb(y)) / 2)
         t0 = plan.tau if plan.tau is not None else _default_tau(False, n, scale_estimate(pooled))
-        h2 = undersmoothed(h, plan.N, n, d, plan.undersmooth)
-        pts, loss, crit = _stage1_continuous(x, y, h, *box, t0, plan.zc, math.sqrt(plan.N * np.prod(h2)),
+        h2 = undersmoothed(h, plan.weighed_N, n, d, plan.undersmooth)
+        pts, loss, crit = _stage1_continuous(x, y, h, *box, t0, plan.zc, math.sqrt(plan.weighed_N * np.prod(h2)),
                                              plan.score_events)
         if len(pts) == 0:
             raise InputError(f"the region {np.column_stack(box).tolist()} holds no evaluation point "

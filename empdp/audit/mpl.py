@@ -207,7 +207,8 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
         rng=None, *, params: dict | None = None, tau: float | None = None, discrete: bool | None = None,
         bandwidth=None, undersmooth: float = UNDERSMOOTH, selection: str = "lb",
         events: bool = True, feature="default", time_budget: float | None = None,
-        progress: Callable[[str, int, int], None] | None = None, clock_start: float | None = None) -> MPLResult:
+        progress: Callable[[str, int, int], None] | None = None, clock_start: float | None = None,
+        selection_size: int | None = None) -> MPLResult:
     """MPL lower bound on the pure-DP ε of ``mechanism`` over ``pairs`` (Askin et al. 2022, Alg. 4).
 
     Parameters
@@ -241,9 +242,13 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
     progress : optional callback ``progress(stage, done, total)``.
     clock_start : the ``time.perf_counter()`` value the time budget counts from (default: this call;
         the command line gives its process's start).
+    selection_size : the stage-2 size stage 1 weighs its candidates by (default N). A time budget
+        chooses it before stage 1 and N after, for the time left (``sizes["selection_size"]``): give
+        both back, with n and the seed, to reproduce the run.
     """
     started = time.perf_counter() if clock_start is None else clock_start
-    sizes = given_sizes({"n, N: --search-size, --final-size": n if n is not None else N}, time_budget)
+    sizes = given_sizes({"n, N: --search-size, --final-size, --selection-size":
+                         next((v for v in (n, N, selection_size) if v is not None), None)}, time_budget)
     end = None
     if time_budget is not None:
         budget = check_budget(time_budget)
@@ -253,6 +258,8 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
     n, N = DEFAULT_N if n is None else n, DEFAULT_FINAL if N is None else N
     plan = _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, events, feature,
                     bandwidth, undersmooth)
+    if selection_size is not None:
+        plan = replace(plan, selection_N=check_size("selection_size", selection_size))
     res = _run(plan, as_rng(rng), discrete, progress or _no_progress, end=end)
     res.sizes = {**sizes, "search_size": plan.n, "final_size": res.final_size, **res.sizes}
     return res
@@ -262,6 +269,8 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     """Both stages; ``clock`` (the pilots') gets the seconds of each; with a deadline ``end``, N is
     what the time left after stage 1 buys."""
     t0 = time.perf_counter()
+    if end is not None:  # stage 1 weighs by the N planned now; stage 2 draws what the clock allows
+        plan = replace(plan, selection_N=plan.weighed_N)
     stage1 = _stage1(plan, rng, discrete, report)
     best = stage1.candidates[stage1.selected]
     t1 = time.perf_counter()
@@ -273,6 +282,8 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     if clock is not None:
         clock.append((t1 - t0, time.perf_counter() - t1))
     res = _result(plan, stage1, stage2)
+    if plan.selection_N is not None:  # (a time budget's, or given): what reproduces stage 1's choice
+        res.sizes["selection_size"] = plan.selection_N
     if end is not None:
         res.sizes["final_size_aimed"] = plan.N  # above final_size when the deadline stopped stage 2
     return res
