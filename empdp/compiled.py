@@ -77,6 +77,16 @@ def _add(t: float, ref: float, s: float, c: float):
     return ref, total, c
 
 
+def warm() -> None:
+    """Load the default model's compiled functions, on tiny inputs of the types the assessment gives
+    them: the first call of a compiled function in a process costs ~0.9 s (LLVM's start and the
+    cache's load), which :func:`empdp.assessment.checks.preload` pays in a background thread while
+    DuckDB opens and reads the table."""
+    q = np.array([0.0, 1.0])
+    laplace_sums(q, 1.0, False)
+    onescale_rows(q, 1.0, q, np.zeros((1, 2)), np.array([0.5]), True, 700.0)
+
+
 @njit(cache=True)
 def laplace_sums(q: np.ndarray, b: float, self_term: bool) -> np.ndarray:
     """log Σ_k e^{−|q_j − q_k|/b} for every j of the sorted ``q`` (k ≠ j unless ``self_term``), exactly.

@@ -257,3 +257,27 @@ def test_node_levels_count_as_the_logs_do(seed):
     # ε_i alone (the search's rows): the same maximum, from the logs at the extreme ratios only
     assert compiled._node_levels(vp[5:], vq[5:], ratio[5:], eps, above, below, table, inv, True, L_CAP,
                                  cnt_p, cnt_m, False) == _log_counts(vp[5:], vq[5:], eps, L_CAP)[2]
+
+
+def test_the_warm_up_loads_what_the_default_assessment_calls(sample_path):
+    """The assessment loads its compiled kernels in a background thread while DuckDB reads the table
+    (``compiled.warm``): ~1.4 s of numba's import and cache load that the density fit waited for at
+    10^7 rows. It must load the very specializations the assessment calls (an argument of another type,
+    a read-only array say, would compile or load a second one in the foreground): after a default
+    assessment in a fresh process, no compiled function has a signature the warm-up did not load."""
+    import subprocess
+    import sys
+
+    code = (
+        "from empdp import compiled\n"
+        "compiled.warm()\n"
+        "fns = [compiled.onescale_rows, compiled.laplace_sums]\n"
+        "before = [list(f.signatures) for f in fns]\n"
+        "from empdp import assess\n"
+        f"assess({sample_path!r}, id='countyid', by='year', query='mean(murdrate)')\n"
+        "after = [list(f.signatures) for f in fns]\n"
+        "print(before == after, len(before[0]), len(before[1]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "1", "1"]

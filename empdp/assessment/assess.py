@@ -358,6 +358,7 @@ def _assess_one(r: _Request) -> "Assessment":
         # blocks of individuals are evaluated side by side, each with single-threaded BLAS (also
         # when threads=1, so that results do not depend on the thread count)
         stack.enter_context(threadpool_limits(limits=1, user_api="blas"))
+        checks.preload()  # the compiled kernels and scipy.stats: loaded while DuckDB opens the table
         loo = r.engine.open(data.source, id=data.id, by=data.by, query=query, where=r.where, sql=sql,
                             drop_null_ids=data.drop_null_ids)
         plain = _assess(loo, eps=eps, model=model, exact_all=r.exact_all, screening=r.execution.screening,
@@ -427,7 +428,7 @@ def _adversarial(plain: "Assessment", g: np.ndarray, statistic: str, *, eps, mod
 def _assess(engine: LooEngine, *, eps, model: Model, exact_all, screening, threads, stack, workers,
             progress, intervals: Intervals | None = None) -> Assessment:
     """The plain assessment in its named stages: model, screening, ε_all search, δ_i, summary."""
-    checks.preload()  # the summary's trend test needs scipy.stats: imported while the table is read
+    checks.preload()  # (started already when the assessment opened the table itself)
     progress(READING, 0, 3)
     q = engine.values()
     progress(READING, 1, 3)
