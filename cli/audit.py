@@ -228,14 +228,18 @@ def audit():
               help="Stage-2 outputs stage 1 weighs its candidates by. Default: --final-size. A --time-budget "
                    "run reports it (it plans it before stage 1 and --final-size after): give it back with "
                    "the other sizes and --seed to reproduce the run.")
+@click.option("--search-steps", "search_steps", type=int, default=None,
+              help="Steps stage 1 takes (a pair's search each). Default: all. A --time-budget run whose "
+                   "stage 1 the clock stopped reports them: give them back with the sizes and --seed to "
+                   "reproduce the run.")
 @click.option("--n", "n_old", type=int, default=None, hidden=True)
 @click.option("--N", "N_old", type=int, default=None, hidden=True)
 @click.option("--region", default=None, metavar="LO,HI", callback=lambda ctx, param, value: _region(value),
               help="Region C searched for the worst output (LO < HI). Default: the built-in's region, else "
                    "the central 99% of the stage-1 outputs (discrete outputs: all observed values).")
 @click.pass_context
-def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, time_budget, search_size, final_size, selection_size, n_old,
-            N_old, region, as_json, quiet, verbose, debug):
+def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, time_budget, search_size, final_size, selection_size,
+            search_steps, n_old, N_old, region, as_json, quiet, verbose, debug):
     """MPL lower bound on the pure-DP epsilon (Askin, Kutta, Dette 2022).
 
     Stage 1 searches for the output t_hat and the pair of databases with the
@@ -256,7 +260,8 @@ def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, time_budget, search_size
     N = _size(ctx, "final_size", final_size, "--N", N_old)
     _run_bound(mpl, f"MPL lower bound on pure-DP epsilon ({mechanism})", mechanism, params, pairs,
                dict(n=n, N=N, region=region, alpha=alpha, rng=seed, selection_size=selection_size,
-                    time_budget=_budget(ctx, time_budget, n, N, selection_size), clock_start=_clock_start()),
+                    search_steps=search_steps, clock_start=_clock_start(),
+                    time_budget=_budget(ctx, time_budget, n, N, selection_size, search_steps)),
                as_json, quiet, verbose, debug)
 
 

@@ -267,3 +267,41 @@ def test_stage1_forecast_is_never_below_linear():
     n, N, info = two_stage_sizes(sizes, stage1, stage2, ratio, 20.0, 1.0, 0.75, 1000, (10**9, 10**9), left=10.0)
     assert info["cost_power"] == 1.0
     assert stage1[-1] * n / sizes[-1] == pytest.approx(7.5, rel=0.01)
+
+
+def test_stage1_stops_at_its_deadline_and_the_reported_steps_reproduce(monkeypatch):
+    """Stage 1 had no deadline: laplace at the memory cap searched 17.3 s where 11 were planned, and the
+    run took 21.2 s of 20. With a budget it begins no step (a pair's search) that would end past its share
+    of the time at its pace so far; here that share is nil, so it stops after its first step, reports it,
+    and the sizes and steps given back reproduce the bound (library and command line)."""
+    mpl_mod = importlib.import_module("empdp.audit.mpl")
+    monkeypatch.setattr(mpl_mod, "STAGE1_END_SHARE", 0.0)
+    res = mpl("noisy_max", time_budget=3, rng=5)
+    s = res.sizes
+    assert s["search_steps"] == 1 and len(res.stage1_max_loss_by_pair) == 1 and res.pair_index == 0
+    again = mpl("noisy_max", n=s["search_size"], N=s["final_size"], selection_size=s["selection_size"],
+                search_steps=1, rng=5)
+    assert again.lower_bound == res.lower_bound and again.sizes["search_steps"] == 1
+    cli = run("mpl", "-m", "noisy_max", "--seed", 5, "--json", "--search-size", s["search_size"], "--final-size",
+              s["final_size"], "--selection-size", s["selection_size"], "--search-steps", 1)
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(cli.output)["lower_bound"] == res.lower_bound
+    with pytest.raises(InputError, match="not both"):
+        mpl("noisy_max", search_steps=2, time_budget=5)
+
+
+def test_a_stage1_planned_too_large_ends_within_the_budget(monkeypatch):
+    """The pilots' forecast of stage 1 can miss (the run above); forced to plan eight times the size it
+    forecasts, a run over eight pairs still ends within its budget, its stage 1 stopped by the clock."""
+    mpl_mod = importlib.import_module("empdp.audit.mpl")
+    planned = mpl_mod.two_stage_sizes
+
+    def too_large(*args, **kwargs):
+        n, N, info = planned(*args, **kwargs)
+        return 8 * n, 16 * n, info
+
+    monkeypatch.setattr(mpl_mod, "two_stage_sizes", too_large)
+    t0 = time.perf_counter()
+    res = mpl("noisy_max", time_budget=4, rng=1)
+    assert time.perf_counter() - t0 < 4.2
+    assert 1 <= res.sizes["search_steps"] < 8 + 2

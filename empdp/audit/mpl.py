@@ -208,7 +208,7 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
         bandwidth=None, undersmooth: float = UNDERSMOOTH, selection: str = "lb",
         events: bool = True, feature="default", time_budget: float | None = None,
         progress: Callable[[str, int, int], None] | None = None, clock_start: float | None = None,
-        selection_size: int | None = None) -> MPLResult:
+        selection_size: int | None = None, search_steps: int | None = None) -> MPLResult:
     """MPL lower bound on the pure-DP ε of ``mechanism`` over ``pairs`` (Askin et al. 2022, Alg. 4).
 
     Parameters
@@ -245,10 +245,15 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
     selection_size : the stage-2 size stage 1 weighs its candidates by (default N). A time budget
         chooses it before stage 1 and N after, for the time left (``sizes["selection_size"]``): give
         both back, with n and the seed, to reproduce the run.
+    search_steps : the steps stage 1 takes (default: all). A step is one pair's draw and search (each
+        finalist's in the second round of successive halving); a time budget's stage 1 begins no step
+        that would end, at its pace so far, past STAGE1_END_SHARE of the time it had left, and reports
+        the steps it took in ``sizes["search_steps"]`` when it stopped early: give them back too.
     """
     started = time.perf_counter() if clock_start is None else clock_start
-    sizes = given_sizes({"n, N: --search-size, --final-size, --selection-size":
-                         next((v for v in (n, N, selection_size) if v is not None), None)}, time_budget)
+    sizes = given_sizes({"n, N: --search-size, --final-size, --selection-size, --search-steps":
+                         next((v for v in (n, N, selection_size, search_steps) if v is not None), None)},
+                        time_budget)
     end = None
     if time_budget is not None:
         budget = check_budget(time_budget)
@@ -260,18 +265,22 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
                     bandwidth, undersmooth)
     if selection_size is not None:
         plan = replace(plan, selection_N=check_size("selection_size", selection_size))
-    res = _run(plan, as_rng(rng), discrete, progress or _no_progress, end=end)
+    steps = None if search_steps is None else check_size("search_steps", search_steps, minimum=1)
+    res = _run(plan, as_rng(rng), discrete, progress or _no_progress, end=end, steps=steps)
     res.sizes = {**sizes, "search_size": plan.n, "final_size": res.final_size, **res.sizes}
     return res
 
 
-def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Deadline | None = None) -> MPLResult:
-    """Both stages; ``clock`` (the pilots') gets the seconds of each; with a deadline ``end``, N is
-    what the time left after stage 1 buys."""
+def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Deadline | None = None,
+         steps: int | None = None) -> MPLResult:
+    """Both stages; ``clock`` (the pilots') gets the seconds of each; with a deadline ``end``, stage 1
+    stops early if its pace says so (:class:`_Steps`) and N is what the time left after stage 1 buys;
+    ``steps`` (given back) stops stage 1 where a deadline did."""
     t0 = time.perf_counter()
     if end is not None:  # stage 1 weighs by the N planned now; stage 2 draws what the clock allows
         plan = replace(plan, selection_N=plan.weighed_N)
-    stage1 = _stage1(plan, rng, discrete, report)
+    stop = _Steps(steps, None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0))
+    stage1 = _stage1(plan, rng, discrete, report, stop)
     best = stage1.candidates[stage1.selected]
     t1 = time.perf_counter()
     stoppable = stage1.discrete or best.rule is not None
@@ -284,6 +293,8 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     res = _result(plan, stage1, stage2)
     if plan.selection_N is not None:  # (a time budget's, or given): what reproduces stage 1's choice
         res.sizes["selection_size"] = plan.selection_N
+    if stop.stopped:  # (by the clock, or given): what reproduces stage 1's outputs
+        res.sizes["search_steps"] = stop.done
     if end is not None:
         res.sizes["final_size_aimed"] = plan.N  # above final_size when the deadline stopped stage 2
     return res
@@ -334,12 +345,51 @@ def _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, even
                  feature=feature, score_events=events and selection == "lb" and region is None)
 
 
-def _stage1(plan: Plan, rng, discrete: bool | None, report) -> _Stage1:
+#: with a time budget, stage 1 begins no step (:class:`_Steps`) that would end, at its pace so far, past this
+#: share of the time from its start to stage 2's deadline: a planned stage 1 takes STAGE1_SHARE of it, but
+#: the pilots' forecast of a stage 1 ten times their size can miss (laplace at the memory cap: 17.3 s where
+#: 11 were planned, and a run of 21.2 s)
+STAGE1_END_SHARE = 0.85
+
+
+@dataclass
+class _Steps:
+    """Which steps stage 1 takes: all, the first ``given`` (a stopped run given back), or with a deadline
+    ``end`` (a ``time.perf_counter()`` value) those its pace so far says end by it. The first step is
+    always taken; the stop depends on the clock alone, and the steps taken are reported."""
+
+    given: int | None
+    end: float | None
+    done: int = 0
+    stopped: bool = False
+    _seconds: float = 0.0
+    _rows: int = 0
+
+    def begin(self, rows: int) -> bool:
+        """Whether to take the next step, which searches ``rows`` outputs per database."""
+        if self.given is not None:
+            go = self.done < self.given
+        else:
+            pace = self._seconds / max(self._rows, 1)
+            go = self.end is None or not self.done or time.perf_counter() + pace * rows <= self.end
+        self.stopped = self.stopped or not go
+        return go
+
+    def took(self, rows: int, seconds: float) -> None:
+        self.done += 1
+        self._rows += rows
+        self._seconds += seconds
+
+
+def _stage1(plan: Plan, rng, discrete: bool | None, report, stop: _Steps | None = None) -> _Stage1:
     """DPL on every pair and the choice of the pair for stage 2.
 
     With B ≥ 3 pairs it runs in two rounds (successive halving): n/2 outputs per
     database for every pair, then the rest of the budget to the best ⌈B/HALVING⌉.
+    ``stop`` may end it after any step (a pair's search): the pairs searched so far compete, and
+    finalists not searched again keep their first-round candidates.
     """
+    stop = stop or _Steps(None, None)
     pairs, n = plan.pairs, plan.n
     t_start = time.perf_counter()
     n1, keep = n, len(pairs)
@@ -351,25 +401,34 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report) -> _Stage1:
     report(stage, 0, steps)
     cands, kept_samples = [], []
     for b, pair in enumerate(pairs):
+        if not stop.begin(n1):
+            break
+        t0 = time.perf_counter()
         xs, ys = _draw_pair(plan, pair, n1, rng)
         if b == 0:
             is_discrete = detect_discrete(np.concatenate([np.ravel(xs), np.ravel(ys)]), discrete)
         x, y = as_samples(xs), as_samples(ys)
         cands.append(candidate(x, y, is_discrete, plan, logistic=not extra))
         kept_samples.append((x, y) if extra else None)
+        stop.took(n1, time.perf_counter() - t0)
         report(stage, b + 1, steps)
-    finalists = sorted(range(len(pairs)), key=lambda k: -cands[k].score)[:keep]
-    if extra:  # the second round: more outputs for the finalists, added to their first ones
+    finalists = sorted(range(len(cands)), key=lambda k: -cands[k].score)[:keep]
+    if extra and not stop.stopped:  # the second round: more outputs for the finalists, added to their first ones
         for j, b in enumerate(finalists):
+            if not stop.begin(n1 + extra):
+                break
+            t0 = time.perf_counter()
             xs, ys = _draw_pair(plan, pairs[b], extra, rng)
             x = np.concatenate([kept_samples[b][0], as_samples(xs)])
             y = np.concatenate([kept_samples[b][1], as_samples(ys)])
             cands[b] = candidate(x, y, is_discrete, plan)
+            stop.took(n1 + extra, time.perf_counter() - t0)
             report(stage, len(pairs) + j + 1, steps)
         del kept_samples
     selected = max(finalists, key=lambda k: cands[k].score)
-    log.info("MPL stage 1 (DPL): %d pairs x 2 x %d outputs%s, %s estimate, in %.2f s; selected pair %d, "
-             "stage-1 max loss %.4g", len(pairs), n1,
+    log.info("MPL stage 1 (DPL): %d pairs x 2 x %d outputs%s%s, %s estimate, in %.2f s; selected pair %d, "
+             "stage-1 max loss %.4g", len(cands), n1,
+             f" (stopped by the clock after {stop.done} steps)" if stop.stopped else "",
              f", then {keep} pairs x 2 x {extra} more" if extra else "",
              "frequency" if is_discrete else "kernel density", time.perf_counter() - t_start, selected,
              cands[selected].max_loss)
