@@ -134,3 +134,24 @@ def test_no_pattern_family_without_atoms():
     rng = np.random.default_rng(8)
     x, y = rng.normal(size=(2000, 3)), rng.normal(0.1, 1, (2000, 3))
     assert not any(isinstance(s, ratios.PatternScore) for _, scores in ratios.ratio_scores(x, y) for s in scores)
+
+
+@pytest.mark.parametrize("kind", ["continuous", "few values", "ties"])
+def test_score_thresholds_from_the_merged_samples_are_np_quantile_and_unique(kind):
+    """The score events' thresholds, read off the merged sorted samples, are exactly the distinct pooled
+    scores (at most MAX_THRESHOLDS of them) or np.quantile's MAX_THRESHOLDS quantiles, which it replaces."""
+    from empdp.audit.events import MAX_THRESHOLDS, _thresholds
+
+    rng = np.random.default_rng(3)
+    if kind == "continuous":
+        x, y = rng.laplace(0, 10, 50_001), rng.laplace(1, 10, 49_000)
+    elif kind == "few values":
+        x, y = rng.integers(0, 50, 3000).astype(float), rng.integers(0, 70, 2000).astype(float)
+    else:  # many distinct values, most of the mass on a few
+        x = np.where(rng.random(40_000) < 0.7, 0.0, rng.normal(size=40_000))
+        y = np.where(rng.random(30_000) < 0.5, 1.0, rng.normal(size=30_000))
+    pooled = np.concatenate([x, y])
+    old = np.unique(pooled)
+    if len(old) > MAX_THRESHOLDS:
+        old = np.unique(np.quantile(pooled, np.linspace(0, 1, MAX_THRESHOLDS)))
+    assert np.array_equal(_thresholds(np.sort(x), np.sort(y)), old)

@@ -179,10 +179,7 @@ def best_threshold_of(score_x: np.ndarray, score_y: np.ndarray, tau: float, weig
     """:func:`best_threshold` on the scores of both samples: (criterion, direction, threshold,
     thresholds (K,), loss (K,))."""
     sx, sy = np.sort(score_x), np.sort(score_y)
-    pooled = np.concatenate([sx, sy])
-    cand = np.unique(pooled)
-    if len(cand) > MAX_THRESHOLDS:
-        cand = np.unique(np.quantile(pooled, np.linspace(0, 1, MAX_THRESHOLDS)))
+    cand = _thresholds(sx, sy)
     best = (-math.inf, None, None)
     losses = []
     for direction in (1, -1):
@@ -200,3 +197,22 @@ def best_threshold_of(score_x: np.ndarray, score_y: np.ndarray, tau: float, weig
         if crit[i] > best[0]:
             best = (float(crit[i]), direction, float(cand[i]))
     return (*best, cand, np.maximum(losses[0], losses[1]))
+
+
+def _thresholds(sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
+    """The thresholds compared: every distinct pooled score, or MAX_THRESHOLDS quantiles of them (linear
+    interpolation, as ``np.quantile``'s default) when they are more.
+
+    From the two sorted samples in linear time: a stable sort merges their two runs, and the quantiles
+    are read off the merged order. ``np.unique`` and ``np.quantile`` on the pooled scores sorted and
+    partitioned them again, most of a one-dimensional stage 1 (laplace at 12.5 million outputs: 8.6 s a
+    pair, stage 1 running past its budget)."""
+    pooled = np.concatenate([sx, sy])
+    pooled.sort(kind="stable")
+    distinct = np.concatenate([[True], pooled[1:] != pooled[:-1]])
+    if np.count_nonzero(distinct) <= MAX_THRESHOLDS:
+        return pooled[distinct]
+    at = np.linspace(0, 1, MAX_THRESHOLDS) * (len(pooled) - 1)
+    lo = np.floor(at).astype(np.int64)
+    hi = np.minimum(lo + 1, len(pooled) - 1)
+    return np.unique(pooled[lo] + (at - lo) * (pooled[hi] - pooled[lo]))
