@@ -248,6 +248,75 @@ def test_fetched_rows_come_from_the_table_the_screen_made(tmp_path, monkeypatch)
     assert present.any() and not present.all()
 
 
+def _one_row_per_pair(seed: int, second: bool = False) -> pd.DataFrame:
+    """random_panel with one row per (individual, database): NULL values, a −0.0 and the sole
+    contributor kept (with ``second``, a second individual beside it: a variance needs two rows)."""
+    df = random_panel(seed, ties=False).drop_duplicates(["id", "year"]).reset_index(drop=True)
+    df.loc[[1, 4], "x"] = np.nan
+    df.loc[2, "x"] = -0.0
+    if second:
+        df.loc[len(df)] = ["second", df["year"].max(), 4.0, 1.0, 1]
+    return df
+
+
+def _fetching_engine(df, expr: str, scale, tables: list):
+    """An engine screened as a table too large to hold is (rows fetched on demand); ``tables``
+    gets the temp tables the screen made."""
+    from empdp.loo import make_engine
+
+    engine = make_engine(df, id="id", by="year", query=expr)
+    engine.values()
+    screen = engine.screen(scale)
+    tables.extend(r[0] for r in engine.panel.fetchall("SELECT table_name FROM duckdb_tables() WHERE temporary"))
+    return engine, screen
+
+
+@pytest.mark.parametrize("expr", ["count(*)", "count(x)", "sum(x)", "mean(x)", "var(x)", "std(x)", "sum(x)/sum(w)"])
+def test_rows_that_are_pairs_give_their_own_shifts_to_the_bit(expr, monkeypatch):
+    """A table too large to hold whose rows are its (individual, database) pairs makes no Δ table:
+    each row's Δ_ij comes from the row itself (no GROUP BY of 10^8 groups, spilled, then scanned
+    again by every fetch). Screening and shifts equal those of the grouped Δ table bit for bit."""
+    from empdp.loo import decomposable
+
+    df = _one_row_per_pair(3, second=expr[:3] in ("var", "std"))
+    scale = np.linspace(0.5, 2.0, df["year"].nunique())
+    monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
+    made_rows, made_grouped = [], []
+    rows, a = _fetching_engine(df, expr, scale, made_rows)
+    monkeypatch.setattr(decomposable, "UNIQUE_PAIRS", float("inf"))  # as if the estimate saw duplicates
+    grouped, b = _fetching_engine(df, expr, scale, made_grouped)
+    assert "__delta" not in made_rows and "__delta" in made_grouped
+    assert a.ids.to_list() == b.ids.to_list()
+    for field in ("n_present", "undefined", "max_abs_shift", "bound"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    assert a.undefined.any() and (a.max_abs_shift > 0).any()
+    codes = np.arange(len(a))[::-1]
+    np.testing.assert_array_equal(rows.shifts(codes), grouped.shifts(codes))
+    for x, y in zip(rows.shifts(codes, presence=True), grouped.shifts(codes, presence=True)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_rows_sharing_a_database_are_grouped_though_the_estimate_missed_them(monkeypatch):
+    """The screening checks exactly that no individual has two rows in one database: where the
+    estimate of the pairs let a table with such rows through, the Δ table is made and the answers
+    are those of the grouped path."""
+    from empdp.loo import decomposable
+
+    df = random_panel(8, ties=False)  # individuals with up to three rows in a database
+    scale = np.ones(df["year"].nunique())
+    monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
+    monkeypatch.setattr(decomposable, "UNIQUE_PAIRS", 0.0)  # the estimate lets every table through
+    made = []
+    engine, a = _fetching_engine(df, "mean(x)", scale, made)
+    assert "__delta" in made
+    monkeypatch.setattr(decomposable, "UNIQUE_PAIRS", float("inf"))
+    grouped, b = _fetching_engine(df, "mean(x)", scale, [])
+    np.testing.assert_array_equal(a.n_present, b.n_present)
+    np.testing.assert_array_equal(a.max_abs_shift, b.max_abs_shift)
+    codes = np.arange(len(a))
+    np.testing.assert_array_equal(engine.shifts(codes), grouped.shifts(codes))
+
+
 def test_low_memory_limit_does_not_hold_the_matrix(monkeypatch):
     """A third of DuckDB's memory limit caps the held matrix (a low --memory-limit stays low)."""
     from empdp.loo import make_engine

@@ -3,9 +3,10 @@
 One GROUP BY (database, id) pass gives every individual's partial moments; the database totals
 minus them give every Δ_ij in closed form (the form's entry in :data:`empdp.loo.forms.FORMS`).
 This is the path that scales to 10^8 rows: when the m × n shifts fit in memory :meth:`screen`
-streams them into one matrix kept for :meth:`shifts`; otherwise the Δ table is made once in DuckDB
-(spilled under its memory limit), aggregated there per individual for the screening table, and only
-the rows asked for leave it.
+streams them into one matrix kept for :meth:`shifts`; otherwise the Δ_ij stay in DuckDB, aggregated
+there per individual for the screening table, and only the rows asked for leave it. They are the
+rows' own when each row is one (individual, database) pair, else a Δ table made once (spilled under
+DuckDB's memory limit).
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from ..data import arrow_numpy, quote_ident
 from ..data import shorten as short
 from ..errors import InputError
 from .base import MAX_MAGNITUDE, DuckDBEngine, Screen
-from .forms import FORMS, bind, centred_partials, mean_sql, partials_sql
+from .forms import FORMS, GROUPED, ROW, Moments, bind, centred_partials, mean_sql, partials_sql
 
 #: largest number of (individual, database) cells held as one dense Δ matrix (8 bytes each); it
 #: must also fit in a third of DuckDB's memory limit, so that a low --memory-limit stays low
 DENSE_CELLS = 100_000_000
+#: estimated (individual, database) pairs over rows at or above which a table too large to hold is
+#: taken to have one row per pair (checked exactly by the screening; HyperLogLog errs by a few percent)
+UNIQUE_PAIRS = 0.9
 
 
 class DecomposableEngine(DuckDBEngine):
@@ -35,7 +39,9 @@ class DecomposableEngine(DuckDBEngine):
         #: :class:`DecomposableSet` share one panel and one scan, and tell their moments apart by it
         self.tag = tag
         self._screened = False
-        self._made = False  # whether _screen made the Δ table (see _rows)
+        #: SQL of the Δ rows fetched from when the shifts are not held: the table :meth:`_screen` made,
+        #: or the rows' own Δ (a table with one row per pair); None: the Δ of the individuals asked for
+        self._source: str | None = None
         self._read_totals: pl.DataFrame | None = None  # the totals a DecomposableSet read for it
 
     def _base_sql(self) -> str:
@@ -103,44 +109,44 @@ class DecomposableEngine(DuckDBEngine):
 
     def _screen(self, scale: np.ndarray) -> Screen:
         self._dense = self._inside = None
-        self._made = False
+        self._source = None
         n = len(self.panel.labels)
         self._screened = True
         cells = min(DENSE_CELLS, self.memory_limit_bytes() // (3 * 8))
         # the individuals are coded (a DISTINCT over every row: 12 s of a 10^8-row panel on a loaded
         # host) only when their shifts may be held; an estimate of their number (HyperLogLog, within a
-        # few percent, 1.8 s there) tells, and the Δ table's screening codes them otherwise
-        estimate = self.panel.fetchall(f"SELECT approx_count_distinct(__i) FROM ({self._base_sql()})",
-                                       where=self.query.where)[0][0]
+        # few percent, 1.8 s there) tells, and the Δ table's screening codes them otherwise. The
+        # same scan estimates the (individual, database) pairs, which tells whether the rows may be
+        # those pairs already
+        estimate, pairs, rows = self.panel.fetchall(
+            f"SELECT approx_count_distinct(__i), approx_count_distinct((__i, __j)), count(*) "
+            f"FROM ({self._base_sql()})", where=self.query.where)[0]
         if estimate * n <= 1.1 * cells:
             ids = self._codes()
             if len(ids) * n <= cells:
                 return self._dense_screen(ids, scale)
-        # too large to hold: the Δ table is made once, in DuckDB (which spills it under its memory
-        # limit), then aggregated per individual; chosen rows leave it later. Each fetch used to run
-        # the GROUP BY (database, id) of every row again: at 10^8 rows, three of them in all.
-        self._execute(f"CREATE OR REPLACE TEMP TABLE {self._table} AS {self._delta_sql()}")
-        self._made = True
-        # one scale for every database (the default model): max_j |Δ_ij| / b is max_j (|Δ_ij| / b), division
-        # being monotone and correctly rounded, so the bound needs no join of every row to the scales
+        # too large to hold: the Δ_ij stay in DuckDB, aggregated per individual for the screening
+        # table; chosen rows leave it later
         one = bool(np.all(scale == scale[0]))
-        if one:
-            bound, join = "0.0", ""
-        else:
+        if not one:
             self.panel.temp_table("__scale", pa.table({"__j": pa.array(np.arange(n, dtype=np.int32)),
                                                        "scale": pa.array(scale)}))
-            bound, join = ("coalesce(max(abs(d.delta) / s.scale) FILTER (WHERE NOT d.undef), 0)",
-                           "JOIN __scale s USING (__j)")
-        # the screening table codes the individuals in id order, as _codes does
-        self._execute(
-            f"CREATE OR REPLACE TEMP TABLE __ids AS SELECT __i, (row_number() OVER (ORDER BY __i) - 1)::BIGINT "
-            f"AS __code, n_present, undefined, max_abs_shift, bound FROM ("
-            f"SELECT d.__i, count(*)::BIGINT AS n_present, bool_or(d.undef) AS undefined, "
-            f"coalesce(max(abs(d.delta)) FILTER (WHERE NOT d.undef), 0) AS max_abs_shift, {bound} AS bound "
-            f"FROM {self._table} d {join} GROUP BY d.__i)")
-        df = pl.from_arrow(self._arrow("SELECT * FROM __ids ORDER BY __code"))
-        if not np.array_equal(df["__code"].to_numpy(), np.arange(len(df))):
-            raise RuntimeError("screening table does not code every individual once")
+        df = None
+        if pairs >= UNIQUE_PAIRS * rows:
+            # one row per pair, as most panels have: each row's Δ_ij comes from the row itself, with no
+            # GROUP BY (database, id) of 10^8 groups, spilled, written to a table and scanned again
+            # for every fetch (at 10^8 rows 51 s and 3.6-6 s a fetch on a loaded host, against 9 s for
+            # this screening and 2.5 s a fetch). The screening checks every individual's rows are in
+            # distinct databases; where some are not, the table is made as below
+            self._source = f"({delta_sql([self], moments=ROW)})"
+            df = self._screening_table(one, check=True)
+        if df is None:
+            # the Δ table is made once, in DuckDB (which spills it under its memory limit). Each
+            # fetch used to run the GROUP BY (database, id) of every row again: at 10^8 rows, three
+            # of them in all
+            self._execute(f"CREATE OR REPLACE TEMP TABLE {self._table} AS {self._delta_sql()}")
+            self._source = self._table
+            df = self._screening_table(one)
         max_abs = df["max_abs_shift"].to_numpy().astype(np.float64)
         return Screen(
             ids=df["__i"].rename(self.panel.id),
@@ -149,6 +155,32 @@ class DecomposableEngine(DuckDBEngine):
             max_abs_shift=max_abs,
             bound=max_abs / scale[0] if one else df["bound"].to_numpy().astype(np.float64),
         )
+
+    def _screening_table(self, one: bool, check: bool = False) -> pl.DataFrame | None:
+        """The table ``__ids`` (the individuals coded in id order, as :meth:`_codes` does, with their
+        screening columns) aggregated from the Δ rows of ``_source``, and its rows by code. With
+        ``check``, None if some individual has two rows in one database (the rows are then not the
+        (individual, database) pairs)."""
+        n = len(self.panel.labels)
+        # one scale for every database (the default model): max_j |Δ_ij| / b is max_j (|Δ_ij| / b),
+        # division being monotone and correctly rounded, so the bound needs no join of every row
+        bound, join = (("0.0", "") if one else
+                       ("coalesce(max(abs(d.delta) / s.scale) FILTER (WHERE NOT d.undef), 0)",
+                        "JOIN __scale s USING (__j)"))
+        # the databases an individual's rows are in, as bits: as many as rows when no two share one
+        dbs = f", bit_count(bitstring_agg(d.__j, 0, {n - 1}))::BIGINT AS n_databases" if check else ""
+        self._execute(
+            f"CREATE OR REPLACE TEMP TABLE __ids AS SELECT __i, (row_number() OVER (ORDER BY __i) - 1)::BIGINT "
+            f"AS __code, * EXCLUDE (__i) FROM ("
+            f"SELECT d.__i, count(*)::BIGINT AS n_present, bool_or(d.undef) AS undefined, "
+            f"coalesce(max(abs(d.delta)) FILTER (WHERE NOT d.undef), 0) AS max_abs_shift, {bound} AS bound{dbs} "
+            f"FROM {self._source} d {join} GROUP BY d.__i)")
+        df = pl.from_arrow(self._arrow("SELECT * FROM __ids ORDER BY __code"))
+        if not np.array_equal(df["__code"].to_numpy(), np.arange(len(df))):
+            raise RuntimeError("screening table does not code every individual once")
+        if check and not df["n_databases"].equals(df["n_present"]):
+            return None
+        return df
 
     def _dense_screen(self, ids: pl.Series, scale: np.ndarray) -> Screen:
         """Every Δ_ij in one streamed pass into a dense (m, n) matrix kept for :meth:`shifts`;
@@ -197,14 +229,14 @@ class DecomposableEngine(DuckDBEngine):
     @property
     def _table(self) -> str:
         """The temp table of every present (individual, database, Δ, undefined), made by :meth:`_screen`
-        when the shifts are not held in memory."""
+        when the shifts are not held in memory and a table's rows are not its pairs."""
         return f"__delta{self.tag}"
 
     def _rows(self) -> str:
-        """The rows (__i, __j, delta, undef) to fetch those of ``__want`` from: the table :meth:`_screen`
-        made, else (shifts held in memory, their presence asked for) the pairs of those individuals only."""
-        if self._made:
-            return self._table
+        """The rows (__i, __j, delta, undef) to fetch those of ``__want`` from: those :meth:`_screen`
+        screened, else (shifts held in memory, their presence asked for) the pairs of those individuals only."""
+        if self._source is not None:
+            return self._source
         return f"({self._delta_sql('SELECT __i FROM __want')})"
 
     # ---------------------------------------------------------------- SQL runs
@@ -272,10 +304,12 @@ def totals_sql(engines: list) -> str:
     return f"SELECT __j, {cols} FROM ({e0.panel.base_sql(_columns(engines), e0.query.where)}) GROUP BY __j"
 
 
-def delta_sql(engines: list, id_filter: str = "") -> str:
+def delta_sql(engines: list, id_filter: str = "", moments: Moments = GROUPED) -> str:
     """SQL of (__i, __j, and per engine delta<tag>, undef<tag>) for every (individual, database)
     pair present: one GROUP BY (__j, __i) of every engine's partial moments, joined to each
-    engine's totals ``__totals<tag>`` (written by its :meth:`~DecomposableEngine._values`)."""
+    engine's totals ``__totals<tag>`` (written by its :meth:`~DecomposableEngine._values`). With the
+    moments of each :data:`~.forms.ROW`, each row's own (right only where no two rows of an
+    individual share a database)."""
     e0 = engines[0]
     base = e0.panel.base_sql(_columns(engines), e0.query.where)
     if id_filter:
@@ -285,12 +319,13 @@ def delta_sql(engines: list, id_filter: str = "") -> str:
         xc = ", ".join(f"b.{quote_ident(e.query.columns[0])}::DOUBLE - t{e.tag}.m AS __xc{e.tag}" for e in centred)
         joins = " ".join(f"JOIN __totals{e.tag} t{e.tag} USING (__j)" for e in centred)
         base = f"SELECT b.*, {xc} FROM ({base}) b {joins}"
-    parts = [c for e in engines for c in (centred_partials(e.tag) if e.form.centred
-                                         else partials_sql(e.query.form, e.query.columns, e.tag))]
+    parts = [c for e in engines for c in (centred_partials(e.tag, moments) if e.form.centred
+                                         else partials_sql(e.query.form, e.query.columns, e.tag, moments=moments))]
     out = ", ".join(f"({bind(e.form.delta, e.tag)})::DOUBLE AS delta{e.tag}, "
                     f"({bind(e.form.undefined, e.tag)}) AS undef{e.tag}" for e in engines)
     joins = " ".join(f"JOIN __totals{e.tag} t{e.tag} USING (__j)" for e in engines)
-    return f"SELECT p.__i, p.__j, {out} FROM (SELECT __j, __i, {', '.join(parts)} FROM ({base}) GROUP BY __j, __i) p {joins}"
+    group = " GROUP BY __j, __i" if moments is GROUPED else ""
+    return f"SELECT p.__i, p.__j, {out} FROM (SELECT __j, __i, {', '.join(parts)} FROM ({base}){group}) p {joins}"
 
 
 def read_dense(engines: list, m: int, presence: bool = False) -> tuple:

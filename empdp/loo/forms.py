@@ -22,13 +22,36 @@ from ..data import quote_ident
 
 
 @dataclass(frozen=True)
+class Moments:
+    """How the partial moments' SQL sums a group's rows: ``count(e)`` (``e`` None: every row) and
+    ``sum(e)``, as aggregates (:data:`GROUPED`) or of each row alone (:data:`ROW`).
+
+    A group of one row has the moments of that row, so the two spellings give the same numbers to the
+    bit: a count of one row is 0 or 1, the DOUBLE sum of one DOUBLE is that value plus 0.0 (as the sum
+    starts from 0: −0.0 becomes 0.0; NULL stays NULL, which the forms coalesce to 0). A table with one
+    row per (individual, database) needs no GROUP BY for its partials
+    (:func:`empdp.loo.decomposable.delta_sql`).
+    """
+
+    count: Callable[[str | None], str]
+    sum: Callable[[str], str]
+
+
+#: the partial moments of a group of rows, summed by SQL aggregates
+GROUPED = Moments(count=lambda e: f"count({e or '*'})", sum=lambda e: f"sum({e})")
+#: the partial moments of one row: its count (1, or 0 where the value is NULL) and its value
+ROW = Moments(count=lambda e: "1" if e is None else f"CAST({e} IS NOT NULL AS BIGINT)",
+              sum=lambda e: f"({e} + CAST(0 AS DOUBLE))")
+
+
+@dataclass(frozen=True)
 class Form:
     """How one decomposable form gets f(X^j) and every Δ_ij from partial moments.
 
     Attributes
     ----------
     partials : callable
-        Quoted value columns → SQL aggregates of the partial moments, each ``AS`` its name.
+        (Quoted value columns, :class:`Moments`) → SQL of the partial moments, each ``AS`` its name.
     value : callable
         Dict of per-database totals (arrays named as the partials) → (f(X^j), defined).
     delta, undefined : str
@@ -38,33 +61,33 @@ class Form:
         ``s1``, ``ss``): accurate for values like 1e9 + noise (var, std).
     """
 
-    partials: Callable[[tuple], list]
+    partials: Callable[[tuple, Moments], list]
     value: Callable[[dict], tuple]
     delta: str
     undefined: str
     centred: bool = False
 
 
-def _count_partials(cols: tuple) -> list:
-    return [f"CAST(count({cols[0]}) AS DOUBLE) AS c" if cols else "CAST(count(*) AS DOUBLE) AS c"]
+def _count_partials(cols: tuple, m: Moments) -> list:
+    return [f"CAST({m.count(cols[0] if cols else None)} AS DOUBLE) AS c"]
 
 
-def _sum_partials(cols: tuple) -> list:
-    return [f"CAST(count({cols[0]}) AS DOUBLE) AS c", f"coalesce(sum(CAST({cols[0]} AS DOUBLE)), 0) AS s"]
+def _sum_partials(cols: tuple, m: Moments) -> list:
+    return [f"CAST({m.count(cols[0])} AS DOUBLE) AS c", f"coalesce({m.sum(f'CAST({cols[0]} AS DOUBLE)')}, 0) AS s"]
 
 
-def _ratio_partials(cols: tuple) -> list:
+def _ratio_partials(cols: tuple, m: Moments) -> list:
     a, b = cols
-    return [f"CAST(count({a}) AS DOUBLE) AS ca", f"coalesce(sum(CAST({a} AS DOUBLE)), 0) AS sa",
-            f"CAST(count({b}) AS DOUBLE) AS cb", f"coalesce(sum(CAST({b} AS DOUBLE)), 0) AS sb"]
+    return [f"CAST({m.count(a)} AS DOUBLE) AS ca", f"coalesce({m.sum(f'CAST({a} AS DOUBLE)')}, 0) AS sa",
+            f"CAST({m.count(b)} AS DOUBLE) AS cb", f"coalesce({m.sum(f'CAST({b} AS DOUBLE)')}, 0) AS sb"]
 
 
-def centred_partials(tag: str = "") -> list:
+def centred_partials(tag: str = "", moments: Moments = GROUPED) -> list:
     """The partial moments of the centred values ``__xc`` = x − t.m (forms with ``centred``), each
     name and ``__xc`` ending in ``tag`` (:func:`partials_sql`)."""
-    xc = f"__xc{tag}"
-    return [f"CAST(count({xc}) AS DOUBLE) AS c{tag}", f"coalesce(sum({xc}), 0) AS s{tag}",
-            f"coalesce(sum({xc} * {xc}), 0) AS ss{tag}"]
+    xc, m = f"__xc{tag}", moments
+    return [f"CAST({m.count(xc)} AS DOUBLE) AS c{tag}", f"coalesce({m.sum(xc)}, 0) AS s{tag}",
+            f"coalesce({m.sum(f'{xc} * {xc}')}, 0) AS ss{tag}"]
 
 
 def _mean(t: dict) -> tuple:
@@ -110,11 +133,13 @@ FORMS: dict[str, Form] = {
 }
 
 
-def partials_sql(form: str, columns: tuple, tag: str = "", quote: Callable[[str], str] = quote_ident) -> list:
-    """The partial-moment aggregates of ``form`` over the (unquoted) value ``columns``, each named
+def partials_sql(form: str, columns: tuple, tag: str = "", quote: Callable[[str], str] = quote_ident,
+                 moments: Moments = GROUPED) -> list:
+    """The partial moments of ``form`` over the (unquoted) value ``columns``, each named
     ``AS <name><tag>``: statistics read in one scan tell their moments apart by the tag. ``quote``
-    quotes a column name as the engine's SQL reads it (DuckDB's by default)."""
-    return [f"{sql}{tag}" for sql in FORMS[form].partials(tuple(quote(c) for c in columns))]
+    quotes a column name as the engine's SQL reads it (DuckDB's by default); ``moments`` says whether
+    they sum a group's rows (aggregates) or are those of one row."""
+    return [f"{sql}{tag}" for sql in FORMS[form].partials(tuple(quote(c) for c in columns), moments)]
 
 
 def mean_sql(column: str) -> str:
