@@ -271,25 +271,47 @@ def _fetching_engine(df, expr: str, scale, tables: list):
     return engine, screen
 
 
+def _spy_reads(monkeypatch) -> list:
+    """The moments of each dense read (read_dense) and whether it gave the matrix."""
+    from empdp.loo import decomposable
+
+    reads, read = [], decomposable.read_dense
+
+    def spied(*a, **k):
+        got = read(*a, **k)
+        reads.append((k.get("moments", decomposable.GROUPED), got is not None))
+        return got
+    monkeypatch.setattr(decomposable, "read_dense", spied)
+    return reads
+
+
+@pytest.mark.parametrize("held", [False, True])
 @pytest.mark.parametrize("expr", ["count(*)", "count(x)", "sum(x)", "mean(x)", "var(x)", "std(x)", "sum(x)/sum(w)"])
-def test_rows_that_are_pairs_give_their_own_shifts_to_the_bit(expr, monkeypatch):
-    """A table too large to hold whose rows are its (individual, database) pairs makes no Δ table:
-    each row's Δ_ij comes from the row itself (no GROUP BY of 10^8 groups, spilled, then scanned
-    again by every fetch). Screening and shifts equal those of the grouped Δ table bit for bit."""
+def test_rows_that_are_pairs_give_their_own_shifts_to_the_bit(expr, held, monkeypatch):
+    """Where the table's rows are its (individual, database) pairs, each row's Δ_ij comes from the
+    row itself: a table too large to hold makes no Δ table (no GROUP BY of 10^8 groups, spilled,
+    then scanned again by every fetch), and one held in memory is streamed without the GROUP BY.
+    Screening and shifts equal those of the grouped Δ_ij bit for bit."""
     from empdp.loo import decomposable
 
     df = _one_row_per_pair(3, second=expr[:3] in ("var", "std"))
     scale = np.linspace(0.5, 2.0, df["year"].nunique())
-    monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
+    if not held:
+        monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
+    reads = _spy_reads(monkeypatch)
     made_rows, made_grouped = [], []
     rows, a = _fetching_engine(df, expr, scale, made_rows)
     monkeypatch.setattr(decomposable, "UNIQUE_PAIRS", float("inf"))  # as if the estimate saw duplicates
     grouped, b = _fetching_engine(df, expr, scale, made_grouped)
-    assert "__delta" not in made_rows and "__delta" in made_grouped
-    # rows read again from the table sit beside no spilled table: twice as many fetched at once
-    from empdp.assessment.evaluation import fetch_rows
-    assert grouped.keeps_table and not rows.keeps_table
-    assert 2 * fetch_rows(grouped, 17) <= fetch_rows(rows, 17) <= 2 * fetch_rows(grouped, 17) + 1
+    assert rows.holds_all_shifts == grouped.holds_all_shifts == held
+    if held:
+        assert reads == [(decomposable.ROW, True), (decomposable.GROUPED, True)]
+    else:
+        assert "__delta" not in made_rows and "__delta" in made_grouped
+        # rows read again from the table sit beside no spilled table: twice as many fetched at once
+        from empdp.assessment.evaluation import fetch_rows
+        assert grouped.keeps_table and not rows.keeps_table
+        assert 2 * fetch_rows(grouped, 17) <= fetch_rows(rows, 17) <= 2 * fetch_rows(grouped, 17) + 1
     assert a.ids.to_list() == b.ids.to_list()
     for field in ("n_present", "undefined", "max_abs_shift", "bound"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
@@ -300,19 +322,25 @@ def test_rows_that_are_pairs_give_their_own_shifts_to_the_bit(expr, monkeypatch)
         np.testing.assert_array_equal(x, y)
 
 
-def test_rows_sharing_a_database_are_grouped_though_the_estimate_missed_them(monkeypatch):
-    """The screening checks exactly that no individual has two rows in one database: where the
-    estimate of the pairs let a table with such rows through, the Δ table is made and the answers
-    are those of the grouped path."""
+@pytest.mark.parametrize("held", [False, True])
+def test_rows_sharing_a_database_are_grouped_though_the_estimate_missed_them(held, monkeypatch):
+    """The screening (or the dense read) checks exactly that no individual has two rows in one
+    database: where the estimate of the pairs let a table with such rows through, the Δ_ij are
+    grouped and the answers are those of the grouped path."""
     from empdp.loo import decomposable
 
     df = random_panel(8, ties=False)  # individuals with up to three rows in a database
     scale = np.ones(df["year"].nunique())
-    monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
+    if not held:
+        monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
+    reads = _spy_reads(monkeypatch)
     monkeypatch.setattr(decomposable, "UNIQUE_PAIRS", 0.0)  # the estimate lets every table through
     made = []
     engine, a = _fetching_engine(df, "mean(x)", scale, made)
-    assert "__delta" in made
+    if held:
+        assert reads == [(decomposable.ROW, False), (decomposable.GROUPED, True)]
+    else:
+        assert "__delta" in made
     monkeypatch.setattr(decomposable, "UNIQUE_PAIRS", float("inf"))
     grouped, b = _fetching_engine(df, "mean(x)", scale, [])
     np.testing.assert_array_equal(a.n_present, b.n_present)

@@ -121,10 +121,11 @@ class DecomposableEngine(DuckDBEngine):
         estimate, pairs, rows = self.panel.fetchall(
             f"SELECT approx_count_distinct(__i), approx_count_distinct((__i, __j)), count(*) "
             f"FROM ({self._base_sql()})", where=self.query.where)[0]
+        pairs = pairs >= UNIQUE_PAIRS * rows
         if estimate * n <= 1.1 * cells:
             ids = self._codes()
             if len(ids) * n <= cells:
-                return self._dense_screen(ids, scale)
+                return self._dense_screen(ids, scale, pairs)
         # too large to hold: the Δ_ij stay in DuckDB, aggregated per individual for the screening
         # table; chosen rows leave it later
         one = bool(np.all(scale == scale[0]))
@@ -132,7 +133,7 @@ class DecomposableEngine(DuckDBEngine):
             self.panel.temp_table("__scale", pa.table({"__j": pa.array(np.arange(n, dtype=np.int32)),
                                                        "scale": pa.array(scale)}))
         df = None
-        if pairs >= UNIQUE_PAIRS * rows:
+        if pairs:
             # one row per pair, as most panels have: each row's Δ_ij comes from the row itself, with no
             # GROUP BY (database, id) of 10^8 groups, spilled, written to a table and scanned again
             # for every fetch (at 10^8 rows 51 s and 3.6-6 s a fetch on a loaded host, against 9 s for
@@ -182,10 +183,13 @@ class DecomposableEngine(DuckDBEngine):
             return None
         return df
 
-    def _dense_screen(self, ids: pl.Series, scale: np.ndarray) -> Screen:
+    def _dense_screen(self, ids: pl.Series, scale: np.ndarray, pairs: bool) -> Screen:
         """Every Δ_ij in one streamed pass into a dense (m, n) matrix kept for :meth:`shifts`;
-        the screening table is then computed from it (no second scan of the table)."""
-        dense, n_present, undefined, self._inside = read_dense([self], len(ids), presence=self.hold_presence)
+        the screening table is then computed from it (no second scan of the table). With ``pairs``
+        (the rows are estimated to be the (individual, database) pairs) each row's Δ_ij comes from
+        the row itself, and the table is read again, grouped, if two rows share a cell."""
+        got = read_dense([self], len(ids), presence=self.hold_presence, moments=ROW) if pairs else None
+        dense, n_present, undefined, self._inside = got or read_dense([self], len(ids), presence=self.hold_presence)
         dense = dense[:, :, 0]
         max_abs, bound = _row_maxima(dense, 1.0 / scale)
         self._dense = dense
@@ -333,25 +337,28 @@ def delta_sql(engines: list, id_filter: str = "", moments: Moments = GROUPED) ->
     return f"SELECT p.__i, p.__j, {out} FROM (SELECT __j, __i, {', '.join(parts)} FROM ({base}){group}) p {joins}"
 
 
-def read_dense(engines: list, m: int, presence: bool = False) -> tuple:
+def read_dense(engines: list, m: int, presence: bool = False, moments: Moments = GROUPED) -> tuple | None:
     """Every Δ_ij of ``engines`` (sharing a panel, after their values and the codes ``__ids`` of the
     m individuals) streamed in one pass into a dense (m, n, d) array: (shifts, n_present (m,),
     undefined (m, d), inside); undefined cells hold 0; with ``presence``, inside (m, n) bool marks the
-    databases each individual is in (else None)."""
+    databases each individual is in (else None). With the moments of each :data:`~.forms.ROW`, None
+    if two rows fell in one (individual, database) cell (then the rows are not the pairs)."""
     e0, d = engines[0], len(engines)
     n = len(e0.panel.labels)
     shifts = np.zeros((m, n, d))
     flat_out = shifts.reshape(-1)
     n_present = np.zeros(m, dtype=np.int64)
     undefined = np.zeros((m, d), dtype=bool)
-    inside = np.zeros((m, n), dtype=bool) if presence else None
+    # the cells seen: as many as rows where no two rows share one
+    seen = np.zeros((m, n), dtype=bool) if presence or moments is not GROUPED else None
     cols = ", ".join(f"d.delta{e.tag}, d.undef{e.tag}" for e in engines)
-    sql = f"SELECT (c.__code * {n} + d.__j)::BIGINT AS flat, {cols} FROM ({delta_sql(engines)}) d JOIN __ids c USING (__i)"
+    sql = (f"SELECT (c.__code * {n} + d.__j)::BIGINT AS flat, {cols} "
+           f"FROM ({delta_sql(engines, moments=moments)}) d JOIN __ids c USING (__i)")
     for batch in e0.panel.batches(sql, rows=1 << 18, where=e0.query.where):
         flat = arrow_numpy(batch.column(0))
         n_present += np.bincount(flat // n, minlength=m)
-        if presence:
-            inside.reshape(-1)[flat] = True
+        if seen is not None:
+            seen.reshape(-1)[flat] = True
         at = flat * d if d > 1 else flat
         for k in range(d):
             delta = arrow_numpy(batch.column(1 + 2 * k))
@@ -361,7 +368,9 @@ def read_dense(engines: list, m: int, presence: bool = False) -> tuple:
                 flat_out[at[~undef] + k] = delta[~undef]
             else:  # (an index assignment: np.put took twice as long on 10^7 scattered cells)
                 flat_out[at + k if k else at] = delta
-    return shifts, n_present, undefined, inside
+    if moments is not GROUPED and np.count_nonzero(seen) != n_present.sum():
+        return None
+    return shifts, n_present, undefined, seen if presence else None
 
 
 def _row_maxima(dense: np.ndarray, inv: np.ndarray) -> tuple:
