@@ -116,8 +116,8 @@ def test_a_new_query_form_is_one_registry_entry_on_both_engines(spark, monkeypat
     from empdp import query
     from empdp.loo import forms
 
-    abs_sum = forms.Form(lambda cols: [f"CAST(count({cols[0]}) AS DOUBLE) AS c",
-                                       f"coalesce(sum(abs(CAST({cols[0]} AS DOUBLE))), 0) AS s"],
+    abs_sum = forms.Form(lambda cols, m: [f"CAST({m.count(cols[0])} AS DOUBLE) AS c",
+                                          f"coalesce({m.sum(f'abs(CAST({cols[0]} AS DOUBLE))')}, 0) AS s"],
                          lambda t: (t["s"], t["c"] > 0), "p.s", "t.c - p.c <= 0")
     monkeypatch.setitem(forms.FORMS, "abssum", abs_sum)
     monkeypatch.setattr(query, "DECOMPOSABLE", (*query.DECOMPOSABLE, "abssum"))
