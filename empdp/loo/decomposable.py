@@ -136,9 +136,9 @@ class DecomposableEngine(DuckDBEngine):
         if pairs:
             # one row per pair, as most panels have: each row's Δ_ij comes from the row itself, with no
             # GROUP BY (database, id) of 10^8 groups, spilled, written to a table and scanned again
-            # for every fetch (at 10^8 rows 51 s and 3.6-6 s a fetch on a loaded host, against 9 s for
-            # this screening and 2.5 s a fetch). The screening checks every individual's rows are in
-            # distinct databases; where some are not, the table is made as below
+            # by every fetch (at 10^8 rows on a loaded host the table took 51 s and its screening
+            # 9.5 s, against 19-20 s for this screening with its check). The screening checks every
+            # individual's rows are in distinct databases; where some are not, the table is made below
             self._source = f"({delta_sql([self], moments=ROW)})"
             df = self._screening_table(one, check=True)
         if df is None:
