@@ -308,10 +308,6 @@ def test_rows_that_are_pairs_give_their_own_shifts_to_the_bit(expr, held, monkey
         assert reads == [(decomposable.ROW, True), (decomposable.GROUPED, True)]
     else:
         assert "__delta" not in made_rows and "__delta" in made_grouped
-        # rows read again from the table sit beside no spilled table: twice as many fetched at once
-        from empdp.assessment.evaluation import fetch_rows
-        assert grouped.keeps_table and not rows.keeps_table
-        assert 2 * fetch_rows(grouped, 17) <= fetch_rows(rows, 17) <= 2 * fetch_rows(grouped, 17) + 1
     assert a.ids.to_list() == b.ids.to_list()
     for field in ("n_present", "undefined", "max_abs_shift", "bound"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
@@ -487,16 +483,16 @@ def test_every_query_form_has_one_engine_and_each_decomposable_form_one_table_en
 
 
 @pytest.mark.parametrize("pairs", [True, False])
-def test_the_rows_fetched_at_once_stay_within_a_share_of_the_memory_limit(pairs, monkeypatch, sample_path):
+def test_the_rows_fetched_at_once_stay_within_a_sixth_of_the_memory_limit(pairs, monkeypatch, sample_path):
     """At 10^8 rows one fetch of every shift row (0.8 GB) came on top of DuckDB's whole share and
-    the assessment peaked at 3.4 GB: each fetch now holds at most a sixth of the limit beside a
-    spilled Δ table, a third when the rows come from the table's own (its pairs) and DuckDB keeps none."""
+    the assessment peaked at 3.4 GB: each fetch now holds at most a sixth of the limit, from the
+    table's own rows (its pairs) or from a spilled Δ table. (A third from the table's own rows,
+    where DuckDB keeps no table, was no faster at 10^8 rows: 41-49 s against 42 s, 1.25 GB against
+    1.1 GB; a fetch's cost follows the individuals asked for, its join's table.)"""
     from empdp.assessment import assess, evaluation
     from empdp.loo import decomposable
 
     class Limited:
-        keeps_table = True
-
         def __init__(self, limit):
             self.limit = limit
 
@@ -508,8 +504,6 @@ def test_the_rows_fetched_at_once_stay_within_a_share_of_the_memory_limit(pairs,
     # no limit to read (Spark): the evaluation's default of 4 GB
     assert evaluation.fetch_rows(Limited(0), 100) == min(evaluation.FETCH_CELLS, evaluation.DEFAULT_MEMORY_LIMIT // 48) // 100
     assert evaluation.fetch_rows(Limited(64), 100) == 1
-    Limited.keeps_table = False
-    assert evaluation.fetch_rows(Limited(10**9), 100) == 10**9 // 24 // 100
     monkeypatch.setattr(decomposable, "DENSE_CELLS", 0)
     if not pairs:  # as if the estimate saw rows sharing a database: the Δ table is made
         monkeypatch.setattr(decomposable, "UNIQUE_PAIRS", float("inf"))
@@ -532,7 +526,7 @@ def test_the_rows_fetched_at_once_stay_within_a_share_of_the_memory_limit(pairs,
     # limit of 0.6 MB as the evaluation reads it, a sixth of it 0.1 MB, is three fetches or more
     monkeypatch.setattr(evaluation, "_memory_limit", lambda engine: 600_000)
     res = assess(sample_path, id="countyid", by="year", query="mean(murdrate)", exact_all=True)
-    share = 200_000 if pairs else 100_000
+    share = 100_000
     assert res.n_individuals == 2197 and len(sizes) >= 300_000 // share
     assert max(sizes) <= share and max(held) <= share and max(held) > share // 2
 

@@ -28,8 +28,7 @@ from .parallel import Executors
 DEFAULT_MEMORY_LIMIT = 4 * 10**9
 
 #: dense shift cells fetched from the engine in one scan and held at once (float64: 8 bytes each),
-#: at most; :func:`fetch_rows` also keeps them within a sixth of the memory limit (:data:`FETCH_SHARE`),
-#: or a third where the engine keeps no table of its own beside them
+#: at most; :func:`fetch_rows` also keeps them within a sixth of the memory limit (:data:`FETCH_SHARE`)
 FETCH_SHARE = 6
 FETCH_CELLS = 100_000_000
 #: individuals evaluated on one shared grid (risk.evaluate bounds its own working memory)
@@ -71,14 +70,11 @@ def _memory_limit(engine: LooEngine) -> int:
 
 def fetch_rows(engine: LooEngine, n: int) -> int:
     """Individuals whose dense shift rows (``n`` databases each) are fetched in one scan and held at once:
-    :data:`FETCH_CELLS` cells at most, and no more than a sixth of the memory limit where the engine
-    keeps a table of its own, a third where not. The rows are held beside DuckDB's own share: at 10^8
-    rows (10^6 individuals, all at risk) one fetch of every row was 0.8 GB on top of a 2 GB limit; a
-    quarter of the limit still peaked at 3.06 GB with --memory-limit 2GB, with the spilled Δ table.
-    Rows fetched from the table itself leave DuckDB's share nearly unused: a sixth peaked at 1.07 GB
-    with the default limit, and each fetch reads the whole table, so fewer and larger ones pay."""
-    share = FETCH_SHARE if engine.keeps_table else FETCH_SHARE // 2
-    cells = min(FETCH_CELLS, _memory_limit(engine) // (share * 8))
+    :data:`FETCH_CELLS` cells at most, and no more than a sixth of the memory limit. The rows are held
+    beside DuckDB's own share: at 10^8 rows (10^6 individuals, all at risk) one fetch of every row
+    was 0.8 GB on top of a 2 GB limit; a quarter of the limit still peaked at 3.06 GB with
+    --memory-limit 2GB."""
+    cells = min(FETCH_CELLS, _memory_limit(engine) // (FETCH_SHARE * 8))
     return max(1, cells // max(n, 1))
 
 

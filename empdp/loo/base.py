@@ -106,12 +106,6 @@ class LooEngine(ABC):
         """True when :meth:`screen` kept every Δ row in memory (then :meth:`shifts` reads no table)."""
         return self._dense is not None
 
-    @property
-    def keeps_table(self) -> bool:
-        """True when the engine keeps every Δ row while rows are fetched from it (held in memory, or
-        DuckDB's leave-one-out table in its share, spilled): the rows fetched sit beside them."""
-        return True
-
     #: set before :meth:`screen` when :meth:`shifts` will be asked for ``presence``: an engine
     #: that holds every Δ row then holds the databases each individual is in too (m × n bools)
     #: and answers from memory instead of reading the table again

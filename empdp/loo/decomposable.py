@@ -195,11 +195,6 @@ class DecomposableEngine(DuckDBEngine):
         self._dense = dense
         return Screen(ids=ids, n_present=n_present, undefined=undefined[:, 0], max_abs_shift=max_abs, bound=bound)
 
-    @property
-    def keeps_table(self) -> bool:
-        """Not when the rows fetched come from the source's own rows (its pairs), read again each time."""
-        return self._dense is not None or self._source in (None, self._table)
-
     # ------------------------------------------------------------------- shifts
     def shifts(self, codes: np.ndarray, presence: bool = False):
         """Dense Δ rows (len(codes), n); see :meth:`LooEngine.shifts`. Without ``presence`` the
