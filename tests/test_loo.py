@@ -487,8 +487,9 @@ def test_the_rows_fetched_at_once_stay_within_a_sixth_of_the_memory_limit(pairs,
     """At 10^8 rows one fetch of every shift row (0.8 GB) came on top of DuckDB's whole share and
     the assessment peaked at 3.4 GB: each fetch now holds at most a sixth of the limit, from the
     table's own rows (its pairs) or from a spilled Δ table. (A third from the table's own rows,
-    where DuckDB keeps no table, was no faster at 10^8 rows: 41-49 s against 42 s, 1.25 GB against
-    1.1 GB; a fetch's cost follows the individuals asked for, its join's table.)"""
+    where DuckDB keeps no table, was no faster at 10^8 rows, measured quietly: 30.1 and 32.7 s
+    against 33.2 and 31.2 s, 1.3 GB against 1.1 GB; a fetch's cost follows the individuals it asks
+    for, its join's table.)"""
     from empdp.assessment import assess, evaluation
     from empdp.loo import decomposable
 
@@ -526,9 +527,8 @@ def test_the_rows_fetched_at_once_stay_within_a_sixth_of_the_memory_limit(pairs,
     # limit of 0.6 MB as the evaluation reads it, a sixth of it 0.1 MB, is three fetches or more
     monkeypatch.setattr(evaluation, "_memory_limit", lambda engine: 600_000)
     res = assess(sample_path, id="countyid", by="year", query="mean(murdrate)", exact_all=True)
-    share = 100_000
-    assert res.n_individuals == 2197 and len(sizes) >= 300_000 // share
-    assert max(sizes) <= share and max(held) <= share and max(held) > share // 2
+    assert res.n_individuals == 2197 and len(sizes) >= 3
+    assert max(sizes) <= 100_000 and 50_000 < max(held) <= 100_000
 
 
 def test_each_row_is_fetched_once_when_the_search_and_the_delta_stage_share_the_cache(monkeypatch, sample_path):

@@ -342,17 +342,19 @@ def read_dense(engines: list, m: int, presence: bool = False, moments: Moments =
     n = len(e0.panel.labels)
     shifts = np.zeros((m, n, d))
     flat_out = shifts.reshape(-1)
-    n_present = np.zeros(m, dtype=np.int64)
     undefined = np.zeros((m, d), dtype=bool)
-    # the cells seen: as many as rows where no two rows share one
+    # the cells seen: as many as rows where no two rows share one; without them, rows per individual
     seen = np.zeros((m, n), dtype=bool) if presence or moments is not GROUPED else None
+    n_present, rows = (np.zeros(m, dtype=np.int64) if seen is None else None), 0
     cols = ", ".join(f"d.delta{e.tag}, d.undef{e.tag}" for e in engines)
     sql = (f"SELECT (c.__code * {n} + d.__j)::BIGINT AS flat, {cols} "
            f"FROM ({delta_sql(engines, moments=moments)}) d JOIN __ids c USING (__i)")
     for batch in e0.panel.batches(sql, rows=1 << 18, where=e0.query.where):
         flat = arrow_numpy(batch.column(0))
-        n_present += np.bincount(flat // n, minlength=m)
-        if seen is not None:
+        rows += len(flat)
+        if seen is None:
+            n_present += np.bincount(flat // n, minlength=m)
+        else:
             seen.reshape(-1)[flat] = True
         at = flat * d if d > 1 else flat
         for k in range(d):
@@ -363,8 +365,10 @@ def read_dense(engines: list, m: int, presence: bool = False, moments: Moments =
                 flat_out[at[~undef] + k] = delta[~undef]
             else:  # (an index assignment: np.put took twice as long on 10^7 scattered cells)
                 flat_out[at + k if k else at] = delta
-    if moments is not GROUPED and np.count_nonzero(seen) != n_present.sum():
-        return None
+    if seen is not None:
+        n_present = seen.sum(axis=1, dtype=np.int64)
+        if n_present.sum() != rows:  # two rows in one cell (the grouped rows are pairs, one a cell)
+            return None
     return shifts, n_present, undefined, seen if presence else None
 
 
