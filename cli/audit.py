@@ -121,8 +121,15 @@ _budget_option = click.option(
          "the same --seed, reproduce the result). Ignored when sizes are given.")
 
 
+_threads_option = click.option(
+    "--threads", type=int, default=None, metavar="N",
+    help="Threads drawing outputs (default: every core for the built-ins and releases, one for your own "
+         "sampler: give more only if it is thread-safe). The results do not depend on it.")
+
+
 def _common_options(f):
     f = output_options(f)
+    f = _threads_option(f)
     f = _seed_option(f)
     f = click.option("--alpha", type=float, default=0.05, show_default=True,
                      help="Error level: the bound holds with probability ≈ 1 − alpha.")(f)
@@ -141,14 +148,16 @@ def _common_options(f):
     return f
 
 
-def _run_bound(bound, title, mechanism, params, pairs, options, as_json, quiet, verbose, debug, printer=None):
+def _run_bound(bound, title, mechanism, params, pairs, threads, options, as_json, quiet, verbose, debug,
+               printer=None):
     """Run ``bound`` (mpl, renyi or approx) with progress bars (the library logs its stages), then print
     (``printer(d, title)``, default :func:`_print_result`)."""
     from empdp.audit.mechanisms import parse_params
 
     setup_logging(verbose, quiet, debug)
     with progress_bars(enabled=not as_json and not quiet) as progress:
-        res = bound(mechanism, _pairs(pairs), params=parse_params(params), progress=progress, **options)
+        res = bound(mechanism, _pairs(pairs), params=parse_params(params), progress=progress, threads=threads,
+                    **options)
     d = res.to_dict()
     if as_json:
         emit_json(d)
@@ -238,7 +247,7 @@ def audit():
               help="Region C searched for the worst output (LO < HI). Default: the built-in's region, else "
                    "the central 99% of the stage-1 outputs (discrete outputs: all observed values).")
 @click.pass_context
-def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, time_budget, search_size, final_size, selection_size,
+def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, threads, time_budget, search_size, final_size, selection_size,
             search_steps, n_old, N_old, region, as_json, quiet, verbose, debug):
     """MPL lower bound on the pure-DP epsilon (Askin, Kutta, Dette 2022).
 
@@ -258,7 +267,7 @@ def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, time_budget, search_size
 
     n = _size(ctx, "search_size", search_size, "--n", n_old)
     N = _size(ctx, "final_size", final_size, "--N", N_old)
-    _run_bound(mpl, f"MPL lower bound on pure-DP epsilon ({mechanism})", mechanism, params, pairs,
+    _run_bound(mpl, f"MPL lower bound on pure-DP epsilon ({mechanism})", mechanism, params, pairs, threads,
                dict(n=n, N=N, region=region, alpha=alpha, rng=seed, selection_size=selection_size,
                     search_steps=search_steps, clock_start=_clock_start(),
                     time_budget=_budget(ctx, time_budget, n, N, selection_size, search_steps)),
@@ -273,7 +282,7 @@ def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, time_budget, search_size
               help="Outputs per database for the bound (old name --n). Default: chosen by --time-budget.")
 @click.option("--n", "n_old", type=int, default=None, hidden=True)
 @click.pass_context
-def renyi_cmd(ctx, mechanism, params, pairs, alpha, seed, order, time_budget, sample_size, n_old, as_json, quiet,
+def renyi_cmd(ctx, mechanism, params, pairs, alpha, seed, threads, order, time_budget, sample_size, n_old, as_json, quiet,
               verbose, debug):
     """Lower bound on the Rényi divergence D_alpha (Kutta, Askin, Dunsche 2024).
 
@@ -291,7 +300,7 @@ def renyi_cmd(ctx, mechanism, params, pairs, alpha, seed, order, time_budget, sa
     from empdp.audit import renyi
 
     n = _size(ctx, "sample_size", sample_size, "--n", n_old)
-    _run_bound(renyi, f"Renyi lower bound, order {order:g} ({mechanism})", mechanism, params, pairs,
+    _run_bound(renyi, f"Renyi lower bound, order {order:g} ({mechanism})", mechanism, params, pairs, threads,
                dict(order=order, n=n, alpha=alpha, rng=seed, time_budget=_budget(ctx, time_budget, n)), as_json,
                quiet, verbose, debug)
 
@@ -307,7 +316,7 @@ def renyi_cmd(ctx, mechanism, params, pairs, alpha, seed, order, time_budget, sa
               help="Stage-2 outputs per database, fresh, more than --search-size: the bound. Default: chosen by "
                    "--time-budget; 1000000 when only --search-size is given.")
 @click.pass_context
-def approx_cmd(ctx, mechanism, params, pairs, alpha, seed, delta, time_budget, search_size, final_size, as_json,
+def approx_cmd(ctx, mechanism, params, pairs, alpha, seed, threads, delta, time_budget, search_size, final_size, as_json,
                quiet, verbose, debug):
     """Lower bound on epsilon at a given delta, for (epsilon, delta)-DP mechanisms.
 
@@ -326,6 +335,7 @@ def approx_cmd(ctx, mechanism, params, pairs, alpha, seed, delta, time_budget, s
     from empdp.audit import approx
 
     _run_bound(approx, f"Lower bound on epsilon at delta = {delta:g} ({mechanism})", mechanism, params, pairs,
+               threads,
                dict(delta=delta, n=search_size, N=final_size, alpha=alpha, rng=seed,
                     time_budget=_budget(ctx, time_budget, search_size, final_size)),
                as_json, quiet, verbose, debug, printer=_print_approx)
@@ -358,13 +368,14 @@ def _print_approx(d: dict, title: str) -> None:
 @click.option("--order", type=float, default=2.0, show_default=True, help="Rényi order alpha > 1.")
 @click.option("--alpha", type=float, default=0.05, show_default=True, help="Error level of the bounds.")
 @_seed_option
+@_threads_option
 @click.option("--hash-ids", is_flag=True, help="Replace ids by a keyed hash (HMAC-SHA256) in the output, "
                                                "as 'empdp assess --hash-ids' does.")
 @click.option("--hash-key-file", metavar="FILE", help="File holding the --hash-ids key (default: $EMPDP_HASH_KEY).")
 @engine_options("Re-read SOURCE with duckdb (embedded) or spark (see docs/spark.md).")
 @key_options
 @output_options
-def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key_file, engine, spark_master,
+def release_cmd(calibration, source, top, order, alpha, seed, threads, hash_ids, hash_key_file, engine, spark_master,
                 spark_remote, table, key_file, allow_unsigned, as_json, quiet, verbose, debug):
     """Audit a calibration from 'empdp calibrate' on its SOURCE.
 
@@ -405,7 +416,7 @@ def release_cmd(calibration, source, top, order, alpha, seed, hash_ids, hash_key
         loo = SourceShifts(cal, source, **engine_kw)
     with progress_bars(enabled=not as_json and not quiet) as progress:
         res = audit_release(cal, source, loo=loo, top=top, order=order, alpha=alpha, rng=seed,
-                            progress=progress, hash_key=key)
+                            progress=progress, hash_key=key, threads=threads)
     d = res.to_dict()
     if as_json:
         emit_json(d)

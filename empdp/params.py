@@ -7,6 +7,7 @@ instead. Every stage that takes the concept calls the same function, so the rang
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -59,6 +60,32 @@ def whole(value, name: str, least: int = 1) -> int:
     """A whole number ≥ ``least`` (bools refused), for the parameter ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
         raise InputError(f"`{name}` must be a whole number >= {least}, got {value!r}", param=name)
+    return int(value)
+
+
+def available_cores() -> int:
+    """Cores this process may run on (every command's default number of threads)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def max_threads() -> int:
+    """The most threads accepted: 4 per core, at least 256 (DuckDB starts every one at once)."""
+    return max(256, 4 * (os.cpu_count() or 1))
+
+
+def threads(value) -> int | None:
+    """A thread count from 1 to :func:`max_threads`, or None (every core); far above the cores is refused
+    (10^5 threads hang DuckDB)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= max_threads():
+        from .data.sql import shorten  # only on this error path: it imports DuckDB
+
+        raise InputError(f"`threads` {shorten(value)} must be an integer from 1 to {max_threads()} "
+                         f"(this machine has {os.cpu_count() or 1} cores)", param="threads")
     return int(value)
 
 

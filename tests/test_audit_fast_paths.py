@@ -1,15 +1,21 @@
 """The audits' fast paths give the same results as the plain computations they replace.
 
-Laplace noise as a difference of exponentials, samplers drawn in chunks, and the table lookup that
-categorises integer answer vectors instead of sorting them.
+Laplace noise as a difference of exponentials, large draws made of parts (each with its own stream,
+on several threads, the same outputs however many), and the table lookup that categorises integer
+answer vectors instead of sorting them.
 """
+
+import threading
+import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from empdp.audit import kde, samplers
-from empdp.audit.mechanisms import dpsniper_mechanism
+from empdp.audit import common, kde, samplers
+from empdp.audit.mechanisms import dpsniper_mechanism, load_mechanism
+from empdp.errors import InputError
 
 
 def test_laplace_noise_has_the_laplace_law():
@@ -20,29 +26,78 @@ def test_laplace_noise_has_the_laplace_law():
     assert stats.kstest(noise, stats.laplace(scale=3.1).cdf).pvalue < 1e-6
 
 
-def test_chunked_sampler_stacks_every_row(monkeypatch):
+def test_a_large_draw_is_made_of_parts_each_with_its_own_stream(monkeypatch):
     calls = []
 
     def base(database, size, rng):
         calls.append(size)
         return np.full((size, 2), database) + rng.random((size, 2))
 
-    monkeypatch.setattr(samplers, "CHUNK_ROWS", 1000)
-    out = samplers.in_chunks(base)(5.0, 2500, np.random.default_rng(1))
+    monkeypatch.setattr(common, "DRAW_PART", 1000)
+    out = common.draw(base, 5.0, 2500, np.random.default_rng(1))
     assert out.shape == (2500, 2) and calls == [1000, 1000, 500]
+    # every row its own: parts drawn from one stream, restarted per part, would repeat rows
     assert np.all((out >= 5) & (out < 6)) and len(np.unique(out[:, 0])) == 2500
+    again = common.draw(base, 5.0, 2500, np.random.default_rng(1))
+    assert np.array_equal(out, again)  # a seed reproduces the parts
+    assert not np.array_equal(common.draw(base, 5.0, 2500, np.random.default_rng(2)), out)
+
+
+@pytest.mark.parametrize("name", ["svt1", "numerical_svt", "laplace_parallel", "rappor"])
+def test_a_seed_gives_the_same_outputs_on_any_number_of_threads(name):
+    """The parts and their streams do not depend on the threads that draw them (a seed reproduces an audit
+    on a machine with other cores), and consecutive draws from one generator differ."""
+    mech, pairs = dpsniper_mechanism(name)
+    assert mech.threads is None  # a built-in draws on every core
+    size = 3 * common.DRAW_PART + 17
+    outs = [common.draw(replace(mech, threads=k), pairs[0][1], size, np.random.default_rng(7)) for k in (1, 2, 3)]
+    assert outs[0].shape[0] == size
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+    rng = np.random.default_rng(7)
+    first, second = (common.draw(mech, pairs[0][1], size, rng) for _ in range(2))
+    assert np.array_equal(first, outs[0]) and not np.array_equal(first, second)
 
 
 @pytest.mark.parametrize("name", ["svt1", "numerical_svt", "laplace_parallel"])
-def test_chunked_builtin_keeps_its_law(name, monkeypatch):
-    """The same sampler in chunks of 700 rows and whole: the per-column means agree within noise."""
+def test_a_builtin_drawn_in_parts_keeps_its_law(name, monkeypatch):
+    """The same sampler in parts of 700 rows and in one call: the per-column means agree within noise."""
     mech, pairs = dpsniper_mechanism(name)
     whole = mech.sampler(pairs[0][1], 20_000, np.random.default_rng(2)).astype(float)
-    monkeypatch.setattr(samplers, "CHUNK_ROWS", 700)
-    parts = mech.sampler(pairs[0][1], 20_000, np.random.default_rng(3)).astype(float)
+    monkeypatch.setattr(common, "DRAW_PART", 700)
+    parts = common.draw(mech, pairs[0][1], 20_000, np.random.default_rng(3)).astype(float)
     assert parts.shape == whole.shape
     se = np.sqrt((whole.var(axis=0) + parts.var(axis=0)) / 20_000) + 1e-12
     assert np.all(np.abs(whole.mean(axis=0) - parts.mean(axis=0)) < 5 * se)
+
+
+def test_a_users_sampler_runs_on_one_thread_unless_its_user_says(monkeypatch):
+    """A user's sampler may keep state: by default every part is drawn on the calling thread; with
+    ``threads`` given (the user says it is thread-safe) the parts run on several."""
+    monkeypatch.setattr(common, "DRAW_PART", 100)
+    seen = set()
+
+    def slow(database, size, rng):
+        seen.add(threading.get_ident())
+        time.sleep(0.01)  # long enough that a second thread takes a part
+        return rng.random(size)
+
+    mech = load_mechanism(slow)
+    assert mech.threads == 1
+    common.draw(mech, 0.0, 1000, np.random.default_rng(0))
+    assert seen == {threading.get_ident()}
+    seen.clear()
+    common.draw(load_mechanism(slow, threads=2), 0.0, 1000, np.random.default_rng(0))
+    assert len(seen) == 2 and threading.get_ident() not in seen
+
+
+def test_parts_of_different_widths_are_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr(common, "DRAW_PART", 100)
+
+    def drifting(database, size, rng):
+        return rng.random((size, 1 + (rng.random() < 0.5)))
+
+    with pytest.raises(InputError, match="different shapes"):
+        common.draw(drifting, 0.0, 5000, np.random.default_rng(0))
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int64, np.float64])
@@ -155,3 +210,21 @@ def test_score_thresholds_from_the_merged_samples_are_np_quantile_and_unique(kin
     if len(old) > MAX_THRESHOLDS:
         old = np.unique(np.quantile(pooled, np.linspace(0, 1, MAX_THRESHOLDS)))
     assert np.array_equal(_thresholds(np.sort(x), np.sort(y)), old)
+
+
+def test_an_audit_gives_the_same_bound_on_one_thread_and_on_two():
+    """The whole MPL run (stage 1's draws and features, stage 2's event counted on the draw's threads)."""
+    from empdp.audit.mpl import mpl
+
+    one, two = (mpl("svt1", n=40_000, N=100_000, alpha=0.1, rng=3, threads=k) for k in (1, 2))
+    assert one.lower_bound == two.lower_bound and one.final_size == two.final_size == 100_000
+    assert one.to_dict()["stage1_max_loss"] == two.to_dict()["stage1_max_loss"]
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "100000", "two"])
+def test_bad_threads_are_one_line(value):
+    from audit_cli_helpers import run
+    from helpers import one_line_error
+
+    res = run("mpl", "-m", "laplace", "--threads", value, "--search-size", 1000, "--final-size", 5000)
+    one_line_error(res, "threads")

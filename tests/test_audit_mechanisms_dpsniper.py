@@ -361,11 +361,12 @@ def test_score_features_of_code_only_columns_warn_nothing():
 def test_report_noisy_max3_is_measured_on_a_half_line_not_a_noisy_point():
     """A 1-d point competes with the half-line score event under the same stage-1 penalty: without it
     the point's winner's-curse criterion won although its stage-2 error is twice the half-line's (at
-    these sizes the old rule picked a point on all 4 seeds, bounds 0.07-0.25; true 0.25)."""
+    these sizes the old rule picked a point on all 4 seeds, bounds 0.07-0.25; true 0.25). With the half-line
+    the bounds of 12 seeds spread over 0.194-0.245 (draws in parts, each with its own stream)."""
     mech, pairs = dpsniper_mechanism("report_noisy_max3")
     bounds = []
     for seed in range(4):
         res = mpl(mech, pairs, n=60000, N=300000, alpha=0.1, rng=seed)
         assert res.event_rule is not None
         bounds.append(res.lower_bound)
-    assert 0.22 < min(bounds) and max(bounds) <= 0.25 * 1.02
+    assert 0.18 < min(bounds) and max(bounds) <= 0.25 * 1.02

@@ -63,11 +63,12 @@ def test_cli_budget_in_json_and_sizes_override_the_default_budget():
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
     assert d["sizes"]["chosen_by"] == "time budget" and d["sizes"]["search_size"] == d["search_size"]
-    # Under load the budget's stage-1 deadline may stop the search early; the steps it took are then in
-    # the JSON and, given back, reproduce the run (what the docs tell users to do).
-    steps = ("--search-steps", d["sizes"]["search_steps"]) if "search_steps" in d["sizes"] else ()
-    given = run("mpl", "-m", "laplace", "--param", "epsilon=0.5", "--search-size", d["search_size"], "--final-size",
-                d["final_size"], *steps, "--seed", 1, "--json")
+    # Every size the run reports is given back, as the docs tell users: the stage-2 size stage 1 weighed
+    # its candidates by, and, when the stage-1 deadline stopped the search early (under load), its steps.
+    sizes = [(f"--{key.replace('_', '-')}", d["sizes"][key])
+             for key in ("search_size", "final_size", "selection_size", "search_steps") if key in d["sizes"]]
+    given = run("mpl", "-m", "laplace", "--param", "epsilon=0.5", *(v for pair in sizes for v in pair), "--seed", 1,
+                "--json")
     assert json.loads(given.output)["lower_bound"] == d["lower_bound"]  # the default budget is not used
     text = run("renyi", "-m", "gaussian", "--order", 2, "--time-budget", 2, "--seed", 1)
     assert text.exit_code == 0 and "chosen for a 2 s budget" in text.output

@@ -23,6 +23,7 @@ from ..errors import InputError
 from ..io import jsonable
 from ..loo import LooEngine
 from ..models import GROUPED, JOINT, ONE, given, model_for, statistics
+from ..params import available_cores
 from ..progress import READING, no_progress
 from ..risk.buckets import bucket_risk
 from ..settings import Data, Execution, Intervals, Model, Precision
@@ -32,7 +33,6 @@ from .adversary import read_statistic
 from .evaluation import Evaluation, default_epsilons, fetch_rows
 from .groups import assess_grouped
 from .joint import assess_joint
-from .parallel import available_cores
 from .ranking import Ranking, eps_all_code
 from .sweep import RiskSweep
 

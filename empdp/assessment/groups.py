@@ -27,12 +27,12 @@ from ..errors import InputError
 from ..io import jsonable
 from ..loo.joint import GroupPanel, read_grouped
 from ..models import GROUPED
+from ..params import available_cores
 from ..progress import READING, Progress, no_progress
 from ..risk.joint import MAX_DIM, JointModel, joint_bound, joint_risk, select_joint_model
 from . import checks
 from .evaluation import default_epsilons
 from .joint_evaluation import TOLERANCE, Certified, Part, bracket_columns, check_tolerance, search_eps_all
-from .parallel import available_cores
 from .sweep import RiskSweep, check_rank_epsilon, ranked
 
 

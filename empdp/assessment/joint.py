@@ -17,12 +17,12 @@ from ..errors import InputError
 from ..io import jsonable
 from ..loo.joint import read_joint
 from ..models import JOINT
+from ..params import available_cores
 from ..progress import READING, Progress, no_progress
 from ..risk.joint import JointModel, joint_bound, select_joint_model
 from . import checks
 from .evaluation import default_epsilons
 from .joint_evaluation import TOLERANCE, Certified, Part, bracket_columns, check_tolerance, exact_eps, search_eps_all
-from .parallel import available_cores
 from .sweep import RiskSweep, check_rank_epsilon, ranked
 
 

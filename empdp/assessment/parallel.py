@@ -27,14 +27,6 @@ from ..risk.blocks import GridBudget, PlanCache, evaluate_block, evaluate_in_wor
 PROCESS_ROWS = 50_000
 
 
-def available_cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def _context():
     """How worker processes start: from a fresh interpreter, never as a fork of this process (DuckDB
     may be running threads in it). 'forkserver' where the platform has it: one server process

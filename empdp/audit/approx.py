@@ -147,7 +147,7 @@ class _Event:
 def approx(mechanism, pairs=None, delta: float | None = None, n: int | None = None, N: int | None = None,
            alpha: float = 0.05, rng=None, *, params: dict | None = None, discrete: bool | None = None,
            time_budget: float | None = None,
-           progress: Callable[[str, int, int], None] | None = None) -> ApproxResult:
+           progress: Callable[[str, int, int], None] | None = None, threads: int | None = None) -> ApproxResult:
     """Lower confidence bound on ε at ``delta`` for ``mechanism`` over ``pairs`` (module doc).
 
     Parameters
@@ -166,7 +166,10 @@ def approx(mechanism, pairs=None, delta: float | None = None, n: int | None = No
         so that the audit takes about this long (:mod:`empdp.audit.budget`; the sizes are reported
         in ``sizes`` and, given back with the same seed, reproduce the result).
     progress : optional callback ``progress(stage, done, total)``.
+    threads : threads drawing outputs at once (default: every core for the built-ins, one for a user's
+        sampler, which must be thread-safe to be given more); the outputs do not depend on it.
     """
+    mechanism, params = load_mechanism(mechanism, params, threads), None  # (its parameters are in it now)
     sizes = given_sizes({"n, N: --search-size, --final-size": n if n is not None else N}, time_budget)
     if time_budget is not None:
         plan = _resolve(mechanism, pairs, delta, DEFAULT_N, DEFAULT_FINAL, alpha, params, discrete)

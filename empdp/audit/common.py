@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -86,24 +88,86 @@ def check_order(order) -> float:
     return float(order)
 
 
-def draw(mechanism, database, size: int, rng: np.random.Generator) -> np.ndarray:
-    """Call the sampler and check its output: ``size`` rows of finite numbers."""
+#: rows of one call of a sampler when a draw is larger: each part has its own generator, seeded from the
+#: draw's (:func:`part_generators`), so the outputs are the same however many threads draw the parts, and a
+#: part's noise stays in the CPU's cache through the comparisons and sums that follow (SVT's answers of
+#: 2·10^6 rows: 1.6 s in one call, 0.93 s in parts of 2^15)
+DRAW_PART = 1 << 15
+
+
+def draw(mechanism, database, size: int, rng: np.random.Generator, post=None) -> np.ndarray:
+    """Call the sampler and check its output: ``size`` rows of finite numbers (then ``post`` of them).
+
+    Above :data:`DRAW_PART` rows the sampler is called once per part of that many rows, each with its
+    own generator (:func:`part_generators`), on ``mechanism.threads`` threads at once (None: every core;
+    a plain function: one). The parts are the same whatever the number of threads, so a seed gives the
+    same outputs on any machine. ``post`` (a function of one part's outputs returning one row per
+    output, e.g. a feature or an event's membership) runs on the part's thread too.
+    """
+    if size <= DRAW_PART:
+        return _part(mechanism, database, size, rng, post)
+    sizes = [min(DRAW_PART, size - start) for start in range(0, size, DRAW_PART)]
+    calls = zip(sizes, part_generators(rng, len(sizes)))
+    workers = _workers(getattr(mechanism, "threads", 1))
+    if workers == 1:
+        return _stack([_part(mechanism, database, k, g, post) for k, g in calls])
+    return _stack(list(_pool(workers).map(lambda call: _part(mechanism, database, *call, post), calls)))
+
+
+def part_generators(rng: np.random.Generator, parts: int) -> list[np.random.Generator]:
+    """``parts`` independent generators for the parts of one draw: one 128-bit key from ``rng`` (so
+    consecutive draws differ and a seed reproduces them), and part k's stream from the key and k
+    (NumPy's SeedSequence spawning: statistically independent streams)."""
+    key = [int(v) for v in rng.integers(0, 2**63, size=2, dtype=np.int64)]
+    return [np.random.Generator(np.random.PCG64(seq)) for seq in np.random.SeedSequence(key).spawn(parts)]
+
+
+def _part(mechanism, database, size: int, rng, post):
+    """One call of the sampler, its output checked (rows of finite numbers), then ``post`` of it."""
     try:
         with np.errstate(all="ignore"):  # overflowing outputs are refused below, without warnings
-            out = mechanism(database, size, rng)
+            arr = np.asarray(mechanism(database, size, rng))
     except InputError:
         raise
     except Exception as exc:  # a user sampler failing is bad input, not our crash
         raise InputError(f"mechanism {getattr(mechanism, 'name', 'sampler')!r} failed on database "
                          f"{short(database)}: {one_line(f'{type(exc).__name__}: {exc}', 200)}") from None
-    arr = np.asarray(out)
     if arr.dtype.kind not in "biuf":
         raise InputError(f"mechanism output must be numeric, got dtype {arr.dtype}")
     if arr.ndim == 0 or arr.shape[0] != size:
         raise InputError(f"mechanism returned shape {arr.shape}; expected ({size},) or ({size}, d)")
     if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
         raise InputError("mechanism returned NaN or infinite outputs")
-    return arr
+    return arr if post is None else post(arr)
+
+
+def _stack(parts: list):
+    """The parts' outputs as one array; parts of different shapes are refused (a sampler whose output's
+    width changes between calls)."""
+    if len({part.shape[1:] for part in parts}) > 1:
+        raise InputError("mechanism returned outputs of different shapes for the same database "
+                         f"({', '.join(sorted({str(part.shape) for part in parts}))})")
+    return np.concatenate(parts)
+
+
+def _workers(threads) -> int:
+    if threads is None:
+        from ..params import available_cores
+
+        return available_cores()
+    return max(1, int(threads))
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The draws' threads (kept between draws: a pool costs ~0.1 ms per thread to start)."""
+    with _POOLS_LOCK:
+        if workers not in _POOLS:
+            _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="empdp-draw")
+        return _POOLS[workers]
 
 
 def detect_discrete(first: np.ndarray, discrete) -> bool:

@@ -21,12 +21,13 @@ import importlib
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import InputError
+from ..params import threads as check_threads
 from . import samplers, sniper, truth
 from .common import one_line, short
 from .patterns import answer_counts, neighbour_pairs, scale_pairs, statdp_patterns
@@ -52,7 +53,10 @@ class Mechanism:
     (a 0/1 vector, compared entry by entry), ``"records"`` (one value per
     individual, of which a statistic is released) or None (a user sampler: any
     numbers, any lengths). ``input_length`` is the vector length the mechanism is
-    calibrated for, if it has one.
+    calibrated for, if it has one. ``threads`` is how many threads may call the
+    sampler at once, each on its own part of a draw with its own generator
+    (:func:`empdp.audit.common.draw`): None is every core (the built-ins and the
+    releases), 1 a user's sampler unless its user says it is thread-safe.
     """
 
     name: str
@@ -69,6 +73,7 @@ class Mechanism:
     feature: Callable | None = None
     inputs: str | None = None
     input_length: int | None = None
+    threads: int | None = 1
 
     def __call__(self, database, size, rng):
         return self.sampler(database, size, rng)
@@ -245,7 +250,7 @@ def builtin(name: str, **params) -> Mechanism:
     for key, cap in INTEGER_PARAMS.items():
         if key in p and (p[key] < 1 or int(p[key]) != p[key] or p[key] > cap):
             raise InputError(f"parameter {key} must be an integer in [1, {cap:,}], got {p[key]:g}")
-    return _BUILDERS[name](p)
+    return replace(_BUILDERS[name](p), threads=None)
 
 
 # Default pairs and regions scale with the ``sensitivity`` parameter: adjacent inputs
@@ -588,12 +593,19 @@ def dpsniper_mechanism(name: str) -> tuple[Mechanism, list]:
 
 # ----------------------------------------------------------------------------- loading
 
-def load_mechanism(spec, params: dict | None = None) -> Mechanism:
+def load_mechanism(spec, params: dict | None = None, threads: int | None = None) -> Mechanism:
     """Resolve a mechanism: a Mechanism, a built-in name, ``module:function``, or a callable.
 
     User samplers are imported from the working directory or ``PYTHONPATH``;
-    ``params`` are passed to them as keyword arguments.
+    ``params`` are passed to them as keyword arguments. ``threads`` (default: the
+    mechanism's own, :attr:`Mechanism.threads`) is how many threads draw its outputs.
     """
+    mech = _load(spec, params)
+    threads = check_threads(threads)
+    return mech if threads is None else replace(mech, threads=threads)
+
+
+def _load(spec, params: dict | None) -> Mechanism:
     params = dict(params or {})
     if isinstance(spec, Mechanism):
         if params:

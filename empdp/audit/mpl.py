@@ -171,13 +171,16 @@ class _Deadline:
         return round_size(min(max(affordable, 2 * n), MAX_SAMPLES))
 
 
-def _draw_pair(plan: Plan, pair, size, rng):
-    """Outputs of both databases of ``pair`` (after the feature), as (size, d) arrays."""
-    xs = draw(plan.mech, pair[0], size, rng)
-    ys = draw(plan.mech, pair[1], size, rng)
-    if plan.feature is not None:
-        xs, ys = plan.feature(pair[0], pair[1], xs), plan.feature(pair[0], pair[1], ys)
-    return xs, ys
+def _draw_pair(plan: Plan, pair, size, rng, post=None):
+    """Outputs of both databases of ``pair`` after the feature (then ``post`` of them), each part of a
+    draw on its own thread (:func:`empdp.audit.common.draw`)."""
+
+    def part(outputs):
+        if plan.feature is not None:
+            outputs = plan.feature(pair[0], pair[1], outputs)
+        return outputs if post is None else post(outputs)
+
+    return draw(plan.mech, pair[0], size, rng, part), draw(plan.mech, pair[1], size, rng, part)
 
 
 def _resolve_feature(mech, feature):
@@ -208,7 +211,8 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
         bandwidth=None, undersmooth: float = UNDERSMOOTH, selection: str = "lb",
         events: bool = True, feature="default", time_budget: float | None = None,
         progress: Callable[[str, int, int], None] | None = None, clock_start: float | None = None,
-        selection_size: int | None = None, search_steps: int | None = None) -> MPLResult:
+        selection_size: int | None = None, search_steps: int | None = None,
+        threads: int | None = None) -> MPLResult:
     """MPL lower bound on the pure-DP ε of ``mechanism`` over ``pairs`` (Askin et al. 2022, Alg. 4).
 
     Parameters
@@ -249,8 +253,11 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
         finalist's in the second round of successive halving); a time budget's stage 1 begins no step
         that would end, at its pace so far, past STAGE1_END_SHARE of the time it had left, and reports
         the steps it took in ``sizes["search_steps"]`` when it stopped early: give them back too.
+    threads : threads drawing outputs at once (default: every core for the built-ins, one for a user's
+        sampler, which must be thread-safe to be given more); the outputs do not depend on it.
     """
     started = time.perf_counter() if clock_start is None else clock_start
+    mechanism, params = load_mechanism(mechanism, params, threads), None  # (its parameters are in it now)
     sizes = given_sizes({"n, N: --search-size, --final-size, --selection-size, --search-steps":
                          next((v for v in (n, N, selection_size, search_steps) if v is not None), None)},
                         time_budget)
@@ -441,8 +448,9 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report, stop: _Steps | None 
 STAGE2_CHUNK = 1 << 16
 
 
-def _stage2_chunks(plan: Plan, pair, rng, end: float | None = None):
-    """Stage 2's fresh outputs of both databases, in chunks of STAGE2_CHUNK (one chunk up to it).
+def _stage2_chunks(plan: Plan, pair, rng, end: float | None = None, post=as_samples):
+    """Stage 2's fresh outputs of both databases, in chunks of STAGE2_CHUNK (one chunk up to it), as
+    ``post`` of them (computed on the draw's threads).
 
     With a deadline ``end``, no chunk is begun that would end past it at the last chunk's pace. The
     stop depends on the clock alone, never on the outputs counted, so N stays independent of them;
@@ -453,8 +461,7 @@ def _stage2_chunks(plan: Plan, pair, rng, end: float | None = None):
         t0 = time.perf_counter()
         if start and end is not None and t0 + last > end:
             return
-        xs, ys = _draw_pair(plan, pair, min(STAGE2_CHUNK, plan.N - start), rng)
-        yield as_samples(xs), as_samples(ys)
+        yield _draw_pair(plan, pair, min(STAGE2_CHUNK, plan.N - start), rng, post)
         last = time.perf_counter() - t0
 
 
@@ -464,11 +471,11 @@ def _stage2(plan: Plan, is_discrete: bool, best: Candidate, pair, rng, report, e
     t_start = time.perf_counter()
     stage = f"MPL stage 2: 2 x {plan.N:,} fresh outputs"
     report(stage, 0, 1)
-    chunks = _stage2_chunks(plan, pair, rng, end)
     if is_discrete or best.rule is not None:
-        fx, fy, sigma, c_n, h2, warnings, N = _stage2_discrete(chunks, best)
+        members = _members(best)
+        fx, fy, sigma, c_n, h2, warnings, N = _stage2_discrete(_stage2_chunks(plan, pair, rng, end, members), best)
     else:
-        fx, fy, sigma, c_n, h2, warnings, N = _stage2_continuous(chunks, best, plan)
+        fx, fy, sigma, c_n, h2, warnings, N = _stage2_continuous(_stage2_chunks(plan, pair, rng, end), best, plan)
     if min(fx, fy) <= best.tau:
         warnings.append(f"the floor tau = {best.tau:.3g} binds at t_hat (a density estimate is at the "
                         "floor): too few samples there, the bound is unreliable "
@@ -483,18 +490,22 @@ def _stage2(plan: Plan, is_discrete: bool, best: Candidate, pair, rng, report, e
     return _Stage2(loss=loss_star, sigma=sigma, c_n=c_n, lower_bound=lb, bandwidth=h2, warnings=warnings, size=N)
 
 
-def _stage2_discrete(chunks, best: Candidate):
-    """Frequencies of t̂ (or of its event), σ̂ = √(1/f_x + 1/f_x′ − 2) (eq. 25), c_N = √N, and N."""
+def _members(best: Candidate):
+    """Which outputs fall on t̂ or in its event (a function of a part's outputs: one bool each)."""
+    if best.rule is not None:
+        return lambda outputs: np.asarray(best.rule.members(as_samples(outputs)), bool)
     target = best.t[None, :] if best.event is None else best.event
+    return lambda outputs: contains(as_samples(outputs), target)
+
+
+def _stage2_discrete(chunks, best: Candidate):
+    """Frequencies of t̂ (or of its event) from chunks of membership (:func:`_members`), σ̂ = √(1/f_x +
+    1/f_x′ − 2) (eq. 25), c_N = √N, and N."""
     hits_x = hits_y = N = 0
-    for xs, ys in chunks:
-        N += len(xs)
-        if best.rule is not None:
-            hits_x += int(np.sum(best.rule.members(xs)))
-            hits_y += int(np.sum(best.rule.members(ys)))
-        else:
-            hits_x += int(np.sum(contains(xs, target)))
-            hits_y += int(np.sum(contains(ys, target)))
+    for in_x, in_y in chunks:
+        N += len(in_x)
+        hits_x += int(np.sum(in_x))
+        hits_y += int(np.sum(in_y))
     fx, fy = hits_x / N, hits_y / N
     sigma = float(sigma_discrete(max(fx, best.tau), max(fy, best.tau)))
     warnings = []

@@ -24,10 +24,11 @@ from ..engines import engine_of
 from ..errors import InputError
 from ..io import jsonable, keyed_hash
 from ..models import JOINT
+from ..params import threads as check_threads
 from ..textfmt import fmt
 from .approx import approx
 from .common import as_rng, check_level, check_order, check_size
-from .mechanisms import Mechanism
+from .mechanisms import Mechanism, load_mechanism
 from .mpl import mpl
 from .renyi import renyi
 
@@ -124,7 +125,7 @@ def release_mechanism(q, shifts_top, kernel, b, w, lam) -> Mechanism:
             y = y + np.where(noisy, rng.laplace(0.0, lam, size), 0.0)
         return y
 
-    return Mechanism("release", sample)
+    return Mechanism("release", sample, threads=None)  # ours: each part with its own generator
 
 
 # ----------------------------------------------------------------------------- audit
@@ -341,7 +342,7 @@ class OneDensity:
 
 
 def _audit_density(density, rows, name, *, target, top, order, n, N, n_renyi, alpha, rng,
-                   progress) -> tuple[_Bounds, list]:
+                   progress, threads) -> tuple[_Bounds, list]:
     """Audit a release density (:class:`OneDensity`, or :class:`~empdp.audit.joint_release.JointDensity`
     for 2–3 statistics released together) for the individuals ``rows``: the ``top`` riskiest get their
     exact values (the density's own), MPL and the Rényi bound, and for a kernel that is not pure DP the
@@ -352,7 +353,7 @@ def _audit_density(density, rows, name, *, target, top, order, n, N, n_renyi, al
     chosen, figures = density.choose(rows, top, report)
     log.info("release audit: exact values of %d of %d individuals in %.2f s", len(chosen), len(rows),
              time.perf_counter() - t0)
-    mech = density.mechanism(chosen)
+    mech = load_mechanism(density.mechanism(chosen), threads=threads)
     pairs = [(-1, k) for k in range(len(chosen))]
     m = mpl(mech, pairs, n=n, N=N, alpha=alpha, rng=rng, progress=progress)
     for k, est in zip(chosen, m.stage1_max_loss_by_pair):
@@ -418,7 +419,7 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
                   n: int = 20000, N: int = 50000, n_renyi: int = 100000, alpha: float = 0.05,
                   rng=None, progress: Callable[[str, int, int], None] | None = None,
                   hash_key: bytes | None = None, engine="duckdb", key: bytes | None = None,
-                  allow_unsigned: bool = False) -> ReleaseAudit:
+                  allow_unsigned: bool = False, threads: int | None = None) -> ReleaseAudit:
     """Audit the release described by ``calibration`` on the databases of ``source`` (docs/method.md#94-release-audit).
 
     Every curator model takes the same path (:func:`_audit_density`) with its own release density: one
@@ -449,6 +450,8 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     engine : where ``source`` is read, as for :func:`empdp.calibrate`: ``"duckdb"``, ``"spark"`` or
         ``empdp.engines.Spark(master=..., remote=..., table=...)`` (a Spark catalog ``table`` instead
         of ``source``; docs/spark.md).
+    threads : threads drawing the release's outputs at once (default: every core); the outputs do not
+        depend on it.
     """
     from ..noise import Calibration, JointCalibration, load_calibration
 
@@ -459,7 +462,7 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
         raise InputError(f"`top` must be a positive integer, got {top!r}", param="top")
     top = int(top)
     n, N, n_renyi = check_size("n", n), check_size("N", N), check_size("n_renyi", n_renyi, 50)
-    rng = as_rng(rng)
+    rng, threads = as_rng(rng), check_threads(threads)
     cal = calibration if isinstance(calibration, (Calibration, JointCalibration)) else \
         load_calibration(calibration, key=key, allow_unsigned=allow_unsigned)
     engine = engine_of(engine)
@@ -472,7 +475,8 @@ def audit_release(calibration, source=None, *, loo=None, top: int = 5, order: fl
     if undefined.any():
         warnings.append(f"{int(undefined.sum())} sole contributor(s) are not audited (no noise protects them)")
     name = (lambda k: keyed_hash(ids[k], hash_key)) if hash_key else (lambda k: ids[k])
-    sizes = dict(target=float(cal.epsilon), top=top, order=order, n=n, N=N, n_renyi=n_renyi, rng=rng)
+    sizes = dict(target=float(cal.epsilon), top=top, order=order, n=n, N=N, n_renyi=n_renyi, rng=rng,
+                 threads=threads)
     run = dict(order=float(order), search_size=n, final_size=N, renyi_sample_size=n_renyi, alpha=alpha,
                noise=dict(cal.noise), ids_hashed=bool(hash_key))
     if cal.kind is JOINT:  # 2-3 statistics released together: MPL in d dimensions

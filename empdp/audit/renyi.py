@@ -285,7 +285,7 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int | None = None, alpha
           discrete: bool | None = None, bandwidth=None, undersmooth: float = UNDERSMOOTH,
           grid_size: int = GRID, both_directions: bool = True, bias_correction: bool = True,
           time_budget: float | None = None,
-          progress: Callable[[str, int, int], None] | None = None) -> RenyiResult:
+          progress: Callable[[str, int, int], None] | None = None, threads: int | None = None) -> RenyiResult:
     """Lower confidence bound on the Rényi divergence of order ``order`` over ``pairs``.
 
     Parameters
@@ -308,7 +308,10 @@ def renyi(mechanism, pairs=None, order: float = 2.0, n: int | None = None, alpha
         :mod:`empdp.audit.budget`: n depends on the machine's speed, is reported in ``sizes``,
         and gives the same result again with the same seed).
     progress : optional callback ``progress(stage, done, total)``.
+    threads : threads drawing outputs at once (default: every core for the built-ins, one for a user's
+        sampler, which must be thread-safe to be given more); the outputs do not depend on it.
     """
+    mechanism, params = load_mechanism(mechanism, params, threads), None  # (its parameters are in it now)
     sizes = given_sizes({"n, --sample-size": n}, time_budget)
     args = (mechanism, pairs, order)
     kwargs = dict(alpha=alpha, params=params, tau=tau, eta=eta, discrete=discrete, bandwidth=bandwidth,

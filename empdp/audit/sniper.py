@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import truth
-from .samplers import in_chunks, laplace_noise, stat, vec
+from .samplers import laplace_noise, stat, vec
 
 # ----------------------------------------------------------------------------- Truncated geometric
 
@@ -73,7 +73,7 @@ def noisy_hist(scale: float):
         h = vec(database)
         return h[None, :] + laplace_noise(rng, scale, (size, h.size))
 
-    return in_chunks(sample)
+    return sample
 
 
 def laplace_parallel(epsilon=0.005, copies=20):
@@ -83,7 +83,7 @@ def laplace_parallel(epsilon=0.005, copies=20):
     def sample(database, size, rng):
         return stat(database) + laplace_noise(rng, 1.0 / epsilon, (size, copies))
 
-    return in_chunks(sample)
+    return sample
 
 
 def prefix_sum(epsilon=0.1):
@@ -111,7 +111,7 @@ def report_noisy_max(epsilon=0.1, noise="laplace", output="index"):
         noisy = q[None, :] + draw(rng, scale, (size, q.size))
         return np.argmax(noisy, axis=1) if output == "index" else np.max(noisy, axis=1)
 
-    return in_chunks(sample)
+    return sample
 
 
 def _exponential_logcdf(z):
@@ -162,7 +162,7 @@ def svt_abort(epsilon=0.1, c=1, threshold=1.0, rho_scale=None, nu_scale=None):
         noisy += q[None, :]
         return _abort_after(noisy >= threshold + rho, c)
 
-    return in_chunks(sample)
+    return sample
 
 
 def _abort_after(above: np.ndarray, c: int) -> np.ndarray:
@@ -191,7 +191,7 @@ def svt3(epsilon=0.1, c=1, threshold=1.0):
         answers = _abort_after(above, c)
         return np.where(answers == 1, noisy, np.where(answers == 0, -1000.0, -2000.0))
 
-    return in_chunks(sample)
+    return sample
 
 
 def svt34_parallel(epsilon=0.1, c=2, threshold=1.0):
@@ -202,7 +202,7 @@ def svt34_parallel(epsilon=0.1, c=2, threshold=1.0):
     def sample(database, size, rng):
         return np.hstack([left(database, size, rng), right(database, size, rng).astype(float)])
 
-    return in_chunks(sample)
+    return sample
 
 
 def numerical_svt(epsilon=0.1, c=2, threshold=1.0):
@@ -219,7 +219,7 @@ def numerical_svt(epsilon=0.1, c=2, threshold=1.0):
         answers = _abort_after(above, c)
         return np.where(answers == 1, values, np.where(answers == 0, 0.0, -1000.0))
 
-    return in_chunks(sample)
+    return sample
 
 
 def svt_abort_law(q, rho_scale: float, nu_scale: float, threshold: float, c: int) -> dict:

@@ -10,9 +10,9 @@ import tempfile
 import weakref
 
 import duckdb
-import numpy as np
 
 from ..errors import InputError
+from ..params import threads as check_threads
 from .sql import first_line, quote_literal, shorten
 
 
@@ -98,21 +98,6 @@ def check_memory_limit(text: str) -> str:
         raise InputError(f"`memory_limit` {shorten(text)} is too large to be a size; leave it out for the default",
                          param="memory_limit")
     return text
-
-
-def max_threads() -> int:
-    """The most threads accepted: 4 per core, at least 256 (DuckDB starts every one at once)."""
-    return max(256, 4 * (os.cpu_count() or 1))
-
-
-def check_threads(threads) -> int | None:
-    """Refuse a thread count below 1 or far above the cores (10^5 threads hang DuckDB)."""
-    if threads is None:
-        return None
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= max_threads():
-        raise InputError(f"`threads` {shorten(threads)} must be an integer from 1 to {max_threads()} "
-                         f"(this machine has {os.cpu_count() or 1} cores)", param="threads")
-    return int(threads)
 
 
 def connect(memory_limit: str | None = None, threads: int | None = None) -> duckdb.DuckDBPyConnection:
