@@ -108,7 +108,7 @@ def draw(mechanism, database, size: int, rng: np.random.Generator, post=None) ->
         return _part(mechanism, database, size, rng, post)
     sizes = [min(DRAW_PART, size - start) for start in range(0, size, DRAW_PART)]
     calls = zip(sizes, part_generators(rng, len(sizes)))
-    workers = _workers(getattr(mechanism, "threads", 1))
+    workers = draw_workers(mechanism)
     if workers == 1:
         return _stack([_part(mechanism, database, k, g, post) for k, g in calls])
     return _stack(list(_pool(workers).map(lambda call: _part(mechanism, database, *call, post), calls)))
@@ -150,7 +150,10 @@ def _stack(parts: list):
     return np.concatenate(parts)
 
 
-def _workers(threads) -> int:
+def draw_workers(mechanism) -> int:
+    """How many threads may call ``mechanism``'s sampler at once (its ``threads``; None: every core; a
+    plain function: one)."""
+    threads = getattr(mechanism, "threads", 1)
     if threads is None:
         from ..params import available_cores
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import Callable
@@ -61,8 +62,10 @@ from .common import (
     check_size,
     detect_discrete,
     draw,
+    draw_workers,
     exact_or_none,
     one_blas_thread,
+    part_generators,
 )
 from .dpl import Candidate, Plan, candidate, check_region, undersmoothed
 from .kde import GAUSS_R, as_samples, contains, kde_at, rule_of_thumb, sigma_discrete
@@ -171,16 +174,18 @@ class _Deadline:
         return round_size(min(max(affordable, 2 * n), MAX_SAMPLES))
 
 
-def _draw_pair(plan: Plan, pair, size, rng, post=None):
+def _draw_pair(plan: Plan, pair, size, rng, post=None, one: bool = False):
     """Outputs of both databases of ``pair`` after the feature (then ``post`` of them), each part of a
-    draw on its own thread (:func:`empdp.audit.common.draw`)."""
+    draw on its own thread (:func:`empdp.audit.common.draw`), or all on the calling one (``one``: a step
+    of stage 1, which runs beside others)."""
+    mech = replace(plan.mech, threads=1) if one else plan.mech
 
     def part(outputs):
         if plan.feature is not None:
             outputs = plan.feature(pair[0], pair[1], outputs)
         return outputs if post is None else post(outputs)
 
-    return draw(plan.mech, pair[0], size, rng, part), draw(plan.mech, pair[1], size, rng, part)
+    return draw(mech, pair[0], size, rng, part), draw(mech, pair[1], size, rng, part)
 
 
 def _resolve_feature(mech, feature):
@@ -361,9 +366,10 @@ STAGE1_END_SHARE = 0.85
 
 @dataclass
 class _Steps:
-    """Which steps stage 1 takes: all, the first ``given`` (a stopped run given back), or with a deadline
+    """Which steps stage 1 begins: all, the first ``given`` (a stopped run given back), or with a deadline
     ``end`` (a ``time.perf_counter()`` value) those its pace so far says end by it. The first step is
-    always taken; the stop depends on the clock alone, and the steps taken are reported."""
+    always begun, every step begun is finished, and steps begin in order, so the steps taken are the
+    first ``done``; the stop depends on the clock alone, and ``done`` is reported."""
 
     given: int | None
     end: float | None
@@ -373,17 +379,18 @@ class _Steps:
     _rows: int = 0
 
     def begin(self, rows: int) -> bool:
-        """Whether to take the next step, which searches ``rows`` outputs per database."""
+        """Whether to begin the next step, which searches ``rows`` outputs per database."""
         if self.given is not None:
             go = self.done < self.given
         else:
             pace = self._seconds / max(self._rows, 1)
             go = self.end is None or not self.done or time.perf_counter() + pace * rows <= self.end
         self.stopped = self.stopped or not go
+        self.done += go
         return go
 
     def took(self, rows: int, seconds: float) -> None:
-        self.done += 1
+        """A step of ``rows`` outputs per database ended after ``seconds`` (run beside others, if any)."""
         self._rows += rows
         self._seconds += seconds
 
@@ -394,7 +401,8 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report, stop: _Steps | None 
     With B ≥ 3 pairs it runs in two rounds (successive halving): n/2 outputs per
     database for every pair, then the rest of the budget to the best ⌈B/HALVING⌉.
     ``stop`` may end it after any step (a pair's search): the pairs searched so far compete, and
-    finalists not searched again keep their first-round candidates.
+    finalists not searched again keep their first-round candidates. Steps run side by side on the
+    draw's threads (:func:`_steps`), each with its own stream, so the result does not depend on how many.
     """
     stop = stop or _Steps(None, None)
     pairs, n = plan.pairs, plan.n
@@ -406,32 +414,33 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report, stop: _Steps | None 
     stage = f"MPL stage 1: {len(pairs)} pairs x 2 x {n:,} outputs"
     steps = len(pairs) + (keep if extra else 0)
     report(stage, 0, steps)
-    cands, kept_samples = [], []
-    for b, pair in enumerate(pairs):
-        if not stop.begin(n1):
-            break
-        t0 = time.perf_counter()
-        xs, ys = _draw_pair(plan, pair, n1, rng)
-        if b == 0:
-            is_discrete = detect_discrete(np.concatenate([np.ravel(xs), np.ravel(ys)]), discrete)
-        x, y = as_samples(xs), as_samples(ys)
-        cands.append(candidate(x, y, is_discrete, plan, logistic=not extra))
-        kept_samples.append((x, y) if extra else None)
-        stop.took(n1, time.perf_counter() - t0)
-        report(stage, b + 1, steps)
+    streams = part_generators(rng, steps)
+    stop.begin(n1)  # the first step is always taken: its outputs say whether the outputs are discrete
+    t0 = time.perf_counter()
+    first = [as_samples(v) for v in _draw_pair(plan, pairs[0], n1, streams[0])]
+    is_discrete = detect_discrete(np.concatenate([np.ravel(v) for v in first]), discrete)
+    kept = [None] * len(pairs)  # a first round's outputs, when a second adds to them
+
+    def first_round(b):
+        x, y = first if b == 0 else (as_samples(v) for v in _draw_pair(plan, pairs[b], n1, streams[b], one=True))
+        kept[b] = (x, y) if extra else None
+        return candidate(x, y, is_discrete, plan, logistic=not extra)
+
+    cands = _steps(plan, first_round, range(len(pairs)), n1, stop, lambda done: report(stage, done, steps), t0)
     finalists = sorted(range(len(cands)), key=lambda k: -cands[k].score)[:keep]
     if extra and not stop.stopped:  # the second round: more outputs for the finalists, added to their first ones
-        for j, b in enumerate(finalists):
-            if not stop.begin(n1 + extra):
-                break
-            t0 = time.perf_counter()
-            xs, ys = _draw_pair(plan, pairs[b], extra, rng)
-            x = np.concatenate([kept_samples[b][0], as_samples(xs)])
-            y = np.concatenate([kept_samples[b][1], as_samples(ys)])
-            cands[b] = candidate(x, y, is_discrete, plan)
-            stop.took(n1 + extra, time.perf_counter() - t0)
-            report(stage, len(pairs) + j + 1, steps)
-        del kept_samples
+
+        def second_round(j):
+            b = finalists[j]
+            xs, ys = _draw_pair(plan, pairs[b], extra, streams[len(pairs) + j], one=True)
+            x, y = np.concatenate([kept[b][0], as_samples(xs)]), np.concatenate([kept[b][1], as_samples(ys)])
+            return candidate(x, y, is_discrete, plan)
+
+        again = _steps(plan, second_round, range(len(finalists)), n1 + extra, stop,
+                       lambda done: report(stage, len(pairs) + done, steps))
+        for j, cand in enumerate(again):
+            cands[finalists[j]] = cand
+    kept.clear()  # (the first round's outputs: no longer needed)
     selected = max(finalists, key=lambda k: cands[k].score)
     log.info("MPL stage 1 (DPL): %d pairs x 2 x %d outputs%s%s, %s estimate, in %.2f s; selected pair %d, "
              "stage-1 max loss %.4g", len(cands), n1,
@@ -440,6 +449,37 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report, stop: _Steps | None 
              "frequency" if is_discrete else "kernel density", time.perf_counter() - t_start, selected,
              cands[selected].max_loss)
     return _Stage1(cands, selected, is_discrete)
+
+
+def _steps(plan: Plan, step, items, rows: int, stop: _Steps, done, first_began: float | None = None) -> list:
+    """``step(item)`` for the first items ``stop`` lets begin, in order, at most as many at once as the
+    mechanism's draws have threads; their results in order. ``first_began``: the first item was begun
+    (by the caller, at that time)."""
+    workers = draw_workers(plan.mech)
+    results, running = {}, {}
+    items = list(items)
+
+    def run(k):
+        t0 = first_began if k == 0 and first_began is not None else time.perf_counter()
+        result = step(items[k])
+        return result, time.perf_counter() - t0
+
+    def finish(future):
+        k = running.pop(future)
+        results[k], seconds = future.result()
+        stop.took(rows, seconds)
+        done(len(results))
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="empdp-search") as pool:
+        for k in range(len(items)):
+            while len(running) >= workers:
+                finish(next(as_completed(running)))
+            if not (k == 0 and first_began is not None) and not stop.begin(rows):
+                break
+            running[pool.submit(run, k)] = k
+        while running:
+            finish(next(as_completed(running)))
+    return [results[k] for k in range(len(results))]
 
 
 #: stage 2 draws at most this many outputs per database at once (counts and kernel sums add up
