@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from .errors import InputError
+from .textfmt import shorten
 
 #: the largest ε any command takes: e^ε overflows a double just beyond 709; for a calibration, KDE terms
 #: e^{-gap/λ} underflow past e^{-708}, so a log ratio above ~700 comes out as inf and λ* could never be
@@ -82,8 +83,6 @@ def threads(value) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= max_threads():
-        from .data.sql import shorten  # only on this error path: it imports DuckDB
-
         raise InputError(f"`threads` {shorten(value)} must be an integer from 1 to {max_threads()} "
                          f"(this machine has {os.cpu_count() or 1} cores)", param="threads")
     return int(value)

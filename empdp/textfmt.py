@@ -59,3 +59,19 @@ def bandwidth_choice(selected_by: str) -> str:
     """How a density model's bandwidth was set, in the words every output uses (terminal, report): given
     by the user (``--bandwidth``) or chosen by leave-one-out likelihood."""
     return "given (--bandwidth)" if selected_by == "fixed" else "chosen by leave-one-out likelihood"
+
+
+def shorten(value, width: int = 80) -> str:
+    """``repr(value)`` on one line, cut to ``width`` characters (:func:`clip`): user values echoed
+    in error messages (a 10,000-character --where must not fill the terminal)."""
+    return clip(repr(value), width)
+
+
+def clip(text: str, width: int = 80) -> str:
+    """``text`` on one line, cut to ``width`` characters by a '…' in the middle (the end of a
+    path, its file name, stays visible)."""
+    text = " ".join(str(text).split())
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]

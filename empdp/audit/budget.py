@@ -151,20 +151,22 @@ def two_stage_sizes(sizes, stage1_times, stage2_times, ratio: int, budget: float
     planned to take ``share`` of the seconds ``left`` (default: what the pilots left of SAFETY·budget)
     and stage 2 the rest, unless that gives N < ratio·n; then both stages share the time with N = ratio·n.
 
-    Stage 1's cost grows as n^p (:func:`_growth_power`, fitted to its own times); stage 2 only counts an
-    event among fresh outputs, so its cost is linear in N and its rate is the last pilot's. A fixed
-    N = ratio·n left stage 2 under a tenth of the time where stage 1 costs 50 times more per output
-    (the Sparse Vector variants' score events), while the bound's error shrinks as 1/√N.
+    Stage 1's cost is a fixed part (:func:`_fixed_cost`) and a part growing as n^p (:func:`_growth_power`,
+    fitted to its own times); stage 2 only counts an event among fresh outputs, so its cost is linear in N
+    and its rate is the last pilot's. A fixed N = ratio·n left stage 2 under a tenth of the time where
+    stage 1 costs 50 times more per output (the Sparse Vector variants' score events), while the bound's
+    error shrinks as 1/√N.
     """
     power = _growth_power(sizes[-3:], stage1_times[-3:], STAGE1_POWER_RANGE)
     left = max(SAFETY * budget - pilot if left is None else left, 0.0)
     t1, n_last = max(stage1_times[-1], 1e-9), sizes[-1]
+    fixed = _fixed_cost(sizes[1:][-3:], stage1_times[1:][-3:])  # (the first pilot pays one-off work)
     rate = stage2_rate(sizes, stage2_times, ratio)
 
     def stage1(n):
-        return t1 * (n / n_last) ** power
+        return fixed + (t1 - fixed) * (n / n_last) ** power
 
-    affordable = n_last * (share * left / t1) ** (1 / power)
+    affordable = _solve(stage1, share * left, n_last) if share * left > fixed else n_last * share * left / t1
     if left - stage1(affordable) < rate * ratio * affordable:  # stage 2 dear: N = ratio·n, both fit in
         affordable = _solve(lambda n: stage1(n) + rate * ratio * n, left, n_last)
     n = round_size(min(max(affordable, minimum), maximum[0]))
@@ -189,6 +191,23 @@ def _report(budget, pilot, sizes, times, power, affordable, minimum, maximum) ->
     return {"chosen_by": "time budget", "time_budget": budget, "pilot_seconds": round(pilot, 3),
             "last_pilot": {"size": sizes[-1], "seconds": round(times[-1], 3)}, "cost_power": round(power, 3),
             "capped_by": "memory" if affordable > maximum else "minimum size" if affordable < minimum else None}
+
+
+#: most share of the last pilot's stage 1 counted as its fixed cost (what does not grow with n: the pairs'
+#: score fits and thresholds on few outputs). svt3's pilots of 4,000-9,000 outputs took 0.95-1.39 s, of
+#: which about 0.6 s fixed; through the origin, the plan forecast 9.9 s for the 6.25 s its stage 1 took
+MAX_FIXED_SHARE = 0.6
+
+
+def _fixed_cost(sizes, times) -> float:
+    """The part of stage 1's time that does not grow with n: the intercept of a straight line through the
+    pilots (least squares; none below two), within [0, MAX_FIXED_SHARE × the last pilot's time]."""
+    if len(sizes) < 2:
+        return 0.0
+    slope, intercept = np.polyfit(np.asarray(sizes, float), np.asarray(times, float), 1)
+    if slope <= 0:  # no growth seen (a first pilot slowed by one-off work): nothing to split
+        return 0.0
+    return float(min(max(intercept, 0.0), MAX_FIXED_SHARE * times[-1]))
 
 
 def _growth_power(sizes, times, within: tuple[float, float] = POWER_RANGE) -> float:

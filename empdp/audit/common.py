@@ -11,6 +11,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..errors import InputError
+from ..textfmt import clip, shorten
 from .kde import as_samples, looks_discrete
 
 #: the sample sizes in the audits' JSON and attributes, each named as its flag (--search-size is
@@ -206,14 +207,10 @@ def exact_or_none(compute, *args):
 
 
 def one_line(text: str, width: int) -> str:
-    """``text`` on one line, cut to ``width`` characters (:func:`empdp.data.clip`)."""
-    from ..data import clip
-
+    """``text`` on one line, cut to ``width`` characters (:func:`empdp.textfmt.clip`)."""
     return clip(text, width)
 
 
 def short(value, width: int = 60) -> str:
-    """A value's repr on one short line, for error messages (:func:`empdp.data.shorten`)."""
-    from ..data import shorten
-
+    """A value's repr on one short line, for error messages (:func:`empdp.textfmt.shorten`)."""
     return shorten(value, width)

@@ -68,6 +68,7 @@ from .common import (
     part_generators,
 )
 from .dpl import Candidate, Plan, candidate, check_region, undersmoothed
+from .events import load_optimizer
 from .kde import GAUSS_R, as_samples, contains, kde_at, rule_of_thumb, sigma_discrete
 from .mechanisms import load_mechanism
 from .pairs import resolve_pairs
@@ -318,6 +319,8 @@ def _budget_sizes(plan: Plan, budget: float, started: float, discrete) -> tuple[
     end = deadline(started, budget)
     exact_or_none(plan.mech.true_epsilon_over, plan.pairs)  # cached: a one-off cost, not the audit's
     probe = as_samples(_draw_pair(plan, plan.pairs[0], 2, np.random.default_rng(0))[0])
+    if probe.shape[1] > 1 and plan.score_events:
+        load_optimizer()  # (the logistic score's, once, before the pilots time the search)
     cap = max(PILOT_SIZES[-1], min(stage1_cap(probe, 2 * len(plan.pairs)), MAX_SAMPLES // BUDGET_RATIO))
     clock = []
 

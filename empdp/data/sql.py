@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import InputError
+from ..textfmt import clip, shorten  # (light: messages that need no engine use them from there)
 
 
 def quote_ident(name: str) -> str:
@@ -21,22 +22,6 @@ def quote_ident(name: str) -> str:
 
 def quote_literal(value: str) -> str:
     return "'" + str(value).replace("'", "''") + "'"
-
-
-def shorten(value, width: int = 80) -> str:
-    """``repr(value)`` on one line, cut to ``width`` characters (:func:`clip`): user values echoed
-    in error messages (a 10,000-character --where must not fill the terminal)."""
-    return clip(repr(value), width)
-
-
-def clip(text: str, width: int = 80) -> str:
-    """``text`` on one line, cut to ``width`` characters by a '…' in the middle (the end of a
-    path, its file name, stays visible)."""
-    text = " ".join(str(text).split())
-    if len(text) <= width:
-        return text
-    head = (width - 1) // 2
-    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
 
 
 def first_line(exc: BaseException, width: int = 200) -> str:
