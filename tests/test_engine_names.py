@@ -49,3 +49,10 @@ def test_engine_choices_offer_every_engine_and_refuse_others():
 def test_help_and_audit_help_import_no_engine():
     assert _heavy_modules("--help") == []
     assert _heavy_modules("audit", "mpl", "--help") == []
+
+
+def test_an_audit_of_a_builtin_imports_no_engine():
+    """An audit reads no table: checking its pairs once built every error message through empdp.data, whose
+    import (DuckDB, pyarrow) took ~1 s of the first pilot and of the time budget."""
+    assert _heavy_modules("audit", "mpl", "-m", "svt3", "--search-size", "2000", "--final-size", "10000",
+                          "--quiet") == []
