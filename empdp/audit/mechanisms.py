@@ -467,16 +467,27 @@ def _build_svt1(p):
                      inputs="queries")
 
 
-def _build_svt3(p):
-    # Lyu et al. 2017 show Alg. 3 is not ε-DP; its exact ε over a pair is not computed here
-    return Mechanism("svt3", sniper.svt3(p["epsilon"], p["c"], p["threshold"]), p, statdp_patterns(10), None,
-                     None, None, pattern_dim=10, ordered_queries=True, inputs="queries")
+def _build_svt3(p, name="svt3", sampler=sniper.svt3, exact=sniper.svt3_pair_epsilon):
+    """SVT3, or with the svt34_parallel arguments SVT3 and SVT4 side by side.
+
+    Not ε-DP for any ε (Lyu et al. 2017): on (1, …, 1) against (2, …, 2) the output "the last c
+    queries above, their values towards −∞" has loss m·ε/(2c), growing with the number of queries m.
+    Over one pair the exact ε is finite (:func:`sniper.svt3_loss_range`).
+    """
+    eps, c, t = p["epsilon"], int(p["c"]), p["threshold"]
+
+    def pair(x, y):
+        m = _vec(x).size
+        if sum(math.comb(m, j) for j in range(c + 1)) > MAX_OUTCOMES:
+            return None
+        return exact(x, y, eps, c, t)
+
+    return Mechanism(name, sampler(eps, c, t), p, statdp_patterns(10), None, None, math.inf,
+                     pair_epsilon=pair, pattern_dim=10, ordered_queries=True, inputs="queries")
 
 
 def _build_svt34_parallel(p):
-    return Mechanism("svt34_parallel", sniper.svt34_parallel(p["epsilon"], p["c"], p["threshold"]), p,
-                     statdp_patterns(10), None, None, None, pattern_dim=10, ordered_queries=True,
-                     inputs="queries")
+    return _build_svt3(p, "svt34_parallel", sniper.svt34_parallel, sniper.svt34_parallel_pair_epsilon)
 
 
 def _build_numerical_svt(p):

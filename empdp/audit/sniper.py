@@ -231,17 +231,22 @@ def svt_abort_law(q, rho_scale: float, nu_scale: float, threshold: float, c: int
     (stop: after the last member of S if |S| = c, else after the last query).
     """
     q = np.atleast_1d(np.asarray(q, float))
-    m = q.size
     outcomes, codes = [], []
-    for size in range(c + 1):
-        for members in itertools.combinations(range(m), size):
-            answers = np.zeros(m, dtype=int)
-            answers[list(members)] = 1
-            if size == c and size > 0:
-                answers[members[-1] + 1:] = -1
-            outcomes.append(tuple(answers.tolist()))
-            codes.append(answers)
+    for above, stop in abort_patterns(q.size, c):
+        answers = np.zeros(q.size, dtype=int)
+        answers[list(above)] = 1
+        answers[stop:] = -1
+        outcomes.append(tuple(answers.tolist()))
+        codes.append(answers)
     return dict(zip(outcomes, _threshold_mixture(q, np.array(codes), rho_scale, nu_scale, threshold).tolist()))
+
+
+def abort_patterns(m: int, c: int):
+    """The answer patterns of an SVT that aborts after c answers above, as (above, stop): the queries
+    answered above, and the number answered (all m unless the c-th answer above ends the run)."""
+    for size in range(c + 1):
+        for above in itertools.combinations(range(m), size):
+            yield above, (above[-1] + 1 if size == c and size else m)
 
 
 def svt_free_pair_epsilon(x, y, rho_scale: float, nu_scale: float, threshold: float) -> float:
@@ -313,6 +318,200 @@ def numerical_svt_pair_epsilon(x, y, epsilon: float, c: int, threshold: float) -
             above = np.array(a) == 1
             worst = max(worst, abs(math.log(p) - math.log(py[a])) + float(shift[above].sum()))
     return worst
+
+
+# ----------------------------------------------------------------------------- SVT3's exact ε on a pair
+
+#: absolute accuracy of :func:`svt3_loss_range`: each supremum is known to within it
+SVT3_TOL = 1e-9
+#: most cells one answer pattern may take (large ε over widely spread queries); beyond, not computed
+SVT3_MAX_CELLS = 1 << 16
+
+
+def svt3_pair_epsilon(x, y, epsilon: float, c: int, threshold: float) -> float | None:
+    """Exact ε of SVT3 (:func:`svt3`) on a pair: sup over outputs of |ln p_x(o) − ln p_y(o)|.
+
+    See :func:`svt3_loss_range` for the output's density and how the supremum is taken;
+    None when a pattern would need more than :data:`SVT3_MAX_CELLS` cells.
+    """
+    ranges = svt3_loss_range(x, y, epsilon, c, threshold)
+    return None if ranges is None else max(ranges)
+
+
+def svt34_parallel_pair_epsilon(x, y, epsilon: float, c: int, threshold: float) -> float | None:
+    """Exact ε of :func:`svt34_parallel` on a pair.
+
+    Its SVT3 and SVT4 parts use independent noise, so an output's log ratio is the sum of the
+    parts' and its supremum the sum of theirs, in each direction:
+    ε = max(sup L3 + max L4, sup(−L3) + max(−L4)), L4 over SVT4's answer patterns
+    (:func:`svt_abort_law`).
+    """
+    x, y = vec(x), vec(y)
+    ranges = svt3_loss_range(x, y, epsilon, c, threshold)
+    if ranges is None:
+        return None
+    codes = []
+    for above, below in _distinct_patterns(x, y, int(c)):
+        answers = np.full(x.size, -1)
+        answers[below], answers[above] = 0, 1
+        codes.append(answers)
+    laws = [_threshold_mixture(q, np.array(codes), 4.0 / epsilon, 4.0 / (3.0 * epsilon), threshold) for q in (x, y)]
+    return max(s3 + s4 for s3, s4 in zip(ranges, truth.loss_range(*laws)))
+
+
+def svt3_loss_range(x, y, epsilon: float, c: int, threshold: float) -> tuple[float, float] | None:
+    """(sup L, sup −L) over SVT3's outputs o, L = ln p_x(o) − ln p_y(o), each to within :data:`SVT3_TOL`.
+
+    An output is an answer pattern (queries above at A, |A| ≤ c, below at B, the rest aborted)
+    with the released values v_a = q_a + ν_a, a ∈ A. Given ρ = r the answers are independent,
+    and v_a is above the threshold iff r ≤ v_a − T, so its density is
+    Π_{a∈A} f_ν(v_a − q_a) · G_B(min_a v_a), G_B(w) = ∫_{−∞}^w p_ρ(s − T) Π_{i∈B} F_ν(s − q_i) ds,
+    with ρ ~ Lap(2/ε), ν ~ Lap(2c/ε). The log ratio is Σ_a ℓ_a(v_a) + D(w), w = min_a v_a,
+    ℓ_a(v) = (|v − y_a| − |v − x_a|)/ν monotone between its limits ±(y_a − x_a)/ν, and
+    D = ln G_B^x − ln G_B^y. For a given w one value is w and the others range over [w, ∞), where
+    ℓ_a's supremum is max(ℓ_a(w), ℓ_a(∞)): the supremum is sup_w φ(w), φ = D + M,
+    M(w) = Σ_a s_a(w) + max_a (ℓ_a(w) − s_a(w)), s_a = max(ℓ_a(·), ℓ_a(∞)) (and sup −L the same
+    with x and y swapped). A pattern without values has L = D(∞).
+
+    sup_w φ is taken by branch and bound, exact to SVT3_TOL (:func:`_pattern_sup`): φ is constant
+    below every query and the threshold (G_B ∝ e^{(1/ρ + |B|/ν) w} there), within SVT3_TOL of
+    φ(U) beyond a point U where the rest of G_B is that small, and in between, on cells between
+    the kinks, φ'' ≥ −C (G_B's integrand is log-concave with log-slope in [−1/ρ, κ],
+    κ = 1/ρ + |B|/ν, so (ln G_B)'' ≥ −r(κ + 1/ρ), r = G_B'/G_B non-increasing; M is convex
+    there), so no value in a cell exceeds the larger end's by more than C h²/8. G_B is
+    integrated by 8-point Gauss-Legendre on cells between its kinks of at most 1/(2(κ + 1/ρ)),
+    where its integrand is smooth and its log changes by at most 1/2 (exact to rounding).
+
+    Returns None when a pattern needs more than :data:`SVT3_MAX_CELLS` cells.
+    """
+    x, y = vec(x), vec(y)
+    rho, nu = 2.0 / epsilon, 2.0 * c / epsilon
+    up = down = 0.0
+    for above, below in _distinct_patterns(x, y, int(c)):
+        part = _PatternLoss(x, y, above, below, rho, nu, threshold)
+        sups = part.sup(1), part.sup(-1)
+        if None in sups:
+            return None
+        up, down = max(up, sups[0]), max(down, sups[1])
+    return up, down
+
+
+def _distinct_patterns(x, y, c: int):
+    """The answer patterns (above, below) of an aborting SVT on the pair, one per distinct loss: the
+    queries' noise is exchangeable, so a pattern's law depends on its pairs (x_i, y_i) above and
+    below as multisets only."""
+    seen = set()
+    for above, stop in abort_patterns(x.size, c):
+        above, below = list(above), np.setdiff1d(np.arange(stop), above)
+        key = tuple(tuple(sorted(zip(x[i].tolist(), y[i].tolist()))) for i in (above, below))
+        if key not in seen:
+            seen.add(key)
+            yield above, below
+
+
+class _BelowMass:
+    """G(w) = ∫_{−∞}^w p_ρ(s − T) Π_{i∈B} F_ν(s − q_i) ds in logs: the chance that the threshold T + ρ
+    is at most w and the queries B fall below it (SVT3, :func:`svt3_loss_range`)."""
+
+    _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(8)
+
+    def __init__(self, q_below, rho: float, nu: float, threshold: float):
+        self.q, self.rho, self.nu, self.t = q_below, rho, nu, threshold
+        self.kappa = 1.0 / rho + q_below.size / nu  # the integrand's largest log-slope
+
+    def log_density(self, s):
+        s = np.asarray(s, float)
+        return (-np.abs(s - self.t) / self.rho - math.log(2 * self.rho)
+                + truth._laplace_logcdf((s[..., None] - self.q) / self.nu).sum(axis=-1))
+
+    def log_masses(self, a, b):
+        """ln ∫_a^b per cell [a_k, b_k] inside one smooth piece of the integrand (Gauss-Legendre)."""
+        half = (b - a) / 2
+        logs = self.log_density((a + b)[:, None] / 2 + half[:, None] * self._NODES) + np.log(self._WEIGHTS)
+        top = logs.max(axis=1)
+        return top + np.log(np.exp(logs - top[:, None]).sum(axis=1)) + np.log(half)
+
+    def log_cdf(self, grid, start=None):
+        """ln G at the points of ``grid``; ``start`` its value at grid[0], by default at a point below
+        every kink, where the integrand is proportional to e^{κ s} and G = density/κ."""
+        if start is None:
+            start = float(self.log_density(grid[0])) - math.log(self.kappa)
+        return np.logaddexp.accumulate(np.concatenate([[start], self.log_masses(grid[:-1], grid[1:])]))
+
+
+class _PatternLoss:
+    """SVT3's log ratio on one answer pattern as φ(w) of the least released value (:func:`svt3_loss_range`)."""
+
+    def __init__(self, x, y, above: list, below, rho: float, nu: float, threshold: float):
+        self.mass = [_BelowMass(q[below], rho, nu, threshold) for q in (x, y)]
+        self.xa, self.ya, self.nu, self.above = x[above], y[above], nu, above
+        self.flat_g = np.array_equal(x[below], y[below])  # then D ≡ 0 and φ has no curvature
+        self.kinks = np.concatenate([[threshold], x[below], y[below]])
+        self.curve = self.mass[0].kappa + 1.0 / rho
+        step = 0.5 / self.curve
+        breaks = np.unique(np.concatenate([self.kinks, self.xa, self.ya]))
+        self.grid = None
+        if breaks.size + (breaks[-1] - breaks[0]) / step > SVT3_MAX_CELLS:
+            return
+        grid = truth.segment_edges(breaks, breaks[0], breaks[-1], step)
+        log_g = [m.log_cdf(grid) for m in self.mass]
+        # beyond U, G's remaining mass (at most the threshold's, e^{−(U−T)/ρ}/2) is within SVT3_TOL of G
+        top = max(breaks[-1], threshold + rho * (-math.log(2 * SVT3_TOL) - min(g[-1] for g in log_g)))
+        if grid.size + (top - breaks[-1]) / step > SVT3_MAX_CELLS:
+            return
+        tail = truth.segment_edges((), breaks[-1], top, step)
+        log_g = [np.concatenate([g, m.log_cdf(tail, g[-1])[1:]]) for m, g in zip(self.mass, log_g)]
+        self.grid, self.log_g = np.concatenate([grid, tail[1:]]), np.array(log_g)
+
+    def phi(self, sign: int, w, log_g):
+        """sign·L's supremum over the values whose least is w (a pattern without values: L at w = ∞)."""
+        d = sign * (log_g[0] - log_g[1])
+        if not self.above:
+            return d
+        ell = sign * (np.abs(w[:, None] - self.ya) - np.abs(w[:, None] - self.xa)) / self.nu
+        top = np.maximum(ell, sign * (self.xa - self.ya) / self.nu)
+        return d + top.sum(axis=1) + (ell - top).max(axis=1)
+
+    def curvature(self, sign: int, w, log_g):
+        """C per cell starting at w: φ'' ≥ −C on it (0 where G_B^x ≡ G_B^y or below every kink)."""
+        num = 0 if sign > 0 else 1
+        if self.flat_g:
+            return np.zeros(w.size)
+        rate = np.exp(self.mass[num].log_density(w) - log_g[num])  # r = G'/G, non-increasing
+        return np.where(w < self.kinks.min(), 0.0, rate * self.curve)
+
+    def sup(self, sign: int) -> float | None:
+        """sup_w sign·φ(w), to within SVT3_TOL (None: too many cells)."""
+        if self.grid is None:
+            return None
+        w, log_g = self.grid, self.log_g
+        phi = self.phi(sign, w, log_g)
+        if not np.all(np.isfinite(phi)):  # G underflowed beyond its logs: not computed
+            return None
+        if not self.above:
+            return float(phi[-1])
+        cells = [w[:-1], w[1:], log_g[:, :-1], phi[:-1], phi[1:], self.curvature(sign, w[:-1], log_g[:, :-1])]
+        return _pattern_sup(self, sign, cells, float(phi.max()))
+
+
+def _pattern_sup(part: _PatternLoss, sign: int, cells: list, best: float) -> float | None:
+    """Branch and bound: split the cells whose bound max(φ(a), φ(b)) + C (b − a)²/8 exceeds the best
+    value found by more than SVT3_TOL, until none does (None past SVT3_MAX_CELLS cells)."""
+    while True:
+        a, b, log_a, phi_a, phi_b, curv = cells
+        open_ = np.maximum(phi_a, phi_b) + curv * (b - a) ** 2 / 8 > best + SVT3_TOL
+        if not open_.any():
+            return best
+        if 2 * np.count_nonzero(open_) > SVT3_MAX_CELLS:
+            return None
+        a, b, log_a, phi_a, phi_b, curv = (v[..., open_] for v in cells)
+        mid = (a + b) / 2
+        log_mid = np.logaddexp(log_a, np.array([m.log_masses(a, mid) for m in part.mass]))
+        phi_mid = part.phi(sign, mid, log_mid)
+        best = max(best, float(phi_mid.max()))
+        cells = [np.concatenate([a, mid]), np.concatenate([mid, b]), np.concatenate([log_a, log_mid], axis=1),
+                 np.concatenate([phi_a, phi_mid]), np.concatenate([phi_mid, phi_b]),
+                 np.concatenate([curv, part.curvature(sign, mid, log_mid)])]
 
 
 # ----------------------------------------------------------------------------- RAPPOR

@@ -83,12 +83,19 @@ def noisy_gd_moments(xbar: float, sigma: float, lr: float, steps: int, theta0: f
 
 def discrete_epsilon(p: np.ndarray, q: np.ndarray) -> float:
     """max_k |log p_k − log q_k| (∞ when one law charges a point the other does not)."""
+    return max(loss_range(p, q))
+
+
+def loss_range(p: np.ndarray, q: np.ndarray) -> tuple[float, float]:
+    """(max_k, −min_k) of log p_k − log q_k, each at least 0 (∞ where only one law charges a point):
+    the privacy loss's range in each direction, which adds over independent outputs."""
     p, q = np.asarray(p, float), np.asarray(q, float)
-    tiny = 1e-300
+    tiny = 1e-300  # below it a probability is 0
     both = (p > tiny) & (q > tiny)
-    if np.any((p > tiny) != (q > tiny)):
-        return math.inf
-    return float(np.max(np.abs(np.log(p[both]) - np.log(q[both])))) if both.any() else 0.0
+    loss = np.log(p[both]) - np.log(q[both])
+    up = math.inf if np.any((p > tiny) & ~both) else float(loss.max(initial=0.0))
+    down = math.inf if np.any((q > tiny) & ~both) else float(-loss.min(initial=0.0))
+    return up, down
 
 
 def discrete_renyi(order: float, p: np.ndarray, q: np.ndarray) -> float:
@@ -117,19 +124,24 @@ def shuffled_rr_pmf(bits, p: float) -> np.ndarray:
     return out
 
 
-def _segment_nodes(breaks, lo: float, hi: float, width: float, order: int = 48):
-    """Gauss-Legendre nodes and weights on [lo, hi], split at ``breaks`` and every ``width``.
-
-    The integrands below are smooth between their kinks (the noise centres),
-    so piecewise Gauss-Legendre is exact to rounding; vectorised, no quad loop.
-    """
+def segment_edges(breaks, lo: float, hi: float, width: float) -> np.ndarray:
+    """Points from ``lo`` to ``hi`` through every break between them, no two more than ``width`` apart."""
     cuts = sorted({lo, hi} | {float(b) for b in breaks if lo < b < hi})
     edges = []
     for a, b in zip(cuts[:-1], cuts[1:]):
         k = max(1, int(math.ceil((b - a) / width)))
         edges.extend(np.linspace(a, b, k + 1)[:-1].tolist())
     edges.append(hi)
-    edges = np.array(edges)
+    return np.array(edges)
+
+
+def _segment_nodes(breaks, lo: float, hi: float, width: float, order: int = 48):
+    """Gauss-Legendre nodes and weights on [lo, hi], split at ``breaks`` and every ``width``.
+
+    The integrands below are smooth between their kinks (the noise centres),
+    so piecewise Gauss-Legendre is exact to rounding; vectorised, no quad loop.
+    """
+    edges = segment_edges(breaks, lo, hi, width)
     x, w = np.polynomial.legendre.leggauss(order)
     mid, half = (edges[1:] + edges[:-1]) / 2, (edges[1:] - edges[:-1]) / 2
     return (mid[:, None] + half[:, None] * x[None, :]).ravel(), (half[:, None] * w[None, :]).ravel()
