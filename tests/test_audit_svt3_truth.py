@@ -151,6 +151,14 @@ def test_svt3_is_not_dp_for_any_epsilon():
 def test_svt3_exact_value_is_unknown_where_it_would_take_too_long():
     assert builtin("svt3", epsilon=1e6).pair_epsilon([1.0, 1.0], [2.0, 0.0]) is None
     assert builtin("svt3", c=2).pair_epsilon([1.0] * 200, [2.0] * 200) is None  # 20,101 patterns
+    for value in (math.nan, math.inf, 1e300):
+        assert builtin("svt3").pair_epsilon([value, 1.0], [1.0, 1.0]) is None
+
+
+def test_inputs_of_different_lengths_are_told_apart():
+    """Their outputs have different lengths: ε = ∞ (as svt1's pattern laws give), not an IndexError."""
+    for name in ("svt3", "svt34_parallel"):
+        assert builtin(name).pair_epsilon([1.0, 1.0, 1.0], [1.0, 2.0]) == math.inf
 
 
 # ----------------------------------------------------------------------------- SVT34Parallel

@@ -348,8 +348,8 @@ def svt34_parallel_pair_epsilon(x, y, epsilon: float, c: int, threshold: float) 
     """
     x, y = vec(x), vec(y)
     ranges = svt3_loss_range(x, y, epsilon, c, threshold)
-    if ranges is None:
-        return None
+    if ranges is None or max(ranges) == math.inf:
+        return None if ranges is None else math.inf
     codes = []
     for above, below in _distinct_patterns(x, y, int(c)):
         answers = np.full(x.size, -1)
@@ -382,9 +382,15 @@ def svt3_loss_range(x, y, epsilon: float, c: int, threshold: float) -> tuple[flo
     integrated by 8-point Gauss-Legendre on cells between its kinks of at most 1/(2(κ + 1/ρ)),
     where its integrand is smooth and its log changes by at most 1/2 (exact to rounding).
 
-    Returns None when a pattern needs more than :data:`SVT3_MAX_CELLS` cells.
+    Returns None for queries that are not finite or when a pattern needs more than
+    :data:`SVT3_MAX_CELLS` cells, and ∞ both ways for inputs of different lengths (their outputs'
+    lengths tell them apart).
     """
     x, y = vec(x), vec(y)
+    if x.size != y.size:
+        return math.inf, math.inf
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        return None
     rho, nu = 2.0 / epsilon, 2.0 * c / epsilon
     up = down = 0.0
     for above, below in _distinct_patterns(x, y, int(c)):
@@ -496,13 +502,15 @@ class _PatternLoss:
 
 def _pattern_sup(part: _PatternLoss, sign: int, cells: list, best: float) -> float | None:
     """Branch and bound: split the cells whose bound max(φ(a), φ(b)) + C (b − a)²/8 exceeds the best
-    value found by more than SVT3_TOL, until none does (None past SVT3_MAX_CELLS cells)."""
+    value found by more than SVT3_TOL, until none does (None past SVT3_MAX_CELLS splits)."""
+    splits = 0
     while True:
         a, b, log_a, phi_a, phi_b, curv = cells
         open_ = np.maximum(phi_a, phi_b) + curv * (b - a) ** 2 / 8 > best + SVT3_TOL
         if not open_.any():
             return best
-        if 2 * np.count_nonzero(open_) > SVT3_MAX_CELLS:
+        splits += np.count_nonzero(open_)
+        if splits > SVT3_MAX_CELLS:
             return None
         a, b, log_a, phi_a, phi_b, curv = (v[..., open_] for v in cells)
         mid = (a + b) / 2
