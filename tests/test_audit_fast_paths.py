@@ -228,3 +228,30 @@ def test_bad_threads_are_one_line(value):
 
     res = run("mpl", "-m", "laplace", "--threads", value, "--search-size", 1000, "--final-size", 5000)
     one_line_error(res, "threads")
+
+
+@pytest.mark.parametrize("case", ["laplace", "ties", "ints", "far", "uneven", "huge_offset", "on_edges"])
+def test_bins_read_off_a_grid_equal_the_binary_search(case):
+    """ratios._search reads most values' bins off a uniform grid: the same numbers as np.searchsorted,
+    values on and one ulp beside every edge included, and where the grid cannot be exact it searches."""
+    from empdp.audit.ratios import GRID_VALUES, _search
+
+    rng = np.random.default_rng(11)
+    size = 4 * GRID_VALUES
+    values = rng.laplace(0.0, 200.0, size)
+    edges = np.quantile(values, np.arange(1, 32) / 32)
+    if case == "ties":
+        edges = np.sort(np.concatenate([edges[:20], np.full(11, edges[20])]))
+    elif case == "ints":
+        values = rng.integers(-3000, 3000, size)
+        edges = np.quantile(values, np.arange(1, 32) / 32, method="lower").astype(float)
+    elif case == "far":
+        values = values * 1e6
+    elif case == "uneven":
+        edges = np.concatenate([edges[:30], [1e9]])
+    elif case == "huge_offset":
+        values, edges = values * 1e-12 + 1e12, edges * 1e-12 + 1e12
+    elif case == "on_edges":
+        around = np.concatenate([edges, np.nextafter(edges, -np.inf), np.nextafter(edges, np.inf)])
+        values[: 3 * len(edges) * 50] = np.repeat(around, 50)
+    assert np.array_equal(_search(edges, values), np.searchsorted(edges, values, side="right"))
