@@ -25,7 +25,7 @@ standard error at that event, P(bound ≥ oracle + k·sd) ≈ 1 − Φ(k), and f
   ln(P0/P1) − z_0.9·sqrt((1−P0)/(N P0) + (1−P1)/(N P1)) at N ∈ {1, 3, 10, 30}·10^6 per input ("G N"), and
   at N20, the most a 20 s run could draw: 20 s on 2 cores all spent drawing the two inputs' outputs,
   N20 = 20 s / (µs per output), nothing for stage 1 or for scoring (measured runs of 20 s on a shared
-  host, drawing on one core, reached a stage-2 N 6-30 times smaller; on both, 2-20 times). "P(med3)" is the chance that the median of 3 runs at N20
+  host, drawing on one core, reached a stage-2 N 6-30 times smaller; on both, 4-13 times). "P(med3)" is the chance that the median of 3 runs at N20
   on the oracle's event reaches "DPS ref"; "N*" is the least N per input at which our oracle reaches it,
   "s*" the seconds its 2·N* outputs take on 2 cores. The randomised boundary moves none of our values by
   1e-4 except on SVT5, whose outcomes are few and one of them impossible under x' (its ε is ∞).
