@@ -25,13 +25,10 @@ def test_the_suite_has_dpsnipers_twenty_with_their_true_values():
     expected = {"laplace": 0.1, "truncated_geometric": math.log(1 + 2 ** -3), "noisy_hist1": 0.1,
                 "noisy_hist2": 10.0, "report_noisy_max3": 0.25, "report_noisy_max4": math.inf,
                 "svt5": math.inf, "rappor": 0.3000625, "one_time_rappor": 0.6005008,
-                "laplace_parallel": 0.1, "prefix_sum": 1.0}
+                "laplace_parallel": 0.1, "prefix_sum": 1.0, "svt3": 0.5, "svt34_parallel": 0.4874464}
     for name in DPSNIPER_SUITE:
         mech, pairs = dpsniper_mechanism(name)
         value = mech.true_epsilon_over(pairs)
-        if name in ("svt3", "svt34_parallel"):
-            assert value is None and mech.epsilon is None  # not computed: stated, not guessed
-            continue
         assert value is not None and value <= mech.epsilon * (1 + 1e-9), name
         if name in expected:
             assert_allclose(value, expected[name], rtol=1e-6)
@@ -362,11 +359,12 @@ def test_report_noisy_max3_is_measured_on_a_half_line_not_a_noisy_point():
     """A 1-d point competes with the half-line score event under the same stage-1 penalty: without it
     the point's winner's-curse criterion won although its stage-2 error is twice the half-line's (at
     these sizes the old rule picked a point on all 4 seeds, bounds 0.07-0.25; true 0.25). With the half-line
-    the bounds of 12 seeds spread over 0.194-0.245 (draws in parts, each with its own stream)."""
+    the bounds of 12 seeds spread over 0.20-0.26, sd ~0.015 (draws in parts, stage-1 steps with their own
+    streams): a 90% bound exceeds the truth on about 1 seed in 10, here seed 0 by 0.007."""
     mech, pairs = dpsniper_mechanism("report_noisy_max3")
     bounds = []
     for seed in range(4):
         res = mpl(mech, pairs, n=60000, N=300000, alpha=0.1, rng=seed)
         assert res.event_rule is not None
         bounds.append(res.lower_bound)
-    assert 0.18 < min(bounds) and max(bounds) <= 0.25 * 1.02
+    assert 0.18 < min(bounds) and max(bounds) <= 0.25 + 0.025  # above the truth by at most ~1.7 sd
