@@ -135,8 +135,11 @@ def _ratio(ex, ea, eb):
     vals = []
     for ep in (ea, eb):
         ip = 1.0 / ep
-        F = [np.minimum(ex[:, :, k, None] * ip[:, None, :, k], ix[:, :, k, None] * ep[:, None, :, k]) for k in (0, 1)]
-        vals.append(F[0] @ F[1].transpose(0, 2, 1))
+        first = np.minimum(ex[:, :, 0, None] * ip[:, None, :, 0], ix[:, :, 0, None] * ep[:, None, :, 0])  # (R, G, n)
+        # the second factor built transposed, (R, n, G): the same products, and a contiguous operand
+        # makes the stacked product about twice as fast as a transposed view (the same bits)
+        second = np.minimum(ip[:, :, 1, None] * ex[:, None, :, 1], ep[:, :, 1, None] * ix[:, None, :, 1])
+        vals.append(first @ second)
     return vals[0] / vals[1]
 
 
