@@ -184,3 +184,26 @@ def test_the_rows_made_exact_are_shared_among_the_threads(monkeypatch):
     assert sum(blocks) == int(cert.live.sum()) > 8
     assert len(blocks) >= 8 and max(blocks) - min(blocks) <= 1
     assert [list(b) for b in je._deal(np.arange(10), 64, 1)] == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
+
+
+def test_the_bounds_in_blocks_on_two_threads_are_the_same_bits(monkeypatch):
+    """The certified bounds run in row blocks side by side (issue 37, item 2): each row's bracket, and
+    the lower bound on its ε_i, must not depend on its block or on the thread count, nor the order of
+    the blocks' results on which thread ends first."""
+    model, shifts = panel(2, "bounded", seed=4, m=40)
+    eps = np.array([0.01, 0.05, 0.1])
+    bound = np.abs(shifts @ model.transform.T).sum(-1).max(-1)
+
+    monkeypatch.setattr(je.Certified, "_certify", lambda self: None)  # the bounds alone, no refinement
+
+    def bounds(threads):
+        part = je.Part(model, shifts, bound, np.full(len(shifts), np.nan))
+        cert = je.Certified([part], eps, threads=threads)
+        return cert.lo, cert.hi, cert.eps_lo, part.eps_i
+
+    one = bounds(1)
+    monkeypatch.setattr(je, "EPS_ROWS", 3)  # 14 blocks over 2 threads
+    many = bounds(2)
+    assert np.count_nonzero(one[1]) > 20
+    for x, y in zip(one, many):
+        assert np.array_equal(x, y, equal_nan=True)
