@@ -199,7 +199,8 @@ def test_stage1_weighs_by_the_planned_size_and_the_reported_sizes_reproduce_it(m
     for seed in (3, 4):
         res = mpl("laplace", params={"epsilon": 0.5}, time_budget=2, rng=seed)
         s = res.sizes
-        assert s["selection_size"] > s["final_size"] == 2 * s["search_size"]
+        # the forced N is 2n to three significant digits (CI's loaded run searched 636,000: N 1,270,000)
+        assert s["selection_size"] > s["final_size"] == mpl_mod.round_size(2 * s["search_size"])
         again = mpl("laplace", params={"epsilon": 0.5}, n=s["search_size"], N=s["final_size"],
                     selection_size=s["selection_size"], rng=seed)
         assert again.lower_bound == res.lower_bound
