@@ -19,7 +19,12 @@ def test_mpl_budget_chooses_reports_and_reproduces_sizes():
     took = time.perf_counter() - t0
     s = res.sizes
     assert s["chosen_by"] == "time budget" and s["time_budget"] == 2
-    assert s["search_size"] == res.search_size >= 4000 and s["final_size"] == res.final_size >= 2 * res.search_size
+    assert s["search_size"] == res.search_size >= 4000 and s["final_size"] == res.final_size
+    # N is aimed at 2n or more; the clock may stop stage 2 short of it (at least one chunk), as CI's run
+    # did when a loaded host slowed a stage 1 of 1.89 million outputs past its plan (N 65,536)
+    mpl_mod = importlib.import_module("empdp.audit.mpl")
+    assert s["final_size_aimed"] >= mpl_mod.round_size(2 * res.search_size)  # (to three significant digits)
+    assert min(s["final_size_aimed"], mpl_mod.STAGE2_CHUNK) <= res.final_size <= s["final_size_aimed"]
     assert took < 8  # about the budget (a loaded machine may overrun it somewhat)
     again = mpl("laplace", params={"epsilon": 0.5}, n=s["search_size"], N=s["final_size"],
                 selection_size=s["selection_size"], rng=3)
