@@ -86,8 +86,54 @@ def test_a_users_sampler_runs_on_one_thread_unless_its_user_says(monkeypatch):
     common.draw(mech, 0.0, 1000, np.random.default_rng(0))
     assert seen == {threading.get_ident()}
     seen.clear()
-    common.draw(load_mechanism(slow, threads=2), 0.0, 1000, np.random.default_rng(0))
+    together = threading.Barrier(2, timeout=60)  # each call waits for another: only two threads at once pass
+
+    def paired(database, size, rng):
+        seen.add(threading.get_ident())
+        together.wait()
+        return rng.random(size)
+
+    common.draw(load_mechanism(paired, threads=2), 0.0, 1000, np.random.default_rng(0))  # (10 parts)
     assert len(seen) == 2 and threading.get_ident() not in seen
+
+
+def test_a_users_sampler_in_an_audit_is_called_from_the_calling_thread_only():
+    """The whole audit, not only a draw: stage 1's steps ran on a pool of one thread beside the calling
+    one (step 0 and stage 2 on the caller, the others on the pool), so a sampler bound to its thread
+    (an R session, a GPU context) was called from two."""
+    from empdp.audit import mpl
+
+    seen = set()
+
+    def sampler(database, size, rng):
+        seen.add(threading.get_ident())
+        return rng.laplace(float(database), 1.0, size)
+
+    mpl(sampler, pairs=[(0, 1), (0, 2), (1, 2)], n=2000, N=5000, rng=1)
+    assert seen == {threading.get_ident()}
+
+
+def test_blas_stays_on_one_thread_until_the_last_of_overlapping_fits_ends():
+    """Stage 1 fits its pairs' logistic scores on several threads, and the BLAS limit is process-wide: a
+    limit per fit, exited out of order (A begins, B begins, A ends), gave B back the unlimited BLAS."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from empdp.audit.events import _one_blas_thread
+
+    def blas():
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    with threadpool_limits(limits=2, user_api="blas"):
+        if blas() != {2}:
+            pytest.skip("no BLAS that runs two threads here")
+        a, b = _one_blas_thread(), _one_blas_thread()
+        a.__enter__()
+        b.__enter__()
+        assert blas() == {1}
+        a.__exit__(None, None, None)
+        assert blas() == {1}  # B still runs
+        b.__exit__(None, None, None)
+        assert blas() == {2}
 
 
 def test_parts_of_different_widths_are_refused_in_one_line(monkeypatch):
@@ -191,15 +237,20 @@ def test_no_pattern_family_without_atoms():
     assert not any(isinstance(s, ratios.PatternScore) for _, scores in ratios.ratio_scores(x, y) for s in scores)
 
 
-@pytest.mark.parametrize("kind", ["continuous", "few values", "ties"])
+@pytest.mark.parametrize("kind", ["continuous", "heavy tails", "few values", "ties"])
 def test_score_thresholds_from_the_merged_samples_are_np_quantile_and_unique(kind):
     """The score events' thresholds, read off the merged sorted samples, are exactly the distinct pooled
-    scores (at most MAX_THRESHOLDS of them) or np.quantile's MAX_THRESHOLDS quantiles, which it replaces."""
+    scores (at most MAX_THRESHOLDS of them) or np.quantile's MAX_THRESHOLDS quantiles, which it replaces.
+    "heavy tails": NumPy interpolates from the upper point where the fraction is ≥ 0.5; always from the
+    lower one, a threshold here moved by an ulp (-5.4e-20 beside a Cauchy sample's neighbours)."""
     from empdp.audit.events import MAX_THRESHOLDS, _thresholds
 
     rng = np.random.default_rng(3)
     if kind == "continuous":
         x, y = rng.laplace(0, 10, 50_001), rng.laplace(1, 10, 49_000)
+    elif kind == "heavy tails":
+        rng = np.random.default_rng(0)
+        x, y = np.concatenate([rng.normal(size=3000), rng.standard_cauchy(size=2000)]), rng.normal(size=4000) * 2
     elif kind == "few values":
         x, y = rng.integers(0, 50, 3000).astype(float), rng.integers(0, 70, 2000).astype(float)
     else:  # many distinct values, most of the mass on a few

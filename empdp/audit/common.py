@@ -57,10 +57,11 @@ MAX_SAMPLES = 10**8
 MIN_ALPHA = 1e-12
 
 
-def check_size(name: str, value, minimum: int = 10) -> int:
+def check_size(name: str, value, minimum: int = 10, outputs: bool = True) -> int:
+    """A sample size (``outputs``: at most MAX_SAMPLES per database), or a count of steps (any size)."""
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
         raise InputError(f"{name} must be an integer ≥ {minimum}, got {short(value)}")
-    if value > MAX_SAMPLES:
+    if outputs and value > MAX_SAMPLES:
         raise InputError(f"{name} = {short(value)} is over {MAX_SAMPLES:.0e} outputs per database, more than "
                          f"memory holds (0.8 GB per array); the bound tightens only as 1/sqrt({name}): "
                          f"give at most {MAX_SAMPLES:.0e}")
@@ -116,7 +117,7 @@ def draw(mechanism, database, size: int, rng: np.random.Generator, post=None) ->
 
 
 def part_generators(rng: np.random.Generator, parts: int) -> list[np.random.Generator]:
-    """``parts`` independent generators for the parts of one draw: one 128-bit key from ``rng`` (so
+    """``parts`` independent generators for the parts of one draw: one key of two 63-bit integers from ``rng`` (so
     consecutive draws differ and a seed reproduces them), and part k's stream from the key and k
     (NumPy's SeedSequence spawning: statistically independent streams)."""
     key = [int(v) for v in rng.integers(0, 2**63, size=2, dtype=np.int64)]

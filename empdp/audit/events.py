@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import threading
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,10 +168,34 @@ def _logistic(design: np.ndarray, labels: np.ndarray, iterations: int) -> np.nda
         grad = a.T @ (1 / (1 + np.exp(-z)) - labels) / n + 2 * PENALTY * np.r_[0.0, w[1:]]
         return float(np.mean(lse - labels * z) + PENALTY * w[1:] @ w[1:]), grad
 
-    with threadpool_limits(limits=1, user_api="blas"):  # scipy's own BLAS, loaded just now: see one_blas_thread
+    with _one_blas_thread():  # scipy's own BLAS, loaded just now: see one_blas_thread
         res = optimize.minimize(loss, np.zeros(a.shape[1]), jac=True, method="L-BFGS-B",
                                 options={"maxiter": iterations})
     return res.x
+
+
+_BLAS_LOCK = threading.Lock()
+_blas_limit: list = []  # [the process-wide limit, fits running under it] while any fit runs
+
+
+@contextmanager
+def _one_blas_thread():
+    """BLAS on one thread while any logistic fit runs. The limit is process-wide and stage 1 fits pairs on
+    several threads: a limit entered per fit, exited out of order, restored the unlimited BLAS while
+    another fit still ran (its L-BFGS then spun BLAS threads against the draws). The first fit to begin
+    sets it and the last to end restores it."""
+    with _BLAS_LOCK:
+        if not _blas_limit:
+            _blas_limit[:] = [threadpool_limits(limits=1, user_api="blas"), 0]
+        _blas_limit[1] += 1
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            _blas_limit[1] -= 1
+            if not _blas_limit[1]:
+                _blas_limit.pop(0).restore_original_limits()
+                _blas_limit.clear()
 
 
 def best_threshold(rule: ScoreRule, x: np.ndarray, y: np.ndarray, tau: float, weight: float):
@@ -222,4 +248,6 @@ def _thresholds(sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
     at = np.linspace(0, 1, MAX_THRESHOLDS) * (len(pooled) - 1)
     lo = np.floor(at).astype(np.int64)
     hi = np.minimum(lo + 1, len(pooled) - 1)
-    return np.unique(pooled[lo] + (at - lo) * (pooled[hi] - pooled[lo]))
+    t, a, b = at - lo, pooled[lo], pooled[hi]
+    # NumPy's own lerp (``_lerp``): from the upper point where t ≥ 0.5, so the thresholds are np.quantile's
+    return np.unique(np.where(t >= 0.5, b - (b - a) * (1 - t), a + (b - a) * t))

@@ -44,6 +44,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..io import jsonable
+from ..params import available_cores
 from .budget import (
     PILOT_SIZES,
     check_budget,
@@ -156,10 +157,12 @@ class _Stage2:
 
 @dataclass(frozen=True)
 class _Deadline:
-    """A time budget's end for stage 2 (``time.perf_counter()`` value) and stage 2's cost per output."""
+    """A time budget's end for stage 2 (``time.perf_counter()`` value), stage 2's cost per output, and
+    the seconds per output of one stage-1 step (a pair's draw and search) the last pilot took."""
 
     end: float
     rate: float
+    search_pace: float | None = None
 
     def final_size(self, n: int, stoppable: bool) -> int:
         """N to aim at for the time stage 1 left: chosen after stage 1, before any fresh output is drawn
@@ -243,7 +246,9 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
     selection : ``"lb"`` (default) or ``"max"`` (the paper's argmax of ℓ̂), see module doc.
     events : also consider likelihood-ratio events for discrete outputs (``selection="lb"`` only).
     feature : ``"default"`` (the mechanism's own, if any), None (raw outputs), or a function
-        ``(x, x_prime, outputs) -> array`` applied to the outputs of each pair (post-processing).
+        ``(x, x_prime, outputs) -> array`` applied to the outputs of each pair (post-processing). It is
+        applied to each part of a draw (at most 32,768 outputs) on the part's thread, so it must work row
+        by row and, with more than one thread, be thread-safe.
     time_budget : seconds; instead of n and N, choose them so that the audit takes about this
         long, stage 1 about STAGE1_SHARE of it (module :mod:`empdp.audit.budget`: the sizes depend
         on the machine's speed, are reported in ``sizes``, and give the same result again with the
@@ -278,7 +283,7 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
                     bandwidth, undersmooth)
     if selection_size is not None:
         plan = replace(plan, selection_N=check_size("selection_size", selection_size))
-    steps = None if search_steps is None else check_size("search_steps", search_steps, minimum=1)
+    steps = None if search_steps is None else check_size("search_steps", search_steps, minimum=1, outputs=False)
     res = _run(plan, as_rng(rng), discrete, progress or _no_progress, end=end, steps=steps)
     res.sizes = {**sizes, "search_size": plan.n, "final_size": res.final_size, **res.sizes}
     return res
@@ -292,7 +297,8 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     t0 = time.perf_counter()
     if end is not None:  # stage 1 weighs by the N planned now; stage 2 draws what the clock allows
         plan = replace(plan, selection_N=plan.weighed_N)
-    stop = _Steps(steps, None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0))
+    stop = _Steps(steps, None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0),
+                  None if end is None else end.search_pace)
     stage1 = _stage1(plan, rng, discrete, report, stop)
     best = stage1.candidates[stage1.selected]
     t1 = time.perf_counter()
@@ -334,7 +340,9 @@ def _budget_sizes(plan: Plan, budget: float, started: float, discrete) -> tuple[
     n, N, info = two_stage_sizes(sizes, stage1, stage2, BUDGET_RATIO, budget, pilot, STAGE1_SHARE, PILOT_SIZES[-1],
                                  (cap, MAX_SAMPLES), left=end - time.perf_counter())
     info["seconds_before_plan"] = round(time.perf_counter() - started, 3)  # start-up and pilots
-    return n, N, info, _Deadline(end, stage2_rate(sizes, stage2, BUDGET_RATIO))
+    rows = sum(_step_rows(len(plan.pairs), sizes[-1]))
+    pace = stage1[-1] * min(draw_workers(plan.mech), len(plan.pairs)) / rows  # (steps ran side by side)
+    return n, N, info, _Deadline(end, stage2_rate(sizes, stage2, BUDGET_RATIO), pace)
 
 
 def _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, events, feature,
@@ -372,30 +380,54 @@ class _Steps:
     """Which steps stage 1 begins: all, the first ``given`` (a stopped run given back), or with a deadline
     ``end`` (a ``time.perf_counter()`` value) those its pace so far says end by it. The first step is
     always begun, every step begun is finished, and steps begin in order, so the steps taken are the
-    first ``done``; the stop depends on the clock alone, and ``done`` is reported."""
+    first ``done``; the stop depends on the clock alone, and ``done`` is reported.
+
+    Before any step has ended the pace is the pilots' (``prior``, seconds per output of a step): a step it
+    does not vouch for waits for a running one to end (:meth:`waits`). With no pace at all, every step
+    begun beside the first ran unchecked (all of a first round, on as many cores as pairs).
+
+    ``load`` is the number of steps running once this one begins: beyond the machine's cores they share
+    them, and a step takes ``load / cores`` times its pace (a user's sampler given more threads than
+    cores); the pace is kept per core, each step's seconds divided by the share it began with."""
 
     given: int | None
     end: float | None
+    prior: float | None = None
     done: int = 0
     stopped: bool = False
     _seconds: float = 0.0
     _rows: int = 0
+    _cores: int = field(default_factory=available_cores)
 
-    def begin(self, rows: int) -> bool:
-        """Whether to begin the next step, which searches ``rows`` outputs per database."""
+    def _share(self, load: int) -> float:
+        return max(1.0, load / self._cores)
+
+    def _fits(self, pace: float, rows: int, load: int) -> bool:
+        return time.perf_counter() + pace * rows * self._share(load) <= self.end
+
+    def waits(self, rows: int, load: int = 1) -> bool:
+        """Whether the next step must wait for a running one to end before :meth:`begin` decides: no step
+        has ended yet, and the pilots' pace does not say this one ends by the deadline."""
+        return self.given is None and self.end is not None and not self._rows and (
+            self.prior is None or not self._fits(self.prior, rows, load))
+
+    def begin(self, rows: int, load: int = 1) -> bool:
+        """Whether to begin the next step, which searches ``rows`` outputs per database beside ``load`` − 1
+        running ones."""
         if self.given is not None:
             go = self.done < self.given
         else:
-            pace = self._seconds / max(self._rows, 1)
-            go = self.end is None or not self.done or time.perf_counter() + pace * rows <= self.end
+            pace = self._seconds / self._rows if self._rows else self.prior or 0.0
+            go = self.end is None or not self.done or self._fits(pace, rows, load)
         self.stopped = self.stopped or not go
         self.done += go
         return go
 
-    def took(self, rows: int, seconds: float) -> None:
-        """A step of ``rows`` outputs per database ended after ``seconds`` (run beside others, if any)."""
+    def took(self, rows: int, seconds: float, load: int = 1) -> None:
+        """A step of ``rows`` outputs per database, begun with ``load`` − 1 others running, ended after
+        ``seconds``."""
         self._rows += rows
-        self._seconds += seconds
+        self._seconds += seconds / self._share(load)
 
 
 def _stage1(plan: Plan, rng, discrete: bool | None, report, stop: _Steps | None = None) -> _Stage1:
@@ -410,10 +442,7 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report, stop: _Steps | None 
     stop = stop or _Steps(None, None)
     pairs, n = plan.pairs, plan.n
     t_start = time.perf_counter()
-    n1, keep = n, len(pairs)
-    if len(pairs) >= 3 and n >= 200:
-        n1, keep = n // 2, max(1, math.ceil(len(pairs) / HALVING))
-    extra = (len(pairs) * (n - n1)) // keep
+    n1, keep, extra = _halving(len(pairs), n)
     stage = f"MPL stage 1: {len(pairs)} pairs x 2 x {n:,} outputs"
     steps = len(pairs) + (keep if extra else 0)
     report(stage, 0, steps)
@@ -454,13 +483,31 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report, stop: _Steps | None 
     return _Stage1(cands, selected, is_discrete)
 
 
+def _halving(pairs: int, n: int) -> tuple[int, int, int]:
+    """Successive halving's rounds over ``pairs`` pairs at n: (outputs per database of the first round,
+    finalists, outputs each finalist adds in the second; 0: one round)."""
+    n1, keep = n, pairs
+    if pairs >= 3 and n >= 200:
+        n1, keep = n // 2, max(1, math.ceil(pairs / HALVING))
+    return n1, keep, (pairs * (n - n1)) // keep
+
+
+def _step_rows(pairs: int, n: int) -> list[int]:
+    """The outputs per database each step of stage 1 searches (the finalists': both rounds' outputs)."""
+    n1, keep, extra = _halving(pairs, n)
+    return [n1] * pairs + ([n1 + extra] * keep if extra else [])
+
+
 def _steps(plan: Plan, step, items, rows: int, stop: _Steps, done, first_began: float | None = None) -> list:
     """``step(item)`` for the first items ``stop`` lets begin, in order, at most as many at once as the
     mechanism's draws have threads; their results in order. ``first_began``: the first item was begun
-    (by the caller, at that time)."""
+    (by the caller, at that time). With one thread (a user's sampler, unless its user says it is
+    thread-safe) every step runs on the calling thread."""
     workers = draw_workers(plan.mech)
-    results, running = {}, {}
     items = list(items)
+    if workers == 1:
+        return _steps_inline(step, items, rows, stop, done, first_began)
+    results, running = {}, {}
 
     def run(k):
         t0 = first_began if k == 0 and first_began is not None else time.perf_counter()
@@ -468,21 +515,34 @@ def _steps(plan: Plan, step, items, rows: int, stop: _Steps, done, first_began: 
         return result, time.perf_counter() - t0
 
     def finish(future):
-        k = running.pop(future)
+        k, load = running.pop(future)
         results[k], seconds = future.result()
-        stop.took(rows, seconds)
+        stop.took(rows, seconds, load)
         done(len(results))
 
     with ThreadPoolExecutor(workers, thread_name_prefix="empdp-search") as pool:
         for k in range(len(items)):
-            while len(running) >= workers:
+            while len(running) >= workers or (running and stop.waits(rows, len(running) + 1)):
                 finish(next(as_completed(running)))
-            if not (k == 0 and first_began is not None) and not stop.begin(rows):
+            if not (k == 0 and first_began is not None) and not stop.begin(rows, len(running) + 1):
                 break
-            running[pool.submit(run, k)] = k
+            running[pool.submit(run, k)] = (k, len(running) + 1)
         while running:
             finish(next(as_completed(running)))
     return [results[k] for k in range(len(results))]
+
+
+def _steps_inline(step, items: list, rows: int, stop: _Steps, done, first_began: float | None) -> list:
+    """:func:`_steps` on the calling thread, one step after another."""
+    results = []
+    for k, item in enumerate(items):
+        if not (k == 0 and first_began is not None) and not stop.begin(rows):
+            break
+        t0 = first_began if k == 0 and first_began is not None else time.perf_counter()
+        results.append(step(item))
+        stop.took(rows, time.perf_counter() - t0)
+        done(len(results))
+    return results
 
 
 #: stage 2 draws at most this many outputs per database at once (counts and kernel sums add up

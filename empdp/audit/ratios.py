@@ -270,7 +270,8 @@ def _search(edges: np.ndarray, values: np.ndarray) -> np.ndarray:
     first = np.floor((edges - lo - width / 4) / width).astype(np.int64)
     last = np.floor((edges - lo + width / 4) / width).astype(np.int64)
     for offset in range(int((last - first).max()) + 1):  # (at most two cells per edge)
-        table[1 + np.clip(np.minimum(first + offset, last), -1, GRID_CELLS)] = -1
+        # (clipped to cell 0: the first edge's quarter cell below the grid must not mark table[0])
+        table[1 + np.clip(np.minimum(first + offset, last), 0, GRID_CELLS)] = -1
     cell = values - lo
     cell *= 1 / width
     np.floor(cell, out=cell)
