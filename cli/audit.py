@@ -110,7 +110,8 @@ def _budget(ctx, budget, *sizes):
     given = any(v is not None for v in sizes)
     explicit = ctx.get_parameter_source("time_budget").name != "DEFAULT"
     if given and explicit:
-        raise InputError("give sample sizes (--search-size/--final-size, --sample-size) or --time-budget, not both")
+        raise InputError("give sample sizes (--search-size/--final-size/--selection-size/--search-steps, "
+                         "--sample-size) or --time-budget, not both")
     return None if given else budget
 
 
@@ -165,12 +166,18 @@ def _run_bound(bound, title, mechanism, params, pairs, threads, options, as_json
         (printer or _print_result)(d, title)
 
 
+#: the sizes besides SIZE_KEYS a run reports and takes back (``audit mpl``)
+GIVEN_BACK = ("selection_size", "search_steps")
+
+
 def _size_rows(d: dict) -> list[tuple[str, str]]:
     """One terminal row per sample size in ``d``, worded as its key and flag; a time budget's choice said once."""
     sizes = d.get("sizes") or {}
     chosen = (f" (chosen for a {fmt(sizes['time_budget'])} s budget on this machine)"
               if sizes.get("chosen_by") == "time budget" else "")
     rows = [(key.replace("_", " "), f"{d[key]}") for key in SIZE_KEYS if d.get(key) is not None]
+    # what else reproduces the run given back (--selection-size, --search-steps)
+    rows += [(key.replace("_", " "), f"{sizes[key]}") for key in GIVEN_BACK if sizes.get(key) is not None]
     if rows:
         rows[-1] = (rows[-1][0], rows[-1][1] + chosen)
     return rows
