@@ -182,12 +182,12 @@ def test_stage2_stops_at_its_deadline_and_the_reported_size_reproduces(monkeypat
     alone stops it, never the counts): a stage 2 aimed at 10^8 outputs ends within the budget, reports
     the outputs it counted, and those sizes given back reproduce the bound."""
     mpl_mod = importlib.import_module("empdp.audit.mpl")  # the package binds the name mpl to the function
-    monkeypatch.setattr(mpl_mod._Deadline, "final_size", lambda self, n, stoppable: mpl_mod.MAX_SAMPLES)
+    monkeypatch.setattr(mpl_mod._Deadline, "final_size", lambda self, n, stoppable: mpl_mod.MAX_COUNTED)
     t0 = time.perf_counter()
     res = mpl("randomized_response", time_budget=3, rng=4)
     took = time.perf_counter() - t0
     assert took < 3.5  # the deadline is 0.95 x 3 - 0.3 s after the call; one chunk takes milliseconds
-    assert res.sizes["final_size_aimed"] == mpl_mod.MAX_SAMPLES > res.final_size == res.sizes["final_size"]
+    assert res.sizes["final_size_aimed"] == mpl_mod.MAX_COUNTED > res.final_size == res.sizes["final_size"]
     assert res.final_size % mpl_mod.STAGE2_CHUNK == 0
     again = mpl("randomized_response", n=res.search_size, N=res.final_size,
                 selection_size=res.sizes["selection_size"], search_steps=res.sizes.get("search_steps"), rng=4)

@@ -52,16 +52,24 @@ def as_rng(rng) -> np.random.Generator:
 #: most outputs drawn per database: 10^8 doubles are 0.8 GB per array, and the bounds tighten
 #: only as 1/sqrt(n)
 MAX_SAMPLES = 10**8
+#: most outputs per database of a stage that only counts them, chunk by chunk (MPL's stage 2): memory does
+#: not bound it, and a time budget's clock stops it (report_noisy_max3 reached 10^8 in 14.6 s of 20 and
+#: needs about 1.2·10^8 for DP-Sniper's bound)
+MAX_COUNTED = 10**10
 #: smallest error level: the normal quantiles the bounds use lose their meaning in double
 #: precision far below it (1e-320 failed inside the statistics module)
 MIN_ALPHA = 1e-12
 
 
-def check_size(name: str, value, minimum: int = 10, outputs: bool = True) -> int:
-    """A sample size (``outputs``: at most MAX_SAMPLES per database), or a count of steps (any size)."""
+def check_size(name: str, value, minimum: int = 10, outputs: bool = True, counted: bool = False) -> int:
+    """A sample size (``outputs``: at most MAX_SAMPLES per database, or MAX_COUNTED for outputs only
+    ``counted`` in chunks), or a count of steps (any size)."""
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
         raise InputError(f"{name} must be an integer ≥ {minimum}, got {short(value)}")
-    if outputs and value > MAX_SAMPLES:
+    if outputs and counted and value > MAX_COUNTED:
+        raise InputError(f"{name} = {short(value)} is over {MAX_COUNTED:.0e} outputs per database (hours of "
+                         f"drawing; the bound tightens only as 1/sqrt({name})): give at most {MAX_COUNTED:.0e}")
+    if outputs and not counted and value > MAX_SAMPLES:
         raise InputError(f"{name} = {short(value)} is over {MAX_SAMPLES:.0e} outputs per database, more than "
                          f"memory holds (0.8 GB per array); the bound tightens only as 1/sqrt({name}): "
                          f"give at most {MAX_SAMPLES:.0e}")

@@ -57,6 +57,7 @@ from .budget import (
     two_stage_sizes,
 )
 from .common import (
+    MAX_COUNTED,
     MAX_SAMPLES,
     as_rng,
     check_level,
@@ -166,7 +167,7 @@ class _Deadline:
 
     def final_size(self, n: int, stoppable: bool) -> int:
         """N to aim at for the time stage 1 left: chosen after stage 1, before any fresh output is drawn
-        (so it depends on the clock, never on stage 2's outcomes), at least 2n, at most MAX_SAMPLES.
+        (so it depends on the clock, never on stage 2's outcomes), at least 2n, at most MAX_COUNTED.
 
         A ``stoppable`` stage 2 (counts of an event) aims at FINAL_HEADROOM times what the pilots' rate
         buys: that rate, timed on a small pilot, ran 1.5-2 times slow (fixed costs per chunk), and the
@@ -175,7 +176,7 @@ class _Deadline:
         reproduce it.
         """
         affordable = (FINAL_HEADROOM if stoppable else 1.0) * (self.end - time.perf_counter()) / self.rate
-        return round_size(min(max(affordable, 2 * n), MAX_SAMPLES))
+        return round_size(min(max(affordable, 2 * n), MAX_COUNTED))
 
 
 def _draw_pair(plan: Plan, pair, size, rng, post=None, one: bool = False):
@@ -206,8 +207,8 @@ DEFAULT_N, DEFAULT_FINAL = 20000, 50000
 #: the pilots of a time budget run with N = BUDGET_RATIO · n (stage 2's cost per output is timed on them)
 BUDGET_RATIO = 5
 #: with a time budget, stage 2 of an event aims at this many times the outputs the pilots' rate buys (the
-#: deadline stops it)
-FINAL_HEADROOM = 2.0
+#: deadline stops it): at 2, laplace_parallel's stage 2 drew all it aimed at and runs ended at 15 of 20 s
+FINAL_HEADROOM = 8.0
 #: with a time budget, stage 1 is planned to take this share of the time the pilots leave and stage 2 the
 #: rest (module :mod:`empdp.audit.budget`): stage 1 must find the pair and the event (N = 2 · pairs · n
 #: left it too few outputs to tell SVT's events of ~4% mass apart), stage 2's N sets the bound's error
@@ -282,7 +283,7 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
     plan = _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, events, feature,
                     bandwidth, undersmooth)
     if selection_size is not None:
-        plan = replace(plan, selection_N=check_size("selection_size", selection_size))
+        plan = replace(plan, selection_N=check_size("selection_size", selection_size, counted=True))
     steps = None if search_steps is None else check_size("search_steps", search_steps, minimum=1, outputs=False)
     res = _run(plan, as_rng(rng), discrete, progress or _no_progress, end=end, steps=steps)
     res.sizes = {**sizes, "search_size": plan.n, "final_size": res.final_size, **res.sizes}
@@ -338,7 +339,7 @@ def _budget_sizes(plan: Plan, budget: float, started: float, discrete) -> tuple[
     log.debug("MPL pilots: sizes %s, stage 1 %s s, stage 2 %s s", sizes, [round(t, 3) for t in stage1],
               [round(t, 3) for t in stage2])
     n, N, info = two_stage_sizes(sizes, stage1, stage2, BUDGET_RATIO, budget, pilot, STAGE1_SHARE, PILOT_SIZES[-1],
-                                 (cap, MAX_SAMPLES), left=end - time.perf_counter())
+                                 (cap, MAX_COUNTED), left=end - time.perf_counter())
     info["seconds_before_plan"] = round(time.perf_counter() - started, 3)  # start-up and pilots
     rows = sum(_step_rows(len(plan.pairs), sizes[-1]))
     pace = stage1[-1] * min(draw_workers(plan.mech), len(plan.pairs)) / rows  # (steps ran side by side)
@@ -350,7 +351,7 @@ def _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, even
     """Check the inputs once and fill in the defaults (the region from the mechanism)."""
     mech = load_mechanism(mechanism, params)
     pairs = resolve_pairs(mech, pairs, "mpl")
-    n, N = check_size("n", n), check_size("N", N)
+    n, N = check_size("n", n), check_size("N", N, counted=True)
     if N <= n:
         raise InputError(f"`N` (stage-2 outputs: {N}) must be larger than `n` (stage-1 outputs: {n}): stage 2 "
                          "measures the selected output with fresh, more numerous samples", param=("N", "n"))
@@ -572,7 +573,7 @@ def _stage2(plan: Plan, is_discrete: bool, best: Candidate, pair, rng, report, e
     """Fresh outputs of the selected pair and the confidence bound at t̂ (or on its event), eq. 26;
     with a deadline ``end``, perhaps fewer than ``plan.N`` (:func:`_stage2_chunks`)."""
     t_start = time.perf_counter()
-    stage = f"MPL stage 2: 2 x {plan.N:,} fresh outputs"
+    stage = f"MPL stage 2: 2 x {plan.N:,} fresh outputs" + (" at most, until the deadline" if end else "")
     report(stage, 0, 1)
     if is_discrete or best.rule is not None:
         members = _members(best)
