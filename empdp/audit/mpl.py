@@ -342,7 +342,8 @@ def _budget_sizes(plan: Plan, budget: float, started: float, discrete) -> tuple[
                                  (cap, MAX_COUNTED), left=end - time.perf_counter())
     info["seconds_before_plan"] = round(time.perf_counter() - started, 3)  # start-up and pilots
     rows = sum(_step_rows(len(plan.pairs), sizes[-1]))
-    pace = stage1[-1] * min(draw_workers(plan.mech), len(plan.pairs)) / rows  # (steps ran side by side)
+    # per core, as _Steps keeps it: the pilot's steps ran side by side on at most this many cores
+    pace = stage1[-1] * min(draw_workers(plan.mech), len(plan.pairs), available_cores()) / rows
     return n, N, info, _Deadline(end, stage2_rate(sizes, stage2, BUDGET_RATIO), pace)
 
 
