@@ -337,5 +337,7 @@ def test_a_stage1_planned_too_large_ends_within_the_budget(monkeypatch, searches
         monkeypatch.setattr(mpl_mod, "draw_workers", lambda mech: searches)
     t0 = time.perf_counter()
     res = mpl("noisy_max", time_budget=4, rng=1)
-    assert time.perf_counter() - t0 < 5.5  # (4 s and what a loaded host's last step overruns)
+    # 4 s and what a loaded host's last steps overrun: eight searches on two cores race four to a core, and
+    # at CI's load beside another run one took 5.7 s (the old code: 10.8 s on a quiet host)
+    assert time.perf_counter() - t0 < (5.5 if searches is None else 7.5)
     assert 1 <= res.sizes["search_steps"] < 8 + 2
