@@ -291,7 +291,12 @@ def test_noisy_gd_parameters_of_absurd_cost_are_refused(params, fragment):
 
 
 def test_sample_sizes_beyond_memory_are_refused():
+    """Stage 1 holds its n outputs (at most 10^8); stage 2 only counts its N chunk by chunk (at most 10^10)."""
     from empdp.audit import mpl
 
-    with pytest.raises(InputError, match=r"N = 99999999999999999999 is over 1e\+08"):
+    with pytest.raises(InputError, match=r"N = 99999999999999999999 is over 1e\+10"):
         mpl("laplace", n=100, N=99999999999999999999, rng=1)
+    with pytest.raises(InputError, match=r"n = 100000001 is over 1e\+08 outputs per database, more than memory"):
+        mpl("laplace", n=10**8 + 1, N=10**9, rng=1)
+    with pytest.raises(InputError, match=r"selection_size = 10000000001 is over 1e\+10"):
+        mpl("laplace", n=100, N=1000, selection_size=10**10 + 1, rng=1)
