@@ -557,14 +557,16 @@ def _stage2_chunks(plan: Plan, pair, rng, end: float | None = None, post=as_samp
     """Stage 2's fresh outputs of both databases, in chunks of STAGE2_CHUNK (one chunk up to it), as
     ``post`` of them (computed on the draw's threads).
 
-    With a deadline ``end``, no chunk is begun that would end past it at the last chunk's pace. The
+    With a deadline ``end``, no chunk is begun that would end past it at the last chunk's pace, once
+    more than n outputs are drawn (N > n, which a run given back its sizes requires: a stage 1 that
+    overran on a loaded host left N = 786,432 below n = 1,110,000, and the rerun was refused). The
     stop depends on the clock alone, never on the outputs counted, so N stays independent of them;
     the outputs drawn are the first chunks of a run with a larger N (the reported N reproduces them).
     """
     last = 0.0
     for start in range(0, plan.N, STAGE2_CHUNK):
         t0 = time.perf_counter()
-        if start and end is not None and t0 + last > end:
+        if start > plan.n and end is not None and t0 + last > end:
             return
         yield _draw_pair(plan, pair, min(STAGE2_CHUNK, plan.N - start), rng, post)
         last = time.perf_counter() - t0
