@@ -507,44 +507,43 @@ def _steps(plan: Plan, step, items, rows: int, stop: _Steps, done, first_began: 
     thread-safe) every step runs on the calling thread."""
     workers = draw_workers(plan.mech)
     items = list(items)
-    if workers == 1:
-        return _steps_inline(step, items, rows, stop, done, first_began)
-    results, running = {}, {}
+    results = {}
+
+    def begun(k):  # (the first item, by the caller)
+        return k == 0 and first_began is not None
 
     def run(k):
-        t0 = first_began if k == 0 and first_began is not None else time.perf_counter()
+        t0 = first_began if begun(k) else time.perf_counter()
         result = step(items[k])
         return result, time.perf_counter() - t0
 
-    def finish(future):
-        k, load = running.pop(future)
-        results[k], seconds = future.result()
+    def record(k, outcome, load):
+        results[k], seconds = outcome
         stop.took(rows, seconds, load)
         done(len(results))
+
+    if workers == 1:
+        for k in range(len(items)):
+            if not begun(k) and not stop.begin(rows):
+                break
+            record(k, run(k), 1)
+        return [results[k] for k in range(len(results))]
+    running = {}
+
+    def finish(future):
+        k, load = running.pop(future)
+        record(k, future.result(), load)
 
     with ThreadPoolExecutor(workers, thread_name_prefix="empdp-search") as pool:
         for k in range(len(items)):
             while len(running) >= workers or (running and stop.waits(rows, len(running) + 1)):
                 finish(next(as_completed(running)))
-            if not (k == 0 and first_began is not None) and not stop.begin(rows, len(running) + 1):
+            if not begun(k) and not stop.begin(rows, len(running) + 1):
                 break
             running[pool.submit(run, k)] = (k, len(running) + 1)
         while running:
             finish(next(as_completed(running)))
     return [results[k] for k in range(len(results))]
-
-
-def _steps_inline(step, items: list, rows: int, stop: _Steps, done, first_began: float | None) -> list:
-    """:func:`_steps` on the calling thread, one step after another."""
-    results = []
-    for k, item in enumerate(items):
-        if not (k == 0 and first_began is not None) and not stop.begin(rows):
-            break
-        t0 = first_began if k == 0 and first_began is not None else time.perf_counter()
-        results.append(step(item))
-        stop.took(rows, time.perf_counter() - t0)
-        done(len(results))
-    return results
 
 
 #: stage 2 draws at most this many outputs per database at once (counts and kernel sums add up
