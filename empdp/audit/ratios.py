@@ -61,18 +61,31 @@ class Binning:
         # stacked as rows and transposed (a view): the codes are read column by column
         return np.stack([_bins(columns[j], self.atoms[j], self.edges[j]) for j in range(u.shape[1])]).T
 
-    def tables(self, codes_x: np.ndarray, codes_y: np.ndarray, bins: int) -> np.ndarray:
-        """(d, size) binned log ratio ln(count_x / count_x′) over ``bins`` merged quantile bins, per fine bin."""
+    def counts(self, codes: np.ndarray) -> list:
+        """Per column (one, pooled): the outputs in each fine bin, atoms first (counts add over chunks)."""
+        if self.pooled:
+            return [np.bincount(codes.ravel(), minlength=len(self.atoms[0]) + FINE_BINS)]
+        return [np.bincount(codes[:, j], minlength=len(a) + FINE_BINS) for j, a in enumerate(self.atoms)]
+
+    def tables(self, counts_x: list, counts_y: list, bins: int) -> list:
+        """(d, size) binned log ratio ln(count_x / count_x′) over ``bins`` merged quantile bins, per fine
+        bin, from the fine bins' :meth:`counts` of both samples."""
         merge = FINE_BINS // bins
         rows = []
-        for j in range(1 if self.pooled else codes_x.shape[1]):
-            k = len(self.atoms[j])
-            cx, cy = (codes_x, codes_y) if self.pooled else (codes_x[:, j], codes_y[:, j])
+        for j, atoms in enumerate(self.atoms):
+            k = len(atoms)
             coarse = np.concatenate([np.arange(k), k + np.arange(FINE_BINS) // merge])
-            nx = np.bincount(coarse[cx.ravel()], minlength=k + bins) + PSEUDO
-            ny = np.bincount(coarse[cy.ravel()], minlength=k + bins) + PSEUDO
+            nx, ny = (_merged(coarse, c[j], k + bins) for c in (counts_x, counts_y))
             rows.append(_shrunk(np.log(nx / nx.sum()) - np.log(ny / ny.sum()), 1 / nx + 1 / ny)[coarse])
         return rows
+
+    def scores(self, counts_x: list, counts_y: list) -> list:
+        return [RatioScore(self, b, self.tables(counts_x, counts_y, b)) for b in BIN_COUNTS]
+
+
+def _merged(coarse: np.ndarray, fine: np.ndarray, size: int) -> np.ndarray:
+    """The fine bins' counts summed into their ``coarse`` bins, plus PSEUDO each."""
+    return np.bincount(coarse, weights=fine, minlength=size) + PSEUDO
 
 
 @dataclass
@@ -118,6 +131,18 @@ class PatternBinning:
         idx = np.minimum(np.searchsorted(self.patterns, keys), len(self.patterns) - 1)
         return np.column_stack([np.where(self.patterns[idx] == keys, idx, len(self.patterns)), fine])
 
+    def counts(self, codes: np.ndarray) -> list:
+        """The outputs of each pattern (the unseen ones last), then per column those whose value is in
+        each fine bin (counts add over chunks)."""
+        out = [np.bincount(codes[:, 0], minlength=len(self.patterns) + 1)]
+        for j, atoms in enumerate(self.inner.atoms):
+            c = codes[:, 1 + j]
+            out.append(np.bincount(c[c >= len(atoms)] - len(atoms), minlength=FINE_BINS))
+        return out
+
+    def scores(self, counts_x: list, counts_y: list) -> list:
+        return [PatternScore.fit(self, counts_x, counts_y, b) for b in BIN_COUNTS]
+
 
 def _pattern_keys(fine: np.ndarray, radix: np.ndarray) -> np.ndarray:
     """Mixed-radix key of each row's pattern: per column its atom index, or radix − 1 for a value."""
@@ -151,22 +176,17 @@ class PatternScore:
         return self.pattern_table[codes[:, 0]] + values
 
     @classmethod
-    def fit(cls, binning: PatternBinning, codes_x: np.ndarray, codes_y: np.ndarray, bins: int) -> PatternScore:
-        k = len(binning.patterns) + 1
-        nx = np.bincount(codes_x[:, 0], minlength=k) + PSEUDO
-        ny = np.bincount(codes_y[:, 0], minlength=k) + PSEUDO
+    def fit(cls, binning: PatternBinning, counts_x: list, counts_y: list, bins: int) -> PatternScore:
+        """The tables at ``bins`` value bins from both samples' :meth:`PatternBinning.counts`."""
+        nx, ny = (c[0] + PSEUDO for c in (counts_x, counts_y))
         table = _shrunk(np.log(nx / nx.sum()) - np.log(ny / ny.sum()), 1 / nx + 1 / ny)
         table[-1] = 0.0
-        merge = FINE_BINS // bins
+        coarse = np.arange(FINE_BINS) // (FINE_BINS // bins)
         values = []
         for j, atoms in enumerate(binning.inner.atoms):
-            a = len(atoms)
-            cx, cy = codes_x[:, 1 + j], codes_y[:, 1 + j]
-            coarse = np.arange(FINE_BINS) // merge
-            vx = np.bincount(coarse[cx[cx >= a] - a], minlength=bins) + PSEUDO
-            vy = np.bincount(coarse[cy[cy >= a] - a], minlength=bins) + PSEUDO
+            vx, vy = (_merged(coarse, c[1 + j], bins) for c in (counts_x, counts_y))
             ratio = _shrunk(np.log(vx / vx.sum()) - np.log(vy / vy.sum()), 1 / vx + 1 / vy)
-            values.append(np.concatenate([np.zeros(a), ratio[coarse]]))
+            values.append(np.concatenate([np.zeros(len(atoms)), ratio[coarse]]))
         return cls(binning, bins, table, values)
 
 
@@ -174,19 +194,17 @@ class PatternScore:
 MAX_PATTERNS = 1 << 16
 
 
-def pattern_family(binning: Binning, codes_x: np.ndarray, codes_y: np.ndarray):
-    """The pattern-and-value scores over the per-column ``binning`` of the raw outputs (with its codes of
-    the fitting rows), or None where no column has atoms (the per-column scores are then the same) or
-    the patterns are too many."""
+def pattern_binning(binning: Binning, codes_x: np.ndarray, codes_y: np.ndarray) -> PatternBinning | None:
+    """The answer patterns over the per-column ``binning`` of the raw outputs (with its codes of the
+    fitting rows), or None where no column has atoms (the per-column scores are then the same) or the
+    patterns are too many."""
     radix = np.array([len(a) + 1 for a in binning.atoms], dtype=np.int64)
     if np.all(radix == 1) or np.sum(np.log2(radix.astype(float))) > 62:
         return None
     patterns = np.unique(np.concatenate([_pattern_keys(codes_x, radix), _pattern_keys(codes_y, radix)]))
     if len(patterns) > MAX_PATTERNS:
         return None
-    pb = PatternBinning(binning, radix, patterns)
-    px, py = pb.codes_from_fine(codes_x), pb.codes_from_fine(codes_y)
-    return pb, [PatternScore.fit(pb, px, py, b) for b in BIN_COUNTS]
+    return PatternBinning(binning, radix, patterns)
 
 
 def _shrunk(ratio: np.ndarray, variance: np.ndarray) -> np.ndarray:
@@ -303,18 +321,54 @@ def fit_binning(x: np.ndarray, y: np.ndarray, differences: bool, pooled: bool) -
     return Binning(differences, pooled, atoms, edges)
 
 
+class TableScores:
+    """The scores of :func:`ratio_scores` from counts that add up over chunks of outputs.
+
+    The binnings (the raw coordinates per column and pooled, the differences per column) and the
+    answer patterns are fixed by the first chunk (at most FIT_ROWS outputs of each sample); every
+    chunk, the first included, adds its fine bins' counts. So the tables can be counted on millions
+    of outputs streamed in chunks, none held (MPL's refit, :func:`empdp.audit.mpl._refit`), where
+    stage 1's tables were counted on the outputs it holds: svt3's best events are values released
+    late, about 1 output in 5,000, and their bins' log ratios are noise at stage 1's 200,000.
+    """
+
+    def __init__(self, x: np.ndarray, y: np.ndarray):
+        x, y = x[:FIT_ROWS], y[:FIT_ROWS]
+        self.binnings = []
+        codes = []
+        for differences, pooled in ((False, False), (False, True), (True, False)):
+            binning = fit_binning(x, y, differences, pooled)
+            self.binnings.append(binning)
+            codes.append((binning.codes(x), binning.codes(y)))
+            if not (differences or pooled):
+                patterns = pattern_binning(binning, *codes[-1])
+                if patterns is not None:
+                    self.binnings.append(patterns)
+                    codes.append(tuple(patterns.codes_from_fine(c) for c in codes[-1]))
+        self.counts = [[b.counts(c) for b, c in zip(self.binnings, side)] for side in zip(*codes)]
+
+    def codes(self, outputs: np.ndarray) -> list:
+        """Every binning's codes of ``outputs`` (a pattern binning's from its per-column binning's)."""
+        out = []
+        for binning in self.binnings:
+            out.append(binning.codes_from_fine(out[-1]) if isinstance(binning, PatternBinning)
+                       else binning.codes(outputs))
+        return out
+
+    def add(self, codes_x: list, codes_y: list) -> None:
+        """Add a chunk's counts, from its :meth:`codes` in both samples."""
+        for side, codes in zip(self.counts, (codes_x, codes_y)):
+            for k, (binning, c) in enumerate(zip(self.binnings, codes)):
+                side[k] = [a + b for a, b in zip(side[k], binning.counts(c))]
+
+    def scores(self) -> list[tuple[Binning | PatternBinning, list]]:
+        """Per binning, its scores at every BIN_COUNTS, from the counts so far."""
+        return [(b, b.scores(cx, cy)) for b, cx, cy in zip(self.binnings, *self.counts)]
+
+
 def ratio_scores(x: np.ndarray, y: np.ndarray) -> list[tuple[Binning | PatternBinning, list]]:
-    """The scores of vector outputs ``x`` (from x) and ``y`` (from x′), grouped by binning: the raw
-    coordinates per column and pooled, and the differences per column, each at every BIN_COUNTS, and
-    where some column has atoms, the answer pattern with the values (:class:`PatternScore`)."""
-    x, y = x[:FIT_ROWS], y[:FIT_ROWS]
-    families = []
-    for differences, pooled in ((False, False), (False, True), (True, False)):
-        binning = fit_binning(x, y, differences, pooled)
-        cx, cy = binning.codes(x), binning.codes(y)
-        families.append((binning, [RatioScore(binning, b, binning.tables(cx, cy, b)) for b in BIN_COUNTS]))
-        if not (differences or pooled):
-            patterns = pattern_family(binning, cx, cy)
-            if patterns is not None:
-                families.append(patterns)
-    return families
+    """The scores of vector outputs ``x`` (from x) and ``y`` (from x′), fitted on their first FIT_ROWS,
+    grouped by binning: the raw coordinates per column and pooled, and the differences per column, each
+    at every BIN_COUNTS, and where some column has atoms, the answer pattern with the values
+    (:class:`PatternScore`)."""
+    return TableScores(x, y).scores()
