@@ -215,3 +215,38 @@ def test_verbose_logs_one_line_per_stage():
     quiet = run("mpl", "-m", "svt6", "--search-size", 5000, "--final-size", 20000, "--seed", 1)
     assert "INFO" not in quiet.stderr
     logging.getLogger("empdp").handlers.clear()
+
+
+def test_feature_fits_on_several_threads_warn_nothing():
+    """A column of codes only (svt34_parallel's aborted queries) has no plain values. The fit silenced
+    NumPy's warning about it with ``warnings.catch_warnings``, which is process-wide: stage 1 fits on
+    several threads, one fit's exit restored the filters inside another's, and "Degrees of freedom <= 0
+    for slice" reached the user's terminal."""
+    import threading
+    import warnings
+
+    from empdp.audit.events import _Features
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2000, 4))
+    x[:, 2] = rng.choice([-1000.0, -2000.0, -3000.0], 2000)  # every value a code (three of them)
+    x[::3, 3] = -2000.0
+    failures = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        def fit():
+            try:
+                for _ in range(100):
+                    f = _Features.fit(x)
+                    assert (f.centre[2], f.scale[2]) == (0.0, 1.0)
+            except Exception as exc:  # (raised on the test's thread below)
+                failures.append(exc)
+
+        threads = [threading.Thread(target=fit) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not failures, failures[0]
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], caught[:1]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib
 import math
 import threading
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -100,10 +99,14 @@ class _Features:
                 atoms.append((j, float(v)))
                 atom_mask[:, j] |= x[:, j] == v
         plain = np.where(atom_mask, np.nan, x)
-        with warnings.catch_warnings():  # a column of codes only has no plain values: centre 0, scale 1
-            warnings.simplefilter("ignore", RuntimeWarning)
-            centre = np.nan_to_num(np.nanmedian(plain, axis=0))
-            scale = _spread(plain)
+        # a column of codes only has no plain values: centre 0, scale 1. (Not by silencing NumPy's warnings:
+        # ``warnings.catch_warnings`` is process-wide, and stage 1 fits on several threads at once, so one
+        # fit's exit restored the filters inside another's and "Degrees of freedom <= 0" reached the user.)
+        some = ~np.all(atom_mask, axis=0)
+        centre, scale = np.zeros(x.shape[1]), np.ones(x.shape[1])
+        if some.any():
+            centre[some] = np.nanmedian(plain[:, some], axis=0)
+            scale[some] = _spread(plain[:, some])
         diff_scale = _spread(np.diff(x, axis=1)) if x.shape[1] > 1 else None
         pooled = plain[~np.isnan(plain)]
         bins = np.unique(np.quantile(pooled, np.linspace(0, 1, POOLED_BINS + 1)[1:-1])) if pooled.size else \
