@@ -195,8 +195,7 @@ def _print_result(d: dict, title: str):
     rows += [("worst pair", json.dumps(d["pair"]))]
     rule = d.get("event_rule")
     if rule:
-        what = "the output" if rule["score"] == "output" else "the logistic-regression score"
-        rows.append(("worst outputs", f"the event {what} {rule['direction']} {fmt(rule['threshold'])}"))
+        rows.append(("worst outputs", f"the event {_scored(rule)} {rule['direction']} {fmt(rule['threshold'])}"))
     elif d.get("event"):
         rows.append(("worst outputs", f"an event of {d['event_size']} outputs, "
                                       f"most extreme {json.dumps(d['t_hat'])}"))
@@ -348,11 +347,17 @@ def approx_cmd(ctx, mechanism, params, pairs, alpha, seed, threads, delta, time_
                as_json, quiet, verbose, debug, printer=_print_approx)
 
 
+def _scored(rule: dict) -> str:
+    """What an event rule thresholds: the output itself, or its score by name (the logistic regression,
+    or a table of log ratios: any score stage 1 chose, not only the regression)."""
+    return "the output" if rule["score"] == "output" else f"the score '{rule['score']}'"
+
+
 def _print_approx(d: dict, title: str) -> None:
     """The terminal summary of an (epsilon, delta) audit (``ApproxResult.to_dict``)."""
     click.echo(title)
     rule = d["event"]
-    what = "the output" if rule["score"] == "output" else "the logistic-regression score"
+    what = _scored(rule)
     x_name = "x_prime" if d["event_database"] == "x_prime" else "x"
     rows = [("lower bound", d["lower_bound"])]
     if d.get("true_value") is not None:

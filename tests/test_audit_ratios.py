@@ -79,3 +79,32 @@ def test_score_events_keep_the_documented_floor():
     res = mpl(mech, pairs, n=4000, N=20_000, alpha=0.1, rng=0)
     assert res.tau == 20 / 4000
     assert math.log(4000 / 40) < res.loss_at_t_hat <= math.log(4000 / 20) + 1e-9
+
+
+def test_table_counts_added_over_chunks_are_those_of_all_outputs():
+    """The refit counts its tables chunk by chunk (TableScores.add): the binnings and patterns come from
+    the first chunk, and the scores equal those of tables counted on every output at once with the
+    same binnings (SVT-like outputs: codes among values, so the answer patterns are among them)."""
+    from empdp.audit.ratios import PatternBinning, TableScores
+
+    rng = np.random.default_rng(9)
+
+    def draw(shift, size):
+        v = rng.laplace(shift, 1.0, (size, 4))
+        v[v < -0.5] = -1000.0
+        return v
+
+    x, y = draw(0.3, 50_000), draw(0.0, 50_000)
+    tables = TableScores(x[:20_000], y[:20_000])
+    assert any(isinstance(b, PatternBinning) for b in tables.binnings)
+    for start in range(20_000, 50_000, 7_000):
+        tables.add(tables.codes(x[start:start + 7_000]), tables.codes(y[start:start + 7_000]))
+    once = TableScores(x[:20_000], y[:20_000])
+    whole_x, whole_y = (once.split(once.codes(v)) for v in (x, y))
+    once.counts = [[b.counts(c) for b, c in zip(once.binnings, side)] for side in (whole_x, whole_y)]
+    t = draw(0.15, 3000)
+    for (_, chunked), (_, direct) in zip(tables.scores(), once.scores()):
+        for a, b in zip(chunked, direct):
+            np.testing.assert_array_equal(a.score(t), b.score(t))
+    # and the counts are every output's: a chunk's counts are added, not replacing the first's
+    assert sum(c.sum() for c in tables.counts[0][0]) == 50_000 * 4

@@ -334,6 +334,7 @@ class TableScores:
 
     def __init__(self, x: np.ndarray, y: np.ndarray):
         x, y = x[:FIT_ROWS], y[:FIT_ROWS]
+        self.width = x.shape[1]
         self.binnings = []
         codes = []
         for differences, pooled in ((False, False), (False, True), (True, False)):
@@ -347,18 +348,24 @@ class TableScores:
                     codes.append(tuple(patterns.codes_from_fine(c) for c in codes[-1]))
         self.counts = [[b.counts(c) for b, c in zip(self.binnings, side)] for side in zip(*codes)]
 
-    def codes(self, outputs: np.ndarray) -> list:
-        """Every binning's codes of ``outputs`` (a pattern binning's from its per-column binning's)."""
+    def codes(self, outputs: np.ndarray) -> np.ndarray:
+        """(n, columns) every binning's codes of ``outputs`` side by side (a pattern binning's from its
+        per-column binning's), as int32 (a chunk's codes are several times its outputs' width)."""
         out = []
         for binning in self.binnings:
             out.append(binning.codes_from_fine(out[-1]) if isinstance(binning, PatternBinning)
                        else binning.codes(outputs))
-        return out
+        return np.concatenate(out, axis=1).astype(np.int32)
 
-    def add(self, codes_x: list, codes_y: list) -> None:
+    def split(self, codes: np.ndarray) -> list:
+        """:meth:`codes` side by side, split into each binning's (as int64, the binnings' own)."""
+        widths = [self.width + isinstance(b, PatternBinning) for b in self.binnings]  # (a pattern's first)
+        return np.split(codes.astype(np.int64), np.cumsum(widths)[:-1], axis=1)
+
+    def add(self, codes_x: np.ndarray, codes_y: np.ndarray) -> None:
         """Add a chunk's counts, from its :meth:`codes` in both samples."""
         for side, codes in zip(self.counts, (codes_x, codes_y)):
-            for k, (binning, c) in enumerate(zip(self.binnings, codes)):
+            for k, (binning, c) in enumerate(zip(self.binnings, self.split(codes))):
                 side[k] = [a + b for a, b in zip(side[k], binning.counts(c))]
 
     def scores(self) -> list[tuple[Binning | PatternBinning, list]]:
