@@ -24,6 +24,13 @@ def test_laplace_noise_has_the_laplace_law():
     assert noise.shape == (200_000,)
     # a wrong scale is seen: the test can fail
     assert stats.kstest(noise, stats.laplace(scale=3.1).cdf).pvalue < 1e-6
+    # the sign is a fair coin, independent of the size, in every cell of a 2-d draw
+    block = samplers.laplace_noise(np.random.default_rng(1), 2.0, (40_000, 5))
+    assert block.shape == (40_000, 5)
+    large = np.abs(block) > 2.0 * np.log(2)  # |Lap(2)|'s median
+    for cells in (large, ~large):
+        assert abs(np.mean(block[cells] > 0) - 0.5) < 0.01
+    assert np.all(np.abs(np.mean(block > 0, axis=0) - 0.5) < 0.01)
 
 
 def test_a_large_draw_is_made_of_parts_each_with_its_own_stream(monkeypatch):
