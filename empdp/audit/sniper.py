@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import truth
-from .samplers import laplace_noise, stat, vec
+from .samplers import laplace_noise, noisy_answers, report_max, stat, vec
 
 # ----------------------------------------------------------------------------- Truncated geometric
 
@@ -108,8 +108,7 @@ def report_noisy_max(epsilon=0.1, noise="laplace", output="index"):
 
     def sample(database, size, rng):
         q = vec(database)
-        noisy = q[None, :] + draw(rng, scale, (size, q.size))
-        return np.argmax(noisy, axis=1) if output == "index" else np.max(noisy, axis=1)
+        return report_max(noisy_answers(q, draw(rng, scale, (q.size, size))), index=output == "index")
 
     return sample
 
