@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import InputError
 from .common import continuous_dim
-from .events import ScoreRule, best_threshold, best_threshold_of, fit_score
+from .events import ScoreRule, best_rule, best_threshold, fit_score
 from .kde import (
     GAUSS_R,
     binned_kde,
@@ -224,17 +224,17 @@ def _best_score(fit_x, fit_y, x, y, is_discrete: bool, tau: float, weight: float
     COMPARE_ROWS of ``x``, ``y`` (the ratio scores of one binning share its bins)."""
     cx, cy = x[:COMPARE_ROWS], y[:COMPARE_ROWS]
     cw = weight - SCORE_PENALTY / math.sqrt(len(x)) + SCORE_PENALTY / math.sqrt(len(cx))
-    best, top = None, -math.inf
-    if logistic:
-        best = fit_score(fit_x, fit_y, is_discrete, LOGISTIC_STEPS)
-        top = best_threshold(best, cx, cy, tau, cw)[1]
-    for binning, scores in ratio_scores(fit_x, fit_y):
-        codes_x, codes_y = binning.codes(cx), binning.codes(cy)
-        for score in scores:
-            crit = best_threshold_of(score.score_codes(codes_x), score.score_codes(codes_y), tau, cw)[0]
-            if best is None or crit > top:
-                best, top = ScoreRule(score.name, 0.0, 1, score), crit
-    return best
+
+    def scored():
+        if logistic:
+            rule = fit_score(fit_x, fit_y, is_discrete, LOGISTIC_STEPS)
+            yield rule, rule.score(cx), rule.score(cy)
+        for binning, scores in ratio_scores(fit_x, fit_y):
+            codes_x, codes_y = binning.codes(cx), binning.codes(cy)
+            for score in scores:
+                yield ScoreRule(score.name, 0.0, 1, score), score.score_codes(codes_x), score.score_codes(codes_y)
+
+    return best_rule(scored(), tau, cw)[0]
 
 
 #: discrete outputs with at least this many distinct values among the first SPARSE_ROWS get score

@@ -51,6 +51,7 @@ class ScoreRule:
     threshold: float
     direction: int
     scorer: object | None = None  # ``scorer.score(outputs) -> (n,)``; None: the output itself
+    refitted: bool = False  # a table score counted again by MPL's refit (empdp.audit.mpl._refit)
 
     def score(self, outputs: np.ndarray) -> np.ndarray:
         if self.scorer is None:
@@ -63,7 +64,7 @@ class ScoreRule:
 
     def describe(self) -> dict:
         return {"score": self.kind, "direction": ">=" if self.direction > 0 else "<=",
-                "threshold": float(self.threshold)}
+                "threshold": float(self.threshold), "refitted": self.refitted}
 
 
 @dataclass
@@ -209,6 +210,18 @@ def best_threshold(rule: ScoreRule, x: np.ndarray, y: np.ndarray, tau: float, we
     """
     crit, direction, threshold, cand, loss = best_threshold_of(rule.score(x), rule.score(y), tau, weight)
     return ScoreRule(rule.kind, threshold, direction, rule.scorer), crit, cand, loss
+
+
+def best_rule(scored, tau: float, weight: float):
+    """Of the ``(rule, score_x, score_y)`` in ``scored`` (the rule's scores of both samples), the one whose
+    best threshold has the largest criterion (the first, on ties): (rule, :func:`best_threshold_of`'s
+    tuple). Only one candidate's scores are held at a time."""
+    top = None
+    for rule, score_x, score_y in scored:
+        found = best_threshold_of(score_x, score_y, tau, weight)
+        if top is None or found[0] > top[1][0]:
+            top = (rule, found)
+    return top
 
 
 def best_threshold_of(score_x: np.ndarray, score_y: np.ndarray, tau: float, weight: float):

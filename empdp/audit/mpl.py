@@ -50,6 +50,7 @@ from ..errors import InputError
 from ..io import jsonable
 from ..params import available_cores
 from .budget import (
+    MAX_STAGE1_BYTES,
     PILOT_SIZES,
     check_budget,
     deadline,
@@ -74,7 +75,7 @@ from .common import (
     part_generators,
 )
 from .dpl import SCORE_PENALTY, Candidate, Plan, candidate, check_region, undersmoothed
-from .events import ScoreRule, best_threshold_of, load_optimizer
+from .events import ScoreRule, best_rule, load_optimizer
 from .kde import GAUSS_R, as_samples, contains, kde_at, rule_of_thumb, sigma_discrete
 from .mechanisms import load_mechanism
 from .pairs import resolve_pairs
@@ -169,7 +170,13 @@ class _Deadline:
     end: float
     rate: float
     search_pace: float | None = None
-    refit_pace: float = 0.0  # the last pilot's refit, seconds per stage-1 output (0: it had none)
+    refit_pace: float = 0.0  # the last pilot's refit, seconds per output it drew (0: it had none)
+
+    def refit_seconds(self, n: int) -> float:
+        """The seconds a refit at n takes at the last pilot's pace (or, where the pilot had none, at its
+        search's: a refit draws and codes outputs, a search also fits its scores)."""
+        pace = self.refit_pace or (self.search_pace or 0.0) / available_cores()
+        return pace * _refit_size(n)
 
     def final_size(self, n: int, stoppable: bool) -> int:
         """N to aim at for the time stage 1 left: chosen after stage 1, before any fresh output is drawn
@@ -227,7 +234,7 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
         bandwidth=None, undersmooth: float = UNDERSMOOTH, selection: str = "lb",
         events: bool = True, feature="default", time_budget: float | None = None,
         progress: Callable[[str, int, int], None] | None = None, clock_start: float | None = None,
-        selection_size: int | None = None, search_steps: int | None = None,
+        selection_size: int | None = None, search_steps: int | None = None, refit_size: int | None = None,
         threads: int | None = None) -> MPLResult:
     """MPL lower bound on the pure-DP ε of ``mechanism`` over ``pairs`` (Askin et al. 2022, Alg. 4).
 
@@ -271,13 +278,17 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
         finalist's in the second round of successive halving); a time budget's stage 1 begins no step
         that would end, at its pace so far, past STAGE1_END_SHARE of the time it had left, and reports
         the steps it took in ``sizes["search_steps"]`` when it stopped early: give them back too.
+    refit_size : the fresh outputs per database of the refit that ends stage 1 on vector outputs
+        (:func:`_refit`; default REFIT_RATIO·n; 0: none). A time budget's run skips it when its search was
+        stopped by the clock or the refit would end past the search's share of the time, and reports
+        ``sizes["refit_size"]`` (0 then) wherever stage 1 chose a score event: give it back too.
     threads : threads drawing outputs at once (default: every core for the built-ins, one for a user's
         sampler, which must be thread-safe to be given more); the outputs do not depend on it.
     """
     started = time.perf_counter() if clock_start is None else clock_start
     mechanism, params = load_mechanism(mechanism, params, threads), None  # (its parameters are in it now)
-    sizes = given_sizes({"n, N: --search-size, --final-size, --selection-size, --search-steps":
-                         next((v for v in (n, N, selection_size, search_steps) if v is not None), None)},
+    sizes = given_sizes({"n, N: --search-size, --final-size, --selection-size, --search-steps, --refit-size":
+                         next((v for v in (n, N, selection_size, search_steps, refit_size) if v is not None), None)},
                         time_budget)
     end = None
     if time_budget is not None:
@@ -291,28 +302,35 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
     if selection_size is not None:
         plan = replace(plan, selection_N=check_size("selection_size", selection_size, counted=True))
     steps = None if search_steps is None else check_size("search_steps", search_steps, minimum=1, outputs=False)
-    res = _run(plan, as_rng(rng), discrete, progress or _no_progress, end=end, steps=steps)
+    if refit_size is not None and refit_size != 0:  # (0: none; else enough to choose on: a third, ≥ 10)
+        refit_size = check_size("refit_size", refit_size, minimum=30, counted=True)
+    res = _run(plan, as_rng(rng), discrete, progress or _no_progress, end=end, steps=steps, refit_size=refit_size)
     res.sizes = {**sizes, "search_size": plan.n, "final_size": res.final_size, **res.sizes}
     return res
 
 
 def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Deadline | None = None,
-         steps: int | None = None) -> MPLResult:
+         steps: int | None = None, refit_size: int | None = None) -> MPLResult:
     """Both stages; ``clock`` (the pilots') gets the seconds of each; with a deadline ``end``, stage 1
     stops early if its pace says so (:class:`_Steps`) and N is what the time left after stage 1 buys;
-    ``steps`` (given back) stops stage 1 where a deadline did."""
+    ``steps`` (given back) stops stage 1 where a deadline did, ``refit_size`` (given back) sizes the refit."""
     t0 = time.perf_counter()
     if end is not None:  # stage 1 weighs by the N planned now; stage 2 draws what the clock allows
         plan = replace(plan, selection_N=plan.weighed_N)
-    # (the search ends early enough for the refit the pilots' pace forecasts)
-    stop = _Steps(steps, None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0) - end.refit_pace * plan.n,
+    stage1_end = None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0)
+    # (the search ends early enough for the refit the pilots forecast)
+    stop = _Steps(steps, None if end is None else stage1_end - end.refit_seconds(plan.n),
                   None if end is None else end.search_pace)
     stage1 = _stage1(plan, rng, discrete, report, stop)
     best = stage1.candidates[stage1.selected]
     t_refit = time.perf_counter()
-    refit = _refits(best) and not stop.stopped
-    if refit:
-        best = stage1.candidates[stage1.selected] = _refit(plan, best, plan.pairs[stage1.selected], rng, report)
+    if _refits(best):
+        if refit_size is None:
+            refit_size = _refit_size(plan.n, stop.stopped, None if end is None else stage1_end - end.refit_seconds(plan.n))
+        if refit_size:
+            best = _refit(plan, best, plan.pairs[stage1.selected], refit_size, rng, report)
+            stage1 = replace(stage1, candidates=[best if k == stage1.selected else c
+                                                 for k, c in enumerate(stage1.candidates)])
     t1 = time.perf_counter()
     stoppable = stage1.discrete or best.rule is not None
     if end is not None:
@@ -326,8 +344,8 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
         res.sizes["selection_size"] = plan.selection_N
     if stop.stopped:  # (by the clock, or given): what reproduces stage 1's outputs
         res.sizes["search_steps"] = stop.done
-    if refit:
-        res.sizes["refit_size"] = _refit_sizes(plan.n)[2]
+    if _refits(stage1.candidates[stage1.selected]):  # (0: none, the clock's choice, or given)
+        res.sizes["refit_size"] = refit_size
     if end is not None:
         res.sizes["final_size_aimed"] = plan.N  # above final_size when the deadline stopped stage 2
     return res
@@ -358,7 +376,7 @@ def _budget_sizes(plan: Plan, budget: float, started: float, discrete) -> tuple[
     rows = sum(_step_rows(len(plan.pairs), sizes[-1]))
     # per core, as _Steps keeps it: the pilot's steps ran side by side on at most this many cores
     pace = search[-1] * min(draw_workers(plan.mech), len(plan.pairs), available_cores()) / rows
-    return n, N, info, _Deadline(end, stage2_rate(sizes, stage2, BUDGET_RATIO), pace, refit[-1] / sizes[-1])
+    return n, N, info, _Deadline(end, stage2_rate(sizes, stage2, BUDGET_RATIO), pace, refit[-1] / _refit_size(sizes[-1]))
 
 
 def _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, events, feature,
@@ -560,31 +578,42 @@ def _steps(plan: Plan, step, items, rows: int, stop: _Steps, done, first_began: 
     return [results[k] for k in range(len(results))]
 
 
-#: the refit (:func:`_refit`) counts the tables on REFIT_FIT·n fresh outputs per database and chooses the
-#: event on REFIT_CHOOSE·n more (at most REFIT_CHOOSE_MAX, whose scores it holds: 13 scores of 2 x 2^20
-#: outputs, 220 MB)
-REFIT_FIT, REFIT_CHOOSE, REFIT_CHOOSE_MAX = 4, 2, 1 << 20
-#: the refit counts its tables over chunks of at most this many outputs per database (their codes, int32,
-#: are held: svt3's 41 columns, 43 MB)
-REFIT_CHUNK = 1 << 18
+#: the refit (:func:`_refit`) draws REFIT_RATIO·n fresh outputs per database: it counts the tables on two
+#: thirds and chooses the event on a third, at most REFIT_CHOOSE_MAX (whose scores it holds: 13 scores of
+#: 2 x 2^20 outputs, 220 MB)
+REFIT_RATIO, REFIT_CHOOSE_MAX = 6, 1 << 20
+#: the refit counts its tables over chunks of at most this many outputs per database, and of at most
+#: MAX_STAGE1_BYTES of outputs and codes in all (the first chunk, which fixes the binnings, also holds
+#: the binnings' working copies: REFIT_COPIES samples' worth)
+REFIT_CHUNK, REFIT_COPIES = 1 << 18, 12
 
 
 def _refits(best: Candidate) -> bool:
-    """Whether stage 1's choice is refitted: a score event on vector outputs (the table scores exist)."""
+    """Whether stage 1's choice may be refitted: a score event on vector outputs (the table scores exist)."""
     return best.rule is not None and best.rule.scorer is not None
 
 
-def _refit_sizes(n: int) -> tuple[int, int, int]:
-    """(outputs per database the refit counts its tables on, those it chooses the event on, both)."""
-    fit, choose = REFIT_FIT * n, min(REFIT_CHOOSE * n, REFIT_CHOOSE_MAX)
-    return fit, choose, fit + choose
+def _refit_size(n: int, stopped: bool = False, latest: float | None = None) -> int:
+    """The refit's outputs per database at search size n: REFIT_RATIO·n, or 0 (none) after a search the
+    clock stopped, or when a refit begun now would end past ``latest`` (a ``time.perf_counter()``
+    value) at the pilots' pace. What the clock decides is reported and given back."""
+    if stopped or (latest is not None and time.perf_counter() > latest):
+        return 0
+    return REFIT_RATIO * n
 
 
-def _refit(plan: Plan, best: Candidate, pair, rng, report) -> Candidate:
+def _refit_parts(size: int) -> tuple[int, int]:
+    """(outputs per database the refit counts its tables on, those it chooses the event on)."""
+    choose = min(size // 3, REFIT_CHOOSE_MAX)
+    return size - choose, choose
+
+
+def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candidate:
     """Stage 1's last step on vector outputs: the selected pair's table scores (module
-    :mod:`empdp.audit.ratios`) counted again on REFIT_FIT·n fresh outputs per database, streamed in
-    chunks and none held, and the event with the best predicted bound among theirs and stage 1's own,
-    each with its threshold chosen on REFIT_CHOOSE·n more fresh outputs.
+    :mod:`empdp.audit.ratios`) counted again on ``size`` fresh outputs per database less those that
+    choose, streamed in chunks (one held at a time), and the event with the best predicted bound among
+    theirs and stage 1's own, each with its threshold chosen on a third of them (at most
+    REFIT_CHOOSE_MAX) fresh again.
 
     Stage 1 holds its outputs, so memory caps its tables' counts; the refit only counts. Where the
     loss lies in rare outputs, stage 1's tables are noise there: svt3's best events are values
@@ -593,16 +622,18 @@ def _refit(plan: Plan, best: Candidate, pair, rng, report) -> Candidate:
     stage 2 measures on fresh outputs: the bound stays valid whatever the refit chooses.
     """
     t0 = time.perf_counter()
-    fit, choose, total = _refit_sizes(plan.n)
-    stage = f"MPL stage 1: refitting the scores on 2 x {total:,} fresh outputs"
+    fit, choose = _refit_parts(size)
+    stage = f"MPL stage 1: refitting the scores on 2 x {size:,} fresh outputs"
     report(stage, 0, 1)
-    first = min(FIT_ROWS, fit)
+    probe = as_samples(_draw_pair(plan, pair, 2, rng)[0])  # (the width: the chunks' rows are set by bytes)
+    first = max(min(FIT_ROWS, fit, stage1_cap(probe, REFIT_COPIES)), 2)
     tables = TableScores(*(as_samples(v) for v in _draw_pair(plan, pair, first, rng)))
+    chunk = max(min(REFIT_CHUNK, MAX_STAGE1_BYTES // (2 * 4 * tables.columns)), 1)  # (codes: int32)
     codes = lambda outputs: tables.codes(as_samples(outputs))  # noqa: E731 (on the draw's threads)
-    for start in range(first, fit, REFIT_CHUNK):
-        tables.add(*_draw_pair(plan, pair, min(REFIT_CHUNK, fit - start), rng, codes))
+    for start in range(first, fit, chunk):
+        tables.add(*_draw_pair(plan, pair, min(chunk, fit - start), rng, codes))
     families = tables.scores()
-    rules = [ScoreRule(s.name, 0.0, 1, s) for _, scores in families for s in scores] + [best.rule]
+    rules = [ScoreRule(s.name, 0.0, 1, s, refitted=True) for _, scores in families for s in scores] + [best.rule]
 
     def scored(outputs):  # every refitted score and stage 1's, side by side (on the draw's threads)
         outputs = as_samples(outputs)
@@ -612,18 +643,15 @@ def _refit(plan: Plan, best: Candidate, pair, rng, report) -> Candidate:
 
     sx, sy = _draw_pair(plan, pair, choose, rng, scored)
     weight = plan.zc / math.sqrt(plan.weighed_N) + SCORE_PENALTY / math.sqrt(choose)
-    top = None
-    for k, rule in enumerate(rules):
-        found = best_threshold_of(np.ascontiguousarray(sx[:, k]), np.ascontiguousarray(sy[:, k]), best.tau, weight)
-        if top is None or found[0] > top[1][0]:
-            top = (rule, found)
-    rule, (crit, direction, threshold, cand, loss) = top
+    rule, (crit, direction, threshold, cand, loss) = best_rule(
+        ((rule, np.ascontiguousarray(sx[:, k]), np.ascontiguousarray(sy[:, k])) for k, rule in enumerate(rules)),
+        best.tau, weight)
     report(stage, 1, 1)
     log.info("MPL stage 1 refit: %d scores counted on 2 x %d fresh outputs, chosen on 2 x %d, in %.2f s: %s "
              "(criterion %.4g)", len(rules) - 1, fit, choose, time.perf_counter() - t0,
              "stage 1's event" if rule is best.rule else rule.kind, crit)
     return replace(best, score=crit, t=np.array([threshold]), pts=cand[:, None], loss=loss,
-                   rule=ScoreRule(rule.kind, threshold, direction, rule.scorer))
+                   rule=replace(rule, threshold=threshold, direction=direction))
 
 
 #: stage 2 draws at most this many outputs per database at once (counts and kernel sums add up

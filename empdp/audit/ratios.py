@@ -327,7 +327,7 @@ class TableScores:
     The binnings (the raw coordinates per column and pooled, the differences per column) and the
     answer patterns are fixed by the first chunk (at most FIT_ROWS outputs of each sample); every
     chunk, the first included, adds its fine bins' counts. So the tables can be counted on millions
-    of outputs streamed in chunks, none held (MPL's refit, :func:`empdp.audit.mpl._refit`), where
+    of outputs streamed in chunks, one held at a time (MPL's refit, :func:`empdp.audit.mpl._refit`), where
     stage 1's tables were counted on the outputs it holds: svt3's best events are values released
     late, about 1 output in 5,000, and their bins' log ratios are noise at stage 1's 200,000.
     """
@@ -358,9 +358,16 @@ class TableScores:
         return np.concatenate(out, axis=1).astype(np.int32)
 
     def split(self, codes: np.ndarray) -> list:
-        """:meth:`codes` side by side, split into each binning's (as int64, the binnings' own)."""
-        widths = [self.width + isinstance(b, PatternBinning) for b in self.binnings]  # (a pattern's first)
-        return np.split(codes.astype(np.int64), np.cumsum(widths)[:-1], axis=1)
+        """:meth:`codes` side by side, split into each binning's (views)."""
+        return np.split(codes, np.cumsum(self._widths())[:-1], axis=1)
+
+    def _widths(self) -> list[int]:
+        return [self.width + isinstance(b, PatternBinning) for b in self.binnings]  # (a pattern's first)
+
+    @property
+    def columns(self) -> int:
+        """The columns of :meth:`codes`."""
+        return sum(self._widths())
 
     def add(self, codes_x: np.ndarray, codes_y: np.ndarray) -> None:
         """Add a chunk's counts, from its :meth:`codes` in both samples."""
