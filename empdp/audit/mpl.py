@@ -637,9 +637,15 @@ def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candida
 
     def scored(outputs):  # every refitted score and stage 1's, side by side (on the draw's threads)
         outputs = as_samples(outputs)
-        by_binning = tables.split(tables.codes(outputs))
-        columns = [s.score_codes(c) for (_, scores), c in zip(families, by_binning) for s in scores]
-        return np.column_stack(columns + [best.rule.score(outputs)])
+        out = np.empty((len(outputs), len(rules)))
+        for start in range(0, len(outputs), block):  # (a block's codes at a time: they are wide)
+            rows = outputs[start:start + block]
+            by_binning = tables.split(tables.codes(rows))
+            columns = [s.score_codes(c) for (_, scores), c in zip(families, by_binning) for s in scores]
+            out[start:start + block] = np.column_stack(columns + [best.rule.score(rows)])
+        return out
+
+    block = max(min(REFIT_CHUNK, MAX_STAGE1_BYTES // (8 * 4 * tables.columns)), 1)
 
     sx, sy = _draw_pair(plan, pair, choose, rng, scored)
     weight = plan.zc / math.sqrt(plan.weighed_N) + SCORE_PENALTY / math.sqrt(choose)
