@@ -634,6 +634,7 @@ def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candida
         tables.add(*_draw_pair(plan, pair, min(chunk, fit - start), rng, codes))
     families = tables.scores()
     rules = [ScoreRule(s.name, 0.0, 1, s, refitted=True) for _, scores in families for s in scores] + [best.rule]
+    block = max(min(REFIT_CHUNK, MAX_STAGE1_BYTES // (8 * 4 * tables.columns)), 1)  # (rows scored at once)
 
     def scored(outputs):  # every refitted score and stage 1's, side by side (on the draw's threads)
         outputs = as_samples(outputs)
@@ -644,8 +645,6 @@ def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candida
             columns = [s.score_codes(c) for (_, scores), c in zip(families, by_binning) for s in scores]
             out[start:start + block] = np.column_stack(columns + [best.rule.score(rows)])
         return out
-
-    block = max(min(REFIT_CHUNK, MAX_STAGE1_BYTES // (8 * 4 * tables.columns)), 1)
 
     sx, sy = _draw_pair(plan, pair, choose, rng, scored)
     weight = plan.zc / math.sqrt(plan.weighed_N) + SCORE_PENALTY / math.sqrt(choose)
