@@ -64,7 +64,7 @@ class ScoreRule:
 
     def describe(self) -> dict:
         return {"score": self.kind, "direction": ">=" if self.direction > 0 else "<=",
-                "threshold": float(self.threshold), "refitted": self.refitted}
+                "threshold": float(self.threshold)}
 
 
 @dataclass

@@ -794,7 +794,7 @@ def _result(plan: Plan, stage1: _Stage1, stage2: _Stage2) -> MPLResult:
         region=region_out, selection=plan.selection, true_value=true_eps,
         pairs_true_value=pairs_true,
         feature=None if feature is None else getattr(feature, "__name__", "feature"),
-        event_rule=None if best.rule is None else best.rule.describe(),
+        event_rule=None if best.rule is None else {**best.rule.describe(), "refitted": best.rule.refitted},
         stage1_max_loss_by_pair=[c.max_loss for c in stage1.candidates], loss_curve=_loss_curve(best, is_discrete),
         warnings=warnings)
 
