@@ -166,3 +166,22 @@ def test_terminal_names_the_score_stage1_chose():
     assert out.exit_code == 0 and data.exit_code == 0, out.output + data.output
     rule = json.loads(data.output)["event_rule"]
     assert f"the score '{rule['score']}' {rule['direction']}" in out.output
+
+
+def test_stage2_scores_wide_outputs_a_block_at_a_time(monkeypatch):
+    """A score event's members are computed a block of rows at a time (wide outputs' codes are several
+    times their size): the same members, so the same bound, as scoring a part whole."""
+    scored_rows = []
+    members = mpl_mod.ScoreRule.members
+
+    def spy(self, outputs):
+        scored_rows.append(len(outputs))
+        return members(self, outputs)
+
+    monkeypatch.setattr(mpl_mod.ScoreRule, "members", spy)
+    whole = mpl("laplace_parallel", n=3000, N=40_000, rng=6, refit_size=0)
+    assert max(scored_rows) > 1000
+    scored_rows.clear()
+    monkeypatch.setattr(mpl_mod, "MEMBER_VALUES", 20 * 1000)  # 1,000 rows of laplace_parallel's 20 coordinates
+    blocked = mpl("laplace_parallel", n=3000, N=40_000, rng=6, refit_size=0)
+    assert max(scored_rows) == 1000 and blocked.lower_bound == whole.lower_bound

@@ -709,10 +709,22 @@ def _stage2(plan: Plan, is_discrete: bool, best: Candidate, pair, rng, report, e
     return _Stage2(loss=loss_star, sigma=sigma, c_n=c_n, lower_bound=lb, bandwidth=h2, warnings=warnings, size=N)
 
 
+#: a score event's members are scored at most this many values (rows x coordinates) at a time: a table
+#: score's codes and a logistic score's features are several times their outputs, and a draw's part of
+#: 32,768 outputs of 1,000 coordinates (laplace_parallel with copies=1000) coded whole took 262 MB a thread
+MEMBER_VALUES = 1 << 22
+
+
 def _members(best: Candidate):
     """Which outputs fall on t̂ or in its event (a function of a part's outputs: one bool each)."""
     if best.rule is not None:
-        return lambda outputs: np.asarray(best.rule.members(as_samples(outputs)), bool)
+        def members(outputs):
+            outputs = as_samples(outputs)
+            block = max(MEMBER_VALUES // outputs.shape[1], 1)  # (scores are row by row: same members)
+            return np.concatenate([np.asarray(best.rule.members(outputs[start:start + block]), bool)
+                                   for start in range(0, max(len(outputs), 1), block)])
+
+        return members
     target = best.t[None, :] if best.event is None else best.event
     return lambda outputs: contains(as_samples(outputs), target)
 
