@@ -317,16 +317,15 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     t0 = time.perf_counter()
     if end is not None:  # stage 1 weighs by the N planned now; stage 2 draws what the clock allows
         plan = replace(plan, selection_N=plan.weighed_N)
-    stage1_end = None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0)
-    # (the search ends early enough for the refit the pilots forecast)
-    stop = _Steps(steps, None if end is None else stage1_end - end.refit_seconds(plan.n),
-                  None if end is None else end.search_pace)
+    # the search ends early enough for the refit the pilots forecast, which begins no later than this
+    refit_latest = None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0) - end.refit_seconds(plan.n)
+    stop = _Steps(steps, refit_latest, None if end is None else end.search_pace)
     stage1 = _stage1(plan, rng, discrete, report, stop)
     best = stage1.candidates[stage1.selected]
     t_refit = time.perf_counter()
     if _refits(best):
         if refit_size is None:
-            refit_size = _refit_size(plan.n, stop.stopped, None if end is None else stage1_end - end.refit_seconds(plan.n))
+            refit_size = _refit_size(plan.n, stop.stopped, refit_latest)
         if refit_size:
             best = _refit(plan, best, plan.pairs[stage1.selected], refit_size, rng, report)
             stage1 = replace(stage1, candidates=[best if k == stage1.selected else c
@@ -634,7 +633,7 @@ def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candida
         tables.add(*_draw_pair(plan, pair, min(chunk, fit - start), rng, codes))
     families = tables.scores()
     rules = [ScoreRule(s.name, 0.0, 1, s, refitted=True) for _, scores in families for s in scores] + [best.rule]
-    block = max(min(REFIT_CHUNK, MAX_STAGE1_BYTES // (8 * 4 * tables.columns)), 1)  # (rows scored at once)
+    block = max(MEMBER_VALUES // tables.width, 1)  # (rows scored at once, as stage 2 scores its members)
 
     def scored(outputs):  # every refitted score and stage 1's, side by side (on the draw's threads)
         outputs = as_samples(outputs)
