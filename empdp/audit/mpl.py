@@ -317,8 +317,11 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     t0 = time.perf_counter()
     if end is not None:  # stage 1 weighs by the N planned now; stage 2 draws what the clock allows
         plan = replace(plan, selection_N=plan.weighed_N)
-    # the search ends early enough for the refit the pilots forecast, which begins no later than this
-    refit_latest = None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0) - end.refit_seconds(plan.n)
+    # the search ends early enough for what must follow it at the pilots' pace: the refit, which begins no
+    # later than this, and stage 2's floor of more than n outputs (a plan too large for the clock drew n
+    # outputs past the deadline: 1.7 s of a 4 s budget, the search having taken its share)
+    refit_latest = None if end is None else (t0 + STAGE1_END_SHARE * (end.end - t0) - end.refit_seconds(plan.n)
+                                             - end.rate * plan.n)
     stop = _Steps(steps, refit_latest, None if end is None else end.search_pace)
     stage1 = _stage1(plan, rng, discrete, report, stop)
     best = stage1.candidates[stage1.selected]
