@@ -111,7 +111,7 @@ def _budget(ctx, budget, *sizes):
     explicit = ctx.get_parameter_source("time_budget").name != "DEFAULT"
     if given and explicit:
         raise InputError("give sample sizes (--search-size/--final-size/--selection-size/--search-steps/"
-                         "--refit-size, --sample-size) or --time-budget, not both")
+                         "--duel-size/--refit-size, --sample-size) or --time-budget, not both")
     return None if given else budget
 
 
@@ -167,7 +167,7 @@ def _run_bound(bound, title, mechanism, params, pairs, threads, options, as_json
 
 
 #: the sizes besides SIZE_KEYS a run reports and takes back (``audit mpl``)
-GIVEN_BACK = ("selection_size", "search_steps", "refit_size")
+GIVEN_BACK = ("selection_size", "search_steps", "duel_size", "refit_size")
 
 
 def _size_rows(d: dict) -> list[tuple[str, str]]:
@@ -176,7 +176,7 @@ def _size_rows(d: dict) -> list[tuple[str, str]]:
     chosen = (f" (chosen for a {fmt(sizes['time_budget'])} s budget on this machine)"
               if sizes.get("chosen_by") == "time budget" else "")
     rows = [(key.replace("_", " "), f"{d[key]}") for key in SIZE_KEYS if d.get(key) is not None]
-    # what else reproduces the run given back (--selection-size, --search-steps, --refit-size)
+    # what else reproduces the run given back (--selection-size, --search-steps, --duel-size, --refit-size)
     rows += [(key.replace("_", " "), f"{sizes[key]}") for key in GIVEN_BACK if sizes.get(key) is not None]
     if rows:
         rows[-1] = (rows[-1][0], rows[-1][1] + chosen)
@@ -247,6 +247,12 @@ def audit():
               help="Steps stage 1 takes (a pair's search each). Default: all. A --time-budget run whose "
                    "stage 1 the clock stopped reports them: give them back with the sizes and --seed to "
                    "reproduce the run.")
+@click.option("--duel-size", "duel_size", type=int, default=None,
+              help="Most fresh outputs per database and finalist of the duel that ends stage 1 when its "
+                   "finalist pairs' events are counted (discrete outputs, score events): the pair chosen "
+                   "again on fresh outputs. Default: 5 x --search-size; 0: none. A --time-budget run reports "
+                   "it wherever the duel applies (0 when the clock left no time for it): give it back with "
+                   "the sizes and --seed to reproduce the run.")
 @click.option("--refit-size", "refit_size", type=int, default=None,
               help="Fresh outputs per database of the refit that ends stage 1 on vector outputs (the tables "
                    "counted again, the event chosen again). Default: 6 x --search-size; 0: none. A "
@@ -259,7 +265,7 @@ def audit():
                    "the central 99% of the stage-1 outputs (discrete outputs: all observed values).")
 @click.pass_context
 def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, threads, time_budget, search_size, final_size, selection_size,
-            search_steps, refit_size, n_old, N_old, region, as_json, quiet, verbose, debug):
+            search_steps, duel_size, refit_size, n_old, N_old, region, as_json, quiet, verbose, debug):
     """MPL lower bound on the pure-DP epsilon (Askin, Kutta, Dette 2022).
 
     Stage 1 searches for the output t_hat and the pair of databases with the
@@ -280,8 +286,9 @@ def mpl_cmd(ctx, mechanism, params, pairs, alpha, seed, threads, time_budget, se
     N = _size(ctx, "final_size", final_size, "--N", N_old)
     _run_bound(mpl, f"MPL lower bound on pure-DP epsilon ({mechanism})", mechanism, params, pairs, threads,
                dict(n=n, N=N, region=region, alpha=alpha, rng=seed, selection_size=selection_size,
-                    search_steps=search_steps, refit_size=refit_size, clock_start=_clock_start(),
-                    time_budget=_budget(ctx, time_budget, n, N, selection_size, search_steps, refit_size)),
+                    search_steps=search_steps, duel_size=duel_size, refit_size=refit_size,
+                    clock_start=_clock_start(), time_budget=_budget(ctx, time_budget, n, N, selection_size,
+                                                                   search_steps, duel_size, refit_size)),
                as_json, quiet, verbose, debug)
 
 

@@ -1,8 +1,10 @@
 """Binned FFT KDE against the exact kernel sum; discrete helpers."""
 
 import numpy as np
+import pytest
 from numpy.testing import assert_allclose
 
+from empdp.audit import kde
 from empdp.audit.kde import binned_kde, categorize, contains, grid_for, kde_at, looks_discrete, rule_of_thumb
 
 
@@ -33,15 +35,23 @@ def test_categorize_and_detection():
     assert not looks_discrete(np.random.default_rng(1).normal(size=1000))
 
 
-def test_contains_matches_a_row_by_row_comparison():
+@pytest.mark.parametrize("table", [True, False])
+def test_contains_matches_a_row_by_row_comparison(table, monkeypatch):
     """Event membership (stage 2's count): integer answer vectors by mixed-radix keys over the members'
-    range, rows outside that range or not integer never members; other rows by categories."""
+    range (looked up in a table, or in the sorted keys when the range is too large for one), rows
+    outside that range or not integer never members; other rows by categories."""
+    if not table:
+        monkeypatch.setattr(kde, "CONTAINS_TABLE", 0)
     rng = np.random.default_rng(4)
     rows = rng.integers(-1, 2, (3000, 6)).astype(np.int8)
     rows[:50] = 7  # outside the members' range
+    rows[50:55, 2] = -5  # one coordinate below it
     members = rows[[60, 61, 75]]
     floats = rows.astype(float)
     floats[100:110] += 0.5  # not integers: never members
+    floats[110:115, 3] = np.nan
+    floats[115:120, 4] = -np.inf
+    floats[120:125, 0] = 1e300
     for r in (rows, floats, rng.normal(size=(200, 6))):
         slow = np.array([any(np.array_equal(row, m) for m in members) for row in r])
         np.testing.assert_array_equal(contains(r, members), slow)

@@ -125,7 +125,7 @@ def test_refit_draws_fresh_outputs_after_stage1(monkeypatch):
 def test_refit_replaces_a_poor_stage1_score(monkeypatch):
     """Stage 1's score made useless (constant): without the refit its event is every output and the bound
     nil; the refit's tables find prefix_sum's loss (exact ε 1). How much the refit gains where stage 1's
-    tables are noise (svt3's rare events) needs stage-1 sizes of a 20 s budget: tests/bench/refit_ab.py."""
+    tables are noise (svt3's rare events) needs stage-1 sizes of a 20 s budget: tests/bench/closing_ab.py --step refit."""
     original = mpl_mod.candidate
 
     def constant(x, y, is_discrete, plan, logistic=True):

@@ -174,10 +174,13 @@ def test_progress_callback_reports_every_stage():
     seen = []
     mpl("laplace", n=2000, N=5000, rng=1, progress=lambda s, d, t: seen.append((s, d, t)))
     stages = list(dict.fromkeys(s for s, _, _ in seen))
-    assert stages[0].startswith("MPL stage 1") and stages[1].startswith("MPL stage 2")
+    assert stages[0].startswith("MPL stage 1") and stages[2].startswith("MPL stage 2")
+    assert stages[1] == "MPL stage 1: 3 finalists x 2 x 10,000 fresh outputs at most"  # the duel (half-lines)
     assert seen[-1][1] == seen[-1][2] == 1
     first = [(d, t) for s, d, t in seen if s == stages[0]]
     assert first[0][0] == 0 and first[-1][0] == first[-1][1] == 13  # 10 pairs + 3 finalists
+    duel = [(d, t) for s, d, t in seen if s == stages[1]]
+    assert duel[0] == (0, 4) and 1 <= duel[-1][0] <= 4 and [d for d, _ in duel] == list(range(len(duel)))
     seen.clear()
     renyi("gaussian", order=2, n=2000, rng=1, progress=lambda s, d, t: seen.append((s, d, t)))
     assert [s.split(":")[0] for s in dict.fromkeys(s for s, _, _ in seen)] == ["Renyi pilot", "Renyi bound"]
@@ -209,9 +212,10 @@ def test_verbose_logs_one_line_per_stage():
               "--seed", 1, "-v")
     assert res.exit_code == 0, res.output
     lines = [ln for ln in res.stderr.splitlines() if "empdp.audit" in ln]
-    assert len(lines) == 2 and all(ln.startswith("INFO") for ln in lines), res.stderr
+    assert len(lines) == 3 and all(ln.startswith("INFO") for ln in lines), res.stderr
     assert "stage 1" in lines[0] and "10 pairs x 2 x 2500 outputs" in lines[0] and " s;" in lines[0]
-    assert "stage 2" in lines[1] and "20000 fresh outputs" in lines[1]
+    assert "stage 1 duel: 3 finalists x 2 x " in lines[1] and "(of 25000)" in lines[1]
+    assert "stage 2" in lines[2] and "20000 fresh outputs" in lines[2]
     quiet = run("mpl", "-m", "svt6", "--search-size", 5000, "--final-size", 20000, "--seed", 1)
     assert "INFO" not in quiet.stderr
     logging.getLogger("empdp").handlers.clear()

@@ -241,23 +241,54 @@ def categorize(*samples: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     return cats, codes
 
 
+#: integer-valued events whose rows have at most this many possible keys are looked up in a table
+CONTAINS_TABLE = 1 << 22
+
+
 def contains(rows: np.ndarray, members: np.ndarray) -> np.ndarray:
     """Boolean mask: which rows of ``rows`` equal one of the rows of ``members`` (exact match).
 
-    Integer-valued members get mixed-radix keys over their own range, so the rows need no sort (stage 2
-    counts an event among millions of SVT answer vectors); other values are compared by categories.
+    Integer-valued members get mixed-radix keys over their own range, built a column at a time, so the
+    rows need no sort (stage 2 counts an event among hundreds of millions of SVT answer vectors); with
+    at most CONTAINS_TABLE keys each row's key is looked up in a table of the members' keys, else in
+    their sorted list. Other values are compared by categories.
     """
     rows, members = as_samples(rows), as_samples(members)
     if rows.shape[1] > 1 and np.all(members == np.round(members)):
         lo, hi = members.min(axis=0), members.max(axis=0)
         radix = hi - lo + 1
-        if np.prod(radix.astype(float)) < 2.0 ** 62:
-            weights = np.concatenate([np.cumprod(radix[::-1])[::-1][1:], [1]]).astype(np.int64)
-            inside = np.all((rows >= lo) & (rows <= hi), axis=1) & np.all(rows == np.round(rows), axis=1)
-            keys = np.where(inside[:, None], rows - lo, 0).astype(np.int64) @ weights
-            return inside & np.isin(keys, (members - lo).astype(np.int64) @ weights)
+        keys_total = float(np.prod(radix.astype(float)))
+        if keys_total < 2.0 ** 62:
+            lo, radix = lo.astype(np.int64), radix.astype(np.int64)
+            keys, inside = _box_keys(rows, lo, radix)
+            member_keys, _ = _box_keys(members, lo, radix)
+            if keys_total <= CONTAINS_TABLE:
+                table = np.zeros(int(keys_total), dtype=bool)
+                table[member_keys] = True
+                return table[keys] & inside
+            return inside & np.isin(keys, member_keys)
     _, (codes, member_codes) = categorize(rows, members)
     return np.isin(codes, member_codes)
+
+
+def _box_keys(rows: np.ndarray, lo: np.ndarray, radix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's mixed-radix key over the integer box [lo, lo + radix), 0 for rows outside it or not
+    integer-valued, and which rows are inside (a pass over each column, no (rows, d) temporaries)."""
+    keys = np.zeros(len(rows), dtype=np.int64)
+    inside = np.ones(len(rows), dtype=bool)
+    whole = rows.dtype.kind in "biu"
+    for j in range(rows.shape[1]):
+        col = rows[:, j]
+        inside &= (col >= lo[j]) & (col <= lo[j] + radix[j] - 1)  # (NaN: neither)
+        if not whole:
+            inside &= col == np.round(col)
+        with np.errstate(invalid="ignore"):  # (rows outside the box cast to anything: their keys are dropped)
+            digit = col.astype(np.int64)
+        digit -= lo[j]
+        keys *= radix[j]
+        keys += digit
+    keys[~inside] = 0
+    return keys, inside
 
 
 def frequencies(codes: np.ndarray, k: int) -> np.ndarray:

@@ -26,9 +26,10 @@ argument of Theorem 2 is unchanged:
   as for SVT6, an event has almost the loss of its worst output and much more
   mass, hence a far smaller σ̂.
 
-For vector outputs, stage 1 ends with a refit (:func:`_refit`): the selected pair's table scores
-counted on more fresh outputs than stage 1 can hold, and its event chosen on fresh outputs again;
-like the rest of stage 1 it only chooses what stage 2 measures.
+Stage 1 ends with up to two closing steps on fresh outputs, which like the rest of stage 1 only choose
+what stage 2 measures: a duel (:func:`_duel`), where the finalists' events are counted on fresh outputs
+and the pair chosen again, and for vector outputs a refit (:func:`_refit`): the selected pair's table
+scores counted on more fresh outputs than stage 1 can hold, and its event chosen on fresh outputs again.
 
 A mechanism may also carry a per-pair ``feature`` (post-processing to a
 sufficient statistic, e.g. answer counts for SVT5/SVT6), applied before both stages.
@@ -117,6 +118,7 @@ class MPLResult:
     feature: str | None = None
     event_rule: dict | None = None
     sizes: dict = field(default_factory=dict)
+    duel: dict | None = None  # the finalists' pairs and their events' losses on the duel's outputs (_duel)
     stage1_max_loss_by_pair: list = field(default_factory=list)
     loss_curve: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
@@ -132,7 +134,7 @@ class MPLResult:
             "search_size": self.search_size, "final_size": self.final_size, "alpha": self.alpha, "discrete": self.discrete,
             "tau": self.tau, "bandwidth": self.bandwidth, "region": self.region,
             "selection": self.selection, "feature": self.feature, "event_rule": self.event_rule,
-            "sizes": self.sizes, "true_value": self.true_value,
+            "sizes": self.sizes, "duel": self.duel, "true_value": self.true_value,
             "true_value_infinite": self.true_value is not None and math.isinf(self.true_value),
             "pairs_true_value": self.pairs_true_value,
             "stage1_max_loss_by_pair": self.stage1_max_loss_by_pair, "warnings": self.warnings,
@@ -147,6 +149,7 @@ class _Stage1:
     candidates: list  # one Candidate per pair
     selected: int  # index of the pair stage 2 measures
     discrete: bool
+    finalists: list = field(default_factory=list)  # the pairs of the last round, best stage-1 score first
 
 
 @dataclass
@@ -170,13 +173,16 @@ class _Deadline:
     end: float
     rate: float
     search_pace: float | None = None
-    refit_pace: float = 0.0  # the last pilot's refit, seconds per output it drew (0: it had none)
+    refit_pace: float = 0.0  # a refit's seconds per output it draws (0: none is expected)
 
     def refit_seconds(self, n: int) -> float:
-        """The seconds a refit at n takes at the last pilot's pace (or, where the pilot had none, at its
-        search's: a refit draws and codes outputs, a search also fits its scores)."""
-        pace = self.refit_pace or (self.search_pace or 0.0) / available_cores()
-        return pace * _refit_size(n)
+        """The seconds a refit at n takes at ``refit_pace``."""
+        return self.refit_pace * REFIT_RATIO * n
+
+    def duel_seconds(self, n: int, finalists: int) -> float:
+        """The seconds a duel of ``finalists`` pairs at n takes at most (all its rounds) at stage 2's
+        rate: it draws and counts an event as stage 2 does."""
+        return self.rate * DUEL_RATIO * n * finalists if finalists >= 2 else 0.0
 
     def final_size(self, n: int, stoppable: bool) -> int:
         """N to aim at for the time stage 1 left: chosen after stage 1, before any fresh output is drawn
@@ -234,8 +240,8 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
         bandwidth=None, undersmooth: float = UNDERSMOOTH, selection: str = "lb",
         events: bool = True, feature="default", time_budget: float | None = None,
         progress: Callable[[str, int, int], None] | None = None, clock_start: float | None = None,
-        selection_size: int | None = None, search_steps: int | None = None, refit_size: int | None = None,
-        threads: int | None = None) -> MPLResult:
+        selection_size: int | None = None, search_steps: int | None = None, duel_size: int | None = None,
+        refit_size: int | None = None, threads: int | None = None) -> MPLResult:
     """MPL lower bound on the pure-DP ε of ``mechanism`` over ``pairs`` (Askin et al. 2022, Alg. 4).
 
     Parameters
@@ -278,6 +284,10 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
         finalist's in the second round of successive halving); a time budget's stage 1 begins no step
         that would end, at its pace so far, past STAGE1_END_SHARE of the time it had left, and reports
         the steps it took in ``sizes["search_steps"]`` when it stopped early: give them back too.
+    duel_size : the most fresh outputs per database and finalist of the duel that ends stage 1 when
+        its finalists' events are counted (:func:`_duel`; default DUEL_RATIO·n; 0: none). A time budget's
+        run skips it as it skips the refit (below), and reports ``sizes["duel_size"]`` (0 then) wherever
+        the duel applies: give it back too.
     refit_size : the fresh outputs per database of the refit that ends stage 1 on vector outputs
         (:func:`_refit`; default REFIT_RATIO·n; 0: none). A time budget's run skips it when its search was
         stopped by the clock or the refit would end past the search's share of the time, and reports
@@ -287,8 +297,9 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
     """
     started = time.perf_counter() if clock_start is None else clock_start
     mechanism, params = load_mechanism(mechanism, params, threads), None  # (its parameters are in it now)
-    sizes = given_sizes({"n, N: --search-size, --final-size, --selection-size, --search-steps, --refit-size":
-                         next((v for v in (n, N, selection_size, search_steps, refit_size) if v is not None), None)},
+    sizes = given_sizes({"n, N: --search-size, --final-size, --selection-size, --search-steps, --duel-size, "
+                         "--refit-size": next((v for v in (n, N, selection_size, search_steps, duel_size, refit_size)
+                                               if v is not None), None)},
                         time_budget)
     end = None
     if time_budget is not None:
@@ -304,31 +315,44 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
     steps = None if search_steps is None else check_size("search_steps", search_steps, minimum=1, outputs=False)
     if refit_size is not None and refit_size != 0:  # (0: none; else enough to choose on: a third, ≥ 10)
         refit_size = check_size("refit_size", refit_size, minimum=30, counted=True)
-    res = _run(plan, as_rng(rng), discrete, progress or _no_progress, end=end, steps=steps, refit_size=refit_size)
+    if duel_size is not None and duel_size != 0:  # (0: none; else at least a round of 10)
+        duel_size = check_size("duel_size", duel_size, minimum=80, counted=True)
+    res = _run(plan, as_rng(rng), discrete, progress or _no_progress, end=end, steps=steps, duel_size=duel_size,
+               refit_size=refit_size)
     res.sizes = {**sizes, "search_size": plan.n, "final_size": res.final_size, **res.sizes}
     return res
 
 
 def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Deadline | None = None,
-         steps: int | None = None, refit_size: int | None = None) -> MPLResult:
+         steps: int | None = None, duel_size: int | None = None, refit_size: int | None = None) -> MPLResult:
     """Both stages; ``clock`` (the pilots') gets the seconds of each; with a deadline ``end``, stage 1
     stops early if its pace says so (:class:`_Steps`) and N is what the time left after stage 1 buys;
-    ``steps`` (given back) stops stage 1 where a deadline did, ``refit_size`` (given back) sizes the refit."""
+    ``steps`` (given back) stops stage 1 where a deadline did, ``duel_size`` and ``refit_size`` (given back)
+    size the duel and the refit."""
     t0 = time.perf_counter()
     if end is not None:  # stage 1 weighs by the N planned now; stage 2 draws what the clock allows
         plan = replace(plan, selection_N=plan.weighed_N)
-    # the search ends early enough for what must follow it at the pilots' pace: the refit, which begins no
-    # later than this, and stage 2's floor of more than n outputs (a plan too large for the clock drew n
-    # outputs past the deadline: 1.7 s of a 4 s budget, the search having taken its share)
-    refit_latest = None if end is None else (t0 + STAGE1_END_SHARE * (end.end - t0) - end.refit_seconds(plan.n)
-                                             - end.rate * plan.n)
-    stop = _Steps(steps, refit_latest, None if end is None else end.search_pace)
+    # stage 1's last steps (the duel, then the refit) end early enough for stage 2's floor of more than n
+    # outputs at the pilots' pace (a plan too large for the clock drew n outputs past the deadline: 1.7 s
+    # of a 4 s budget, the search having taken its share); each begins no later than leaves room for
+    # those after it, and the search ends by the time the first may begin
+    closing = None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0) - end.rate * plan.n
+    refit_latest = None if end is None else closing - end.refit_seconds(plan.n)
+    duel_latest = None if end is None else refit_latest - end.duel_seconds(plan.n, _halving(len(plan.pairs), plan.n)[1])
+    stop = _Steps(steps, duel_latest, None if end is None else end.search_pace)
     stage1 = _stage1(plan, rng, discrete, report, stop)
-    best = stage1.candidates[stage1.selected]
+    t_duel = time.perf_counter()
+    duel = None
+    if _duels(stage1):
+        if duel_size is None:
+            duel_size = _closing_size(DUEL_RATIO, plan.n, stop.stopped, duel_latest)
+        if duel_size:
+            stage1, duel = _duel(plan, stage1, duel_size, rng, report)
     t_refit = time.perf_counter()
+    best = stage1.candidates[stage1.selected]
     if _refits(best):
         if refit_size is None:
-            refit_size = _refit_size(plan.n, stop.stopped, refit_latest)
+            refit_size = _closing_size(REFIT_RATIO, plan.n, stop.stopped, refit_latest)
         if refit_size:
             best = _refit(plan, best, plan.pairs[stage1.selected], refit_size, rng, report)
             stage1 = replace(stage1, candidates=[best if k == stage1.selected else c
@@ -340,17 +364,30 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     stage2 = _stage2(plan, stage1.discrete, best, plan.pairs[stage1.selected], rng, report,
                      end.end if end is not None and stoppable else None)
     if clock is not None:
-        clock.append((t_refit - t0, t1 - t_refit, time.perf_counter() - t1))
+        clock.append(_Clock(t_duel - t0, t_refit - t_duel, t1 - t_refit, time.perf_counter() - t1))
     res = _result(plan, stage1, stage2)
+    res.duel = duel
     if plan.selection_N is not None:  # (a time budget's, or given): what reproduces stage 1's choice
         res.sizes["selection_size"] = plan.selection_N
     if stop.stopped:  # (by the clock, or given): what reproduces stage 1's outputs
         res.sizes["search_steps"] = stop.done
+    if _duels(stage1):  # (0: none, the clock's choice, or given)
+        res.sizes["duel_size"] = duel_size
     if _refits(stage1.candidates[stage1.selected]):  # (0: none, the clock's choice, or given)
         res.sizes["refit_size"] = refit_size
     if end is not None:
         res.sizes["final_size_aimed"] = plan.N  # above final_size when the deadline stopped stage 2
     return res
+
+
+@dataclass(frozen=True)
+class _Clock:
+    """A pilot run's seconds in each step: the search, the duel, the refit, stage 2."""
+
+    search: float
+    duel: float
+    refit: float
+    stage2: float
 
 
 def _budget_sizes(plan: Plan, budget: float, started: float, discrete) -> tuple[int, int, dict, _Deadline]:
@@ -368,17 +405,23 @@ def _budget_sizes(plan: Plan, budget: float, started: float, discrete) -> tuple[
         _run(replace(plan, n=size, N=BUDGET_RATIO * size), rng, discrete, _no_progress, clock)
 
     sizes, _, pilot = run_pilots(run, budget, cap)
-    search, refit, stage2 = zip(*clock)
-    stage1 = [a + b for a, b in zip(search, refit)]  # (the refit is stage 1's last step)
-    log.debug("MPL pilots: sizes %s, stage 1 %s s (refits %s s), stage 2 %s s", sizes,
-              [round(t, 3) for t in stage1], [round(t, 3) for t in refit], [round(t, 3) for t in stage2])
+    last = clock[-1]
+    stage1 = [c.search + c.duel + c.refit for c in clock]  # (the duel and the refit are stage 1's last steps)
+    stage2 = [c.stage2 for c in clock]
+    log.debug("MPL pilots: sizes %s, stage 1 %s s (duels %s s, refits %s s), stage 2 %s s", sizes,
+              [round(t, 3) for t in stage1], [round(c.duel, 3) for c in clock], [round(c.refit, 3) for c in clock],
+              [round(t, 3) for t in stage2])
     n, N, info = two_stage_sizes(sizes, stage1, stage2, BUDGET_RATIO, budget, pilot, STAGE1_SHARE, PILOT_SIZES[-1],
                                  (cap, MAX_COUNTED), left=end - time.perf_counter())
     info["seconds_before_plan"] = round(time.perf_counter() - started, 3)  # start-up and pilots
     rows = sum(_step_rows(len(plan.pairs), sizes[-1]))
     # per core, as _Steps keeps it: the pilot's steps ran side by side on at most this many cores
-    pace = search[-1] * min(draw_workers(plan.mech), len(plan.pairs), available_cores()) / rows
-    return n, N, info, _Deadline(end, stage2_rate(sizes, stage2, BUDGET_RATIO), pace, refit[-1] / _refit_size(sizes[-1]))
+    pace = last.search * min(draw_workers(plan.mech), len(plan.pairs), available_cores()) / rows
+    # the refit's pace: the last pilot's; where it had none but vector outputs may get one, its search's
+    # (a refit draws and codes outputs, a search also fits its scores); numbers never get one
+    refit_pace = (last.refit / (REFIT_RATIO * sizes[-1]) if last.refit
+                  else pace / available_cores() if probe.shape[1] > 1 and plan.score_events else 0.0)
+    return n, N, info, _Deadline(end, stage2_rate(sizes, stage2, BUDGET_RATIO), pace, refit_pace)
 
 
 def _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, events, feature,
@@ -509,14 +552,15 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report, stop: _Steps | None 
         for j, cand in enumerate(again):
             cands[finalists[j]] = cand
     kept.clear()  # (the first round's outputs: no longer needed)
-    selected = max(finalists, key=lambda k: cands[k].score)
+    finalists.sort(key=lambda k: -cands[k].score)  # (a second round's scores)
+    selected = finalists[0]
     log.info("MPL stage 1 (DPL): %d pairs x 2 x %d outputs%s%s, %s estimate, in %.2f s; selected pair %d, "
              "stage-1 max loss %.4g", len(cands), n1,
              f" (stopped by the clock after {stop.done} steps)" if stop.stopped else "",
              f", then {keep} pairs x 2 x {extra} more" if extra else "",
              "frequency" if is_discrete else "kernel density", time.perf_counter() - t_start, selected,
              cands[selected].max_loss)
-    return _Stage1(cands, selected, is_discrete)
+    return _Stage1(cands, selected, is_discrete, finalists)
 
 
 def _halving(pairs: int, n: int) -> tuple[int, int, int]:
@@ -595,13 +639,14 @@ def _refits(best: Candidate) -> bool:
     return best.rule is not None and best.rule.scorer is not None
 
 
-def _refit_size(n: int, stopped: bool = False, latest: float | None = None) -> int:
-    """The refit's outputs per database at search size n: REFIT_RATIO·n, or 0 (none) after a search the
-    clock stopped, or when a refit begun now would end past ``latest`` (a ``time.perf_counter()``
-    value) at the pilots' pace. What the clock decides is reported and given back."""
+def _closing_size(ratio: int, n: int, stopped: bool = False, latest: float | None = None) -> int:
+    """The outputs per database of one of stage 1's closing steps (the duel, the refit) at search size n:
+    ``ratio``·n, or 0 (none) after a search the clock stopped, or when the step begun now would leave
+    too little time for what follows it (past ``latest``, a ``time.perf_counter()`` value, at the
+    pilots' pace). What the clock decides is reported and given back."""
     if stopped or (latest is not None and time.perf_counter() > latest):
         return 0
-    return REFIT_RATIO * n
+    return ratio * n
 
 
 def _refit_parts(size: int) -> tuple[int, int]:
@@ -620,7 +665,7 @@ def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candida
     Stage 1 holds its outputs, so memory caps its tables' counts; the refit only counts. Where the
     loss lies in rare outputs, stage 1's tables are noise there: svt3's best events are values
     released late (1 output in 5,000), and at a 20 s budget the median bound over seeds 1-5 rose from
-    0.157 to 0.204 (DP-Sniper's 0.182; tests/bench/refit_ab.py). Like stage 1 it only chooses what
+    0.157 to 0.204 (DP-Sniper's 0.182; tests/bench/closing_ab.py --step refit). Like stage 1 it only chooses what
     stage 2 measures on fresh outputs: the bound stays valid whatever the refit chooses.
     """
     t0 = time.perf_counter()
@@ -659,6 +704,83 @@ def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candida
              "stage 1's event" if rule is best.rule else rule.kind, crit)
     return replace(best, score=crit, t=np.array([threshold]), pts=cand[:, None], loss=loss,
                    rule=replace(rule, threshold=threshold, direction=direction))
+
+
+#: with several finalists whose events are counted (discrete outputs, score events), stage 1 ends with a
+#: duel (:func:`_duel`): each finalist's event measured on at most DUEL_RATIO·n fresh outputs per
+#: database, in rounds of DUEL_FIRST of them and then doubling, until the leader's predicted bound leads
+#: every other's by DUEL_Z standard errors of their difference
+DUEL_RATIO, DUEL_FIRST, DUEL_Z = 5, 1 / 8, 3.0
+
+
+def _duels(stage1: _Stage1) -> bool:
+    """Whether stage 1 ends with a duel: two finalists or more, each with an event stage 2 would count."""
+    return len(stage1.finalists) >= 2 and all(
+        stage1.discrete or stage1.candidates[k].rule is not None for k in stage1.finalists)
+
+
+def _duel_rounds(size: int) -> list[int]:
+    """The duel's rounds of outputs per database and finalist: DUEL_FIRST of ``size``, the same again,
+    then doubling, to ``size`` in all."""
+    rounds, drawn, step = [], 0, max(int(size * DUEL_FIRST), 1)
+    while drawn < size:
+        rounds.append(min(step, size - drawn))
+        drawn += rounds[-1]
+        step = drawn
+    return rounds
+
+
+def _duel(plan: Plan, stage1: _Stage1, size: int, rng, report) -> tuple[_Stage1, dict]:
+    """Stage 1's choice among its finalists, made again on fresh outputs: each finalist's event counted
+    on up to ``size`` outputs per database (the same for all), in rounds (:func:`_duel_rounds`), and
+    the pair with the best predicted stage-2 bound chosen, as stage 1 chose.
+
+    Stage 1 picks a pair by its estimates on the outputs that chose each pair's event; where the
+    finalists' losses differ by less than that noise the pick is a coin toss (report_noisy_max1: best
+    events of exact losses 0.0926 and 0.0946, estimated within 10^-5 of each other at n = 3.12·10^6). The
+    duel stops once the leader leads every other finalist by DUEL_Z standard errors, so a clear choice
+    costs its first round. Like the rest of stage 1 it only chooses what stage 2 measures on fresh
+    outputs: the bound keeps its level whatever the duel picks. Returns stage 1 with the pair it chose,
+    and what it saw (``MPLResult.duel``).
+    """
+    t0 = time.perf_counter()
+    finalists = stage1.finalists
+    cands = [stage1.candidates[k] for k in finalists]
+    members = [_members(c) for c in cands]
+    hits = np.zeros((len(finalists), 2), dtype=np.int64)
+    drawn = 0
+    stage = f"MPL stage 1: {len(finalists)} finalists x 2 x {size:,} fresh outputs at most"
+    rounds = _duel_rounds(size)
+    report(stage, 0, len(rounds))
+    for r, count in enumerate(rounds):
+        for j, k in enumerate(finalists):
+            in_x, in_y = _draw_pair(plan, plan.pairs[k], count, rng, members[j])
+            hits[j] += (int(np.count_nonzero(in_x)), int(np.count_nonzero(in_y)))
+        drawn += count
+        report(stage, r + 1, len(rounds))
+        predicted, loss, sigma = _duel_scores(hits, drawn, cands, plan)
+        lead = int(np.argmax(predicted))
+        gap = predicted[lead] - np.delete(predicted, lead)
+        spread = np.sqrt(sigma[lead] ** 2 + np.delete(sigma, lead) ** 2) / math.sqrt(drawn)
+        if np.all(gap > DUEL_Z * spread):
+            break
+    selected = finalists[lead]
+    log.info("MPL stage 1 duel: %d finalists x 2 x %d fresh outputs (of %d) in %.2f s: losses %s, pair %d%s",
+             len(finalists), drawn, size, time.perf_counter() - t0, [round(float(v), 5) for v in loss], selected,
+             "" if selected == stage1.selected else f" (the search chose pair {stage1.selected})")
+    seen = {"pairs": list(finalists), "losses": [float(v) for v in loss],
+            "predicted_bounds": [float(v) for v in predicted], "outputs": drawn}
+    return replace(stage1, selected=selected), seen
+
+
+def _duel_scores(hits: np.ndarray, drawn: int, cands: list, plan: Plan):
+    """Each finalist's predicted stage-2 bound (as stage 1's criterion, without its search penalty),
+    loss and σ̂ (eq. 25) from its event's counts in ``drawn`` outputs per database."""
+    tau = np.array([c.tau for c in cands])
+    fx, fy = np.maximum(hits[:, 0] / drawn, tau), np.maximum(hits[:, 1] / drawn, tau)
+    loss = np.abs(np.log(fx) - np.log(fy))
+    sigma = sigma_discrete(fx, fy)
+    return loss - plan.zc * sigma / math.sqrt(plan.weighed_N), loss, sigma
 
 
 #: stage 2 draws at most this many outputs per database at once (counts and kernel sums add up

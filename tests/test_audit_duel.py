@@ -1,0 +1,154 @@
+"""MPL's duel (empdp.audit.mpl._duel): stage 1's finalist pairs' events counted on fresh outputs, in
+rounds, and the pair chosen again by the predicted stage-2 bound."""
+
+import importlib
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+from audit_cli_helpers import run
+
+from empdp.audit import mpl
+from empdp.audit.mechanisms import dpsniper_mechanism
+from empdp.errors import InputError
+
+mpl_mod = importlib.import_module("empdp.audit.mpl")
+
+#: P(output 1) = 0.5·e^{-LOSS[d]} under database d: the event {1} of the pair (0, d) has loss LOSS[d]
+LOSS = {0: 0.0, 1: 0.08, 2: 0.1}
+
+
+def bernoulli(database, size, rng):
+    return (rng.random(size) < 0.5 * math.exp(-LOSS[int(database)])).astype(np.int64)
+
+
+PAIRS = [(0, 1), (0, 2)]  # exact ε 0.08 and 0.1 (the event {1}; {0} has less)
+RNM1 = dpsniper_mechanism("report_noisy_max1")  # (DP-Sniper's ReportNoisyMax1 and its 8 pairs)
+
+
+def test_duel_rounds_start_at_an_eighth_then_double():
+    assert mpl_mod._duel_rounds(800) == [100, 100, 200, 400]
+    assert mpl_mod._duel_rounds(1000) == [125, 125, 250, 500]
+    for size in (1, 7, 80, 999, 123_457):
+        rounds = mpl_mod._duel_rounds(size)
+        assert sum(rounds) == size and all(r > 0 for r in rounds)
+
+
+def test_the_duel_picks_the_pair_the_search_cannot_tell():
+    """At n = 2,000 the two pairs' stage-1 estimates (standard error about 0.05) cannot tell losses of
+    0.08 and 0.1 apart; the duel's 400,000 outputs (about 0.003) can, every seed."""
+    searched = [mpl(bernoulli, PAIRS, n=2000, N=100_000, rng=seed, duel_size=0).pair_index for seed in range(8)]
+    assert 0 in searched  # (without the duel the search picks the lesser pair on some seeds)
+    for seed in range(8):
+        res = mpl(bernoulli, PAIRS, n=2000, N=100_000, rng=seed, duel_size=400_000)
+        assert res.pair_index == 1 and res.sizes["duel_size"] == 400_000, seed
+        assert sorted(res.duel["pairs"]) == [0, 1] and res.duel["outputs"] <= 400_000
+        losses = dict(zip(res.duel["pairs"], res.duel["losses"]))
+        assert abs(losses[1] - 0.1) < 0.02 and losses[0] < 0.1  # (a noisy search may give pair 0 a poor event)
+        assert res.to_dict()["duel"] == res.duel
+
+
+def test_a_clear_choice_costs_the_first_round():
+    """Pair (0, 0) has no loss at all: the first round (an eighth) already settles it."""
+    res = mpl(bernoulli, [(0, 0), (0, 2)], n=2000, N=100_000, rng=3, duel_size=400_000)
+    assert res.pair_index == 1 and res.duel["outputs"] == 50_000
+
+
+def test_duel_draws_its_own_outputs_between_the_stages(monkeypatch):
+    """The search is the same with or without the duel (its outputs come after stage 1's), and stage 2
+    is the same whenever the duel keeps the search's pair; the duel's draws are its rounds, per finalist."""
+    sizes, inside, searched = [], [], []
+    draw_pair, duel = mpl_mod._draw_pair, mpl_mod._duel
+
+    def spy_draw(plan, pair, size, *args, **kwargs):
+        if inside:
+            sizes.append((tuple(pair), size))
+        return draw_pair(plan, pair, size, *args, **kwargs)
+
+    def spy_duel(plan, stage1, *args):
+        searched.append(stage1.selected)
+        inside.append(True)
+        try:
+            return duel(plan, stage1, *args)
+        finally:
+            inside.clear()
+
+    monkeypatch.setattr(mpl_mod, "_draw_pair", spy_draw)
+    monkeypatch.setattr(mpl_mod, "_duel", spy_duel)
+    res = mpl(bernoulli, PAIRS, n=2000, N=100_000, rng=11, duel_size=8000)
+    rounds = mpl_mod._duel_rounds(8000)
+    drawn = [size for _, size in sizes]
+    assert len(drawn) % 2 == 0 and drawn[::2] == drawn[1::2] == rounds[:len(drawn) // 2]
+    assert sum(drawn[::2]) == res.duel["outputs"]
+    monkeypatch.setattr(mpl_mod, "_duels", lambda stage1: False)
+    plain = mpl(bernoulli, PAIRS, n=2000, N=100_000, rng=11)
+    assert searched == [plain.pair_index] and plain.duel is None and "duel_size" not in plain.sizes
+    assert plain.stage1_max_loss_by_pair == res.stage1_max_loss_by_pair
+
+
+def test_duel_size_default_given_back_or_none():
+    res = mpl(bernoulli, PAIRS, n=2000, N=100_000, rng=2)
+    assert res.sizes["duel_size"] == 5 * 2000
+    none = mpl(bernoulli, PAIRS, n=2000, N=100_000, rng=2, duel_size=0)
+    assert none.sizes["duel_size"] == 0 and none.duel is None
+    for bad in (5, -1, 2.5, True):
+        with pytest.raises(InputError, match="duel_size"):
+            mpl(bernoulli, PAIRS, n=2000, N=100_000, rng=1, duel_size=bad)
+    with pytest.raises(InputError, match="not both"):
+        mpl("noisy_max", duel_size=0, time_budget=5)
+    # one pair, or a continuous point (a density at t_hat is not counted): no duel
+    assert "duel_size" not in mpl(bernoulli, [(0, 2)], n=2000, N=100_000, rng=1).sizes
+    assert "duel_size" not in mpl("laplace", n=2000, N=20_000, rng=1, events=False).sizes
+
+
+def test_cli_duel_size_is_reported_and_given_back():
+    first = run("mpl", "-m", "noisy_max", "--pairs", "patterns", "--search-size", 3000, "--final-size", 30_000,
+                "--seed", 4, "--json")
+    assert first.exit_code == 0, first.output
+    d = json.loads(first.output)
+    assert d["sizes"]["duel_size"] == 15_000 and len(d["duel"]["pairs"]) >= 2
+    again = run("mpl", "-m", "noisy_max", "--pairs", "patterns", "--search-size", 3000, "--final-size", 30_000,
+                "--duel-size", 15_000, "--seed", 4, "--json")
+    assert json.loads(again.output)["lower_bound"] == d["lower_bound"]
+    text = run("mpl", "-m", "noisy_max", "--pairs", "patterns", "--search-size", 3000, "--final-size", 30_000,
+               "--seed", 4)
+    assert "duel size" in text.output and "15000" in text.output
+    bad = run("mpl", "-m", "noisy_max", "--duel-size", 7, "--search-size", 3000, "--final-size", 30_000)
+    assert bad.exit_code == 2 and "duel_size" in bad.output
+    both = run("mpl", "-m", "noisy_max", "--duel-size", 0, "--time-budget", 5)
+    assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_closing_steps_are_skipped_when_the_clock_says_so():
+    now = time.perf_counter()
+    assert mpl_mod._closing_size(5, 100) == 500 and mpl_mod._closing_size(5, 100, latest=now + 100) == 500
+    assert mpl_mod._closing_size(5, 100, stopped=True) == 0
+    assert mpl_mod._closing_size(5, 100, latest=now - 1) == 0
+
+
+def test_a_budget_reports_a_duel_the_clock_skipped_and_reproduces_it(monkeypatch):
+    """The clock's decision (here: no time for the duel) is reported as 0 and given back."""
+    closing = mpl_mod._closing_size
+    monkeypatch.setattr(mpl_mod, "_closing_size",
+                        lambda ratio, *args: 0 if ratio == mpl_mod.DUEL_RATIO else closing(ratio, *args))
+    res = mpl(*RNM1, time_budget=3, alpha=0.1, rng=5)
+    s = res.sizes
+    assert s["duel_size"] == 0 and res.duel is None
+    monkeypatch.setattr(mpl_mod, "_closing_size", closing)
+    again = mpl(*RNM1, n=s["search_size"], N=s["final_size"], selection_size=s["selection_size"],
+                duel_size=0, alpha=0.1, rng=5, **({"search_steps": s["search_steps"]} if "search_steps" in s else {}))
+    assert again.lower_bound == res.lower_bound
+
+
+def test_a_budget_reports_its_duel_and_its_sizes_reproduce_it():
+    """Whether the clock left time for the duel depends on the machine: either way it is reported (its
+    size, 0 when skipped) and the sizes given back reproduce the run, duel and all."""
+    res = mpl(*RNM1, time_budget=4, alpha=0.1, rng=6)
+    s = res.sizes
+    assert s["duel_size"] in (0, 5 * s["search_size"]) and (res.duel is None) == (s["duel_size"] == 0)
+    again = mpl(*RNM1, n=s["search_size"], N=s["final_size"], selection_size=s["selection_size"],
+                duel_size=s["duel_size"], alpha=0.1, rng=6, **({"search_steps": s["search_steps"]}
+                                                               if "search_steps" in s else {}))
+    assert again.lower_bound == res.lower_bound and again.duel == res.duel
