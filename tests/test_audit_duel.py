@@ -129,7 +129,9 @@ def test_closing_steps_are_skipped_when_the_clock_says_so():
 
 
 def test_a_budget_reports_a_duel_the_clock_skipped_and_reproduces_it(monkeypatch):
-    """The clock's decision (here: no time for the duel) is reported as 0 and given back."""
+    """The clock's decision (here: no time for the duel, and time for every step of the search) is
+    reported as 0 and given back."""
+    monkeypatch.setattr(mpl_mod._Steps, "_fits", lambda self, pace, rows, load: True)
     closing = mpl_mod._closing_size
     monkeypatch.setattr(mpl_mod, "_closing_size",
                         lambda ratio, *args: 0 if ratio == mpl_mod.DUEL_RATIO else closing(ratio, *args))

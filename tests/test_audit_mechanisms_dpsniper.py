@@ -9,7 +9,7 @@ import pytest
 from numpy.testing import assert_allclose
 from scipy import integrate, stats
 
-from empdp.audit import builtin, sniper, truth
+from empdp.audit import builtin, samplers, sniper, truth
 from empdp.audit.mechanisms import DPSNIPER_SUITE, dpsniper_mechanism
 from empdp.audit.mpl import mpl
 from empdp.errors import InputError
@@ -204,6 +204,56 @@ def test_svt_samplers_answer_with_the_exact_law(name, rho, nu, t, c, special):
     assert set(freq) <= set(law)
     for k, p in law.items():
         assert abs(freq.get(k, 0.0) - p) < 4 * math.sqrt(p * (1 - p) / len(out)) + 1e-4, (k, p)
+
+
+def _pattern_freq(out) -> dict:
+    keys, counts = np.unique(out, axis=0, return_counts=True)
+    return {tuple(k.tolist()): v / len(out) for k, v in zip(keys, counts)}
+
+
+def test_svt4_and_svt2_samplers_answer_with_the_exact_law():
+    """The built-in svt4 (scaled to be ε-DP: ρ ~ Lap(4/ε′), ν ~ Lap(4/(3ε′)), ε′ = 4ε/7) and svt2 at c = 1
+    against the exact abort law (the compiled sampler draws no noise after the abort)."""
+    q = [1.0, 0.0, 2.0, 1.0]
+    e4 = 0.7 * 4 / 7
+    for name, eps, rho, nu in (("svt4", 0.7, 4 / e4, 4 / (3 * e4)), ("svt2", 0.5, 4.0, 8.0)):
+        out = builtin(name, epsilon=eps)(q, 200_000, RNG(11))
+        assert out.dtype == np.int8 and out.shape == (200_000, 4)
+        law, freq = sniper.svt_abort_law(q, rho, nu, 1.0, 1), _pattern_freq(out)
+        assert set(freq) <= set(law)
+        for k, p in law.items():
+            assert abs(freq.get(k, 0.0) - p) < 4 * math.sqrt(p * (1 - p) / len(out)) + 1e-4, (name, k, p)
+
+
+def _svt2_reference(q, size, rng, rho_scale, nu_scale, c, threshold=1.0):
+    """Lyu et al.'s Alg. 2 query by query (fresh ρ after each answer above), as plain numpy."""
+    q = np.asarray(q, float)
+    out = np.empty((size, q.size), dtype=np.int8)
+    rho = rng.laplace(0, rho_scale, size)
+    count = np.zeros(size, dtype=int)
+    for j in range(q.size):
+        above = q[j] + rng.laplace(0, nu_scale, size) >= threshold + rho
+        out[:, j] = np.where(count >= c, -1, above)
+        fresh = rng.laplace(0, rho_scale, size)
+        rho = np.where(above & (count < c), fresh, rho)
+        count += above & (count < c)
+    return out
+
+
+def test_svt2_with_several_answers_above_draws_a_fresh_threshold():
+    """svt2 at c = 2 (no closed law here) against a plain reference of Alg. 2: the same pattern
+    frequencies within their sampling error (both samples' variances)."""
+    q = [1.0, 0.0, 2.0, 1.0, 0.5]
+    size = 200_000
+    out = samplers.svt(2, epsilon=1.0, c=2)(q, size, RNG(12))  # (the built-in svt2 has c = 1)
+    ref = _svt2_reference(q, size, RNG(13), 2 * 2 / 1.0, 2 * 2 * 2 / 1.0, 2)
+    got, want = _pattern_freq(out), _pattern_freq(ref)
+    assert set(got) <= set(want) | {k for k, v in got.items() if v < 1e-4}
+    for k, p in want.items():
+        assert abs(got.get(k, 0.0) - p) < 4 * math.sqrt(2 * p * (1 - p) / size) + 1e-4, (k, p)
+    # a fresh threshold matters: with ρ kept, the patterns' law differs detectably
+    kept = sniper.svt_abort_law(q, 4.0, 8.0, 1.0, 2)
+    assert max(abs(got.get(k, 0.0) - p) for k, p in kept.items()) > 10 * math.sqrt(0.25 / size)
 
 
 def test_svt3_and_numerical_svt_release_noisy_values():

@@ -137,28 +137,16 @@ def svt(variant: int, epsilon=1.0, threshold=1.0, c=1, sensitivity=1.0):
 
     def sample(database, size, rng):
         q = vec(database)
-        m = q.size
-        rho = laplace_noise(rng, rho_scale, size)
         if variant == 5:
+            rho = laplace_noise(rng, rho_scale, size)
             return (q[None, :] >= threshold + rho[:, None]).astype(np.int8)
-        noisy = q[None, :] + laplace_noise(rng, nu_scale, (size, m))
         if variant == 6:
+            rho = laplace_noise(rng, rho_scale, size)
+            noisy = q[None, :] + laplace_noise(rng, nu_scale, (size, q.size))
             return (noisy >= threshold + rho[:, None]).astype(np.int8)
-        if c == 1:  # abort at the first answer above: fresh threshold noise never matters
-            above = noisy >= threshold + rho[:, None]
-            first = np.where(above.any(axis=1), above.argmax(axis=1), m)[:, None]
-            j = np.arange(m)[None, :]
-            return np.where(j < first, 0, np.where(j == first, 1, -1)).astype(np.int8)
-        out = np.empty((size, m), dtype=np.int8)
-        count = np.zeros(size, dtype=np.int64)
-        for j in range(m):  # loop over the (few) queries, vectorised over samples
-            above = noisy[:, j] >= threshold + rho
-            out[:, j] = np.where(count >= c, -1, above)
-            count += above & (count < c)
-            if variant == 2:  # fresh threshold noise after each answer above
-                fresh = laplace_noise(rng, rho_scale, size)
-                rho = np.where(above, fresh, rho)
-        return out
+        from .compiled import svt_answers  # numba: loaded by the first draw of an aborting variant
+
+        return svt_answers(q, float(threshold), rho_scale, nu_scale, c, variant == 2, int(size), rng)
 
     return sample
 

@@ -155,22 +155,12 @@ def svt_abort(epsilon=0.1, c=1, threshold=1.0, rho_scale=None, nu_scale=None):
     c = int(c)
 
     def sample(database, size, rng):
-        q = vec(database)
-        rho = laplace_noise(rng, rho_scale, (size, 1))
-        noisy = laplace_noise(rng, nu_scale, (size, q.size))
-        noisy += q[None, :]
-        return _abort_after(noisy >= threshold + rho, c)
+        from .compiled import svt_answers  # numba: loaded by the first draw
+
+        return svt_answers(vec(database), float(threshold), float(rho_scale), float(nu_scale), c, False,
+                           int(size), rng)
 
     return sample
-
-
-def _abort_after(above: np.ndarray, c: int) -> np.ndarray:
-    """Answers 1/0 with -1 after the c-th answer above (the count before each query reaches c)."""
-    before = np.cumsum(above, axis=1, dtype=np.int32)  # int32, not the default int64: half the memory traffic
-    before -= above
-    out = above.astype(np.int8)
-    out[before >= c] = -1
-    return out
 
 
 def svt3(epsilon=0.1, c=1, threshold=1.0):
@@ -183,12 +173,10 @@ def svt3(epsilon=0.1, c=1, threshold=1.0):
     rho_scale, nu_scale = 2.0 / epsilon, 2.0 * c / epsilon
 
     def sample(database, size, rng):
-        q = vec(database)
-        rho = laplace_noise(rng, rho_scale, (size, 1))
-        noisy = q[None, :] + laplace_noise(rng, nu_scale, (size, q.size))
-        above = noisy >= threshold + rho
-        answers = _abort_after(above, c)
-        return np.where(answers == 1, noisy, np.where(answers == 0, -1000.0, -2000.0))
+        from .compiled import svt_values  # numba: loaded by the first draw
+
+        return svt_values(vec(database), float(threshold), rho_scale, nu_scale, c, 0.0, -1000.0, -2000.0,
+                          int(size), rng)
 
     return sample
 
@@ -211,12 +199,10 @@ def numerical_svt(epsilon=0.1, c=2, threshold=1.0):
     rho_scale, nu_scale, out_scale = 3.0 / epsilon, 6.0 * c / epsilon, 3.0 * c / epsilon
 
     def sample(database, size, rng):
-        q = vec(database)
-        rho = laplace_noise(rng, rho_scale, (size, 1))
-        above = q[None, :] + laplace_noise(rng, nu_scale, (size, q.size)) >= threshold + rho
-        values = q[None, :] + laplace_noise(rng, out_scale, (size, q.size))
-        answers = _abort_after(above, c)
-        return np.where(answers == 1, values, np.where(answers == 0, 0.0, -1000.0))
+        from .compiled import svt_values  # numba: loaded by the first draw
+
+        return svt_values(vec(database), float(threshold), rho_scale, nu_scale, c, out_scale, 0.0, -1000.0,
+                          int(size), rng)
 
     return sample
 
