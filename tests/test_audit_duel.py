@@ -31,7 +31,8 @@ RNM1 = dpsniper_mechanism("report_noisy_max1")  # (DP-Sniper's ReportNoisyMax1 a
 def test_duel_rounds_start_at_an_eighth_then_double():
     assert mpl_mod._duel_rounds(800) == [100, 100, 200, 400]
     assert mpl_mod._duel_rounds(1000) == [125, 125, 250, 500]
-    for size in (1, 7, 80, 999, 123_457):
+    assert mpl_mod._duel_rounds(81) == [10, 10, 20, 41] and mpl_mod._duel_rounds(10_005) == [1250, 1250, 2500, 5005]
+    for size in (1, 7, 8, 80, 999, 123_457):
         rounds = mpl_mod._duel_rounds(size)
         assert sum(rounds) == size and all(r > 0 for r in rounds)
 
@@ -57,8 +58,9 @@ def test_a_clear_choice_costs_the_first_round():
 
 
 def test_duel_draws_its_own_outputs_between_the_stages(monkeypatch):
-    """The search is the same with or without the duel (its outputs come after stage 1's), and stage 2
-    is the same whenever the duel keeps the search's pair; the duel's draws are its rounds, per finalist."""
+    """The search is the same with or without the duel (its outputs come after stage 1's, from the same
+    generator, so stage 2's are fresh and differ from a run without it); the duel's draws are its
+    rounds, per finalist."""
     sizes, inside, searched = [], [], []
     draw_pair, duel = mpl_mod._draw_pair, mpl_mod._duel
 
@@ -82,7 +84,7 @@ def test_duel_draws_its_own_outputs_between_the_stages(monkeypatch):
     drawn = [size for _, size in sizes]
     assert len(drawn) % 2 == 0 and drawn[::2] == drawn[1::2] == rounds[:len(drawn) // 2]
     assert sum(drawn[::2]) == res.duel["outputs"]
-    monkeypatch.setattr(mpl_mod, "_duels", lambda stage1: False)
+    monkeypatch.setattr(mpl_mod, "_duels", lambda stage1, plan: False)
     plain = mpl(bernoulli, PAIRS, n=2000, N=100_000, rng=11)
     assert searched == [plain.pair_index] and plain.duel is None and "duel_size" not in plain.sizes
     assert plain.stage1_max_loss_by_pair == res.stage1_max_loss_by_pair
@@ -154,3 +156,25 @@ def test_a_budget_reports_its_duel_and_its_sizes_reproduce_it():
                 duel_size=s["duel_size"], alpha=0.1, rng=6, **({"search_steps": s["search_steps"]}
                                                                if "search_steps" in s else {}))
     assert again.lower_bound == res.lower_bound and again.duel == res.duel
+
+
+def test_a_budget_reserves_time_for_a_duel_only_where_its_pilots_had_one(monkeypatch):
+    """The search's deadline leaves room for the duel at the last pilot's pace per output it drew; where
+    the pilots had no duel (a density at one point: not counted) it leaves none, as before the duel."""
+    seen = []
+    run_ = mpl_mod._run
+
+    def spy(plan, *args, **kwargs):
+        end = kwargs.get("end")
+        if end is not None:
+            seen.append(end)
+        return run_(plan, *args, **kwargs)
+
+    monkeypatch.setattr(mpl_mod, "_run", spy)
+    mpl(*RNM1, time_budget=3, alpha=0.1, rng=1)
+    assert seen[-1].duel_pace > 0 and seen[-1].duel_seconds(1000, 2) == seen[-1].duel_pace * 5 * 1000 * 2
+    assert seen[-1].duel_seconds(1000, 1) == 0.0
+    mpl("laplace", time_budget=3, alpha=0.1, rng=1, events=False)
+    assert seen[-1].duel_pace == 0.0 and seen[-1].duel_seconds(1000, 3) == 0.0
+    mpl(bernoulli, PAIRS, time_budget=3, rng=1, selection="max")  # (the paper's rule: no duel)
+    assert seen[-1].duel_pace == 0.0

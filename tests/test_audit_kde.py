@@ -56,3 +56,12 @@ def test_contains_matches_a_row_by_row_comparison(table, monkeypatch):
         slow = np.array([any(np.array_equal(row, m) for m in members) for row in r])
         np.testing.assert_array_equal(contains(r, members), slow)
     assert contains(rows, members).sum() >= 3
+    # members spanning their whole dtype, far from 0, or beyond float64's exact integers (categories then)
+    wide = [rng.integers(-100, 101, (2000, 3)).astype(np.int8), rng.integers(0, 256, (2000, 3)).astype(np.uint8),
+            rng.integers(-2 ** 62, 2 ** 62, (2000, 3)), rng.integers(0, 3, (2000, 3)).astype(float) * 1e20,
+            rng.integers(0, 3, (2000, 3)) + 2 ** 53 - 1, rng.integers(0, 2, (2000, 3)).astype(bool)]
+    for r in wide:
+        members = r[[0, 5, 9]]
+        slow = np.array([any(np.array_equal(row, m) for m in members) for row in r])
+        np.testing.assert_array_equal(contains(r, members), slow, err_msg=str(r.dtype))
+        assert slow.sum() >= 3

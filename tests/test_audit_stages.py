@@ -180,7 +180,8 @@ def test_progress_callback_reports_every_stage():
     first = [(d, t) for s, d, t in seen if s == stages[0]]
     assert first[0][0] == 0 and first[-1][0] == first[-1][1] == 13  # 10 pairs + 3 finalists
     duel = [(d, t) for s, d, t in seen if s == stages[1]]
-    assert duel[0] == (0, 4) and 1 <= duel[-1][0] <= 4 and [d for d, _ in duel] == list(range(len(duel)))
+    done = [d for d, _ in duel]  # (a duel settled early jumps to its end)
+    assert duel[0] == (0, 4) and duel[-1] == (4, 4) and done == sorted(done) and len(set(done)) == len(done)
     seen.clear()
     renyi("gaussian", order=2, n=2000, rng=1, progress=lambda s, d, t: seen.append((s, d, t)))
     assert [s.split(":")[0] for s in dict.fromkeys(s for s, _, _ in seen)] == ["Renyi pilot", "Renyi bound"]

@@ -11,7 +11,9 @@ the random streams differ from numpy's vectorised draws, so a seed gives other o
 Each noise is Lap(b) = ±b·E, E a standard exponential (NumPy's ziggurat, as numba implements it for a
 ``numpy.random.Generator``) and the sign a fair coin from one uniform draw. The functions take the
 part's Generator, release the GIL (the parts of a draw run on several threads, each with its own
-Generator) and are cached in empdp's numba cache folder (module :mod:`empdp.compiled`).
+Generator) and are cached in empdp's numba cache folder (module :mod:`empdp.compiled`). Numba does
+not take the BitGenerator's lock, so one Generator must not be shared by threads drawing at once
+(NumPy's own methods would serialise them).
 
 This module imports numba, so only the samplers that use it import it, when they are first called.
 """

@@ -241,29 +241,34 @@ def categorize(*samples: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     return cats, codes
 
 
-#: integer-valued events whose rows have at most this many possible keys are looked up in a table
-CONTAINS_TABLE = 1 << 22
+#: integer-valued events whose rows have at most this many possible keys (and at most KEYS_PER_ROW per row
+#: counted) are looked up in a table, others in the members' sorted keys
+CONTAINS_TABLE, KEYS_PER_ROW = 1 << 22, 16
+#: the largest |value| an integer key's box may reach: float64 holds its integers exactly below this
+EXACT_INTEGERS = 2.0 ** 53
 
 
 def contains(rows: np.ndarray, members: np.ndarray) -> np.ndarray:
     """Boolean mask: which rows of ``rows`` equal one of the rows of ``members`` (exact match).
 
-    Integer-valued members get mixed-radix keys over their own range, built a column at a time, so the
-    rows need no sort (stage 2 counts an event among hundreds of millions of SVT answer vectors); with
-    at most CONTAINS_TABLE keys each row's key is looked up in a table of the members' keys, else in
-    their sorted list. Other values are compared by categories.
+    Integer-valued members strictly within ±2^53 get mixed-radix keys over their own box, built a column at a time,
+    so the rows need no sort (stage 2 counts an event among hundreds of millions of SVT answer vectors);
+    with few enough keys each row's key is looked up in a table of the members' keys, else in their
+    sorted list. Other values are compared by categories.
     """
     rows, members = as_samples(rows), as_samples(members)
-    if rows.shape[1] > 1 and np.all(members == np.round(members)):
-        lo, hi = members.min(axis=0), members.max(axis=0)
+    if rows.shape[1] > 1 and len(members):
+        wide = members.astype(np.float64)
+        lo, hi = wide.min(axis=0), wide.max(axis=0)
         radix = hi - lo + 1
-        keys_total = float(np.prod(radix.astype(float)))
-        if keys_total < 2.0 ** 62:
-            lo, radix = lo.astype(np.int64), radix.astype(np.int64)
-            keys, inside = _box_keys(rows, lo, radix)
-            member_keys, _ = _box_keys(members, lo, radix)
-            if keys_total <= CONTAINS_TABLE:
-                table = np.zeros(int(keys_total), dtype=bool)
+        if (np.all(wide == np.round(wide)) and lo.min() > -EXACT_INTEGERS and hi.max() < EXACT_INTEGERS
+                and float(np.prod(radix)) < 2.0 ** 62):
+            keys_total = int(np.prod(radix.astype(np.int64)))
+            lo, hi, radix = lo.astype(np.int64), hi.astype(np.int64), radix.astype(np.int64)
+            keys, inside = _box_keys(rows, lo, hi, radix)
+            member_keys, _ = _box_keys(members, lo, hi, radix)
+            if keys_total <= min(CONTAINS_TABLE, KEYS_PER_ROW * len(rows) + 4096):
+                table = np.zeros(keys_total, dtype=bool)
                 table[member_keys] = True
                 return table[keys] & inside
             return inside & np.isin(keys, member_keys)
@@ -271,16 +276,17 @@ def contains(rows: np.ndarray, members: np.ndarray) -> np.ndarray:
     return np.isin(codes, member_codes)
 
 
-def _box_keys(rows: np.ndarray, lo: np.ndarray, radix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's mixed-radix key over the integer box [lo, lo + radix), 0 for rows outside it or not
-    integer-valued, and which rows are inside (a pass over each column, no (rows, d) temporaries)."""
+def _box_keys(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, radix: np.ndarray):
+    """Each row's mixed-radix key over the integer box [lo, hi] (|lo|, |hi| < 2^53), 0 for rows outside
+    it or not integer-valued, and which rows are inside (a pass over each column, no (rows, d)
+    temporaries). Signed integers are compared as int64, everything else as float64, both exact here."""
     keys = np.zeros(len(rows), dtype=np.int64)
     inside = np.ones(len(rows), dtype=bool)
-    whole = rows.dtype.kind in "biu"
+    signed = rows.dtype.kind == "i"
     for j in range(rows.shape[1]):
-        col = rows[:, j]
-        inside &= (col >= lo[j]) & (col <= lo[j] + radix[j] - 1)  # (NaN: neither)
-        if not whole:
+        col = rows[:, j].astype(np.int64 if signed else np.float64)
+        inside &= (col >= lo[j]) & (col <= hi[j])  # (NaN: neither)
+        if not signed:  # (floats, and unsigned or bool values, which float64 holds exactly in the box)
             inside &= col == np.round(col)
         with np.errstate(invalid="ignore"):  # (rows outside the box cast to anything: their keys are dropped)
             digit = col.astype(np.int64)

@@ -174,15 +174,15 @@ class _Deadline:
     rate: float
     search_pace: float | None = None
     refit_pace: float = 0.0  # a refit's seconds per output it draws (0: none is expected)
+    duel_pace: float = 0.0  # the last pilot's duel, seconds per output per database and finalist (0: it had none)
 
     def refit_seconds(self, n: int) -> float:
         """The seconds a refit at n takes at ``refit_pace``."""
         return self.refit_pace * REFIT_RATIO * n
 
     def duel_seconds(self, n: int, finalists: int) -> float:
-        """The seconds a duel of ``finalists`` pairs at n takes at most (all its rounds) at stage 2's
-        rate: it draws and counts an event as stage 2 does."""
-        return self.rate * DUEL_RATIO * n * finalists if finalists >= 2 else 0.0
+        """The seconds a duel of ``finalists`` pairs at n takes at most (all its rounds) at ``duel_pace``."""
+        return self.duel_pace * DUEL_RATIO * n * finalists if finalists >= 2 else 0.0
 
     def final_size(self, n: int, stoppable: bool) -> int:
         """N to aim at for the time stage 1 left: chosen after stage 1, before any fresh output is drawn
@@ -315,8 +315,8 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
     steps = None if search_steps is None else check_size("search_steps", search_steps, minimum=1, outputs=False)
     if refit_size is not None and refit_size != 0:  # (0: none; else enough to choose on: a third, ≥ 10)
         refit_size = check_size("refit_size", refit_size, minimum=30, counted=True)
-    if duel_size is not None and duel_size != 0:  # (0: none; else at least a round of 10)
-        duel_size = check_size("duel_size", duel_size, minimum=80, counted=True)
+    if duel_size is not None and duel_size != 0:  # (0: none; else at least a round of one)
+        duel_size = check_size("duel_size", duel_size, minimum=8, counted=True)
     res = _run(plan, as_rng(rng), discrete, progress or _no_progress, end=end, steps=steps, duel_size=duel_size,
                refit_size=refit_size)
     res.sizes = {**sizes, "search_size": plan.n, "final_size": res.final_size, **res.sizes}
@@ -338,22 +338,25 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     # those after it, and the search ends by the time the first may begin
     closing = None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0) - end.rate * plan.n
     refit_latest = None if end is None else closing - end.refit_seconds(plan.n)
-    duel_latest = None if end is None else refit_latest - end.duel_seconds(plan.n, _halving(len(plan.pairs), plan.n)[1])
+    duel_latest = None if end is None else refit_latest - end.duel_seconds(plan.n, _halving(len(plan.pairs),
+                                                                                           plan.n)[1])
     stop = _Steps(steps, duel_latest, None if end is None else end.search_pace)
     stage1 = _stage1(plan, rng, discrete, report, stop)
     t_duel = time.perf_counter()
     duel = None
-    if _duels(stage1):
+    if _duels(stage1, plan):
         if duel_size is None:
             duel_size = _closing_size(DUEL_RATIO, plan.n, stop.stopped, duel_latest)
         if duel_size:
             stage1, duel = _duel(plan, stage1, duel_size, rng, report)
     t_refit = time.perf_counter()
     best = stage1.candidates[stage1.selected]
+    refitted = False
     if _refits(best):
         if refit_size is None:
             refit_size = _closing_size(REFIT_RATIO, plan.n, stop.stopped, refit_latest)
         if refit_size:
+            refitted = True
             best = _refit(plan, best, plan.pairs[stage1.selected], refit_size, rng, report)
             stage1 = replace(stage1, candidates=[best if k == stage1.selected else c
                                                  for k, c in enumerate(stage1.candidates)])
@@ -364,14 +367,15 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     stage2 = _stage2(plan, stage1.discrete, best, plan.pairs[stage1.selected], rng, report,
                      end.end if end is not None and stoppable else None)
     if clock is not None:
-        clock.append(_Clock(t_duel - t0, t_refit - t_duel, t1 - t_refit, time.perf_counter() - t1))
+        clock.append(_Clock(t_duel - t0, t_refit - t_duel if duel else 0.0, t1 - t_refit if refitted else 0.0,
+                            time.perf_counter() - t1, len(stage1.finalists) * duel["outputs"] if duel else 0))
     res = _result(plan, stage1, stage2)
     res.duel = duel
     if plan.selection_N is not None:  # (a time budget's, or given): what reproduces stage 1's choice
         res.sizes["selection_size"] = plan.selection_N
     if stop.stopped:  # (by the clock, or given): what reproduces stage 1's outputs
         res.sizes["search_steps"] = stop.done
-    if _duels(stage1):  # (0: none, the clock's choice, or given)
+    if _duels(stage1, plan):  # (0: none, the clock's choice, or given)
         res.sizes["duel_size"] = duel_size
     if _refits(stage1.candidates[stage1.selected]):  # (0: none, the clock's choice, or given)
         res.sizes["refit_size"] = refit_size
@@ -382,12 +386,14 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
 
 @dataclass(frozen=True)
 class _Clock:
-    """A pilot run's seconds in each step: the search, the duel, the refit, stage 2."""
+    """A pilot run's seconds in each step: the search, the duel and the refit (0 where it had none),
+    stage 2; and the outputs per database its duel drew over all its finalists."""
 
     search: float
     duel: float
     refit: float
     stage2: float
+    duel_outputs: int
 
 
 def _budget_sizes(plan: Plan, budget: float, started: float, discrete) -> tuple[int, int, dict, _Deadline]:
@@ -421,7 +427,10 @@ def _budget_sizes(plan: Plan, budget: float, started: float, discrete) -> tuple[
     # (a refit draws and codes outputs, a search also fits its scores); numbers never get one
     refit_pace = (last.refit / (REFIT_RATIO * sizes[-1]) if last.refit
                   else pace / available_cores() if probe.shape[1] > 1 and plan.score_events else 0.0)
-    return n, N, info, _Deadline(end, stage2_rate(sizes, stage2, BUDGET_RATIO), pace, refit_pace)
+    # the duel's: the last pilot's, per output drawn (a duel that stopped early drew fewer than its size);
+    # none where the pilot had none (its finalists' events were not counted, or it had one finalist)
+    duel_pace = last.duel / last.duel_outputs if last.duel_outputs else 0.0
+    return n, N, info, _Deadline(end, stage2_rate(sizes, stage2, BUDGET_RATIO), pace, refit_pace, duel_pace)
 
 
 def _resolve(mechanism, pairs, n, N, region, alpha, params, tau, selection, events, feature,
@@ -713,21 +722,23 @@ def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candida
 DUEL_RATIO, DUEL_FIRST, DUEL_Z = 5, 1 / 8, 3.0
 
 
-def _duels(stage1: _Stage1) -> bool:
-    """Whether stage 1 ends with a duel: two finalists or more, each with an event stage 2 would count."""
-    return len(stage1.finalists) >= 2 and all(
+def _duels(stage1: _Stage1, plan: Plan) -> bool:
+    """Whether stage 1 ends with a duel: the predicted bound chooses (``selection="lb"``; the paper's
+    rule chooses by the loss alone), among two finalists or more, each with an event stage 2 would count."""
+    return plan.selection == "lb" and len(stage1.finalists) >= 2 and all(
         stage1.discrete or stage1.candidates[k].rule is not None for k in stage1.finalists)
 
 
 def _duel_rounds(size: int) -> list[int]:
-    """The duel's rounds of outputs per database and finalist: DUEL_FIRST of ``size``, the same again,
-    then doubling, to ``size`` in all."""
-    rounds, drawn, step = [], 0, max(int(size * DUEL_FIRST), 1)
-    while drawn < size:
-        rounds.append(min(step, size - drawn))
-        drawn += rounds[-1]
-        step = drawn
-    return rounds
+    """The duel's rounds of outputs per database and finalist, ``size`` in all: DUEL_FIRST of it, the same
+    again, then doubling, the last round taking what is left (an eighth, an eighth, a quarter, a half)."""
+    first = max(int(size * DUEL_FIRST), 1)
+    ends, end = [], first
+    while 2 * end <= size:
+        ends.append(end)
+        end *= 2
+    ends.append(size)
+    return [int(v) for v in np.diff([0, *ends])]
 
 
 def _duel(plan: Plan, stage1: _Stage1, size: int, rng, report) -> tuple[_Stage1, dict]:
@@ -763,6 +774,8 @@ def _duel(plan: Plan, stage1: _Stage1, size: int, rng, report) -> tuple[_Stage1,
         gap = predicted[lead] - np.delete(predicted, lead)
         spread = np.sqrt(sigma[lead] ** 2 + np.delete(sigma, lead) ** 2) / math.sqrt(drawn)
         if np.all(gap > DUEL_Z * spread):
+            if r + 1 < len(rounds):
+                report(stage, len(rounds), len(rounds))  # (settled: the rounds left are not needed)
             break
     selected = finalists[lead]
     log.info("MPL stage 1 duel: %d finalists x 2 x %d fresh outputs (of %d) in %.2f s: losses %s, pair %d%s",

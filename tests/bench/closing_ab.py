@@ -38,7 +38,7 @@ def run_one(name: str, step: str, budget: float, seeds: int, alpha: float) -> di
     rows = {"with": [], "without": []}
     for seed in range(1, seeds + 1):
         for mode in ("with", "without"):
-            setattr(mpl_mod, switch, applies if mode == "with" else (lambda _: False))
+            setattr(mpl_mod, switch, applies if mode == "with" else (lambda *_: False))
             try:
                 res = mpl(mech, pairs, alpha=alpha, time_budget=budget, rng=seed)
             finally:
