@@ -5,6 +5,7 @@ import importlib
 import json
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -69,11 +70,11 @@ def test_duel_draws_its_own_outputs_between_the_stages(monkeypatch):
             sizes.append((tuple(pair), size))
         return draw_pair(plan, pair, size, *args, **kwargs)
 
-    def spy_duel(plan, stage1, *args):
-        searched.append(stage1.selected)
+    def spy_duel(plan, entrants, *args):
+        searched.append(entrants[0][0])  # (the search's choice: its best finalist)
         inside.append(True)
         try:
-            return duel(plan, stage1, *args)
+            return duel(plan, entrants, *args)
         finally:
             inside.clear()
 
@@ -84,7 +85,7 @@ def test_duel_draws_its_own_outputs_between_the_stages(monkeypatch):
     drawn = [size for _, size in sizes]
     assert len(drawn) % 2 == 0 and drawn[::2] == drawn[1::2] == rounds[:len(drawn) // 2]
     assert sum(drawn[::2]) == res.duel["outputs"]
-    monkeypatch.setattr(mpl_mod, "_duels", lambda stage1, plan: False)
+    monkeypatch.setattr(mpl_mod, "_duels", lambda *_: False)
     plain = mpl(bernoulli, PAIRS, n=2000, N=100_000, rng=11)
     assert searched == [plain.pair_index] and plain.duel is None and "duel_size" not in plain.sizes
     assert plain.stage1_max_loss_by_pair == res.stage1_max_loss_by_pair
@@ -178,3 +179,32 @@ def test_a_budget_reserves_time_for_a_duel_only_where_its_pilots_had_one(monkeyp
     assert seen[-1].duel_pace == 0.0 and seen[-1].duel_seconds(1000, 3) == 0.0
     mpl(bernoulli, PAIRS, time_budget=3, rng=1, selection="max")  # (the paper's rule: no duel)
     assert seen[-1].duel_pace == 0.0
+
+
+def test_the_refits_event_duels_beside_the_searchs():
+    """On vector outputs the refit's event of the selected pair is one more entrant: it wins where it is
+    better, and where it is useless (here made to keep every output: loss 0) the search's own event
+    goes to stage 2, where before the duel the refit's replaced it."""
+    res = mpl("prefix_sum", n=3000, N=20_000, alpha=0.1, rng=1)
+    assert res.duel["refitted"] == [False, False, True] and len(res.duel["pairs"]) == 3
+    assert res.duel["pairs"][2] == res.duel["pairs"][0]  # (the refit is the search's selected pair's)
+    refit = mpl_mod._refit
+
+    def useless(plan, best, *args):
+        cand = refit(plan, best, *args)
+        return replace(cand, rule=replace(cand.rule, scorer=_Constant(), threshold=0.0, direction=1))
+
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        monkeypatch.setattr(mpl_mod, "_refit", useless)
+        res = mpl("prefix_sum", n=3000, N=20_000, alpha=0.1, rng=1)
+    finally:
+        monkeypatch.undo()
+    assert res.duel["losses"][2] == 0.0 and not res.event_rule["refitted"] and res.lower_bound > 0.3
+
+
+class _Constant:
+    name = "constant"
+
+    def score(self, outputs):
+        return np.zeros(len(outputs))

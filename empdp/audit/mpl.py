@@ -27,9 +27,10 @@ argument of Theorem 2 is unchanged:
   mass, hence a far smaller σ̂.
 
 Stage 1 ends with up to two closing steps on fresh outputs, which like the rest of stage 1 only choose
-what stage 2 measures: a duel (:func:`_duel`), where the finalists' events are counted on fresh outputs
-and the pair chosen again, and for vector outputs a refit (:func:`_refit`): the selected pair's table
-scores counted on more fresh outputs than stage 1 can hold, and its event chosen on fresh outputs again.
+what stage 2 measures: for vector outputs a refit (:func:`_refit`), the selected pair's table scores
+counted on more fresh outputs than stage 1 can hold and its event chosen on fresh outputs again; then a
+duel (:func:`_duel`), where the finalists' events and the refit's are counted on fresh outputs and the
+best chosen.
 
 A mechanism may also carry a per-pair ``feature`` (post-processing to a
 sufficient statistic, e.g. answer counts for SVT5/SVT6), applied before both stages.
@@ -284,8 +285,8 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
         finalist's in the second round of successive halving); a time budget's stage 1 begins no step
         that would end, at its pace so far, past STAGE1_END_SHARE of the time it had left, and reports
         the steps it took in ``sizes["search_steps"]`` when it stopped early: give them back too.
-    duel_size : the most fresh outputs per database and finalist of the duel that ends stage 1 when
-        its finalists' events are counted (:func:`_duel`; default DUEL_RATIO·n; 0: none). A time budget's
+    duel_size : the most fresh outputs per database and entrant of the duel that ends stage 1 when
+        its entrants' events are counted (:func:`_duel`; default DUEL_RATIO·n; 0: none). A time budget's
         run skips it as it skips the refit (below), and reports ``sizes["duel_size"]`` (0 then) wherever
         the duel applies: give it back too.
     refit_size : the fresh outputs per database of the refit that ends stage 1 on vector outputs
@@ -332,34 +333,37 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     t0 = time.perf_counter()
     if end is not None:  # stage 1 weighs by the N planned now; stage 2 draws what the clock allows
         plan = replace(plan, selection_N=plan.weighed_N)
-    # stage 1's last steps (the duel, then the refit) end early enough for stage 2's floor of more than n
+    # stage 1's last steps (the refit, then the duel) end early enough for stage 2's floor of more than n
     # outputs at the pilots' pace (a plan too large for the clock drew n outputs past the deadline: 1.7 s
     # of a 4 s budget, the search having taken its share); each begins no later than leaves room for
     # those after it, and the search ends by the time the first may begin
     closing = None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0) - end.rate * plan.n
-    refit_latest = None if end is None else closing - end.refit_seconds(plan.n)
-    duel_latest = None if end is None else refit_latest - end.duel_seconds(plan.n, _halving(len(plan.pairs),
-                                                                                           plan.n)[1])
-    stop = _Steps(steps, duel_latest, None if end is None else end.search_pace)
+    entrants = _halving(len(plan.pairs), plan.n)[1] + (end is not None and end.refit_pace > 0)
+    duel_latest = None if end is None else closing - end.duel_seconds(plan.n, entrants)
+    refit_latest = None if end is None else duel_latest - end.refit_seconds(plan.n)
+    stop = _Steps(steps, refit_latest, None if end is None else end.search_pace)
     stage1 = _stage1(plan, rng, discrete, report, stop)
-    t_duel = time.perf_counter()
-    duel = None
-    if _duels(stage1, plan):
-        if duel_size is None:
-            duel_size = _closing_size(DUEL_RATIO, plan.n, stop.stopped, duel_latest)
-        if duel_size:
-            stage1, duel = _duel(plan, stage1, duel_size, rng, report)
     t_refit = time.perf_counter()
-    best = stage1.candidates[stage1.selected]
-    refitted = False
-    if _refits(best):
+    best, refit = stage1.candidates[stage1.selected], None
+    refits = _refits(best)
+    if refits:
         if refit_size is None:
             refit_size = _closing_size(REFIT_RATIO, plan.n, stop.stopped, refit_latest)
         if refit_size:
-            refitted = True
-            best = _refit(plan, best, plan.pairs[stage1.selected], refit_size, rng, report)
-            stage1 = replace(stage1, candidates=[best if k == stage1.selected else c
-                                                 for k, c in enumerate(stage1.candidates)])
+            refit = _refit(plan, best, plan.pairs[stage1.selected], refit_size, rng, report)
+    t_duel = time.perf_counter()
+    entrants = _entrants(stage1, refit)
+    chosen, duel = (stage1.selected, refit or best), None
+    duels = _duels(entrants, plan, stage1.discrete)
+    if duels:
+        if duel_size is None:
+            duel_size = _closing_size(DUEL_RATIO, plan.n, stop.stopped, duel_latest)
+        if duel_size:
+            won, duel = _duel(plan, entrants, duel_size, rng, report)
+            chosen = entrants[won][:2]
+    selected, best = chosen
+    stage1 = replace(stage1, selected=selected,
+                     candidates=[best if k == selected else c for k, c in enumerate(stage1.candidates)])
     t1 = time.perf_counter()
     stoppable = stage1.discrete or best.rule is not None
     if end is not None:
@@ -367,18 +371,18 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     stage2 = _stage2(plan, stage1.discrete, best, plan.pairs[stage1.selected], rng, report,
                      end.end if end is not None and stoppable else None)
     if clock is not None:
-        clock.append(_Clock(t_duel - t0, t_refit - t_duel if duel else 0.0, t1 - t_refit if refitted else 0.0,
-                            time.perf_counter() - t1, len(stage1.finalists) * duel["outputs"] if duel else 0))
+        clock.append(_Clock(t_refit - t0, t1 - t_duel if duel else 0.0, t_duel - t_refit if refit else 0.0,
+                            time.perf_counter() - t1, len(entrants) * duel["outputs"] if duel else 0))
     res = _result(plan, stage1, stage2)
     res.duel = duel
     if plan.selection_N is not None:  # (a time budget's, or given): what reproduces stage 1's choice
         res.sizes["selection_size"] = plan.selection_N
     if stop.stopped:  # (by the clock, or given): what reproduces stage 1's outputs
         res.sizes["search_steps"] = stop.done
-    if _duels(stage1, plan):  # (0: none, the clock's choice, or given)
-        res.sizes["duel_size"] = duel_size
-    if _refits(stage1.candidates[stage1.selected]):  # (0: none, the clock's choice, or given)
+    if refits:  # (0: none, the clock's choice, or given)
         res.sizes["refit_size"] = refit_size
+    if duels:  # (0: none, the clock's choice, or given)
+        res.sizes["duel_size"] = duel_size
     if end is not None:
         res.sizes["final_size_aimed"] = plan.N  # above final_size when the deadline stopped stage 2
     return res
@@ -722,11 +726,19 @@ def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candida
 DUEL_RATIO, DUEL_FIRST, DUEL_Z = 5, 1 / 8, 3.0
 
 
-def _duels(stage1: _Stage1, plan: Plan) -> bool:
+def _entrants(stage1: _Stage1, refit: Candidate | None) -> list[tuple[int, Candidate, bool]]:
+    """The duel's entrants (pair, event, whether refitted): the search's finalists, best first, each with
+    its own event, and the refit's event of the selected pair beside the search's."""
+    found = [(k, stage1.candidates[k], False) for k in stage1.finalists]
+    return found + ([(stage1.selected, refit, True)] if refit is not None else [])
+
+
+def _duels(entrants: list, plan: Plan, discrete: bool) -> bool:
     """Whether stage 1 ends with a duel: the predicted bound chooses (``selection="lb"``; the paper's
-    rule chooses by the loss alone), among two finalists or more, each with an event stage 2 would count."""
-    return plan.selection == "lb" and len(stage1.finalists) >= 2 and all(
-        stage1.discrete or stage1.candidates[k].rule is not None for k in stage1.finalists)
+    rule chooses by the loss alone), between two entrants or more, each with an event stage 2 would
+    count."""
+    return plan.selection == "lb" and len(entrants) >= 2 and all(
+        discrete or cand.rule is not None for _, cand, _ in entrants)
 
 
 def _duel_rounds(size: int) -> list[int]:
@@ -741,30 +753,32 @@ def _duel_rounds(size: int) -> list[int]:
     return [int(v) for v in np.diff([0, *ends])]
 
 
-def _duel(plan: Plan, stage1: _Stage1, size: int, rng, report) -> tuple[_Stage1, dict]:
-    """Stage 1's choice among its finalists, made again on fresh outputs: each finalist's event counted
-    on up to ``size`` outputs per database (the same for all), in rounds (:func:`_duel_rounds`), and
-    the pair with the best predicted stage-2 bound chosen, as stage 1 chose.
+def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[int, dict]:
+    """Stage 1's choice among its entrants (:func:`_entrants`), made again on fresh outputs: each
+    entrant's event counted on up to ``size`` outputs per database (the same for all), in rounds
+    (:func:`_duel_rounds`), and the one with the best predicted stage-2 bound chosen, as stage 1 chose.
 
     Stage 1 picks a pair by its estimates on the outputs that chose each pair's event; where the
     finalists' losses differ by less than that noise the pick is a coin toss (report_noisy_max1: best
-    events of exact losses 0.0926 and 0.0946, estimated within 10^-5 of each other at n = 3.12·10^6). The
-    duel stops once the leader leads every other finalist by DUEL_Z standard errors, so a clear choice
-    costs its first round. Like the rest of stage 1 it only chooses what stage 2 measures on fresh
-    outputs: the bound keeps its level whatever the duel picks. Returns stage 1 with the pair it chose,
-    and what it saw (``MPLResult.duel``).
+    events of exact losses 0.0926 and 0.0946, estimated within 10^-5 of each other at n = 3.12·10^6).
+    The refit chooses its event by a criterion that charges its threshold's choice on its third of the
+    outputs, which weighs against rare events that stage 2 would measure well (svt3: the search's event
+    measured 0.257 on the duel's outputs, the refit's 0.156 in stage 2). The duel stops once the leader
+    leads every other entrant by DUEL_Z standard errors, so a clear choice costs its first round. Like
+    the rest of stage 1 it only chooses what stage 2 measures on fresh outputs: the bound keeps its
+    level whatever the duel picks. Returns the winner's index among the entrants, and what the duel saw
+    (``MPLResult.duel``).
     """
     t0 = time.perf_counter()
-    finalists = stage1.finalists
-    cands = [stage1.candidates[k] for k in finalists]
+    cands = [cand for _, cand, _ in entrants]
     members = [_members(c) for c in cands]
-    hits = np.zeros((len(finalists), 2), dtype=np.int64)
+    hits = np.zeros((len(entrants), 2), dtype=np.int64)
     drawn = 0
-    stage = f"MPL stage 1: {len(finalists)} finalists x 2 x {size:,} fresh outputs at most"
+    stage = f"MPL stage 1: {len(entrants)} finalists x 2 x {size:,} fresh outputs at most"
     rounds = _duel_rounds(size)
     report(stage, 0, len(rounds))
     for r, count in enumerate(rounds):
-        for j, k in enumerate(finalists):
+        for j, (k, _, _) in enumerate(entrants):
             in_x, in_y = _draw_pair(plan, plan.pairs[k], count, rng, members[j])
             hits[j] += (int(np.count_nonzero(in_x)), int(np.count_nonzero(in_y)))
         drawn += count
@@ -777,13 +791,14 @@ def _duel(plan: Plan, stage1: _Stage1, size: int, rng, report) -> tuple[_Stage1,
             if r + 1 < len(rounds):
                 report(stage, len(rounds), len(rounds))  # (settled: the rounds left are not needed)
             break
-    selected = finalists[lead]
-    log.info("MPL stage 1 duel: %d finalists x 2 x %d fresh outputs (of %d) in %.2f s: losses %s, pair %d%s",
-             len(finalists), drawn, size, time.perf_counter() - t0, [round(float(v), 5) for v in loss], selected,
-             "" if selected == stage1.selected else f" (the search chose pair {stage1.selected})")
-    seen = {"pairs": list(finalists), "losses": [float(v) for v in loss],
-            "predicted_bounds": [float(v) for v in predicted], "outputs": drawn}
-    return replace(stage1, selected=selected), seen
+    names = [f"{k}{' refitted' if again else ''}" for k, _, again in entrants]
+    log.info("MPL stage 1 duel: %d finalists x 2 x %d fresh outputs (of %d) in %.2f s: losses %s, pair %s%s",
+             len(entrants), drawn, size, time.perf_counter() - t0,
+             dict(zip(names, (round(float(v), 5) for v in loss))), names[lead],
+             "" if entrants[lead][0] == entrants[0][0] else f" (the search chose pair {entrants[0][0]})")
+    seen = {"pairs": [k for k, _, _ in entrants], "refitted": [again for _, _, again in entrants],
+            "losses": [float(v) for v in loss], "predicted_bounds": [float(v) for v in predicted], "outputs": drawn}
+    return lead, seen
 
 
 def _duel_scores(hits: np.ndarray, drawn: int, cands: list, plan: Plan):
