@@ -119,7 +119,7 @@ class MPLResult:
     feature: str | None = None
     event_rule: dict | None = None
     sizes: dict = field(default_factory=dict)
-    duel: dict | None = None  # the finalists' pairs and their events' losses on the duel's outputs (_duel)
+    duel: dict | None = None  # the entrants' pairs and their events' losses on the duel's outputs (_duel)
     stage1_max_loss_by_pair: list = field(default_factory=list)
     loss_curve: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
@@ -175,15 +175,15 @@ class _Deadline:
     rate: float
     search_pace: float | None = None
     refit_pace: float = 0.0  # a refit's seconds per output it draws (0: none is expected)
-    duel_pace: float = 0.0  # the last pilot's duel, seconds per output per database and finalist (0: it had none)
+    duel_pace: float = 0.0  # the last pilot's duel, seconds per output per database and entrant (0: it had none)
 
     def refit_seconds(self, n: int) -> float:
         """The seconds a refit at n takes at ``refit_pace``."""
         return self.refit_pace * REFIT_RATIO * n
 
-    def duel_seconds(self, n: int, finalists: int) -> float:
-        """The seconds a duel of ``finalists`` pairs at n takes at most (all its rounds) at ``duel_pace``."""
-        return self.duel_pace * DUEL_RATIO * n * finalists if finalists >= 2 else 0.0
+    def duel_seconds(self, n: int, entrants: int) -> float:
+        """The seconds a duel of ``entrants`` events at n takes at most (all its rounds) at ``duel_pace``."""
+        return self.duel_pace * DUEL_RATIO * n * entrants if entrants >= 2 else 0.0
 
     def final_size(self, n: int, stoppable: bool) -> int:
         """N to aim at for the time stage 1 left: chosen after stage 1, before any fresh output is drawn
@@ -338,8 +338,8 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     # of a 4 s budget, the search having taken its share); each begins no later than leaves room for
     # those after it, and the search ends by the time the first may begin
     closing = None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0) - end.rate * plan.n
-    entrants = _halving(len(plan.pairs), plan.n)[1] + (end is not None and end.refit_pace > 0)
-    duel_latest = None if end is None else closing - end.duel_seconds(plan.n, entrants)
+    contenders = _halving(len(plan.pairs), plan.n)[1] + (end is not None and end.refit_pace > 0)
+    duel_latest = None if end is None else closing - end.duel_seconds(plan.n, contenders)
     refit_latest = None if end is None else duel_latest - end.refit_seconds(plan.n)
     stop = _Steps(steps, refit_latest, None if end is None else end.search_pace)
     stage1 = _stage1(plan, rng, discrete, report, stop)
@@ -391,7 +391,7 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
 @dataclass(frozen=True)
 class _Clock:
     """A pilot run's seconds in each step: the search, the duel and the refit (0 where it had none),
-    stage 2; and the outputs per database its duel drew over all its finalists."""
+    stage 2; and the outputs per database its duel drew over all its entrants."""
 
     search: float
     duel: float
@@ -719,8 +719,8 @@ def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candida
                    rule=replace(rule, threshold=threshold, direction=direction))
 
 
-#: with several finalists whose events are counted (discrete outputs, score events), stage 1 ends with a
-#: duel (:func:`_duel`): each finalist's event measured on at most DUEL_RATIO·n fresh outputs per
+#: with several entrants whose events are counted (discrete outputs, score events), stage 1 ends with a
+#: duel (:func:`_duel`): each entrant's event measured on at most DUEL_RATIO·n fresh outputs per
 #: database, in rounds of DUEL_FIRST of them and then doubling, until the leader's predicted bound leads
 #: every other's by DUEL_Z standard errors of their difference
 DUEL_RATIO, DUEL_FIRST, DUEL_Z = 5, 1 / 8, 3.0
@@ -742,7 +742,7 @@ def _duels(entrants: list, plan: Plan, discrete: bool) -> bool:
 
 
 def _duel_rounds(size: int) -> list[int]:
-    """The duel's rounds of outputs per database and finalist, ``size`` in all: DUEL_FIRST of it, the same
+    """The duel's rounds of outputs per database and entrant, ``size`` in all: DUEL_FIRST of it, the same
     again, then doubling, the last round taking what is left (an eighth, an eighth, a quarter, a half)."""
     first = max(int(size * DUEL_FIRST), 1)
     ends, end = [], first
@@ -774,7 +774,7 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[int, dict
     members = [_members(c) for c in cands]
     hits = np.zeros((len(entrants), 2), dtype=np.int64)
     drawn = 0
-    stage = f"MPL stage 1: {len(entrants)} finalists x 2 x {size:,} fresh outputs at most"
+    stage = f"MPL stage 1: duel of {len(entrants)} entrants x 2 x {size:,} fresh outputs at most"
     rounds = _duel_rounds(size)
     report(stage, 0, len(rounds))
     for r, count in enumerate(rounds):
@@ -792,7 +792,7 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[int, dict
                 report(stage, len(rounds), len(rounds))  # (settled: the rounds left are not needed)
             break
     names = [f"{k}{' refitted' if again else ''}" for k, _, again in entrants]
-    log.info("MPL stage 1 duel: %d finalists x 2 x %d fresh outputs (of %d) in %.2f s: losses %s, pair %s%s",
+    log.info("MPL stage 1 duel: %d entrants x 2 x %d fresh outputs (of %d) in %.2f s: losses %s, pair %s%s",
              len(entrants), drawn, size, time.perf_counter() - t0,
              dict(zip(names, (round(float(v), 5) for v in loss))), names[lead],
              "" if entrants[lead][0] == entrants[0][0] else f" (the search chose pair {entrants[0][0]})")
@@ -802,7 +802,7 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[int, dict
 
 
 def _duel_scores(hits: np.ndarray, drawn: int, cands: list, plan: Plan):
-    """Each finalist's predicted stage-2 bound (as stage 1's criterion, without its search penalty),
+    """Each entrant's predicted stage-2 bound (as stage 1's criterion, without its search penalty),
     loss and σ̂ (eq. 25) from its event's counts in ``drawn`` outputs per database."""
     tau = np.array([c.tau for c in cands])
     fx, fy = np.maximum(hits[:, 0] / drawn, tau), np.maximum(hits[:, 1] / drawn, tau)
