@@ -1,5 +1,5 @@
-"""MPL's duel (empdp.audit.mpl._duel): stage 1's finalist pairs' events counted on fresh outputs, in
-rounds, and the pair chosen again by the predicted stage-2 bound."""
+"""MPL's duel (empdp.audit.mpl._duel): stage 1's entrants (the finalist pairs' events, and the refit's
+beside the search's) counted on fresh outputs, in rounds, and the best predicted stage-2 bound chosen."""
 
 import importlib
 import json
