@@ -152,10 +152,13 @@ def test_a_budget_reports_its_duel_and_its_sizes_reproduce_it():
     size, 0 when skipped) and the sizes given back reproduce the run, duel and all."""
     res = mpl(*RNM1, time_budget=4, alpha=0.1, rng=6)
     s = res.sizes
-    assert s["duel_size"] in (0, 5 * s["search_size"]) and (res.duel is None) == (s["duel_size"] == 0)
+    if "duel_size" not in s:  # (a loaded host's clock stopped the search at one pair: no finalists to duel)
+        assert s["search_steps"] == 1 and res.duel is None
+    else:
+        assert s["duel_size"] in (0, 5 * s["search_size"]) and (res.duel is None) == (s["duel_size"] == 0)
     again = mpl(*RNM1, n=s["search_size"], N=s["final_size"], selection_size=s["selection_size"],
-                duel_size=s["duel_size"], alpha=0.1, rng=6, **({"search_steps": s["search_steps"]}
-                                                               if "search_steps" in s else {}))
+                duel_size=s.get("duel_size"), alpha=0.1, rng=6, **({"search_steps": s["search_steps"]}
+                                                                    if "search_steps" in s else {}))
     assert again.lower_bound == res.lower_bound and again.duel == res.duel
 
 

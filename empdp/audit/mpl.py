@@ -338,7 +338,7 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     # of a 4 s budget, the search having taken its share); each begins no later than leaves room for
     # those after it, and the search ends by the time the first may begin
     closing = None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0) - end.rate * plan.n
-    contenders = _halving(len(plan.pairs), plan.n)[1] + (end is not None and end.refit_pace > 0)
+    contenders = _halving(len(plan.pairs), plan.n)[1] + (1 if end is not None and end.refit_pace > 0 else 0)
     duel_latest = None if end is None else closing - end.duel_seconds(plan.n, contenders)
     refit_latest = None if end is None else duel_latest - end.refit_seconds(plan.n)
     stop = _Steps(steps, refit_latest, None if end is None else end.search_pace)
@@ -744,13 +744,12 @@ def _duels(entrants: list, plan: Plan, discrete: bool) -> bool:
 def _duel_rounds(size: int) -> list[int]:
     """The duel's rounds of outputs per database and entrant, ``size`` in all: DUEL_FIRST of it, the same
     again, then doubling, the last round taking what is left (an eighth, an eighth, a quarter, a half)."""
-    first = max(int(size * DUEL_FIRST), 1)
-    ends, end = [], first
-    while 2 * end <= size:
-        ends.append(end)
-        end *= 2
-    ends.append(size)
-    return [int(v) for v in np.diff([0, *ends])]
+    rounds, drawn, step = [], 0, max(int(size * DUEL_FIRST), 1)
+    while drawn + 2 * step <= size:  # (a round twice the last would still leave one: take this one)
+        rounds.append(step)
+        drawn += step
+        step = drawn
+    return rounds + [size - drawn]
 
 
 def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[int, dict]:

@@ -137,12 +137,9 @@ def svt(variant: int, epsilon=1.0, threshold=1.0, c=1, sensitivity=1.0):
 
     def sample(database, size, rng):
         q = vec(database)
-        if variant == 5:
+        if variant in (5, 6):  # no abort: every answer compared with one threshold noise
             rho = laplace_noise(rng, rho_scale, size)
-            return (q[None, :] >= threshold + rho[:, None]).astype(np.int8)
-        if variant == 6:
-            rho = laplace_noise(rng, rho_scale, size)
-            noisy = q[None, :] + laplace_noise(rng, nu_scale, (size, q.size))
+            noisy = q[None, :] if variant == 5 else q[None, :] + laplace_noise(rng, nu_scale, (size, q.size))
             return (noisy >= threshold + rho[:, None]).astype(np.int8)
         from .compiled import svt_answers  # numba: loaded by the first draw of an aborting variant
 
