@@ -4,6 +4,7 @@ module loading, the MPL region and sample sizes, exact values (bad input is an I
 import math
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -187,6 +188,29 @@ def test_modules_that_fail_on_import_are_input_errors(user_module, source, fragm
         load_mechanism(f"{mod}:f")
     assert fragment in str(info.value) and "\n" not in str(info.value)
     one_line_error(run("mpl", "-m", f"{mod}:f"), "cannot import module", fragment)
+
+
+def test_a_failing_user_sampler_is_bad_input_and_a_failing_builtin_is_an_internal_error(user_module, monkeypatch):
+    """A user's sampler that raises is bad input: one line naming it and the database, exit 2. A built-in
+    sampler that raises (numba failing to compile the Sparse Vector loop, say) is empdp's own failure: an
+    internal error (exit 1), not blamed on the user's mechanism or databases."""
+    mod = user_module("fixb_raises", "def f(database, size, rng):\n    raise ValueError('no draw')\n")
+    with pytest.raises(InputError, match=f"mechanism '{mod}:f' failed on database 0: ValueError: no draw"):
+        mpl(f"{mod}:f", pairs=[(0, 1)], n=500, N=1000, rng=1)
+    Path("pairs.json").write_text("[[0, 1]]")  # (in the module's folder, the working directory)
+    one_line_error(run("mpl", "-m", f"{mod}:f", "--pairs", "pairs.json", "--search-size", 500, "--final-size", 1000),
+                   f"mechanism '{mod}:f' failed on database", "ValueError: no draw")
+    from empdp.audit import compiled
+
+    def broken(*args):
+        raise RuntimeError("numba could not compile")
+
+    monkeypatch.setattr(compiled, "svt_answers", broken)
+    with pytest.raises(RuntimeError, match="could not compile"):
+        mpl("svt4", n=500, N=1000, rng=1)
+    res = run("mpl", "-m", "svt4", "--search-size", 500, "--final-size", 1000)
+    assert res.exit_code == 1 and "internal error: RuntimeError: numba could not compile" in res.output, res.output
+    assert "failed on database" not in res.output
 
 
 @pytest.mark.parametrize("spec", [":f", "mymod:", ":"])

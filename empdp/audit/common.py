@@ -139,7 +139,9 @@ def _part(mechanism, database, size: int, rng, post):
             arr = np.asarray(mechanism(database, size, rng))
     except InputError:
         raise
-    except Exception as exc:  # a user sampler failing is bad input, not our crash
+    except Exception as exc:  # a user sampler failing is bad input; one of ours failing is our error
+        if getattr(mechanism, "ours", False):
+            raise
         raise InputError(f"mechanism {getattr(mechanism, 'name', 'sampler')!r} failed on database "
                          f"{short(database)}: {one_line(f'{type(exc).__name__}: {exc}', 200)}") from None
     if arr.dtype.kind not in "biuf":

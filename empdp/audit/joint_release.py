@@ -81,7 +81,7 @@ def joint_release_mechanism(cal, q, shifts_top) -> Mechanism:
             y = y + np.where(rng.random((size, d)) >= w, z, 0.0)
         return y
 
-    return Mechanism("joint release", sample, threads=None)  # ours: each part with its own generator
+    return Mechanism("joint release", sample, threads=None, ours=True)  # each part with its own generator
 
 
 #: the most quadrature nodes of one exact D_α (d = 2: a few seconds); beyond, D_α is not computed

@@ -57,6 +57,8 @@ class Mechanism:
     sampler at once, each on its own part of a draw with its own generator
     (:func:`empdp.audit.common.draw`): None is every core (the built-ins and the
     releases), 1 a user's sampler unless its user says it is thread-safe.
+    ``ours`` marks empdp's own samplers (the built-ins and the releases'): their failure is an
+    internal error, where a user's sampler failing is bad input (:func:`empdp.audit.common.draw`).
     """
 
     name: str
@@ -74,6 +76,7 @@ class Mechanism:
     inputs: str | None = None
     input_length: int | None = None
     threads: int | None = 1
+    ours: bool = False
 
     def __call__(self, database, size, rng):
         return self.sampler(database, size, rng)
@@ -250,7 +253,7 @@ def builtin(name: str, **params) -> Mechanism:
     for key, cap in INTEGER_PARAMS.items():
         if key in p and (p[key] < 1 or int(p[key]) != p[key] or p[key] > cap):
             raise InputError(f"parameter {key} must be an integer in [1, {cap:,}], got {p[key]:g}")
-    return replace(_BUILDERS[name](p), threads=None)
+    return replace(_BUILDERS[name](p), threads=None, ours=True)
 
 
 # Default pairs and regions scale with the ``sensitivity`` parameter: adjacent inputs

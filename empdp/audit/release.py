@@ -125,7 +125,7 @@ def release_mechanism(q, shifts_top, kernel, b, w, lam) -> Mechanism:
             y = y + np.where(noisy, rng.laplace(0.0, lam, size), 0.0)
         return y
 
-    return Mechanism("release", sample, threads=None)  # ours: each part with its own generator
+    return Mechanism("release", sample, threads=None, ours=True)  # each part with its own generator
 
 
 # ----------------------------------------------------------------------------- audit
