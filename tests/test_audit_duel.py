@@ -6,6 +6,7 @@ import json
 import math
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -163,7 +164,7 @@ def test_a_budget_reports_its_duel_and_its_sizes_reproduce_it():
 
 
 def test_a_budget_reserves_time_for_a_duel_only_where_its_pilots_had_one(monkeypatch):
-    """The search's deadline leaves room for the duel at the last pilot's pace per output it drew; where
+    """The search's deadline leaves room for the duel at the last pilot's pace per output and pair it drew; where
     the pilots had no duel (a density at one point: not counted) it leaves none, as before the duel."""
     seen = []
     run_ = mpl_mod._run
@@ -175,9 +176,14 @@ def test_a_budget_reserves_time_for_a_duel_only_where_its_pilots_had_one(monkeyp
         return run_(plan, *args, **kwargs)
 
     monkeypatch.setattr(mpl_mod, "_run", spy)
+    asked = []
+    duel_seconds = mpl_mod._Deadline.duel_seconds
+    monkeypatch.setattr(mpl_mod._Deadline, "duel_seconds",
+                        lambda self, n, pairs: asked.append(pairs) or duel_seconds(self, n, pairs))
     mpl(*RNM1, time_budget=3, alpha=0.1, rng=1)
+    assert asked == [2]  # (the search's two finalist pairs of eight: the refit's entrant shares its pair's draws)
     assert seen[-1].duel_pace > 0 and seen[-1].duel_seconds(1000, 2) == seen[-1].duel_pace * 5 * 1000 * 2
-    assert seen[-1].duel_seconds(1000, 1) == 0.0
+    assert seen[-1].duel_seconds(1000, 1) == seen[-1].duel_pace * 5 * 1000  # (a pair's entrants share its draws)
     mpl("laplace", time_budget=3, alpha=0.1, rng=1, events=False)
     assert seen[-1].duel_pace == 0.0 and seen[-1].duel_seconds(1000, 3) == 0.0
     mpl(bernoulli, PAIRS, time_budget=3, rng=1, selection="max")  # (the paper's rule: no duel)
@@ -189,7 +195,8 @@ def test_the_refits_event_duels_beside_the_searchs():
     better, and where it is useless (here made to keep every output: loss 0) the search's own event
     goes to stage 2, where before the duel the refit's replaced it."""
     res = mpl("prefix_sum", n=3000, N=20_000, alpha=0.1, rng=1)
-    assert res.duel["refitted"] == [False, False, True] and len(res.duel["pairs"]) == 3
+    found = res.duel["mass_shares"].count(1.0)  # (the entrants; their rungs come after them)
+    assert found == 3 and res.duel["refitted"][:3] == [False, False, True]
     assert res.duel["pairs"][2] == res.duel["pairs"][0]  # (the refit is the search's selected pair's)
     refit = mpl_mod._refit
 
@@ -204,6 +211,7 @@ def test_the_refits_event_duels_beside_the_searchs():
     finally:
         monkeypatch.undo()
     assert res.duel["losses"][2] == 0.0 and not res.event_rule["refitted"] and res.lower_bound > 0.3
+    assert len(res.duel["mass_shares"]) > 3 and all(share < 1 for share in res.duel["mass_shares"][3:])
 
 
 class _Constant:
@@ -211,3 +219,59 @@ class _Constant:
 
     def score(self, outputs):
         return np.zeros(len(outputs))
+
+
+def gaussian_pair(database, size, rng):
+    """Four coordinates N(database, 1) (past a density's three: score events): the log ratio of (0, 0.3)
+    grows along their sum without bound, so the rarer an event {score ≥ c}, the larger its loss."""
+    return rng.standard_normal((size, 4)) + float(database)
+
+
+def _rungs(cand, vx, vy, level):
+    return mpl_mod._rungs(cand, vx[vx >= level], vy[vy >= level], len(vx), level)
+
+
+def test_rungs_sit_at_shares_of_the_mass_above_the_event_and_not_on_ties():
+    assert _rungs(SimpleNamespace(rule=None), np.arange(100.0), np.arange(100.0), 0.0) == []  # (no score)
+    rule = SimpleNamespace(rule=mpl_mod.ScoreRule("output", 0.0, 1), tau=1e-4)
+    vx, vy = np.arange(3000.0), np.arange(3000.0) - 1000  # (x has more at every level)
+    rungs = _rungs(rule, vx, vy, 1500.0)  # 1,500 values of x at or above: rungs keep 500, 150, 50
+    assert rungs == [(1 / 3, 2500.0), (1 / 10, 2850.0), (1 / 30, 2950.0)]
+    assert [s for s, _ in _rungs(rule, vx, vy, 2800.0)] == [0.335, 0.1]  # (200 above: 67, 20 and 7 < RUNG_HITS)
+    tied = np.concatenate([np.zeros(2900), np.ones(100)])  # the top 100 values tied: no rarer event there
+    assert _rungs(rule, tied, tied, 1.0) == []
+    assert _rungs(rule, tied, tied, 0.0) == [(1 / 30, 1.0)]  # (3,000: a thirtieth is the tie)
+    floored = SimpleNamespace(rule=rule.rule, tau=0.01)  # (twice the floor is 60 of the 3,000 values)
+    assert [s for s, _ in _rungs(floored, vx, vy, 1500.0)] == [1 / 3, 1 / 10]
+    half = np.concatenate([np.arange(1500.0), np.full(1500, 5000.0)])  # (a third's level is tied with half)
+    assert _rungs(rule, half, half, 0.0) == [(0.5, 5000.0)]  # (the share it keeps, not the one aimed at)
+
+
+def test_a_rung_of_a_lower_event_counts_as_stage_2_does():
+    """An event {score ≤ c} (direction −1) is {−score ≥ −c} in the duel's values; a rung's candidate
+    keeps the outputs stage 2 counts for it (:func:`empdp.audit.mpl._members`), fewer than its parent's."""
+    cand = mpl_mod.Candidate(score=0.0, t=np.array([0.5]), event=None, pts=np.zeros((1, 1)), loss=np.zeros(1),
+                             tau=1e-4, box=None, rule=mpl_mod.ScoreRule("output", 0.5, -1))
+    outputs = np.linspace(-1, 1, 201)[:, None]
+    values = mpl_mod._duel_values([cand])(outputs)[:, 0]
+    level = mpl_mod._duel_level(cand)
+    rung = mpl_mod._at_level(cand, -0.2)  # (a higher level of −score: a lower threshold)
+    members = mpl_mod._members(rung)(outputs)
+    assert level == -0.5 and rung.rule.threshold == 0.2 and rung.rule.direction == -1 and rung.t.tolist() == [0.2]
+    assert np.array_equal(members, values >= -0.2) and np.array_equal(members, outputs[:, 0] <= 0.2)
+    assert np.array_equal(mpl_mod._members(cand)(outputs), values >= level)
+    assert 0 < np.count_nonzero(members) < np.count_nonzero(values >= level)
+
+
+def test_the_duel_takes_a_rarer_rung_where_the_loss_grows_into_the_tail():
+    """Stage 1 charges its threshold's choice on its own outputs, which holds its event to a large mass; a
+    rung a third or a tenth of it has a larger loss, and with 2·10^6 fresh outputs in stage 2 a larger
+    bound, which the duel sees and stage 2 confirms. Rungs are counted from the duel's second round."""
+    for seed in range(3):
+        plain = mpl(gaussian_pair, [(0, 0.3)], n=20_000, N=2_000_000, alpha=0.1, rng=seed, duel_size=0)
+        res = mpl(gaussian_pair, [(0, 0.3)], n=20_000, N=2_000_000, alpha=0.1, rng=seed, duel_size=400_000)
+        shares, counted = res.duel["mass_shares"], res.duel["counted"]
+        assert shares[:2] == [1.0, 1.0] and len(shares) >= 3, shares  # (the search's and the refit's, then rungs)
+        assert shares[res.duel["chosen"]] < 1 and res.lower_bound > plain.lower_bound + 0.02, (seed, shares, res.lower_bound)
+        assert counted[:2] == [res.duel["outputs"]] * 2 and all(c == counted[0] - 50_000 for c in counted[2:])
+

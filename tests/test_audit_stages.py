@@ -175,7 +175,7 @@ def test_progress_callback_reports_every_stage():
     mpl("laplace", n=2000, N=5000, rng=1, progress=lambda s, d, t: seen.append((s, d, t)))
     stages = list(dict.fromkeys(s for s, _, _ in seen))
     assert stages[0].startswith("MPL stage 1") and stages[2].startswith("MPL stage 2")
-    assert stages[1] == "MPL stage 1: duel of 3 entrants x 2 x 10,000 fresh outputs at most"  # (half-lines)
+    assert stages[1] == "MPL stage 1: duel of 3 entrants on 2 x 10,000 fresh outputs of each pair at most"  # (half-lines)
     assert seen[-1][1] == seen[-1][2] == 1
     first = [(d, t) for s, d, t in seen if s == stages[0]]
     assert first[0][0] == 0 and first[-1][0] == first[-1][1] == 13  # 10 pairs + 3 finalists
@@ -215,7 +215,7 @@ def test_verbose_logs_one_line_per_stage():
     lines = [ln for ln in res.stderr.splitlines() if "empdp.audit" in ln]
     assert len(lines) == 3 and all(ln.startswith("INFO") for ln in lines), res.stderr
     assert "stage 1" in lines[0] and "10 pairs x 2 x 2500 outputs" in lines[0] and " s;" in lines[0]
-    assert "stage 1 duel: 3 entrants x 2 x " in lines[1] and "(of 25000)" in lines[1]
+    assert "stage 1 duel: 3 entrants and 0 rungs on 2 x " in lines[1] and "(of 25000)" in lines[1]
     assert "stage 2" in lines[2] and "20000 fresh outputs" in lines[2]
     quiet = run("mpl", "-m", "svt6", "--search-size", 5000, "--final-size", 20000, "--seed", 1)
     assert "INFO" not in quiet.stderr

@@ -29,8 +29,8 @@ argument of Theorem 2 is unchanged:
 Stage 1 ends with up to two closing steps on fresh outputs, which like the rest of stage 1 only choose
 what stage 2 measures: for vector outputs a refit (:func:`_refit`), the selected pair's table scores
 counted on more fresh outputs than stage 1 can hold and its event chosen on fresh outputs again; then a
-duel (:func:`_duel`), where the finalists' events and the refit's are counted on fresh outputs and the
-best chosen.
+duel (:func:`_duel`), where the finalists' events and the refit's, and each score event's rarer rungs,
+are counted on fresh outputs and the best chosen.
 
 A mechanism may also carry a per-pair ``feature`` (post-processing to a
 sufficient statistic, e.g. answer counts for SVT5/SVT6), applied before both stages.
@@ -119,7 +119,7 @@ class MPLResult:
     feature: str | None = None
     event_rule: dict | None = None
     sizes: dict = field(default_factory=dict)
-    duel: dict | None = None  # the entrants' pairs and their events' losses on the duel's outputs (_duel)
+    duel: dict | None = None  # the entrants (and rungs), their events' losses on the duel's outputs, the winner (_duel)
     stage1_max_loss_by_pair: list = field(default_factory=list)
     loss_curve: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
@@ -175,15 +175,16 @@ class _Deadline:
     rate: float
     search_pace: float | None = None
     refit_pace: float = 0.0  # a refit's seconds per output it draws (0: none is expected)
-    duel_pace: float = 0.0  # the last pilot's duel, seconds per output per database and entrant (0: it had none)
+    duel_pace: float = 0.0  # the last pilot's duel, seconds per output per database and pair (0: it had none)
 
     def refit_seconds(self, n: int) -> float:
         """The seconds a refit at n takes at ``refit_pace``."""
         return self.refit_pace * REFIT_RATIO * n
 
-    def duel_seconds(self, n: int, entrants: int) -> float:
-        """The seconds a duel of ``entrants`` events at n takes at most (all its rounds) at ``duel_pace``."""
-        return self.duel_pace * DUEL_RATIO * n * entrants if entrants >= 2 else 0.0
+    def duel_seconds(self, n: int, pairs: int) -> float:
+        """The seconds a duel of ``pairs`` pairs' entrants at n takes at most (all its rounds) at ``duel_pace``
+        (a pair's entrants are counted on the same draws)."""
+        return self.duel_pace * DUEL_RATIO * n * pairs
 
     def final_size(self, n: int, stoppable: bool) -> int:
         """N to aim at for the time stage 1 left: chosen after stage 1, before any fresh output is drawn
@@ -285,8 +286,8 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
         finalist's in the second round of successive halving); a time budget's stage 1 begins no step
         that would end, at its pace so far, past STAGE1_END_SHARE of the time it had left, and reports
         the steps it took in ``sizes["search_steps"]`` when it stopped early: give them back too.
-    duel_size : the most fresh outputs per database and entrant of the duel that ends stage 1 when
-        its entrants' events are counted (:func:`_duel`; default DUEL_RATIO·n; 0: none). A time budget's
+    duel_size : the most fresh outputs per database and pair of the duel that ends stage 1 when its
+        entrants' events are counted (:func:`_duel`; default DUEL_RATIO·n; 0: none). A time budget's
         run skips it as it skips the refit (below), and reports ``sizes["duel_size"]`` (0 then) wherever
         the duel applies: give it back too.
     refit_size : the fresh outputs per database of the refit that ends stage 1 on vector outputs
@@ -338,8 +339,7 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     # of a 4 s budget, the search having taken its share); each begins no later than leaves room for
     # those after it, and the search ends by the time the first may begin
     closing = None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0) - end.rate * plan.n
-    contenders = _halving(len(plan.pairs), plan.n)[1] + (1 if end is not None and end.refit_pace > 0 else 0)
-    duel_latest = None if end is None else closing - end.duel_seconds(plan.n, contenders)
+    duel_latest = None if end is None else closing - end.duel_seconds(plan.n, _halving(len(plan.pairs), plan.n)[1])
     refit_latest = None if end is None else duel_latest - end.refit_seconds(plan.n)
     stop = _Steps(steps, refit_latest, None if end is None else end.search_pace)
     stage1 = _stage1(plan, rng, discrete, report, stop)
@@ -360,7 +360,7 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
             duel_size = _closing_size(DUEL_RATIO, plan.n, stop.stopped, duel_latest)
         if duel_size:
             won, duel = _duel(plan, entrants, duel_size, rng, report)
-            chosen = entrants[won][:2]
+            chosen = won[:2]
     selected, best = chosen
     stage1 = replace(stage1, selected=selected,
                      candidates=[best if k == selected else c for k, c in enumerate(stage1.candidates)])
@@ -372,7 +372,7 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
                      end.end if end is not None and stoppable else None)
     if clock is not None:
         clock.append(_Clock(t_refit - t0, t1 - t_duel if duel else 0.0, t_duel - t_refit if refit else 0.0,
-                            time.perf_counter() - t1, len(entrants) * duel["outputs"] if duel else 0))
+                            time.perf_counter() - t1, len(set(duel["pairs"])) * duel["outputs"] if duel else 0))
     res = _result(plan, stage1, stage2)
     res.duel = duel
     if plan.selection_N is not None:  # (a time budget's, or given): what reproduces stage 1's choice
@@ -391,7 +391,7 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
 @dataclass(frozen=True)
 class _Clock:
     """A pilot run's seconds in each step: the search, the duel and the refit (0 where it had none),
-    stage 2; and the outputs per database its duel drew over all its entrants."""
+    stage 2; and the outputs per database its duel drew over all its pairs."""
 
     search: float
     duel: float
@@ -432,7 +432,8 @@ def _budget_sizes(plan: Plan, budget: float, started: float, discrete) -> tuple[
     refit_pace = (last.refit / (REFIT_RATIO * sizes[-1]) if last.refit
                   else pace / available_cores() if probe.shape[1] > 1 and plan.score_events else 0.0)
     # the duel's: the last pilot's, per output drawn (a duel that stopped early drew fewer than its size);
-    # none where the pilot had none (its finalists' events were not counted, or it had one finalist)
+    # none where the pilot had none (its finalists' events were not counted, or it had one finalist with
+    # an event that has no rungs)
     duel_pace = last.duel / last.duel_outputs if last.duel_outputs else 0.0
     return n, N, info, _Deadline(end, stage2_rate(sizes, stage2, BUDGET_RATIO), pace, refit_pace, duel_pace)
 
@@ -719,30 +720,40 @@ def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candida
                    rule=replace(rule, threshold=threshold, direction=direction))
 
 
-#: with several entrants whose events are counted (discrete outputs, score events), stage 1 ends with a
-#: duel (:func:`_duel`): each entrant's event measured on at most DUEL_RATIO·n fresh outputs per
-#: database, in rounds of DUEL_FIRST of them and then doubling, until the leader's predicted bound leads
-#: every other's by DUEL_Z standard errors of their difference
+#: with several entrants whose events are counted (discrete outputs, score events), or one score event,
+#: stage 1 ends with a duel (:func:`_duel`): each entrant's event measured on at most DUEL_RATIO·n fresh
+#: outputs per database, in rounds of DUEL_FIRST of them and then doubling, until the leader's predicted
+#: bound leads every other's by DUEL_Z standard errors of their difference
 DUEL_RATIO, DUEL_FIRST, DUEL_Z = 5, 1 / 8, 3.0
+#: a score event's rungs: the same score's events at these shares of its mass, placed on the duel's first
+#: round where that round holds at least RUNG_HITS outputs in them, and counted from its second round on
+RUNGS, RUNG_HITS = (1 / 3, 1 / 10, 1 / 30), 10
+#: the duel picks the entrant whose predicted bound less DUEL_PICK standard errors of its own estimate is
+#: the largest (a rung's rare event is estimated on few outputs: a lucky count must not carry it)
+DUEL_PICK = 1.0
+#: the duel draws at most this many outputs per database at once (a round of 5n/2 at n = 2·10^7 is
+#: 5·10^7: their values, a float per entrant, are counted a chunk at a time)
+DUEL_CHUNK = 1 << 18
 
 
-def _entrants(stage1: _Stage1, refit: Candidate | None) -> list[tuple[int, Candidate, bool]]:
-    """The duel's entrants (pair, event, whether refitted): the search's finalists, best first, each with
-    its own event, and the refit's event of the selected pair beside the search's."""
-    found = [(k, stage1.candidates[k], False) for k in stage1.finalists]
-    return found + ([(stage1.selected, refit, True)] if refit is not None else [])
+def _entrants(stage1: _Stage1, refit: Candidate | None) -> list[tuple[int, Candidate, bool, float]]:
+    """The duel's entrants (pair, event, whether refitted, share of the mass of the event it was placed
+    from: 1 here, see RUNGS): the search's finalists, best first, each with its own event, and the
+    refit's event of the selected pair beside the search's."""
+    found = [(k, stage1.candidates[k], False, 1.0) for k in stage1.finalists]
+    return found + ([(stage1.selected, refit, True, 1.0)] if refit is not None else [])
 
 
 def _duels(entrants: list, plan: Plan, discrete: bool) -> bool:
     """Whether stage 1 ends with a duel: the predicted bound chooses (``selection="lb"``; the paper's
-    rule chooses by the loss alone), between two entrants or more, each with an event stage 2 would
-    count."""
-    return plan.selection == "lb" and len(entrants) >= 2 and all(
-        discrete or cand.rule is not None for _, cand, _ in entrants)
+    rule chooses by the loss alone), every entrant's event is one stage 2 would count, and there are two
+    entrants or more, or a score event (whose rungs are entrants too)."""
+    return plan.selection == "lb" and all(discrete or cand.rule is not None for _, cand, *_ in entrants) and (
+        len(entrants) >= 2 or entrants[0][1].rule is not None)
 
 
 def _duel_rounds(size: int) -> list[int]:
-    """The duel's rounds of outputs per database and entrant, ``size`` in all: DUEL_FIRST of it, the same
+    """The duel's rounds of outputs per database and pair, ``size`` in all: DUEL_FIRST of it, the same
     again, then doubling, the last round taking what is left (an eighth, an eighth, a quarter, a half)."""
     rounds, drawn, step = [], 0, max(int(size * DUEL_FIRST), 1)
     while drawn + 2 * step <= size:  # (a round twice the last would still leave one: take this one)
@@ -752,55 +763,145 @@ def _duel_rounds(size: int) -> list[int]:
     return rounds + [size - drawn]
 
 
-def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[int, dict]:
-    """Stage 1's choice among its entrants (:func:`_entrants`), made again on fresh outputs: each
-    entrant's event counted on up to ``size`` outputs per database (the same for all), in rounds
-    (:func:`_duel_rounds`), and the one with the best predicted stage-2 bound chosen, as stage 1 chose.
+def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[tuple, dict]:
+    """Stage 1's choice among its entrants (:func:`_entrants`) and their rungs, made again on fresh
+    outputs: each pair's outputs drawn once a round (:func:`_duel_rounds`), up to ``size`` per database,
+    and every entrant of that pair counted on them; the one with the best predicted stage-2 bound, less
+    DUEL_PICK standard errors of its own estimate, is chosen.
 
     Stage 1 picks a pair by its estimates on the outputs that chose each pair's event; where the
     finalists' losses differ by less than that noise the pick is a coin toss (report_noisy_max1: best
     events of exact losses 0.0926 and 0.0946, estimated within 10^-5 of each other at n = 3.12·10^6).
     The refit chooses its event by a criterion that charges its threshold's choice on its third of the
     outputs, which weighs against rare events that stage 2 would measure well (svt3: the search's event
-    measured 0.257 on the duel's outputs, the refit's 0.156 in stage 2). The duel stops once the leader
-    leads every other entrant by DUEL_Z standard errors, so a clear choice costs its first round. Like
-    the rest of stage 1 it only chooses what stage 2 measures on fresh outputs: the bound keeps its
-    level whatever the duel picks. Returns the winner's index among the entrants, and what the duel saw
+    measured 0.257 on the duel's outputs, the refit's 0.156 in stage 2). Stage 1 charges its own choice
+    the same way, so a score event's rungs (RUNGS: its mass over 3, 10 and 30, where its score's values
+    are not tied) enter the duel too: svt34_parallel's chosen events had a bound of 0.26-0.30 at their
+    mass and 0.29-0.36 at a tenth or a third of it, on 10^7 fresh outputs of each database. The duel
+    stops once the leader leads every other entrant by DUEL_Z standard errors, so a clear choice costs
+    its first round (its second where rungs were placed). Like the rest of stage 1 it only chooses what
+    stage 2 measures on fresh outputs: the bound keeps its level whatever the duel picks. Returns the
+    winner (an entrant or a rung, as :func:`_entrants` gives them), and what the duel saw
     (``MPLResult.duel``).
     """
     t0 = time.perf_counter()
-    cands = [cand for _, cand, _ in entrants]
-    members = [_members(c) for c in cands]
-    hits = np.zeros((len(entrants), 2), dtype=np.int64)
-    drawn = 0
-    stage = f"MPL stage 1: duel of {len(entrants)} entrants x 2 x {size:,} fresh outputs at most"
+    entrants = list(entrants)
+    groups: dict[int, list[int]] = {}  # pair index -> its entrants (counted on the same draws)
+    for j, (k, *_) in enumerate(entrants):
+        groups.setdefault(k, []).append(j)
+    values = {k: _duel_values([entrants[j][1] for j in js]) for k, js in groups.items()}
+    column = {j: i for js in groups.values() for i, j in enumerate(js)}  # an entrant's column of its pair's values
+    levels = [_duel_level(cand) for _, cand, *_ in entrants]  # an entrant's event: its value ≥ its level
+    hits, drawn = np.zeros((len(entrants), 2), dtype=np.int64), np.zeros(len(entrants), dtype=np.int64)
+    found = len(entrants)
+    stage = f"MPL stage 1: duel of {found} entrants on 2 x {size:,} fresh outputs of each pair at most"
     rounds = _duel_rounds(size)
     report(stage, 0, len(rounds))
     for r, count in enumerate(rounds):
-        for j, (k, _, _) in enumerate(entrants):
-            in_x, in_y = _draw_pair(plan, plan.pairs[k], count, rng, members[j])
-            hits[j] += (int(np.count_nonzero(in_x)), int(np.count_nonzero(in_y)))
-        drawn += count
+        above = {}  # the first round's values at or above each entrant's level (where its rungs are placed)
+        for k, js in groups.items():
+            for start in range(0, count, DUEL_CHUNK):  # (a chunk's values at a time)
+                vx, vy = _draw_pair(plan, plan.pairs[k], min(DUEL_CHUNK, count - start), rng, values[k])
+                for j in js:
+                    inx, iny = vx[:, column[j]] >= levels[j], vy[:, column[j]] >= levels[j]
+                    hits[j] += (int(np.count_nonzero(inx)), int(np.count_nonzero(iny)))
+                    drawn[j] += len(inx)
+                    if r == 0:
+                        above.setdefault(j, []).append((vx[inx, column[j]], vy[iny, column[j]]))
+        if r == 0 and len(rounds) > 1:  # (rungs are counted from the second round on)
+            for j, parts in above.items():
+                ax, ay = (np.concatenate(side) for side in zip(*parts))
+                for share, level in _rungs(entrants[j][1], ax, ay, count, levels[j]):
+                    k, cand, again, _ = entrants[j]
+                    entrants.append((k, _at_level(cand, level), again, share))
+                    column[len(entrants) - 1] = column[j]
+                    groups[k].append(len(entrants) - 1)
+                    levels.append(level)
+            above.clear()
+            rungs = len(entrants) - found
+            hits = np.concatenate([hits, np.zeros((rungs, 2), dtype=np.int64)])
+            drawn = np.concatenate([drawn, np.zeros(rungs, dtype=np.int64)])
         report(stage, r + 1, len(rounds))
-        predicted, loss, sigma = _duel_scores(hits, drawn, cands, plan)
-        lead = int(np.argmax(predicted))
+        if r == 0 and len(entrants) > found:
+            continue  # (the rungs have no count yet)
+        predicted, loss, sigma = _duel_scores(hits, drawn, [cand for _, cand, *_ in entrants], plan)
+        error = sigma / np.sqrt(drawn)
+        lead = int(np.argmax(predicted - DUEL_PICK * error))
         gap = predicted[lead] - np.delete(predicted, lead)
-        spread = np.sqrt(sigma[lead] ** 2 + np.delete(sigma, lead) ** 2) / math.sqrt(drawn)
-        if np.all(gap > DUEL_Z * spread):
+        spread = np.sqrt(error[lead] ** 2 + np.delete(error, lead) ** 2)
+        if np.all(gap > DUEL_Z * spread):  # (with one entrant and no rungs: nothing to choose)
             if r + 1 < len(rounds):
                 report(stage, len(rounds), len(rounds))  # (settled: the rounds left are not needed)
             break
-    names = [f"{k}{' refitted' if again else ''}" for k, _, again in entrants]
-    log.info("MPL stage 1 duel: %d entrants x 2 x %d fresh outputs (of %d) in %.2f s: losses %s, pair %s%s",
-             len(entrants), drawn, size, time.perf_counter() - t0,
+    names = [f"{k}{' refitted' if again else ''}{'' if share == 1 else f' at {share:.2g} of its mass'}"
+             for k, _, again, share in entrants]
+    log.info("MPL stage 1 duel: %d entrants and %d rungs on 2 x %d fresh outputs of each pair (of %d) in %.2f s: "
+             "losses %s, %s%s", found, len(entrants) - found, drawn[0], size, time.perf_counter() - t0,
              dict(zip(names, (round(float(v), 5) for v in loss))), names[lead],
              "" if entrants[lead][0] == entrants[0][0] else f" (the search chose pair {entrants[0][0]})")
-    seen = {"pairs": [k for k, _, _ in entrants], "refitted": [again for _, _, again in entrants],
-            "losses": [float(v) for v in loss], "predicted_bounds": [float(v) for v in predicted], "outputs": drawn}
-    return lead, seen
+    seen = {"pairs": [k for k, *_ in entrants], "refitted": [again for _, _, again, _ in entrants],
+            "mass_shares": [share for *_, share in entrants], "losses": [float(v) for v in loss],
+            "predicted_bounds": [float(v) for v in predicted], "standard_errors": [float(v) for v in error],
+            "outputs": int(drawn[0]), "counted": [int(v) for v in drawn], "chosen": lead}
+    return entrants[lead], seen
 
 
-def _duel_scores(hits: np.ndarray, drawn: int, cands: list, plan: Plan):
+def _duel_level(cand: Candidate) -> float:
+    """The level an entrant's duel value (:func:`_duel_values`) reaches on its event."""
+    return cand.rule.direction * cand.rule.threshold if cand.rule is not None else 1.0
+
+
+def _duel_values(cands: list):
+    """A part's outputs -> (outputs, len(cands)): each entrant's value, whose event is value ≥ its level
+    (:func:`_duel_level`): a score event's score times its direction, another event's membership (1, 0)."""
+    members = [None if c.rule is not None else _members(c) for c in cands]
+
+    def values(outputs):
+        outputs = as_samples(outputs)
+        out = np.empty((len(outputs), len(cands)))
+        block = max(MEMBER_VALUES // outputs.shape[1], 1)  # (scores are row by row, as stage 2 scores them)
+        for i, (cand, member) in enumerate(zip(cands, members)):
+            if member is not None:
+                out[:, i] = member(outputs)
+                continue
+            for start in range(0, len(outputs), block):
+                out[start:start + block, i] = cand.rule.direction * cand.rule.score(outputs[start:start + block])
+        return out
+
+    return values
+
+
+def _rungs(cand: Candidate, above_x: np.ndarray, above_y: np.ndarray, rows: int,
+           level: float) -> list[tuple[float, float]]:
+    """A score event's rungs (share, level) from the first round's ``rows`` outputs of each database, of
+    which ``above_x``, ``above_y`` are the values at or above the event's level: on the side with more of
+    them, its events at RUNGS of its mass, each holding at least RUNG_HITS of them and twice the floor τ
+    (which stage 2 puts under both frequencies: an event near it would lose its loss), and above the
+    last (the score's values tied at the top give no rarer event). A rung's share is the share of the
+    event its level keeps (more than RUNGS' where values are tied at it)."""
+    if cand.rule is None:
+        return []
+    side = np.sort(above_x if len(above_x) >= len(above_y) else above_y)
+    mass = len(side)
+    out, last = [], level
+    for share in RUNGS:
+        keep = int(math.ceil(mass * share))
+        if keep < max(RUNG_HITS, 2 * cand.tau * rows):
+            break
+        at = float(side[mass - keep])
+        if at > last:
+            out.append((float(np.count_nonzero(side >= at)) / mass, at))
+            last = at
+    return out
+
+
+def _at_level(cand: Candidate, level: float) -> Candidate:
+    """A score event's candidate at another level of its duel value: {direction·score ≥ level}."""
+    threshold = cand.rule.direction * level
+    return replace(cand, t=np.array([threshold]), rule=replace(cand.rule, threshold=threshold))
+
+
+def _duel_scores(hits: np.ndarray, drawn: np.ndarray, cands: list, plan: Plan):
     """Each entrant's predicted stage-2 bound (as stage 1's criterion, without its search penalty),
     loss and σ̂ (eq. 25) from its event's counts in ``drawn`` outputs per database."""
     tau = np.array([c.tau for c in cands])

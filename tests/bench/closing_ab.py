@@ -2,7 +2,8 @@
 
 The refit ("Vector outputs") counts the selected pair's table scores on 4 x n fresh outputs per database
 and chooses the event on 2 x n more; the duel ("Stage 1's duel") counts its entrants' events (the finalist
-pairs' and the refit's) on up to 5 x n fresh outputs each and chooses the best. Both pay with stage 2's outputs. This prints, per
+pairs' and the refit's, and a score event's rungs) on up to 5 x n fresh outputs of each pair and chooses
+the best. Both pay with stage 2's outputs. This prints, per
 mechanism of DP-Sniper's suite, the median bound over the seeds with the step and without it (switched
 off), each run with the same time budget, seed after seed alternating so that the machine's load falls
 on both alike.
