@@ -263,15 +263,40 @@ def test_a_rung_of_a_lower_event_counts_as_stage_2_does():
     assert 0 < np.count_nonzero(members) < np.count_nonzero(values >= level)
 
 
-def test_the_duel_takes_a_rarer_rung_where_the_loss_grows_into_the_tail():
-    """Stage 1 charges its threshold's choice on its own outputs, which holds its event to a large mass; a
-    rung a third or a tenth of it has a larger loss, and with 2·10^6 fresh outputs in stage 2 a larger
-    bound, which the duel sees and stage 2 confirms. Rungs are counted from the duel's second round."""
-    for seed in range(3):
-        plain = mpl(gaussian_pair, [(0, 0.3)], n=20_000, N=2_000_000, alpha=0.1, rng=seed, duel_size=0)
-        res = mpl(gaussian_pair, [(0, 0.3)], n=20_000, N=2_000_000, alpha=0.1, rng=seed, duel_size=400_000)
-        shares, counted = res.duel["mass_shares"], res.duel["counted"]
-        assert shares[:2] == [1.0, 1.0] and len(shares) >= 3, shares  # (the search's and the refit's, then rungs)
-        assert shares[res.duel["chosen"]] < 1 and res.lower_bound > plain.lower_bound + 0.02, (seed, shares, res.lower_bound)
-        assert counted[:2] == [res.duel["outputs"]] * 2 and all(c == counted[0] - 50_000 for c in counted[2:])
+class _Sum:
+    name = "sum"
 
+    def score(self, outputs):
+        return np.asarray(outputs, float).sum(axis=1)
+
+
+def test_a_lone_score_event_duels_its_rungs_and_the_rarer_wins_where_the_loss_grows():
+    """One entrant, {z1 + … + z4 ≥ c} at a tenth of the mass of x′ = 0.3 (where the log ratio grows
+    along the sum without bound): its rungs at a third, a tenth and a thirtieth of that mass have larger
+    losses (about 1.1, 1.4, 1.6 against 0.8), the duel measures them from its second round on and, with
+    2·10^6 outputs planned for stage 2, takes one of them."""
+    plan = mpl_mod._resolve(gaussian_pair, [(0, 0.3)], 20_000, 2_000_000, None, 0.1, None, None, "lb", True, None,
+                            None, None)
+    cand = mpl_mod.Candidate(score=0.0, t=np.array([3.8]), event=None, pts=np.zeros((1, 1)), loss=np.zeros(1),
+                             tau=1e-3, box=None, rule=mpl_mod.ScoreRule("sum", 3.8, 1, _Sum()))
+    assert mpl_mod._duels([(0, cand, False, 1.0)], plan, False)
+    for seed in range(5):
+        won, seen = mpl_mod._duel(plan, [(0, cand, False, 1.0)], 400_000, np.random.default_rng(seed),
+                                  lambda *_: None)
+        shares, losses, chosen = seen["mass_shares"], seen["losses"], seen["chosen"]
+        assert shares[0] == 1.0 and len(shares) == 4 and shares[chosen] < 1, (seed, shares)
+        assert losses[1] > losses[0] + 0.15 and losses[chosen] > losses[0] + 0.3, (seed, losses)
+        assert won[1].rule.threshold > 3.8 and won[1].rule.scorer is cand.rule.scorer and won[3] == shares[chosen]
+        assert seen["counted"] == [seen["outputs"]] + [seen["outputs"] - 50_000] * 3
+
+
+def test_stage_2_measures_the_rung_the_duel_chose():
+    """End to end: the search's and the refit's events enter with their rungs (counted from the second
+    round), and stage 2 counts the chosen one's event: its loss there is the duel's within the duel's noise."""
+    for seed in range(3):
+        res = mpl(gaussian_pair, [(0, 0.3)], n=20_000, N=2_000_000, alpha=0.1, rng=seed, duel_size=400_000)
+        shares, counted, chosen = res.duel["mass_shares"], res.duel["counted"], res.duel["chosen"]
+        assert shares[:2] == [1.0, 1.0] and len(shares) >= 3, shares  # (the search's and the refit's, then rungs)
+        assert counted[:2] == [res.duel["outputs"]] * 2 and all(c == counted[0] - 50_000 for c in counted[2:])
+        error = res.duel["standard_errors"][chosen]  # (about 0.06: the chosen reading is the best of several)
+        assert abs(res.loss_at_t_hat - res.duel["losses"][chosen]) < 4 * error, (seed, res.loss_at_t_hat, res.duel)
