@@ -300,3 +300,24 @@ def test_stage_2_measures_the_rung_the_duel_chose():
         assert counted[:2] == [res.duel["outputs"]] * 2 and all(c == counted[0] - 50_000 for c in counted[2:])
         error = res.duel["standard_errors"][chosen]  # (about 0.06: the chosen reading is the best of several)
         assert abs(res.loss_at_t_hat - res.duel["losses"][chosen]) < 4 * error, (seed, res.loss_at_t_hat, res.duel)
+
+
+def test_rungs_are_placed_on_at_most_rung_rows_of_the_first_round(monkeypatch):
+    """What the first round keeps for the rungs (the values at or above each level) comes from its first
+    RUNG_ROWS outputs only, over chunks: a round of 5n/8 outputs at n = 2·10^7 would hold gigabytes."""
+    seen = []
+    rungs = mpl_mod._rungs
+
+    def spy(cand, above_x, above_y, rows, level):
+        seen.append((len(above_x), len(above_y), rows))
+        return rungs(cand, above_x, above_y, rows, level)
+
+    monkeypatch.setattr(mpl_mod, "_rungs", spy)
+    monkeypatch.setattr(mpl_mod, "RUNG_ROWS", 3000)
+    monkeypatch.setattr(mpl_mod, "DUEL_CHUNK", 1024)  # (the 3,000 span three chunks and part of a fourth)
+    plan = mpl_mod._resolve(gaussian_pair, [(0, 0.3)], 20_000, 2_000_000, None, 0.1, None, None, "lb", True, None,
+                            None, None)
+    cand = mpl_mod.Candidate(score=0.0, t=np.array([-100.0]), event=None, pts=np.zeros((1, 1)), loss=np.zeros(1),
+                             tau=1e-4, box=None, rule=mpl_mod.ScoreRule("sum", -100.0, 1, _Sum()))  # (every output)
+    won, duel = mpl_mod._duel(plan, [(0, cand, False, 1.0)], 80_000, np.random.default_rng(1), lambda *_: None)
+    assert seen == [(3000, 3000, 3000)] and duel["mass_shares"][1:] == [1000 / 3000, 300 / 3000, 100 / 3000]

@@ -726,8 +726,9 @@ def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candida
 #: bound leads every other's by DUEL_Z standard errors of their difference
 DUEL_RATIO, DUEL_FIRST, DUEL_Z = 5, 1 / 8, 3.0
 #: a score event's rungs: the same score's events at these shares of its mass, placed on the duel's first
-#: round where that round holds at least RUNG_HITS outputs in them, and counted from its second round on
-RUNGS, RUNG_HITS = (1 / 3, 1 / 10, 1 / 30), 10
+#: round (its first RUNG_ROWS outputs of each database at most: what they keep is held) where those hold
+#: at least RUNG_HITS outputs in them, and counted from its second round on
+RUNGS, RUNG_HITS, RUNG_ROWS = (1 / 3, 1 / 10, 1 / 30), 10, 1 << 20
 #: the duel picks the entrant whose predicted bound less DUEL_PICK standard errors of its own estimate is
 #: the largest (a rung's rare event is estimated on few outputs: a lucky count must not carry it)
 DUEL_PICK = 1.0
@@ -797,8 +798,9 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[tuple, di
     stage = f"MPL stage 1: duel of {found} entrants on 2 x {size:,} fresh outputs of each pair at most"
     rounds = _duel_rounds(size)
     report(stage, 0, len(rounds))
+    placing = min(rounds[0], RUNG_ROWS)  # (the first round's outputs the rungs are placed on)
     for r, count in enumerate(rounds):
-        above = {}  # the first round's values at or above each entrant's level (where its rungs are placed)
+        above = {}  # the values at or above each entrant's level among those outputs
         for k, js in groups.items():
             for start in range(0, count, DUEL_CHUNK):  # (a chunk's values at a time)
                 vx, vy = _draw_pair(plan, plan.pairs[k], min(DUEL_CHUNK, count - start), rng, values[k])
@@ -806,12 +808,13 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[tuple, di
                     inx, iny = vx[:, column[j]] >= levels[j], vy[:, column[j]] >= levels[j]
                     hits[j] += (int(np.count_nonzero(inx)), int(np.count_nonzero(iny)))
                     drawn[j] += len(inx)
-                    if r == 0:
-                        above.setdefault(j, []).append((vx[inx, column[j]], vy[iny, column[j]]))
+                    if r == 0 and start < placing:
+                        keep = slice(0, placing - start)
+                        above.setdefault(j, []).append((vx[keep, column[j]][inx[keep]], vy[keep, column[j]][iny[keep]]))
         if r == 0 and len(rounds) > 1:  # (rungs are counted from the second round on)
             for j, parts in above.items():
                 ax, ay = (np.concatenate(side) for side in zip(*parts))
-                for share, level in _rungs(entrants[j][1], ax, ay, count, levels[j]):
+                for share, level in _rungs(entrants[j][1], ax, ay, placing, levels[j]):
                     k, cand, again, _ = entrants[j]
                     entrants.append((k, _at_level(cand, level), again, share))
                     column[len(entrants) - 1] = column[j]
