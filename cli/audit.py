@@ -250,7 +250,7 @@ def audit():
 @click.option("--duel-size", "duel_size", type=int, default=None,
               help="Most fresh outputs per database and pair of the duel that ends stage 1 when its "
                    "entrants' events are counted (discrete outputs, score events): the finalist pairs' events, "
-                   "the refit's, and a score event's rarer ones at 1/3, 1/10 and 1/30 of its mass, the best "
+                   "the refit's, and a vector score event's rarer ones at 1/3, 1/10 and 1/30 of its mass, the best "
                    "chosen on fresh outputs. Default: 5 x --search-size; 0: none. "
                    "A --time-budget run reports "
                    "it wherever the duel applies (0 when the clock left no time for it): give it back with "

@@ -233,7 +233,9 @@ def _rungs(cand, vx, vy, level):
 
 def test_rungs_sit_at_shares_of_the_mass_above_the_event_and_not_on_ties():
     assert _rungs(SimpleNamespace(rule=None), np.arange(100.0), np.arange(100.0), 0.0) == []  # (no score)
-    rule = SimpleNamespace(rule=mpl_mod.ScoreRule("output", 0.0, 1), tau=1e-4)
+    assert _rungs(SimpleNamespace(rule=mpl_mod.ScoreRule("output", 0.0, 1), tau=1e-4), np.arange(3000.0),
+                  np.arange(3000.0), 0.0) == []  # (a half-line of a number: none)
+    rule = SimpleNamespace(rule=mpl_mod.ScoreRule("sum", 0.0, 1, _Sum()), tau=1e-4)
     vx, vy = np.arange(3000.0), np.arange(3000.0) - 1000  # (x has more at every level)
     rungs = _rungs(rule, vx, vy, 1500.0)  # 1,500 values of x at or above: rungs keep 500, 150, 50
     assert rungs == [(1 / 3, 2500.0), (1 / 10, 2850.0), (1 / 30, 2950.0)]

@@ -883,8 +883,10 @@ def _rungs(cand: Candidate, above_x: np.ndarray, above_y: np.ndarray, rows: int,
     them, its events at RUNGS of its mass, each holding at least RUNG_HITS of them and twice the floor τ
     (which stage 2 puts under both frequencies: an event near it would lose its loss), and above the
     last (the score's values tied at the top give no rarer event). A rung's share is the share of the
-    event its level keeps (more than RUNGS' where values are tied at it)."""
-    if cand.rule is None:
+    event its level keeps (more than RUNGS' where values are tied at it). A half-line of a number (the
+    output itself scores it) gets none: the search chose it on all its outputs, not on a capped or
+    refitted share, and report_noisy_max3's, whose loss is flat in the tail, only lost by its rungs."""
+    if cand.rule is None or cand.rule.scorer is None:
         return []
     side = np.sort(above_x if len(above_x) >= len(above_y) else above_y)
     mass = len(side)
