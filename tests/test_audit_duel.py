@@ -282,6 +282,9 @@ def test_a_lone_score_event_duels_its_rungs_and_the_rarer_wins_where_the_loss_gr
     cand = mpl_mod.Candidate(score=0.0, t=np.array([3.8]), event=None, pts=np.zeros((1, 1)), loss=np.zeros(1),
                              tau=1e-3, box=None, rule=mpl_mod.ScoreRule("sum", 3.8, 1, _Sum()))
     assert mpl_mod._duels([(0, cand, False, 1.0)], plan, False)
+    half_line = replace(cand, rule=mpl_mod.ScoreRule("output", 3.8, 1))  # (a number's: no rungs, no duel alone)
+    assert not mpl_mod._duels([(0, half_line, False, 1.0)], plan, False)
+    assert mpl_mod._duels([(0, half_line, False, 1.0), (0, cand, True, 1.0)], plan, False)
     for seed in range(5):
         won, seen = mpl_mod._duel(plan, [(0, cand, False, 1.0)], 400_000, np.random.default_rng(seed),
                                   lambda *_: None)

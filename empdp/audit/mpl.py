@@ -720,7 +720,8 @@ def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candida
                    rule=replace(rule, threshold=threshold, direction=direction))
 
 
-#: with several entrants whose events are counted (discrete outputs, score events), or one score event,
+#: with several entrants whose events are counted (discrete outputs, score events), or one score event of
+#: vector outputs,
 #: stage 1 ends with a duel (:func:`_duel`): each entrant's event measured on at most DUEL_RATIO·n fresh
 #: outputs per database, in rounds of DUEL_FIRST of them and then doubling, until the leader's predicted
 #: bound leads every other's by DUEL_Z standard errors of their difference
@@ -750,9 +751,10 @@ def _entrants(stage1: _Stage1, refit: Candidate | None) -> list[tuple[int, Candi
 def _duels(entrants: list, plan: Plan, discrete: bool) -> bool:
     """Whether stage 1 ends with a duel: the predicted bound chooses (``selection="lb"``; the paper's
     rule chooses by the loss alone), every entrant's event is one stage 2 would count, and there are two
-    entrants or more, or a score event (whose rungs are entrants too)."""
+    entrants or more, or a score event of vector outputs (whose rungs are entrants too, :func:`_rungs`)."""
+    lone = entrants[0][1].rule
     return plan.selection == "lb" and all(discrete or cand.rule is not None for _, cand, *_ in entrants) and (
-        len(entrants) >= 2 or entrants[0][1].rule is not None)
+        len(entrants) >= 2 or (lone is not None and lone.scorer is not None))
 
 
 def _duel_rounds(size: int) -> list[int]:
