@@ -248,10 +248,10 @@ def audit():
                    "stage 1 the clock stopped reports them: give them back with the sizes and --seed to "
                    "reproduce the run.")
 @click.option("--duel-size", "duel_size", type=int, default=None,
-              help="Most fresh outputs per database and pair of the duel that ends stage 1 when its "
-                   "entrants' events are counted (discrete outputs, score events): the finalist pairs' events, "
-                   "the refit's, and a vector score event's rarer ones at 1/3, 1/10 and 1/30 of its mass, the best "
-                   "chosen on fresh outputs. Default: 5 x --search-size; 0: none. "
+              help="Most fresh outputs per database and pair of the duel that ends stage 1: the finalist pairs' "
+                   "events (for numbers, with the point or half-line ranked second), the refit's, and a vector "
+                   "score event's rarer ones at 1/3, 1/10 and 1/30 of its mass, each measured as stage 2 would "
+                   "and the best chosen on fresh outputs. Default: 5 x --search-size; 0: none. "
                    "A --time-budget run reports "
                    "it wherever the duel applies (0 when the clock left no time for it): give it back with "
                    "the sizes and --seed to reproduce the run.")

@@ -102,9 +102,12 @@ def test_duel_size_default_given_back_or_none():
             mpl(bernoulli, PAIRS, n=2000, N=100_000, rng=1, duel_size=bad)
     with pytest.raises(InputError, match="not both"):
         mpl("noisy_max", duel_size=0, time_budget=5)
-    # one pair, or a continuous point (a density at t_hat is not counted): no duel
+    # one pair, or the paper's rule (the loss alone chooses): no duel
     assert "duel_size" not in mpl(bernoulli, [(0, 2)], n=2000, N=100_000, rng=1).sizes
-    assert "duel_size" not in mpl("laplace", n=2000, N=20_000, rng=1, events=False).sizes
+    assert "duel_size" not in mpl("laplace", n=2000, N=20_000, rng=1, selection="max").sizes
+    # points of continuous outputs are measured as stage 2 measures them, by kernel densities
+    points = mpl("laplace", n=2000, N=20_000, rng=1, events=False)
+    assert points.sizes["duel_size"] == 10_000 and all(points.duel["t_hat"]) and len(points.duel["t_hat"]) >= 2
 
 
 def test_cli_duel_size_is_reported_and_given_back():
@@ -165,7 +168,7 @@ def test_a_budget_reports_its_duel_and_its_sizes_reproduce_it():
 
 def test_a_budget_reserves_time_for_a_duel_only_where_its_pilots_had_one(monkeypatch):
     """The search's deadline leaves room for the duel at the last pilot's pace per output and pair it drew; where
-    the pilots had no duel (a density at one point: not counted) it leaves none, as before the duel."""
+    the pilots had no duel (one pair, or the paper's rule) it leaves none, as before the duel."""
     seen = []
     run_ = mpl_mod._run
 
@@ -184,7 +187,7 @@ def test_a_budget_reserves_time_for_a_duel_only_where_its_pilots_had_one(monkeyp
     assert asked == [2]  # (the search's two finalist pairs of eight: the refit's entrant shares its pair's draws)
     assert seen[-1].duel_pace > 0 and seen[-1].duel_seconds(1000, 2) == seen[-1].duel_pace * 5 * 1000 * 2
     assert seen[-1].duel_seconds(1000, 1) == seen[-1].duel_pace * 5 * 1000  # (a pair's entrants share its draws)
-    mpl("laplace", time_budget=3, alpha=0.1, rng=1, events=False)
+    mpl("laplace", [(0, 1)], time_budget=3, alpha=0.1, rng=1, events=False)  # (one pair's point: no duel)
     assert seen[-1].duel_pace == 0.0 and seen[-1].duel_seconds(1000, 3) == 0.0
     mpl(bernoulli, PAIRS, time_budget=3, rng=1, selection="max")  # (the paper's rule: no duel)
     assert seen[-1].duel_pace == 0.0
@@ -326,3 +329,107 @@ def test_rungs_are_placed_on_at_most_rung_rows_of_the_first_round(monkeypatch):
                              tau=1e-4, box=None, rule=mpl_mod.ScoreRule("sum", -100.0, 1, _Sum()))  # (every output)
     won, duel = mpl_mod._duel(plan, [(0, cand, False, 1.0)], 80_000, np.random.default_rng(1), lambda *_: None)
     assert seen == [(3000, 3000, 3000)] and duel["mass_shares"][1:] == [1000 / 3000, 300 / 3000, 100 / 3000]
+
+
+def spike_or_shift(database, size, rng):
+    """N(0, 1) under database 0; database 1 puts a tenth of it in a spike N(0, 0.05²) (its log ratio peaks
+    at 0: about 1.06, while a half-line's loss is at most about 0.01); database 2 is N(1, 1) (a half-line's
+    loss grows along it, {x ≥ 2} has 1.94; a point's at 0 is 0.5)."""
+    out = rng.normal(1.0 if database == 2 else 0.0, 1.0, size)
+    if database == 1:
+        spike = rng.random(size) < 0.1
+        out[spike] = rng.normal(0.0, 0.05, int(spike.sum()))
+    return out
+
+
+def _point(t, bandwidth=0.05, rows=20_000):
+    return mpl_mod.Candidate(score=0.0, t=np.array([t]), event=None, pts=np.zeros((1, 1)), loss=np.zeros(1),
+                             tau=1e-4, box=None, bandwidth=np.array([bandwidth]), rows=rows)
+
+
+def _half_line(threshold):
+    return mpl_mod.Candidate(score=0.0, t=np.array([threshold]), event=None, pts=np.zeros((1, 1)),
+                             loss=np.zeros(1), tau=1e-4, box=None, rule=mpl_mod.ScoreRule("output", threshold, 1))
+
+
+def _plan(pairs, N=2_000_000):
+    return mpl_mod._resolve(spike_or_shift, pairs, 20_000, N, None, 0.1, None, None, "lb", True, None, None,
+                            mpl_mod.UNDERSMOOTH)
+
+
+def test_a_points_duel_value_is_its_kernel_density_at_the_duels_bandwidth():
+    """A point t̂ enters the duel as stage 2 measures it: the mean of its duel values is the kernel density
+    at t̂ with stage 1's bandwidth rescaled to the duel's size, and its predicted bound is stage 2's (σ̂² =
+    ∫K²(1/f_x + 1/f_x′), c_N = √(N h^d) at stage 2's bandwidth), its error σ̂ / √(drawn h^d)."""
+    from empdp.audit.kde import GAUSS_R, kde_at
+
+    plan, cand = _plan([(0, 1)]), _point(0.3)
+    assert mpl_mod._kernel(cand) and mpl_mod._duel_level(cand) is None and not mpl_mod._kernel(_half_line(0.3))
+    h = mpl_mod._duel_bandwidth(cand, 400_000, plan)
+    assert h[0] == pytest.approx(0.05 * 20 ** (-1 / 5) * 400_000 ** -plan.undersmooth, rel=1e-12)
+    outputs = np.random.default_rng(0).normal(size=(5000, 1))
+    values = mpl_mod._duel_values([cand, _half_line(0.3)], 400_000, plan)(outputs)
+    assert values[:, 0].mean() == pytest.approx(kde_at(outputs, [[0.3]], h)[0], rel=1e-12)
+    assert set(np.unique(values[:, 1])) <= {0.3 * 0 + v for v in np.unique(outputs[:, 0])}  # (a number: itself)
+    drawn = np.array([1000, 1000])
+    pred, loss, sigma, scale = mpl_mod._duel_scores(np.array([[300.0, 200.0], [300.0, 200.0]]), drawn,
+                                                    [cand, _half_line(0.3)], plan, 400_000)
+    h_final = mpl_mod._duel_bandwidth(cand, plan.weighed_N, plan)[0]
+    assert loss[0] == loss[1] == pytest.approx(math.log(1.5))
+    assert sigma[0] == pytest.approx(math.sqrt(GAUSS_R * (1 / 0.3 + 1 / 0.2)))
+    assert pred[0] == pytest.approx(loss[0] - plan.zc * sigma[0] / math.sqrt(plan.weighed_N * h_final))
+    assert scale[0] == pytest.approx(math.sqrt(h[0])) and scale[1] == 1.0
+    assert sigma[1] == pytest.approx(math.sqrt(1 / 0.3 + 1 / 0.2 - 2))
+    assert pred[1] == pytest.approx(loss[1] - plan.zc * sigma[1] / math.sqrt(plan.weighed_N))
+
+
+@pytest.mark.parametrize("other, kernel_wins", [(1, True), (2, False)])
+def test_the_duel_measures_a_point_against_a_half_line(other, kernel_wins):
+    """Against the spike the point at 0 wins (loss about 0.64 at the duel's bandwidth, 0.0875, against at
+    most 0.01 for {x ≥ 0}); against the shift the half-line {x ≥ 2} wins (1.94 against 0.5 at 0), on
+    every seed."""
+    plan = _plan([(0, other)])
+    entrants = [(0, _half_line(0.0 if other == 1 else 2.0), False, 1.0), (0, _point(0.0, 0.2), False, 1.0)]
+    for seed in range(3):
+        won, seen = mpl_mod._duel(plan, entrants, 200_000, np.random.default_rng(seed), lambda *_: None)
+        assert seen["t_hat"] == [False, True]
+        assert mpl_mod._kernel(won[1]) is kernel_wins, (seed, seen["losses"])
+        point, line = seen["losses"][1], seen["losses"][0]
+        assert (point, line) == ((pytest.approx(0.64, abs=0.08), pytest.approx(0.0, abs=0.03)) if kernel_wins
+                                 else (pytest.approx(0.5, abs=0.1), pytest.approx(1.94, abs=0.1)))
+
+
+def test_the_runner_up_between_a_point_and_a_half_line_enters_the_duel():
+    """Stage 1 keeps the pair's other candidate (t̂ beside the half-line) and the duel measures both: on the
+    spike the search's noisy estimates may rank either first, the duel takes the point, and stage 2
+    estimates the kernel density at its t̂."""
+    from empdp.audit.dpl import candidate
+
+    plan = _plan([(0, 1)], N=400_000)
+    rng = np.random.default_rng(3)
+    x, y = (spike_or_shift(d, 20_000, rng)[:, None] for d in (0, 1))
+    cand = candidate(x, y, False, plan)
+    assert cand.alternative is not None and mpl_mod._kernel(cand) != mpl_mod._kernel(cand.alternative)
+    stage1 = mpl_mod._Stage1([cand], 0, False, [0])
+    assert mpl_mod._entrants(stage1, None) == [(0, cand, False, 1.0), (0, cand.alternative, False, 1.0)]
+    res = mpl(spike_or_shift, [(0, 1)], n=20_000, N=400_000, alpha=0.1, rng=5)
+    assert res.duel["t_hat"][res.duel["chosen"]] and res.event_rule is None
+    assert abs(float(np.ravel(res.t_hat)[0])) < 0.1 and res.lower_bound > 0.7, (res.t_hat, res.lower_bound)
+
+
+def test_a_kernel_stage_2_under_a_deadline_is_sized_by_its_own_pace():
+    """Stage 2 at t̂ cannot stop at the deadline (its bandwidth is set by N), so its N comes from its
+    own pace, timed on a probe from a stream of its own: at least the pilots' rate, and a slow sampler's
+    pace shows in it."""
+    def slow(database, size, rng):
+        time.sleep(size * 2e-6)
+        return rng.normal(float(database), 1.0, size)
+
+    plan = mpl_mod._resolve(slow, [(0, 1)], 2000, 20_000, None, 0.1, None, None, "lb", True, None, None,
+                            mpl_mod.UNDERSMOOTH)
+    end = mpl_mod._Deadline(time.perf_counter() + 10.0, 1e-9)
+    pace = mpl_mod._kde_pace(plan, _point(0.5, 0.2), (0, 1), end)
+    assert pace >= 2 * 2e-6  # (two databases' draws per output)
+    assert end.final_size(100, False, pace) <= 10.0 / pace < end.final_size(100, False)
+    fast = mpl_mod._Deadline(time.perf_counter() + 10.0, 1.0)
+    assert mpl_mod._kde_pace(plan, _point(0.5, 0.2), (0, 1), fast) == 1.0

@@ -90,7 +90,7 @@ def test_successive_halving_spends_the_stage1_budget(monkeypatch):
         return mech(database, size, rng)
 
     pairs = [(0.0, b / 10) for b in range(1, 9)]
-    res = mpl(counting, pairs, n=1000, N=5000, region=(-1, 1), rng=1)
+    res = mpl(counting, pairs, n=1000, N=5000, region=(-1, 1), rng=1, duel_size=0)  # (the search's draws alone)
     stage1 = drawn[:-2]
     assert sum(stage1) == 2 * len(pairs) * 1000
     assert stage1[:2 * len(pairs)] == [500] * (2 * len(pairs))
@@ -175,7 +175,8 @@ def test_progress_callback_reports_every_stage():
     mpl("laplace", n=2000, N=5000, rng=1, progress=lambda s, d, t: seen.append((s, d, t)))
     stages = list(dict.fromkeys(s for s, _, _ in seen))
     assert stages[0].startswith("MPL stage 1") and stages[2].startswith("MPL stage 2")
-    assert stages[1] == "MPL stage 1: duel of 3 entrants on 2 x 10,000 fresh outputs of each pair at most"  # (half-lines)
+    # (three finalists, each a half-line and its runner-up t_hat)
+    assert stages[1] == "MPL stage 1: duel of 6 entrants on 2 x 10,000 fresh outputs of each pair at most"
     assert seen[-1][1] == seen[-1][2] == 1
     first = [(d, t) for s, d, t in seen if s == stages[0]]
     assert first[0][0] == 0 and first[-1][0] == first[-1][1] == 13  # 10 pairs + 3 finalists

@@ -184,7 +184,7 @@ def test_stage2_stops_at_its_deadline_and_the_reported_size_reproduces(monkeypat
     alone stops it, never the counts): a stage 2 aimed at 10^8 outputs ends within the budget, reports
     the outputs it counted, and those sizes given back reproduce the bound."""
     mpl_mod = importlib.import_module("empdp.audit.mpl")  # the package binds the name mpl to the function
-    monkeypatch.setattr(mpl_mod._Deadline, "final_size", lambda self, n, stoppable: mpl_mod.MAX_COUNTED)
+    monkeypatch.setattr(mpl_mod._Deadline, "final_size", lambda self, n, stoppable, rate=None: mpl_mod.MAX_COUNTED)
     t0 = time.perf_counter()
     res = mpl("randomized_response", time_budget=3, rng=4)
     took = time.perf_counter() - t0
@@ -203,7 +203,7 @@ def test_stage1_weighs_by_the_planned_size_and_the_reported_sizes_reproduce_it(m
     Both are reported, and given back with the seed they reproduce the bound, here with N forced
     far below the planned size (laplace's choice then changes on some seeds), and on the command line."""
     mpl_mod = importlib.import_module("empdp.audit.mpl")
-    monkeypatch.setattr(mpl_mod._Deadline, "final_size", lambda self, n, stoppable: mpl_mod.round_size(2 * n))
+    monkeypatch.setattr(mpl_mod._Deadline, "final_size", lambda self, n, stoppable, rate=None: mpl_mod.round_size(2 * n))
     for seed in (3, 4):
         res = mpl("laplace", params={"epsilon": 0.5}, time_budget=2, rng=seed)
         s = res.sizes

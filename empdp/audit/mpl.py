@@ -186,7 +186,7 @@ class _Deadline:
         (a pair's entrants are counted on the same draws)."""
         return self.duel_pace * DUEL_RATIO * n * pairs
 
-    def final_size(self, n: int, stoppable: bool) -> int:
+    def final_size(self, n: int, stoppable: bool, rate: float | None = None) -> int:
         """N to aim at for the time stage 1 left: chosen after stage 1, before any fresh output is drawn
         (so it depends on the clock, never on stage 2's outcomes), at least 2n, at most MAX_COUNTED.
 
@@ -194,9 +194,12 @@ class _Deadline:
         buys: that rate, timed on a small pilot, ran 1.5-2 times slow (fixed costs per chunk), and the
         clock stops it at the deadline anyway (:func:`_stage2_chunks`). A kernel density at t̂ is not
         stopped: its bandwidth is set by N before the outputs are drawn, and the reported N must
-        reproduce it.
+        reproduce it. It aims at what ``rate`` (its own pace, :func:`_kde_pace`) buys: the pilots'
+        stage 2 counted an event where they chose one, 1.5 times faster than the kernel sums (a
+        report_noisy_max3 run whose search chose t̂ took 24 s of a 20 s budget).
         """
-        affordable = (FINAL_HEADROOM if stoppable else 1.0) * (self.end - time.perf_counter()) / self.rate
+        rate = self.rate if rate is None else rate
+        affordable = (FINAL_HEADROOM if stoppable else 1.0) * (self.end - time.perf_counter()) / rate
         return round_size(min(max(affordable, 2 * n), MAX_COUNTED))
 
 
@@ -367,7 +370,8 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     t1 = time.perf_counter()
     stoppable = stage1.discrete or best.rule is not None
     if end is not None:
-        plan = replace(plan, N=end.final_size(plan.n, stoppable))
+        pace = None if stoppable else _kde_pace(plan, best, plan.pairs[stage1.selected], end)
+        plan = replace(plan, N=end.final_size(plan.n, stoppable, pace))
     stage2 = _stage2(plan, stage1.discrete, best, plan.pairs[stage1.selected], rng, report,
                      end.end if end is not None and stoppable else None)
     if clock is not None:
@@ -743,17 +747,28 @@ DUEL_CHUNK = 1 << 18
 def _entrants(stage1: _Stage1, refit: Candidate | None) -> list[tuple[int, Candidate, bool, float]]:
     """The duel's entrants (pair, event, whether refitted, share of the mass of the event it was placed
     from: 1 here, see RUNGS): the search's finalists, best first, each with its own event, and the
-    refit's event of the selected pair beside the search's."""
-    found = [(k, stage1.candidates[k], False, 1.0) for k in stage1.finalists]
+    refit's event of the selected pair beside the search's; a finalist's runner-up (``Candidate.alternative``:
+    t̂ beside a half-line) follows it."""
+    found = []
+    for k in stage1.finalists:
+        cand = stage1.candidates[k]
+        found += [(k, cand, False, 1.0)] + ([(k, cand.alternative, False, 1.0)] if cand.alternative else [])
     return found + ([(stage1.selected, refit, True, 1.0)] if refit is not None else [])
+
+
+def _kernel(cand: Candidate) -> bool:
+    """Whether stage 2 estimates a candidate by kernel densities at its t̂ (a point of continuous outputs)."""
+    return cand.rule is None and cand.event is None and cand.bandwidth is not None
 
 
 def _duels(entrants: list, plan: Plan, discrete: bool) -> bool:
     """Whether stage 1 ends with a duel: the predicted bound chooses (``selection="lb"``; the paper's
-    rule chooses by the loss alone), every entrant's event is one stage 2 would count, and there are two
-    entrants or more, or a score event of vector outputs (whose rungs are entrants too, :func:`_rungs`)."""
+    rule chooses by the loss alone), every entrant is an event stage 2 would count or a point t̂ of
+    continuous outputs (measured by kernel densities, as stage 2 would), and there are two entrants or
+    more, or a score event of vector outputs (whose rungs are entrants too, :func:`_rungs`)."""
     lone = entrants[0][1].rule
-    return plan.selection == "lb" and all(discrete or cand.rule is not None for _, cand, *_ in entrants) and (
+    return plan.selection == "lb" and all(discrete or cand.rule is not None or _kernel(cand)
+                                          for _, cand, *_ in entrants) and (
         len(entrants) >= 2 or (lone is not None and lone.scorer is not None))
 
 
@@ -794,10 +809,11 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[tuple, di
     groups: dict[int, list[int]] = {}  # pair index -> its entrants (counted on the same draws)
     for j, (k, *_) in enumerate(entrants):
         groups.setdefault(k, []).append(j)
-    values = {k: _duel_values([entrants[j][1] for j in js]) for k, js in groups.items()}
+    values = {k: _duel_values([entrants[j][1] for j in js], size, plan) for k, js in groups.items()}
     column = {j: i for js in groups.values() for i, j in enumerate(js)}  # an entrant's column of its pair's values
     levels = [_duel_level(cand) for _, cand, *_ in entrants]  # an entrant's event: its value ≥ its level
-    hits, drawn = np.zeros((len(entrants), 2), dtype=np.int64), np.zeros(len(entrants), dtype=np.int64)
+    # an event's counts, or a point's kernel sums, in each database
+    hits, drawn = np.zeros((len(entrants), 2)), np.zeros(len(entrants), dtype=np.int64)
     found = len(entrants)
     stage = f"MPL stage 1: duel of {found} entrants on 2 x {size:,} fresh outputs of each pair at most"
     rounds = _duel_rounds(size)
@@ -809,6 +825,10 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[tuple, di
             for start in range(0, count, DUEL_CHUNK):  # (a chunk's values at a time)
                 vx, vy = _draw_pair(plan, plan.pairs[k], min(DUEL_CHUNK, count - start), rng, values[k])
                 for j in js:
+                    if levels[j] is None:  # (a point: its kernel weights)
+                        hits[j] += (float(np.sum(vx[:, column[j]])), float(np.sum(vy[:, column[j]])))
+                        drawn[j] += len(vx)
+                        continue
                     inx, iny = vx[:, column[j]] >= levels[j], vy[:, column[j]] >= levels[j]
                     hits[j] += (int(np.count_nonzero(inx)), int(np.count_nonzero(iny)))
                     drawn[j] += len(inx)
@@ -826,13 +846,13 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[tuple, di
                     levels.append(level)
             above.clear()
             rungs = len(entrants) - found
-            hits = np.concatenate([hits, np.zeros((rungs, 2), dtype=np.int64)])
+            hits = np.concatenate([hits, np.zeros((rungs, 2))])
             drawn = np.concatenate([drawn, np.zeros(rungs, dtype=np.int64)])
         report(stage, r + 1, len(rounds))
         if r == 0 and len(entrants) > found:
             continue  # (the rungs have no count yet)
-        predicted, loss, sigma = _duel_scores(hits, drawn, [cand for _, cand, *_ in entrants], plan)
-        error = sigma / np.sqrt(drawn)
+        predicted, loss, sigma, scale = _duel_scores(hits, drawn, [cand for _, cand, *_ in entrants], plan, size)
+        error = sigma / (scale * np.sqrt(drawn))
         lead = int(np.argmax(predicted - DUEL_PICK * error))
         gap = predicted[lead] - np.delete(predicted, lead)
         spread = np.sqrt(error[lead] ** 2 + np.delete(error, lead) ** 2)
@@ -840,34 +860,50 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[tuple, di
             if r + 1 < len(rounds):
                 report(stage, len(rounds), len(rounds))  # (settled: the rounds left are not needed)
             break
-    names = [f"{k}{' refitted' if again else ''}{'' if share == 1 else f' at {share:.2g} of its mass'}"
-             for k, _, again, share in entrants]
+    names = [f"{k}{' refitted' if again else ''}{' t_hat' if _kernel(cand) else ''}"
+             f"{'' if share == 1 else f' at {share:.2g} of its mass'}" for k, cand, again, share in entrants]
     log.info("MPL stage 1 duel: %d entrants and %d rungs on 2 x %d fresh outputs of each pair (of %d) in %.2f s: "
              "losses %s, %s%s", found, len(entrants) - found, drawn[0], size, time.perf_counter() - t0,
              dict(zip(names, (round(float(v), 5) for v in loss))), names[lead],
              "" if entrants[lead][0] == entrants[0][0] else f" (the search chose pair {entrants[0][0]})")
     seen = {"pairs": [k for k, *_ in entrants], "refitted": [again for _, _, again, _ in entrants],
+            "t_hat": [_kernel(cand) for _, cand, *_ in entrants],
             "mass_shares": [share for *_, share in entrants], "losses": [float(v) for v in loss],
             "predicted_bounds": [float(v) for v in predicted], "standard_errors": [float(v) for v in error],
             "outputs": int(drawn[0]), "counted": [int(v) for v in drawn], "chosen": lead}
     return entrants[lead], seen
 
 
-def _duel_level(cand: Candidate) -> float:
-    """The level an entrant's duel value (:func:`_duel_values`) reaches on its event."""
-    return cand.rule.direction * cand.rule.threshold if cand.rule is not None else 1.0
+def _duel_level(cand: Candidate) -> float | None:
+    """The level an entrant's duel value (:func:`_duel_values`) reaches on its event (None: a point)."""
+    return (None if _kernel(cand) else cand.rule.direction * cand.rule.threshold if cand.rule is not None
+            else 1.0)
 
 
-def _duel_values(cands: list):
+def _duel_bandwidth(cand: Candidate, size: int, plan: Plan) -> np.ndarray:
+    """A point's kernel bandwidth on ``size`` outputs per database: stage 1's, rescaled as stage 2 rescales
+    its own (:func:`empdp.audit.dpl.undersmoothed`)."""
+    return undersmoothed(cand.bandwidth, size, cand.rows, len(cand.bandwidth), plan.undersmooth)
+
+
+def _duel_values(cands: list, size: int | None = None, plan: Plan | None = None):
     """A part's outputs -> (outputs, len(cands)): each entrant's value, whose event is value ≥ its level
-    (:func:`_duel_level`): a score event's score times its direction, another event's membership (1, 0)."""
-    members = [None if c.rule is not None else _members(c) for c in cands]
+    (:func:`_duel_level`): a score event's score times its direction, another event's membership (1, 0);
+    a point's kernel weight at its t̂ (bandwidth :func:`_duel_bandwidth` for a duel of ``size``), whose mean
+    is the kernel density there."""
+    members = [None if c.rule is not None or _kernel(c) else _members(c) for c in cands]
+    widths = [_duel_bandwidth(c, size, plan) if _kernel(c) else None for c in cands]
 
     def values(outputs):
         outputs = as_samples(outputs)
         out = np.empty((len(outputs), len(cands)))
         block = max(MEMBER_VALUES // outputs.shape[1], 1)  # (scores are row by row, as stage 2 scores them)
         for i, (cand, member) in enumerate(zip(cands, members)):
+            if widths[i] is not None:
+                z = (outputs.astype(float) - cand.t[None, :]) / widths[i]
+                out[:, i] = np.exp(-0.5 * np.einsum("ij,ij->i", z, z)) / (
+                    float(np.prod(widths[i])) * (2 * np.pi) ** (outputs.shape[1] / 2))
+                continue
             if member is not None:
                 out[:, i] = member(outputs)
                 continue
@@ -910,14 +946,21 @@ def _at_level(cand: Candidate, level: float) -> Candidate:
     return replace(cand, t=np.array([threshold]), rule=replace(cand.rule, threshold=threshold))
 
 
-def _duel_scores(hits: np.ndarray, drawn: np.ndarray, cands: list, plan: Plan):
-    """Each entrant's predicted stage-2 bound (as stage 1's criterion, without its search penalty),
-    loss and σ̂ (eq. 25) from its event's counts in ``drawn`` outputs per database."""
+def _duel_scores(hits: np.ndarray, drawn: np.ndarray, cands: list, plan: Plan, size: int):
+    """Each entrant's predicted stage-2 bound (as stage 1's criterion, without its search penalty), loss,
+    σ̂ and the factor c with which its estimate's standard error is σ̂ / (c √drawn): an event's from its
+    counts in ``drawn`` outputs per database (eq. 25, c = 1), a point's from its kernel sums as stage 2's
+    (σ̂² = ∫K²(1/f_x + 1/f_x′), c = √(h^d) at the duel's bandwidth, stage 2's at its own)."""
     tau = np.array([c.tau for c in cands])
     fx, fy = np.maximum(hits[:, 0] / drawn, tau), np.maximum(hits[:, 1] / drawn, tau)
     loss = np.abs(np.log(fx) - np.log(fy))
-    sigma = sigma_discrete(fx, fy)
-    return loss - plan.zc * sigma / math.sqrt(plan.weighed_N), loss, sigma
+    sigma, scale, c_n = sigma_discrete(fx, fy), np.ones(len(cands)), np.full(len(cands), math.sqrt(plan.weighed_N))
+    for i, cand in enumerate(cands):
+        if _kernel(cand):
+            sigma[i] = math.sqrt(GAUSS_R ** len(cand.t) * (1 / fx[i] + 1 / fy[i]))
+            scale[i] = math.sqrt(float(np.prod(_duel_bandwidth(cand, size, plan))))
+            c_n[i] *= math.sqrt(float(np.prod(_duel_bandwidth(cand, plan.weighed_N, plan))))
+    return loss - plan.zc * sigma / c_n, loss, sigma, scale
 
 
 #: stage 2 draws at most this many outputs per database at once (counts and kernel sums add up
@@ -1005,6 +1048,30 @@ def _stage2_discrete(chunks, best: Candidate):
         warnings.append(f"only {int(round(min(fx, fy) * N))} stage-2 outputs fall on t_hat (or its "
                         "event) in one sample; the normal approximation is poor (increase N)")
     return fx, fy, sigma, math.sqrt(N), None, warnings, N
+
+
+#: a kernel density's stage 2 under a deadline is sized by its own pace: PROBE_PARTS parts of at most
+#: PROBE_ROWS outputs per database (fewer where the pilots' pace puts each above PROBE_SHARE of the time
+#: left), drawn and summed at t̂ first, the fastest part timed (a part takes a few ms: one was often slowed
+#: by the host, or by starting the draw's threads, and with two the stage ended seconds early)
+PROBE_ROWS, PROBE_PARTS, PROBE_SHARE = STAGE2_CHUNK, 4, 0.005
+
+
+def _kde_pace(plan: Plan, best: Candidate, pair, end: _Deadline) -> float:
+    """Seconds per output per database of stage 2's kernel densities at t̂ (:func:`_stage2_continuous`),
+    at least the pilots' rate. The probe's outputs come from a stream of their own and are dropped, so
+    stage 2's outputs, and a run given back its sizes, are those of a run without the probe."""
+    rows = int(min(PROBE_ROWS, max(256, PROBE_SHARE * (end.end - time.perf_counter()) / end.rate)))
+    rng, pace = np.random.default_rng(0), math.inf
+    h = np.ones(best.t.shape)  # (its cost does not depend on the bandwidth, set once in stage 2)
+    for _ in range(PROBE_PARTS):
+        t0 = time.perf_counter()
+        for outputs in _draw_pair(plan, pair, rows, rng):
+            kde_at(as_samples(outputs).astype(float), best.t, h)
+        pace = min(pace, (time.perf_counter() - t0) / rows)
+    log.debug("MPL stage 2: kernel densities at t_hat take %.3g s per output (the pilots' rate: %.3g)",
+              pace, end.rate)
+    return max(pace, end.rate)
 
 
 def _stage2_continuous(chunks, best: Candidate, plan: Plan):
