@@ -799,7 +799,9 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[tuple, di
     are not tied) enter the duel too: svt34_parallel's chosen events had a bound of 0.26-0.30 at their
     mass and 0.29-0.36 at a tenth or a third of it, on 10^7 fresh outputs of each database. The duel
     stops once the leader leads every other entrant by DUEL_Z standard errors, so a clear choice costs
-    its first round (its second where rungs were placed). Like the rest of stage 1 it only chooses what
+    its first round (its second where rungs were placed). A point t̂ of continuous outputs (beside a
+    half-line: ``Candidate.alternative``) is measured by kernel densities, as stage 2 would measure it,
+    and its predicted bound is stage 2's at stage 2's bandwidth. Like the rest of stage 1 it only chooses what
     stage 2 measures on fresh outputs: the bound keeps its level whatever the duel picks. Returns the
     winner (an entrant or a rung, as :func:`_entrants` gives them), and what the duel saw
     (``MPLResult.duel``).
