@@ -249,7 +249,7 @@ def audit():
                    "reproduce the run.")
 @click.option("--duel-size", "duel_size", type=int, default=None,
               help="Most fresh outputs per database and pair of the duel that ends stage 1: the finalist pairs' "
-                   "events (for numbers, with the point or half-line ranked second), the refit's, and a vector "
+                   "events (continuous outputs: with the point or score event ranked second), the refit's, and a vector "
                    "score event's rarer ones at 1/3, 1/10 and 1/30 of its mass, each measured as stage 2 would "
                    "and the best chosen on fresh outputs. Default: 5 x --search-size; 0: none. "
                    "A --time-budget run reports "

@@ -357,27 +357,26 @@ def _plan(pairs, N=2_000_000):
                             mpl_mod.UNDERSMOOTH)
 
 
-def test_a_points_duel_value_is_its_kernel_density_at_the_duels_bandwidth():
+def test_a_points_duel_value_is_its_kernel_density_at_stage_2s_bandwidth():
     """A point t̂ enters the duel as stage 2 measures it: the mean of its duel values is the kernel density
-    at t̂ with stage 1's bandwidth rescaled to the duel's size, and its predicted bound is stage 2's (σ̂² =
-    ∫K²(1/f_x + 1/f_x′), c_N = √(N h^d) at stage 2's bandwidth), its error σ̂ / √(drawn h^d)."""
+    at t̂ with stage 1's bandwidth rescaled to the size stage 1 weighs by (stage 2's), its predicted bound
+    stage 2's (σ̂² = ∫K²(1/f_x + 1/f_x′), c_N = √(N h^d)), its error σ̂ / √(drawn h^d)."""
     from empdp.audit.kde import GAUSS_R, kde_at
 
     plan, cand = _plan([(0, 1)]), _point(0.3)
     assert mpl_mod._kernel(cand) and mpl_mod._duel_level(cand) is None and not mpl_mod._kernel(_half_line(0.3))
-    h = mpl_mod._duel_bandwidth(cand, 400_000, plan)
-    assert h[0] == pytest.approx(0.05 * 20 ** (-1 / 5) * 400_000 ** -plan.undersmooth, rel=1e-12)
+    h = mpl_mod._duel_bandwidth(cand, plan)
+    assert h[0] == pytest.approx(0.05 * 100 ** (-1 / 5) * 2_000_000 ** -plan.undersmooth, rel=1e-12)
     outputs = np.random.default_rng(0).normal(size=(5000, 1))
-    values = mpl_mod._duel_values([cand, _half_line(0.3)], 400_000, plan)(outputs)
+    values = mpl_mod._duel_values([cand, _half_line(0.3)], plan)(outputs)
     assert values[:, 0].mean() == pytest.approx(kde_at(outputs, [[0.3]], h)[0], rel=1e-12)
-    assert set(np.unique(values[:, 1])) <= {0.3 * 0 + v for v in np.unique(outputs[:, 0])}  # (a number: itself)
+    assert np.array_equal(values[:, 1], outputs[:, 0])  # (a half-line of a number: the number itself)
     drawn = np.array([1000, 1000])
     pred, loss, sigma, scale = mpl_mod._duel_scores(np.array([[300.0, 200.0], [300.0, 200.0]]), drawn,
-                                                    [cand, _half_line(0.3)], plan, 400_000)
-    h_final = mpl_mod._duel_bandwidth(cand, plan.weighed_N, plan)[0]
+                                                    [cand, _half_line(0.3)], plan)
     assert loss[0] == loss[1] == pytest.approx(math.log(1.5))
     assert sigma[0] == pytest.approx(math.sqrt(GAUSS_R * (1 / 0.3 + 1 / 0.2)))
-    assert pred[0] == pytest.approx(loss[0] - plan.zc * sigma[0] / math.sqrt(plan.weighed_N * h_final))
+    assert pred[0] == pytest.approx(loss[0] - plan.zc * sigma[0] / math.sqrt(plan.weighed_N * h[0]))
     assert scale[0] == pytest.approx(math.sqrt(h[0])) and scale[1] == 1.0
     assert sigma[1] == pytest.approx(math.sqrt(1 / 0.3 + 1 / 0.2 - 2))
     assert pred[1] == pytest.approx(loss[1] - plan.zc * sigma[1] / math.sqrt(plan.weighed_N))
@@ -385,7 +384,7 @@ def test_a_points_duel_value_is_its_kernel_density_at_the_duels_bandwidth():
 
 @pytest.mark.parametrize("other, kernel_wins", [(1, True), (2, False)])
 def test_the_duel_measures_a_point_against_a_half_line(other, kernel_wins):
-    """Against the spike the point at 0 wins (loss about 0.64 at the duel's bandwidth, 0.0875, against at
+    """Against the spike the point at 0 wins (loss about 0.83 at stage 2's bandwidth, 0.042, against at
     most 0.01 for {x ≥ 0}); against the shift the half-line {x ≥ 2} wins (1.94 against 0.5 at 0), on
     every seed."""
     plan = _plan([(0, other)])
@@ -395,7 +394,7 @@ def test_the_duel_measures_a_point_against_a_half_line(other, kernel_wins):
         assert seen["t_hat"] == [False, True]
         assert mpl_mod._kernel(won[1]) is kernel_wins, (seed, seen["losses"])
         point, line = seen["losses"][1], seen["losses"][0]
-        assert (point, line) == ((pytest.approx(0.64, abs=0.08), pytest.approx(0.0, abs=0.03)) if kernel_wins
+        assert (point, line) == ((pytest.approx(0.83, abs=0.1), pytest.approx(0.0, abs=0.03)) if kernel_wins
                                  else (pytest.approx(0.5, abs=0.1), pytest.approx(1.94, abs=0.1)))
 
 
@@ -433,3 +432,19 @@ def test_a_kernel_stage_2_under_a_deadline_is_sized_by_its_own_pace():
     assert end.final_size(100, False, pace) <= 10.0 / pace < end.final_size(100, False)
     fast = mpl_mod._Deadline(time.perf_counter() + 10.0, 1.0)
     assert mpl_mod._kde_pace(plan, _point(0.5, 0.2), (0, 1), fast) == 1.0
+
+
+def test_a_kernel_stage_2s_probe_leaves_its_outputs_and_their_reproduction_alone(monkeypatch):
+    """The probe runs only for a stage 2 at t̂ under a deadline, and draws from a stream of its own: the
+    sizes such a run reports, given back with its seed (no deadline, so no probe), reproduce its bound."""
+    calls = []
+    pace = mpl_mod._kde_pace
+    monkeypatch.setattr(mpl_mod, "_kde_pace", lambda *args: calls.append(args[1]) or pace(*args))
+    res = mpl("laplace", [(0, 1)], time_budget=3, alpha=0.1, rng=2, events=False)
+    assert res.event_rule is None and len(calls) == 1 and mpl_mod._kernel(calls[0])
+    assert res.final_size == res.sizes["final_size_aimed"]  # (a density at a point is not stopped)
+    again = mpl("laplace", [(0, 1)], n=res.search_size, N=res.final_size, selection_size=res.sizes["selection_size"],
+                search_steps=res.sizes.get("search_steps"), alpha=0.1, rng=2, events=False)
+    assert again.lower_bound == res.lower_bound and len(calls) == 1
+    mpl("randomized_response", time_budget=3, alpha=0.1, rng=2)  # (frequencies: counted, stopped at the deadline)
+    assert len(calls) == 1

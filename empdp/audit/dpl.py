@@ -305,7 +305,8 @@ def dpl(x, y, is_discrete: bool, plan: Plan) -> Candidate:
         h = (np.broadcast_to(np.asarray(plan.bandwidth, float), (d,)) if plan.bandwidth is not None
              else (rule_of_thumb(x) + rule_of_thumb(y)) / 2)
         t0 = plan.tau if plan.tau is not None else _default_tau(False, n, scale_estimate(pooled))
-        h2 = undersmoothed(h, plan.weighed_N, n, d, plan.undersmooth)
+        # stage 2's bandwidth: a given one is rescaled from n (mpl._stage2_continuous), not from these rows
+        h2 = undersmoothed(h, plan.weighed_N, n if plan.bandwidth is None else plan.n, d, plan.undersmooth)
         pts, loss, crit = _stage1_continuous(x, y, h, *box, t0, plan.zc, math.sqrt(plan.weighed_N * np.prod(h2)),
                                              plan.score_events)
         if len(pts) == 0:
@@ -317,4 +318,5 @@ def dpl(x, y, is_discrete: bool, plan: Plan) -> Candidate:
     if members is None or plan.selection != "lb":
         members = np.array([i])
     return Candidate(score=score, t=pts[i], event=pts[members] if len(members) > 1 else None, pts=pts,
-                     loss=loss, tau=t0, box=box, bandwidth=None if is_discrete else h, rows=n)
+                     loss=loss, tau=t0, box=box, bandwidth=None if is_discrete else h,
+                     rows=n if plan.bandwidth is None else plan.n)  # (stage 2 rescales a given one from n)

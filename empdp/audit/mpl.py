@@ -29,8 +29,9 @@ argument of Theorem 2 is unchanged:
 Stage 1 ends with up to two closing steps on fresh outputs, which like the rest of stage 1 only choose
 what stage 2 measures: for vector outputs a refit (:func:`_refit`), the selected pair's table scores
 counted on more fresh outputs than stage 1 can hold and its event chosen on fresh outputs again; then a
-duel (:func:`_duel`), where the finalists' events and the refit's, and each score event's rarer rungs,
-are counted on fresh outputs and the best chosen.
+duel (:func:`_duel`), where the finalists' events (of continuous outputs, with the point or score event
+ranked second) and the refit's, and each score event's rarer rungs, are measured on fresh outputs as
+stage 2 would measure them and the best chosen.
 
 A mechanism may also carry a per-pair ``feature`` (post-processing to a
 sufficient statistic, e.g. answer counts for SVT5/SVT6), applied before both stages.
@@ -289,8 +290,8 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
         finalist's in the second round of successive halving); a time budget's stage 1 begins no step
         that would end, at its pace so far, past STAGE1_END_SHARE of the time it had left, and reports
         the steps it took in ``sizes["search_steps"]`` when it stopped early: give them back too.
-    duel_size : the most fresh outputs per database and pair of the duel that ends stage 1 when its
-        entrants' events are counted (:func:`_duel`; default DUEL_RATIO·n; 0: none). A time budget's
+    duel_size : the most fresh outputs per database and pair of the duel that ends stage 1 (:func:`_duel`;
+        default DUEL_RATIO·n; 0: none). A time budget's
         run skips it as it skips the refit (below), and reports ``sizes["duel_size"]`` (0 then) wherever
         the duel applies: give it back too.
     refit_size : the fresh outputs per database of the refit that ends stage 1 on vector outputs
@@ -365,8 +366,9 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
             won, duel = _duel(plan, entrants, duel_size, rng, report)
             chosen = won[:2]
     selected, best = chosen
-    stage1 = replace(stage1, selected=selected,
-                     candidates=[best if k == selected else c for k, c in enumerate(stage1.candidates)])
+    # (a runner-up's loss curve may be a grid of 128^3 points: none is kept past the duel)
+    stage1 = replace(stage1, selected=selected, candidates=[
+        replace(best if k == selected else c, alternative=None) for k, c in enumerate(stage1.candidates)])
     t1 = time.perf_counter()
     stoppable = stage1.discrete or best.rule is not None
     if end is not None:
@@ -436,8 +438,7 @@ def _budget_sizes(plan: Plan, budget: float, started: float, discrete) -> tuple[
     refit_pace = (last.refit / (REFIT_RATIO * sizes[-1]) if last.refit
                   else pace / available_cores() if probe.shape[1] > 1 and plan.score_events else 0.0)
     # the duel's: the last pilot's, per output drawn (a duel that stopped early drew fewer than its size);
-    # none where the pilot had none (its finalists' events were not counted, or it had one finalist with
-    # an event that has no rungs)
+    # none where the pilot had none (the paper's rule, or one finalist with an event that has no rungs)
     duel_pace = last.duel / last.duel_outputs if last.duel_outputs else 0.0
     return n, N, info, _Deadline(end, stage2_rate(sizes, stage2, BUDGET_RATIO), pace, refit_pace, duel_pace)
 
@@ -557,6 +558,8 @@ def _stage1(plan: Plan, rng, discrete: bool | None, report, stop: _Steps | None 
 
     cands = _steps(plan, first_round, range(len(pairs)), n1, stop, lambda done: report(stage, done, steps), t0)
     finalists = sorted(range(len(cands)), key=lambda k: -cands[k].score)[:keep]
+    # (only a finalist's runner-up enters the duel; a point's loss curve may be a grid of 128^3 points)
+    cands = [c if k in finalists else replace(c, alternative=None) for k, c in enumerate(cands)]
     if extra and not stop.stopped:  # the second round: more outputs for the finalists, added to their first ones
 
         def second_round(j):
@@ -721,12 +724,11 @@ def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candida
              "(criterion %.4g)", len(rules) - 1, fit, choose, time.perf_counter() - t0,
              "stage 1's event" if rule is best.rule else rule.kind, crit)
     return replace(best, score=crit, t=np.array([threshold]), pts=cand[:, None], loss=loss,
-                   rule=replace(rule, threshold=threshold, direction=direction))
+                   rule=replace(rule, threshold=threshold, direction=direction), alternative=None)
 
 
-#: with several entrants whose events are counted (discrete outputs, score events), or one score event of
-#: vector outputs,
-#: stage 1 ends with a duel (:func:`_duel`): each entrant's event measured on at most DUEL_RATIO·n fresh
+#: with several entrants, or one score event of vector outputs,
+#: stage 1 ends with a duel (:func:`_duel`): each entrant measured on at most DUEL_RATIO·n fresh
 #: outputs per database, in rounds of DUEL_FIRST of them and then doubling, until the leader's predicted
 #: bound leads every other's by DUEL_Z standard errors of their difference
 DUEL_RATIO, DUEL_FIRST, DUEL_Z = 5, 1 / 8, 3.0
@@ -800,8 +802,8 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[tuple, di
     mass and 0.29-0.36 at a tenth or a third of it, on 10^7 fresh outputs of each database. The duel
     stops once the leader leads every other entrant by DUEL_Z standard errors, so a clear choice costs
     its first round (its second where rungs were placed). A point t̂ of continuous outputs (beside a
-    half-line: ``Candidate.alternative``) is measured by kernel densities, as stage 2 would measure it,
-    and its predicted bound is stage 2's at stage 2's bandwidth. Like the rest of stage 1 it only chooses what
+    half-line: ``Candidate.alternative``) is measured by kernel densities at stage 2's bandwidth, as stage 2
+    would measure it. Like the rest of stage 1 it only chooses what
     stage 2 measures on fresh outputs: the bound keeps its level whatever the duel picks. Returns the
     winner (an entrant or a rung, as :func:`_entrants` gives them), and what the duel saw
     (``MPLResult.duel``).
@@ -811,7 +813,7 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[tuple, di
     groups: dict[int, list[int]] = {}  # pair index -> its entrants (counted on the same draws)
     for j, (k, *_) in enumerate(entrants):
         groups.setdefault(k, []).append(j)
-    values = {k: _duel_values([entrants[j][1] for j in js], size, plan) for k, js in groups.items()}
+    values = {k: _duel_values([entrants[j][1] for j in js], plan) for k, js in groups.items()}
     column = {j: i for js in groups.values() for i, j in enumerate(js)}  # an entrant's column of its pair's values
     levels = [_duel_level(cand) for _, cand, *_ in entrants]  # an entrant's event: its value ≥ its level
     # an event's counts, or a point's kernel sums, in each database
@@ -853,7 +855,7 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[tuple, di
         report(stage, r + 1, len(rounds))
         if r == 0 and len(entrants) > found:
             continue  # (the rungs have no count yet)
-        predicted, loss, sigma, scale = _duel_scores(hits, drawn, [cand for _, cand, *_ in entrants], plan, size)
+        predicted, loss, sigma, scale = _duel_scores(hits, drawn, [cand for _, cand, *_ in entrants], plan)
         error = sigma / (scale * np.sqrt(drawn))
         lead = int(np.argmax(predicted - DUEL_PICK * error))
         gap = predicted[lead] - np.delete(predicted, lead)
@@ -882,19 +884,21 @@ def _duel_level(cand: Candidate) -> float | None:
             else 1.0)
 
 
-def _duel_bandwidth(cand: Candidate, size: int, plan: Plan) -> np.ndarray:
-    """A point's kernel bandwidth on ``size`` outputs per database: stage 1's, rescaled as stage 2 rescales
-    its own (:func:`empdp.audit.dpl.undersmoothed`)."""
-    return undersmoothed(cand.bandwidth, size, cand.rows, len(cand.bandwidth), plan.undersmooth)
+def _duel_bandwidth(cand: Candidate, plan: Plan) -> np.ndarray:
+    """The bandwidth at which the duel measures a point: stage 2's for the size stage 1 weighs by, stage 1's
+    rescaled as stage 2 rescales its own (:func:`empdp.audit.dpl.undersmoothed`). At the duel's own size
+    (wider) the estimate's error was smaller, but a peaked loss was smoothed away: 0.64 against 0.83 at
+    stage 2's on the spike of tests/test_audit_duel.py."""
+    return undersmoothed(cand.bandwidth, plan.weighed_N, cand.rows, len(cand.bandwidth), plan.undersmooth)
 
 
-def _duel_values(cands: list, size: int | None = None, plan: Plan | None = None):
+def _duel_values(cands: list, plan: Plan | None = None):
     """A part's outputs -> (outputs, len(cands)): each entrant's value, whose event is value ≥ its level
     (:func:`_duel_level`): a score event's score times its direction, another event's membership (1, 0);
-    a point's kernel weight at its t̂ (bandwidth :func:`_duel_bandwidth` for a duel of ``size``), whose mean
-    is the kernel density there."""
+    a point's kernel weight at its t̂ (at stage 2's bandwidth, :func:`_duel_bandwidth`), whose mean is the
+    kernel density there."""
     members = [None if c.rule is not None or _kernel(c) else _members(c) for c in cands]
-    widths = [_duel_bandwidth(c, size, plan) if _kernel(c) else None for c in cands]
+    widths = [_duel_bandwidth(c, plan) if _kernel(c) else None for c in cands]
 
     def values(outputs):
         outputs = as_samples(outputs)
@@ -945,14 +949,14 @@ def _rungs(cand: Candidate, above_x: np.ndarray, above_y: np.ndarray, rows: int,
 def _at_level(cand: Candidate, level: float) -> Candidate:
     """A score event's candidate at another level of its duel value: {direction·score ≥ level}."""
     threshold = cand.rule.direction * level
-    return replace(cand, t=np.array([threshold]), rule=replace(cand.rule, threshold=threshold))
+    return replace(cand, t=np.array([threshold]), rule=replace(cand.rule, threshold=threshold), alternative=None)
 
 
-def _duel_scores(hits: np.ndarray, drawn: np.ndarray, cands: list, plan: Plan, size: int):
+def _duel_scores(hits: np.ndarray, drawn: np.ndarray, cands: list, plan: Plan):
     """Each entrant's predicted stage-2 bound (as stage 1's criterion, without its search penalty), loss,
     σ̂ and the factor c with which its estimate's standard error is σ̂ / (c √drawn): an event's from its
-    counts in ``drawn`` outputs per database (eq. 25, c = 1), a point's from its kernel sums as stage 2's
-    (σ̂² = ∫K²(1/f_x + 1/f_x′), c = √(h^d) at the duel's bandwidth, stage 2's at its own)."""
+    counts in ``drawn`` outputs per database (eq. 25, c = 1), a point's from its kernel sums at stage 2's
+    bandwidth h as stage 2's (σ̂² = ∫K²(1/f_x + 1/f_x′), c = √(h^d))."""
     tau = np.array([c.tau for c in cands])
     fx, fy = np.maximum(hits[:, 0] / drawn, tau), np.maximum(hits[:, 1] / drawn, tau)
     loss = np.abs(np.log(fx) - np.log(fy))
@@ -960,8 +964,8 @@ def _duel_scores(hits: np.ndarray, drawn: np.ndarray, cands: list, plan: Plan, s
     for i, cand in enumerate(cands):
         if _kernel(cand):
             sigma[i] = math.sqrt(GAUSS_R ** len(cand.t) * (1 / fx[i] + 1 / fy[i]))
-            scale[i] = math.sqrt(float(np.prod(_duel_bandwidth(cand, size, plan))))
-            c_n[i] *= math.sqrt(float(np.prod(_duel_bandwidth(cand, plan.weighed_N, plan))))
+            scale[i] = math.sqrt(float(np.prod(_duel_bandwidth(cand, plan))))
+            c_n[i] *= scale[i]
     return loss - plan.zc * sigma / c_n, loss, sigma, scale
 
 
@@ -1057,6 +1061,8 @@ def _stage2_discrete(chunks, best: Candidate):
 #: left), drawn and summed at t̂ first, the fastest part timed (a part takes a few ms: one was often slowed
 #: by the host, or by starting the draw's threads, and with two the stage ended seconds early)
 PROBE_ROWS, PROBE_PARTS, PROBE_SHARE = STAGE2_CHUNK, 4, 0.005
+#: ... and that pace is charged a tenth more: it cannot stop at the deadline, and the host's load changes
+PROBE_MARGIN = 1.1
 
 
 def _kde_pace(plan: Plan, best: Candidate, pair, end: _Deadline) -> float:
@@ -1073,7 +1079,7 @@ def _kde_pace(plan: Plan, best: Candidate, pair, end: _Deadline) -> float:
         pace = min(pace, (time.perf_counter() - t0) / rows)
     log.debug("MPL stage 2: kernel densities at t_hat take %.3g s per output (the pilots' rate: %.3g)",
               pace, end.rate)
-    return max(pace, end.rate)
+    return max(PROBE_MARGIN * pace, end.rate)
 
 
 def _stage2_continuous(chunks, best: Candidate, plan: Plan):
