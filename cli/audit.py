@@ -253,13 +253,13 @@ def audit():
                    "score event's rarer ones at 1/3, 1/10 and 1/30 of its mass, each measured as stage 2 would "
                    "and the best chosen on fresh outputs. Default: 5 x --search-size; 0: none. "
                    "A --time-budget run reports "
-                   "it wherever the duel applies (0 when the clock left no time for it): give it back with "
+                   "it wherever the duel applies (less, or 0, when the clock left too little time): give it back with "
                    "the sizes and --seed to reproduce the run.")
 @click.option("--refit-size", "refit_size", type=int, default=None,
               help="Fresh outputs per database of the refit that ends stage 1 on vector outputs (the tables "
                    "counted again, the event chosen again). Default: 6 x --search-size; 0: none. A "
-                   "--time-budget run reports it wherever stage 1 chose a score event (0 when the clock "
-                   "left no time for it): give it back with the sizes and --seed to reproduce the run.")
+                   "--time-budget run reports it wherever stage 1 chose a score event (less, or 0, when the "
+                   "clock left too little time): give it back with the sizes and --seed to reproduce the run.")
 @click.option("--n", "n_old", type=int, default=None, hidden=True)
 @click.option("--N", "N_old", type=int, default=None, hidden=True)
 @click.option("--region", default=None, metavar="LO,HI", callback=lambda ctx, param, value: _region(value),

@@ -128,11 +128,15 @@ def test_cli_duel_size_is_reported_and_given_back():
     assert both.exit_code == 2 and "not both" in both.output
 
 
-def test_closing_steps_are_skipped_when_the_clock_says_so():
+def test_closing_steps_shrink_to_the_time_left_or_are_skipped():
+    """A closing step (the refit, the duel) takes ratio·n outputs, or what ends by its deadline at the
+    pilots' pace when less, or none when that is fewer than n (or the deadline has passed)."""
     now = time.perf_counter()
-    assert mpl_mod._closing_size(5, 100) == 500 and mpl_mod._closing_size(5, 100, latest=now + 100) == 500
-    assert mpl_mod._closing_size(5, 100, stopped=True) == 0
-    assert mpl_mod._closing_size(5, 100, latest=now - 1) == 0
+    assert mpl_mod._closing_size(5, 100) == 500 and mpl_mod._closing_size(5, 100, now + 100) == 500  # (no pace)
+    assert mpl_mod._closing_size(5, 100, now + 100, 0.1) == 500  # (1,000 would fit)
+    assert 240 <= mpl_mod._closing_size(5, 100, now + 25, 0.1) <= 250  # (shrunk to what fits)
+    assert mpl_mod._closing_size(5, 100, now + 5, 0.1) == 0  # (50 < n would fit)
+    assert mpl_mod._closing_size(5, 100, now - 1) == 0
 
 
 def test_a_budget_reports_a_duel_the_clock_skipped_and_reproduces_it(monkeypatch):

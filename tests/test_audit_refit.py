@@ -97,9 +97,22 @@ def test_a_budget_skips_the_refit_it_has_no_time_for_and_reports_it(monkeypatch)
     monkeypatch.setattr(mpl_mod, "STAGE1_END_SHARE", 0.0)
     res = mpl("prefix_sum", time_budget=3, alpha=0.1, rng=5)
     s = res.sizes
-    assert s["search_steps"] == 1 and s["refit_size"] == 0 and not res.event_rule["refitted"]
+    assert s["search_steps"] == 1 and s["refit_size"] == 0 and s["duel_size"] == 0 and not res.event_rule["refitted"]
     again = mpl("prefix_sum", n=s["search_size"], N=s["final_size"], selection_size=s["selection_size"],
-                search_steps=1, refit_size=0, alpha=0.1, rng=5)
+                search_steps=1, refit_size=0, duel_size=s["duel_size"], alpha=0.1, rng=5)
+    assert again.lower_bound == res.lower_bound
+
+
+def test_a_search_the_clock_stopped_is_still_refitted_in_the_time_kept_for_it(monkeypatch):
+    """The search ends early to leave the refit its time: a search the clock stopped after its first step
+    (here every later step is said not to fit) is still refitted, and the run's sizes reproduce it."""
+    monkeypatch.setattr(mpl_mod._Steps, "_fits", lambda self, pace, rows, load: False)
+    res = mpl("prefix_sum", time_budget=4, alpha=0.1, rng=5)
+    s = res.sizes
+    assert s["search_steps"] == 1 and s["refit_size"] >= s["search_size"]
+    monkeypatch.undo()
+    again = mpl("prefix_sum", n=s["search_size"], N=s["final_size"], selection_size=s["selection_size"],
+                search_steps=1, refit_size=s["refit_size"], duel_size=s.get("duel_size"), alpha=0.1, rng=5)
     assert again.lower_bound == res.lower_bound
 
 

@@ -292,12 +292,12 @@ def mpl(mechanism, pairs=None, n: int | None = None, N: int | None = None, regio
         the steps it took in ``sizes["search_steps"]`` when it stopped early: give them back too.
     duel_size : the most fresh outputs per database and pair of the duel that ends stage 1 (:func:`_duel`;
         default DUEL_RATIO·n; 0: none). A time budget's
-        run skips it as it skips the refit (below), and reports ``sizes["duel_size"]`` (0 then) wherever
-        the duel applies: give it back too.
+        run shrinks or skips it as it does the refit (below), and reports ``sizes["duel_size"]`` (0: none)
+        wherever the duel applies: give it back too.
     refit_size : the fresh outputs per database of the refit that ends stage 1 on vector outputs
-        (:func:`_refit`; default REFIT_RATIO·n; 0: none). A time budget's run skips it when its search was
-        stopped by the clock or the refit would end past the search's share of the time, and reports
-        ``sizes["refit_size"]`` (0 then) wherever stage 1 chose a score event: give it back too.
+        (:func:`_refit`; default REFIT_RATIO·n; 0: none). A time budget's run shrinks it to what ends in the
+        search's share of the time at the pilots' pace, skips it when that is less than n, and reports
+        ``sizes["refit_size"]`` (0: none) wherever stage 1 chose a score event: give it back too.
     threads : threads drawing outputs at once (default: every core for the built-ins, one for a user's
         sampler, which must be thread-safe to be given more); the outputs do not depend on it.
     """
@@ -345,6 +345,7 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     closing = None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0) - end.rate * plan.n
     duel_latest = None if end is None else closing - end.duel_seconds(plan.n, _halving(len(plan.pairs), plan.n)[1])
     refit_latest = None if end is None else duel_latest - end.refit_seconds(plan.n)
+    # (the search ends by refit_latest; the refit, shrunk if late, by duel_latest, the duel by closing)
     stop = _Steps(steps, refit_latest, None if end is None else end.search_pace)
     stage1 = _stage1(plan, rng, discrete, report, stop)
     t_refit = time.perf_counter()
@@ -352,7 +353,7 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     refits = _refits(best)
     if refits:
         if refit_size is None:
-            refit_size = _closing_size(REFIT_RATIO, plan.n, stop.stopped, refit_latest)
+            refit_size = _closing_size(REFIT_RATIO, plan.n, duel_latest, 0.0 if end is None else end.refit_pace)
         if refit_size:
             refit = _refit(plan, best, plan.pairs[stage1.selected], refit_size, rng, report)
     t_duel = time.perf_counter()
@@ -361,7 +362,8 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     duels = _duels(entrants, plan, stage1.discrete)
     if duels:
         if duel_size is None:
-            duel_size = _closing_size(DUEL_RATIO, plan.n, stop.stopped, duel_latest)
+            pairs = len({k for k, *_ in entrants})  # (a pair's entrants are counted on the same draws)
+            duel_size = _closing_size(DUEL_RATIO, plan.n, closing, 0.0 if end is None else end.duel_pace * pairs)
         if duel_size:
             won, duel = _duel(plan, entrants, duel_size, rng, report)
             chosen = won[:2]
@@ -660,14 +662,22 @@ def _refits(best: Candidate) -> bool:
     return best.rule is not None and best.rule.scorer is not None
 
 
-def _closing_size(ratio: int, n: int, stopped: bool = False, latest: float | None = None) -> int:
+def _closing_size(ratio: int, n: int, by: float | None = None, pace: float = 0.0) -> int:
     """The outputs per database of one of stage 1's closing steps (the duel, the refit) at search size n:
-    ``ratio``·n, or 0 (none) after a search the clock stopped, or when the step begun now would leave
-    too little time for what follows it (past ``latest``, a ``time.perf_counter()`` value, at the
-    pilots' pace). What the clock decides is reported and given back."""
-    if stopped or (latest is not None and time.perf_counter() > latest):
+    ``ratio``·n, or with a deadline ``by`` (a ``time.perf_counter()`` value, by which it must end to
+    leave what follows it its time) as many as end by then at ``pace`` seconds per output per database
+    (the pilots'), if that is at least n, else 0 (none). What the clock decides is reported and given back.
+
+    All or nothing wasted the time kept for them: a laplace_parallel search stopped after its first pair,
+    to leave the refit of 20 coordinates its time, then skipped the refit and the duel too (a stopped
+    search skipped both), and stage 2 counted the search's own weak event (bound 0.006, true ε 0.1)."""
+    if by is None:
+        return ratio * n
+    left = by - time.perf_counter()
+    if left <= 0:
         return 0
-    return ratio * n
+    size = ratio * n if pace <= 0 else min(ratio * n, int(left / pace))
+    return size if size >= n else 0
 
 
 def _refit_parts(size: int) -> tuple[int, int]:
