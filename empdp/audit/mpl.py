@@ -340,8 +340,8 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
         plan = replace(plan, selection_N=plan.weighed_N)
     # stage 1's last steps (the refit, then the duel) end early enough for stage 2's floor of more than n
     # outputs at the pilots' pace (a plan too large for the clock drew n outputs past the deadline: 1.7 s
-    # of a 4 s budget, the search having taken its share); each begins no later than leaves room for
-    # those after it, and the search ends by the time the first may begin
+    # of a 4 s budget, the search having taken its share); each ends in time for those after it (shrunk
+    # when begun late: _closing_size), and the search ends by when the first must begin at its full size
     closing = None if end is None else t0 + STAGE1_END_SHARE * (end.end - t0) - end.rate * plan.n
     duel_latest = None if end is None else closing - end.duel_seconds(plan.n, _halving(len(plan.pairs), plan.n)[1])
     refit_latest = None if end is None else duel_latest - end.refit_seconds(plan.n)
