@@ -156,14 +156,15 @@ def test_a_budget_reports_a_duel_the_clock_skipped_and_reproduces_it(monkeypatch
 
 
 def test_a_budget_reports_its_duel_and_its_sizes_reproduce_it():
-    """Whether the clock left time for the duel depends on the machine: either way it is reported (its
-    size, 0 when skipped) and the sizes given back reproduce the run, duel and all."""
+    """How much time the clock left for the duel depends on the machine: either way it is reported (its
+    size, shrunk to the time left, 0 when skipped) and the sizes given back reproduce the run, duel and all."""
     res = mpl(*RNM1, time_budget=4, alpha=0.1, rng=6)
     s = res.sizes
     if "duel_size" not in s:  # (a loaded host's clock stopped the search at one pair: no finalists to duel)
         assert s["search_steps"] == 1 and res.duel is None
     else:
-        assert s["duel_size"] in (0, 5 * s["search_size"]) and (res.duel is None) == (s["duel_size"] == 0)
+        assert s["duel_size"] == 0 or s["search_size"] <= s["duel_size"] <= 5 * s["search_size"]
+        assert (res.duel is None) == (s["duel_size"] == 0)
     again = mpl(*RNM1, n=s["search_size"], N=s["final_size"], selection_size=s["selection_size"],
                 duel_size=s.get("duel_size"), alpha=0.1, rng=6, **({"search_steps": s["search_steps"]}
                                                                     if "search_steps" in s else {}))

@@ -165,8 +165,8 @@ def test_budget_with_a_refit_ends_in_time_and_reproduces():
     took = time.perf_counter() - t0
     s = res.sizes
     assert took < 5.5, took  # (a loaded host overruns somewhat; the other budget tests allow as much)
-    # (a loaded host's clock may stop the search, or leave no time for the refit: then 0)
-    assert s["refit_size"] in (0, 6 * s["search_size"])
+    # (a loaded host's clock may stop the search, or leave less time for the refit: shrunk, or 0)
+    assert s["refit_size"] == 0 or s["search_size"] <= s["refit_size"] <= 6 * s["search_size"]
     again = mpl("svt3", n=s["search_size"], N=s["final_size"], selection_size=s["selection_size"],
                 search_steps=s.get("search_steps"), refit_size=s["refit_size"], alpha=0.1, rng=2)
     assert again.lower_bound == res.lower_bound and again.sizes["refit_size"] == s["refit_size"]
