@@ -290,7 +290,9 @@ def dpl(x, y, is_discrete: bool, plan: Plan) -> Candidate:
     ``plan`` is MPL's checked input (its floor, region, selection rule, bandwidth, N and z).
     """
     n = len(x)
-    members = None
+    members = h = None
+    # the rows stage 2 rescales the bandwidth from: these, or n for a given one (mpl._stage2_continuous)
+    rows = n if plan.bandwidth is None else plan.n
     if is_discrete:
         t0 = plan.tau if plan.tau is not None else _default_tau(True, n, None)
         pts, loss, crit, members = _stage1_discrete(x, y, t0, plan.zc, plan.weighed_N, plan.region, plan.events)
@@ -305,8 +307,7 @@ def dpl(x, y, is_discrete: bool, plan: Plan) -> Candidate:
         h = (np.broadcast_to(np.asarray(plan.bandwidth, float), (d,)) if plan.bandwidth is not None
              else (rule_of_thumb(x) + rule_of_thumb(y)) / 2)
         t0 = plan.tau if plan.tau is not None else _default_tau(False, n, scale_estimate(pooled))
-        # stage 2's bandwidth: a given one is rescaled from n (mpl._stage2_continuous), not from these rows
-        h2 = undersmoothed(h, plan.weighed_N, n if plan.bandwidth is None else plan.n, d, plan.undersmooth)
+        h2 = undersmoothed(h, plan.weighed_N, rows, d, plan.undersmooth)  # (stage 2's bandwidth)
         pts, loss, crit = _stage1_continuous(x, y, h, *box, t0, plan.zc, math.sqrt(plan.weighed_N * np.prod(h2)),
                                              plan.score_events)
         if len(pts) == 0:
@@ -318,5 +319,4 @@ def dpl(x, y, is_discrete: bool, plan: Plan) -> Candidate:
     if members is None or plan.selection != "lb":
         members = np.array([i])
     return Candidate(score=score, t=pts[i], event=pts[members] if len(members) > 1 else None, pts=pts,
-                     loss=loss, tau=t0, box=box, bandwidth=None if is_discrete else h,
-                     rows=n if plan.bandwidth is None else plan.n)  # (stage 2 rescales a given one from n)
+                     loss=loss, tau=t0, box=box, bandwidth=h, rows=rows)

@@ -161,6 +161,15 @@ def binned_kde(x: np.ndarray, h, grid: Grid) -> np.ndarray:
     return np.maximum(dens, 0.0)
 
 
+def kernel_weights(x: np.ndarray, t: np.ndarray, h) -> np.ndarray:
+    """Each row's Gaussian product-kernel weight at the one point ``t`` (d,): their mean is
+    :func:`kde_at` there (the duel of MPL sums them a part at a time)."""
+    x = as_samples(x).astype(float)
+    h = np.broadcast_to(np.asarray(h, dtype=float), (x.shape[1],))
+    z = (x - np.asarray(t, dtype=float)[None, :]) / h
+    return np.exp(-0.5 * np.einsum("ij,ij->i", z, z)) / (float(np.prod(h)) * (2 * np.pi) ** (x.shape[1] / 2))
+
+
 def kde_at(x: np.ndarray, t, h, chunk: int = 1 << 20) -> np.ndarray:
     """Exact Gaussian product-kernel KDE of the rows of ``x`` at the points ``t`` (k, d)."""
     x = as_samples(x)

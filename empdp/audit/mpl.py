@@ -79,7 +79,7 @@ from .common import (
 )
 from .dpl import SCORE_PENALTY, Candidate, Plan, candidate, check_region, undersmoothed
 from .events import ScoreRule, best_rule, load_optimizer
-from .kde import GAUSS_R, as_samples, contains, kde_at, rule_of_thumb, sigma_discrete
+from .kde import GAUSS_R, as_samples, contains, kde_at, kernel_weights, rule_of_thumb, sigma_discrete
 from .mechanisms import load_mechanism
 from .pairs import resolve_pairs
 from .ratios import FIT_ROWS, TableScores
@@ -916,9 +916,7 @@ def _duel_values(cands: list, plan: Plan | None = None):
         block = max(MEMBER_VALUES // outputs.shape[1], 1)  # (scores are row by row, as stage 2 scores them)
         for i, (cand, member) in enumerate(zip(cands, members)):
             if widths[i] is not None:
-                z = (outputs.astype(float) - cand.t[None, :]) / widths[i]
-                out[:, i] = np.exp(-0.5 * np.einsum("ij,ij->i", z, z)) / (
-                    float(np.prod(widths[i])) * (2 * np.pi) ** (outputs.shape[1] / 2))
+                out[:, i] = kernel_weights(outputs, cand.t, widths[i])
                 continue
             if member is not None:
                 out[:, i] = member(outputs)
