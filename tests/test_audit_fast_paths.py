@@ -171,20 +171,6 @@ def test_categories_of_one_column_stay_in_value_order():
     assert codes.tolist() == [1, 0, 1, 2]
 
 
-def test_integer_bins_by_lookup_match_the_search():
-    from empdp.audit import ratios
-
-    rng = np.random.default_rng(5)
-    u = rng.integers(-3, 40, (5000, 3))
-    atoms = [np.array([-1.0, 7.0]), np.array([]), np.array([2.0])]
-    edges = [np.array([0.0, 2.5, 10.0, 10.0, 30.0]), np.array([5.0]), np.array([-2.0, 20.0])]
-    fast = ratios._lookup(u, atoms, edges)
-    for j in range(3):
-        assert np.array_equal(fast[:, j], ratios._bins(u[:, j].astype(float), atoms[j], edges[j]))
-    assert ratios._lookup(u.astype(float), atoms, edges) is None  # floats are searched
-    assert ratios._lookup(u * 10_000, atoms, edges) is None  # so are integers of a wide range
-
-
 # ----------------------------------------------------------------------------- pattern-and-value scores
 
 
@@ -288,31 +274,60 @@ def test_bad_threads_are_one_line(value):
     one_line_error(res, "threads")
 
 
-@pytest.mark.parametrize("case", ["laplace", "ties", "ints", "far", "uneven", "huge_offset", "on_edges"])
-def test_bins_read_off_a_grid_equal_the_binary_search(case):
-    """ratios._search reads most values' bins off a uniform grid: the same numbers as np.searchsorted,
-    values on and one ulp beside every edge included, and where the grid cannot be exact it searches."""
-    from empdp.audit.ratios import GRID_VALUES, _search
+def _reference_codes(u, atoms, edges):
+    """A column's fine bins the plain way: the atom's index where the value is one, else len(atoms) +
+    np.searchsorted(edges, value, side="right")."""
+    out = len(atoms) + np.searchsorted(np.asarray(edges, float), u.astype(float), side="right")
+    for k, a in enumerate(atoms):
+        out[u == a] = k
+    return out
+
+
+@pytest.mark.parametrize("case", ["laplace", "ties", "ints", "wide_ints", "far", "uneven", "huge_offset",
+                                  "on_edges", "atoms", "all_atoms", "overflowing_differences"])
+@pytest.mark.parametrize("pooled", [False, True])
+def test_compiled_bins_equal_the_plain_search(case, pooled):
+    """Binning.codes counts each value's edges in compiled code (and looks integers of a narrow range up
+    in a table of those counts): the same numbers as np.searchsorted and an atom match, values on and
+    one ulp beside every edge included, whatever the edges (ties, far apart, far from 0, all infinite)."""
+    from empdp.audit import ratios
 
     rng = np.random.default_rng(11)
-    size = 4 * GRID_VALUES
-    values = rng.laplace(0.0, 200.0, size)
-    edges = np.quantile(values, np.arange(1, 32) / 32)
-    if case == "ties":
-        edges = np.sort(np.concatenate([edges[:20], np.full(11, edges[20])]))
-    elif case == "ints":
-        values = rng.integers(-3000, 3000, size)
-        edges = np.quantile(values, np.arange(1, 32) / 32, method="lower").astype(float)
+    values = rng.laplace(0.0, 200.0, (5000, 3))
+    differences = False
+    if case == "ints":
+        values = rng.integers(-30, 3000, values.shape)
+    elif case == "wide_ints":
+        values = rng.integers(-3 * 10**6, 3 * 10**6, values.shape)
     elif case == "far":
         values = values * 1e6
-    elif case == "uneven":
-        edges = np.concatenate([edges[:30], [1e9]])
     elif case == "huge_offset":
-        values, edges = values * 1e-12 + 1e12, edges * 1e-12 + 1e12
-    elif case == "on_edges":
+        values = values * 1e-12 + 1e12
+    elif case in ("atoms", "all_atoms"):
+        codes = rng.choice([-1000.0, 7.0, 0.5], size=values.shape)
+        values = np.where(rng.random(values.shape) < (1.0 if case == "all_atoms" else 0.6), codes, values)
+    elif case == "overflowing_differences":
+        values[::7, 1], values[::7, 2] = 1.7e308, -1.7e308  # a difference overflows to -inf
+        differences = True
+    with np.errstate(over="ignore"):
+        binning = ratios.fit_binning(values[:2500], values[2500:], differences, pooled)
+    if case == "ties":
+        binning.edges = [np.sort(np.concatenate([e[:20], np.full(11, e[20])])) for e in binning.edges]
+    elif case == "uneven":
+        binning.edges = [np.concatenate([e[:30], [1e9]]) for e in binning.edges]
+    if case == "on_edges":
+        edges = np.concatenate(binning.edges)
         around = np.concatenate([edges, np.nextafter(edges, -np.inf), np.nextafter(edges, np.inf)])
-        values[: 3 * len(edges) * 50] = np.repeat(around, 50)
-    assert np.array_equal(_search(edges, values), np.searchsorted(edges, values, side="right"))
+        values[: len(around) * 10] = np.repeat(around, 10 * values.shape[1]).reshape(-1, values.shape[1])
+    with np.errstate(over="ignore"):
+        u = ratios._coordinates(values, differences)
+        got = binning.codes(values)
+    assert case != "overflowing_differences" or np.isinf(u).any()
+    for j in range(u.shape[1]):
+        k = 0 if pooled else j
+        assert np.array_equal(got[:, j], _reference_codes(u[:, j], binning.atoms[k], binning.edges[k])), j
+    if case == "all_atoms":
+        assert set(np.unique(got)) <= {0, 1, 2}
 
 
 def test_report_max_is_numpys_max_and_argmax_over_the_queries():

@@ -17,6 +17,7 @@ outputs: a poor table weakens the bound, it never invalidates it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -35,6 +36,10 @@ FINE_BINS = 32
 BIN_COUNTS = (2, 8, 32)
 #: most stage-1 rows the tables are counted on
 FIT_ROWS = 200_000
+#: integer coordinates spanning fewer values than this are binned by a table over their range (bits and
+#: SVT's answer codes: a value's atom found by a branch per output cost RAPPOR's random bits 6 ns each,
+#: against 2 for the table)
+LOOKUP_RANGE = 1 << 12
 #: pseudo-count added to every bin of both samples (keeps empty bins finite and shrinks rare ones to 0)
 PSEUDO = 1.0
 
@@ -49,17 +54,35 @@ class Binning:
     edges: list  # per column (or one): FINE_BINS - 1 quantile edges of the non-atom values (ties kept)
 
     def codes(self, outputs: np.ndarray) -> np.ndarray:
-        """(n, d) fine bin index of every coordinate: its atom's index, else len(atoms) + its quantile bin."""
+        """(n, d) fine bin index of every coordinate: its atom's index, else len(atoms) + its quantile bin
+        (the number of its column's edges at or below it)."""
+        from .compiled import bin_codes  # numba: loaded by the first vector output scored
+
         u = _coordinates(outputs, self.differences)
-        k = u.shape[1] if self.pooled else 1
-        looked_up = _lookup(u, self.atoms * k, self.edges * k)
-        if looked_up is not None:
-            return looked_up
-        if self.pooled:  # one call over all coordinates: a column at a time cost most of stage 2
-            return _bins(u.ravel(), self.atoms[0], self.edges[0]).reshape(u.shape)
-        columns = np.ascontiguousarray(u.T)  # a column of a row-major array is strided: slow to search
-        # stacked as rows and transposed (a view): the codes are read column by column
-        return np.stack([_bins(columns[j], self.atoms[j], self.edges[j]) for j in range(u.shape[1])]).T
+        atoms, n_atoms, edges = self._tables
+        if u.dtype.kind == "i" and u.size:  # integers of a narrow range: each value binned once, then looked up
+            lo, hi = int(u.min()), int(u.max())
+            if hi - lo < LOOKUP_RANGE:
+                span = np.arange(lo, hi + 1, dtype=np.int64)[:, None]
+                columns = atoms.shape[0]  # (one, pooled: its table serves every column)
+                table = bin_codes(np.repeat(span, columns, axis=1), atoms, n_atoms, edges,
+                                  np.empty((len(span), columns), dtype=np.int64))
+                return table.T.ravel()[(u - lo) + len(span) * (np.arange(u.shape[1]) % columns)[None, :]]
+        return bin_codes(u, atoms, n_atoms, edges, np.empty(u.shape, dtype=np.int64))
+
+    @cached_property
+    def _tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The atoms and edges as :func:`empdp.audit.compiled.bin_codes` reads them: a row per column
+        (one, pooled), padded to the most of any column (edges with NaN)."""
+        width = max([len(a) for a in self.atoms] + [1])
+        atoms = np.zeros((len(self.atoms), width))
+        for j, a in enumerate(self.atoms):
+            atoms[j, :len(a)] = a
+        n_atoms = np.array([len(a) for a in self.atoms], dtype=np.int64)
+        edges = np.full((len(self.edges), max(len(e) for e in self.edges)), np.nan)
+        for j, e in enumerate(self.edges):
+            edges[j, :len(e)] = e
+        return atoms, n_atoms, edges
 
     def counts(self, codes: np.ndarray) -> list:
         """Per column (one, pooled): the outputs in each fine bin, atoms first (counts add over chunks)."""
@@ -218,86 +241,11 @@ def _shrunk(ratio: np.ndarray, variance: np.ndarray) -> np.ndarray:
 
 def _coordinates(outputs: np.ndarray, differences: bool) -> np.ndarray:
     u = np.asarray(outputs)
-    # integers stay integers (int64: differences of int8 codes would wrap) for the lookup of _bins
+    # integers stay integers (int64: differences of int8 codes would wrap)
     u = u.astype(np.int64) if u.dtype.kind in "biu" else u.astype(float)
     if differences:
         u = np.concatenate([u[:, :1], np.diff(u, axis=1)], axis=1)
     return u
-
-
-#: integer outputs spanning at most this many values are binned by a table over their range
-LOOKUP_RANGE = 1 << 12
-
-
-def _lookup(u: np.ndarray, atoms: list, edges: list) -> np.ndarray | None:
-    """The bins of integer coordinates ``u`` (n, d) spanning under LOOKUP_RANGE values, by one gather from
-    a table per column (bits and SVT's answer codes: a search per value and column cost most of RAPPOR's
-    stage 2); None for other coordinates."""
-    if u.dtype.kind not in "iu" or not u.size:
-        return None
-    lo, hi = int(u.min()), int(u.max())
-    if hi - lo >= LOOKUP_RANGE:
-        return None
-    span = np.arange(lo, hi + 1, dtype=float)
-    tables = np.stack([_bins(span, a, e) for a, e in zip(atoms, edges)])  # (d, span)
-    return tables.ravel()[(u - lo) + len(span) * np.arange(u.shape[1])[None, :]]
-
-
-def _bins(values: np.ndarray, atoms: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Bin index of each value: its atom's index, else len(atoms) + its quantile bin."""
-    which = len(atoms) + _search(edges, values)
-    if len(atoms):  # one search among the atoms, not a pass per atom (SVT3's columns have several codes)
-        order = np.argsort(atoms)
-        ranked = np.asarray(atoms, float)[order]
-        i = np.minimum(np.searchsorted(ranked, values), len(ranked) - 1)
-        hit = ranked[i] == values
-        which[hit] = order[i[hit]]
-    return which
-
-
-#: values from which :func:`_search` reads bins off a uniform grid; cells of the grid between the first
-#: and the last edge
-GRID_VALUES, GRID_CELLS = 1 << 14, 1 << 13
-
-
-def _search(edges: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """``np.searchsorted(edges, values, side="right")`` (the number of edges ≤ each value), exactly.
-
-    A binary search per value cost most of a vector audit's search (2.0 of 5.2 s on LaplaceParallel's
-    20 coordinates: the unsorted values defeat the branch predictor). Here a value's cell on a uniform
-    grid over [first edge, last edge] gives its bin wherever no edge lies within a quarter cell of that
-    cell (the grid's rounding is far smaller: the grid is used only where a cell is over ~5·10^8 ulps of
-    the edges wide); values below the first edge are in bin 0, and those in the other cells or at or
-    beyond the last edge are searched as before.
-    """
-    edges = np.asarray(edges)
-    values = np.asarray(values)
-    lo, hi = (float(edges[0]), float(edges[-1])) if len(edges) else (0.0, 0.0)
-    width = (hi - lo) / GRID_CELLS
-    # the grid needs cells far wider than the rounding of positions near the edges (~5·10^8 ulps)
-    if values.size < GRID_VALUES or not (np.isfinite(lo) and np.isfinite(hi) and hi > lo) \
-            or values.dtype.kind not in "fiu" or width <= 1e-7 * max(abs(lo), abs(hi)):
-        return np.searchsorted(edges, values, side="right")
-    left = lo + width * np.arange(GRID_CELLS)
-    # table[1 + c]: cell c's bin, or -1 where an edge lies within a quarter cell of it (searched: the first
-    # and the last cell are among them); table[0]: below the first edge (bin 0); table[-1]: at or beyond
-    # the grid's end (searched)
-    table = np.full(GRID_CELLS + 2, -1, np.int64)
-    table[0] = 0
-    table[1:-1] = np.searchsorted(edges, left + width / 2, side="right")
-    first = np.floor((edges - lo - width / 4) / width).astype(np.int64)
-    last = np.floor((edges - lo + width / 4) / width).astype(np.int64)
-    for offset in range(int((last - first).max()) + 1):  # (at most two cells per edge)
-        # (clipped to cell 0: the first edge's quarter cell below the grid must not mark table[0])
-        table[1 + np.clip(np.minimum(first + offset, last), 0, GRID_CELLS)] = -1
-    cell = values - lo
-    cell *= 1 / width
-    np.floor(cell, out=cell)
-    np.clip(cell, -1, GRID_CELLS, out=cell)
-    out = table[cell.astype(np.int64) + 1]
-    redo = np.flatnonzero(out < 0)
-    out[redo] = np.searchsorted(edges, values[redo], side="right")
-    return out
 
 
 def _column_binning(u: np.ndarray, v: np.ndarray):
