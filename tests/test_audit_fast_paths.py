@@ -330,17 +330,18 @@ def test_compiled_bins_equal_the_plain_search(case, pooled):
         assert set(np.unique(got)) <= {0, 1, 2}
 
 
-def test_report_max_is_numpys_max_and_argmax_over_the_queries():
-    """The noisy-max samplers draw one row per query and reduce across rows (NumPy's reduction along a
-    short last axis cost 3/4 of ReportNoisyMax3's draw): the same max, and on ties the first query, as
-    np.argmax; one query gives index 0."""
+def test_compiled_noisy_max_breaks_ties_as_argmax():
+    """The compiled Report Noisy Max keeps a running maximum: at noise scale 0 it gives np.argmax's first
+    query and np.max (its laws: the next test, and tests/test_audit_mechanisms_dpsniper.py)."""
+    from empdp.audit import compiled
+
     rng = np.random.default_rng(3)
-    noisy = rng.integers(0, 3, (5, 4000)).astype(float)  # many ties
-    np.testing.assert_array_equal(samplers.report_max(noisy, index=False), noisy.max(axis=0))
-    np.testing.assert_array_equal(samplers.report_max(noisy, index=True), np.argmax(noisy, axis=0))
-    one = rng.normal(size=(1, 50))
-    assert samplers.report_max(one, index=True).tolist() == [0] * 50
-    np.testing.assert_array_equal(samplers.report_max(one, index=False), one[0])
+    for q in ([2.0, 5.0, 5.0, 1.0], [7.0], [-1.0, -1.0]):
+        q = np.array(q)
+        assert compiled.noisy_max_index(q, 0.0, False, 3, rng).tolist() == [int(np.argmax(q))] * 3
+        assert compiled.noisy_max_value(q, 0.0, True, 3, rng).tolist() == [q.max()] * 3
+    with pytest.raises(ValueError, match="at least one query"):
+        compiled.noisy_max_index(np.array([]), 1.0, False, 3, rng)
 
 
 @pytest.mark.parametrize("name", ["noisy_max", "noisy_max_value"])

@@ -54,9 +54,9 @@ def test_help_and_audit_help_import_no_engine():
 def test_an_audit_of_a_builtin_imports_no_engine():
     """An audit reads no table: checking its pairs once built every error message through empdp.data, whose
     import (DuckDB, pyarrow) took ~1 s of the first pilot and of the time budget. Numba is loaded only by
-    the compiled Sparse Vector samplers and the binning of vector outputs (module empdp.audit.compiled),
-    when they are first called."""
-    assert _heavy_modules("audit", "mpl", "-m", "noisy_max", "--search-size", "2000", "--final-size", "10000",
+    the compiled samplers (Sparse Vector, Report Noisy Max) and the binning of vector outputs (module
+    empdp.audit.compiled), when they are first called."""
+    assert _heavy_modules("audit", "mpl", "-m", "laplace", "--search-size", "2000", "--final-size", "10000",
                           "--quiet") == []
     loaded = _heavy_modules("audit", "mpl", "-m", "svt3", "--search-size", "2000", "--final-size", "10000",
                             "--quiet")

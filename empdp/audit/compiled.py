@@ -1,6 +1,7 @@
 """Compiled loops of the audits, where numpy's vectorised form was the bottleneck: the samplers of the
-Sparse Vector family (svt1-svt4, svt3, svt34_parallel, numerical_svt), and the binning of vector outputs
-behind MPL's table scores (:func:`bin_codes`, module :mod:`empdp.audit.ratios`).
+Sparse Vector family (svt1-svt4, svt3, svt34_parallel, numerical_svt) and of Report Noisy Max
+(noisy_max, noisy_max_value, report_noisy_max1-4), and the binning of vector outputs behind MPL's table
+scores (:func:`bin_codes`, module :mod:`empdp.audit.ratios`).
 
 NumPy drew a Laplace noise for every query of every output, and then made a dozen passes over the
 (outputs, queries) arrays to find where the c-th answer above falls; an audit's stage 2 spent 170-210 ns
@@ -15,6 +16,10 @@ part's Generator, release the GIL (the parts of a draw run on several threads, e
 Generator) and are cached in empdp's numba cache folder (module :mod:`empdp.compiled`). Numba does
 not take the BitGenerator's lock, so one Generator must not be shared by threads drawing at once
 (NumPy's own methods would serialise them).
+
+Report Noisy Max draws a noise per query, as NumPy did, but keeps only the running maximum: an audit's
+stage 2 of ReportNoisyMax3 (five queries) drew an output in 15.5 ns on two threads with NumPy, 13.8 here
+(20 and 24 ns on one).
 
 This module imports numba, so only the samplers and the binning that use it import it, when they are
 first called.
@@ -32,6 +37,48 @@ from .. import compiled as _cache_folder  # noqa: F401 (sets numba's cache folde
 def _laplace(rng, scale: float) -> float:
     e = rng.standard_exponential()
     return scale * e if rng.random() < 0.5 else -scale * e
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _noise(rng, scale: float, exponential: bool) -> float:
+    """Exp(scale) noise with ``exponential``, else Lap(scale). (Inlined by numba: called, it took Report
+    Noisy Max from 20 to 34 ns an output.)"""
+    e = scale * rng.standard_exponential()
+    if exponential:
+        return e
+    return e if rng.random() < 0.5 else -e
+
+
+@njit(cache=True, nogil=True)
+def noisy_max_index(q, scale: float, exponential: bool, size: int, rng):
+    """``size`` outputs of Report Noisy Max: the first query holding the largest q_j + noise_j, the noise
+    Lap(scale), or Exp(scale) with ``exponential`` (``np.argmax``'s choice on ties). int64, (size,)."""
+    if q.size == 0:
+        raise ValueError("Report Noisy Max needs at least one query")
+    out = np.empty(size, dtype=np.int64)
+    for i in range(size):
+        best, top = 0, q[0] + _noise(rng, scale, exponential)
+        for j in range(1, q.size):
+            v = q[j] + _noise(rng, scale, exponential)
+            if v > top:
+                best, top = j, v
+        out[i] = best
+    return out
+
+
+@njit(cache=True, nogil=True)
+def noisy_max_value(q, scale: float, exponential: bool, size: int, rng):
+    """``size`` outputs of Report Noisy Max releasing the largest q_j + noise_j itself (the noise as in
+    :func:`noisy_max_index`). float64, (size,)."""
+    if q.size == 0:
+        raise ValueError("Report Noisy Max needs at least one query")
+    out = np.empty(size)
+    for i in range(size):
+        top = q[0] + _noise(rng, scale, exponential)
+        for j in range(1, q.size):
+            top = max(top, q[j] + _noise(rng, scale, exponential))
+        out[i] = top
+    return out
 
 
 @njit(cache=True, nogil=True)

@@ -62,34 +62,13 @@ def gaussian(sigma=1.0, sensitivity=1.0):
     return sample
 
 
-def noisy_answers(q: np.ndarray, noise: np.ndarray) -> np.ndarray:
-    """The noisy answers q_j + noise, ``noise`` drawn with one row per query and one column per output."""
-    noise += q[:, None]
-    return noise
-
-
-def report_max(noisy: np.ndarray, index: bool) -> np.ndarray:
-    """Per output (a column of :func:`noisy_answers`), the largest noisy answer, or with ``index`` the first
-    query holding it (``np.argmax``'s choice).
-
-    The queries are rows so that the max runs elementwise across them: NumPy's reduction along a short
-    last axis (rows of 5 answers) cost 65 ns an output, three quarters of ReportNoisyMax3's draw, against
-    2 ns here."""
-    top = np.max(noisy, axis=0)
-    if not index:
-        return top
-    which = np.full(noisy.shape[1], noisy.shape[0] - 1, dtype=np.int64)
-    for j in range(noisy.shape[0] - 2, -1, -1):  # the first query at the max wins, as in np.argmax
-        which[noisy[j] == top] = j
-    return which
-
-
 def noisy_max(epsilon=1.0, sensitivity=1.0):
     scale = 2.0 * sensitivity / epsilon
 
     def sample(database, size, rng):
-        q = vec(database)
-        return report_max(noisy_answers(q, laplace_noise(rng, scale, (q.size, size))), index=True)
+        from .compiled import noisy_max_index  # numba: loaded by the first draw
+
+        return noisy_max_index(vec(database), scale, False, size, rng)
 
     return sample
 
@@ -98,8 +77,9 @@ def noisy_max_value(epsilon=1.0, sensitivity=1.0, k=3):
     scale = k * sensitivity / epsilon  # Lap(1/λ) per entry, ε = kλ
 
     def sample(database, size, rng):
-        s = vec(database)
-        return report_max(noisy_answers(s, laplace_noise(rng, scale, (s.size, size))), index=False)
+        from .compiled import noisy_max_value as kernel  # numba: loaded by the first draw
+
+        return kernel(vec(database), scale, False, size, rng)
 
     return sample
 

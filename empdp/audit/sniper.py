@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import truth
-from .samplers import laplace_noise, noisy_answers, report_max, stat, vec
+from .samplers import laplace_noise, stat, vec
 
 # ----------------------------------------------------------------------------- Truncated geometric
 
@@ -96,19 +96,20 @@ def prefix_sum(epsilon=0.1):
     return sample
 
 
-#: ReportNoisyMax's noise families: (rng, scale, shape) → draws
-_NOISE = {"laplace": laplace_noise,
-          "exponential": lambda rng, scale, shape: rng.exponential(scale, shape)}
+#: ReportNoisyMax's noise families: is the noise exponential (else Laplace)
+_EXPONENTIAL = {"laplace": False, "exponential": True}
 
 
 def report_noisy_max(epsilon=0.1, noise="laplace", output="index"):
     """ReportNoisyMax1-4 (Ding et al. 2018, Alg. 5-8): noise of scale 2/ε, the argmax or the max."""
     scale = 2.0 / epsilon
-    draw = _NOISE[noise]  # a family looked up once (an unknown name fails here, not as exponential noise)
+    exponential = _EXPONENTIAL[noise]  # (an unknown name fails here, not as Laplace noise)
 
     def sample(database, size, rng):
-        q = vec(database)
-        return report_max(noisy_answers(q, draw(rng, scale, (q.size, size))), index=output == "index")
+        from .compiled import noisy_max_index, noisy_max_value  # numba: loaded by the first draw
+
+        kernel = noisy_max_index if output == "index" else noisy_max_value
+        return kernel(vec(database), scale, exponential, size, rng)
 
     return sample
 
