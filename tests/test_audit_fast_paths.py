@@ -1,8 +1,8 @@
 """The audits' fast paths give the same results as the plain computations they replace.
 
-Laplace noise as a difference of exponentials, large draws made of parts (each with its own stream,
-on several threads, the same outputs however many), and the table lookup that categorises integer
-answer vectors instead of sorting them.
+Laplace noise as a signed exponential, large draws made of parts (each with its own stream, on several
+threads, the same outputs however many), the table lookup that categorises integer answer vectors
+instead of sorting them, and the compiled binning of vector outputs and Report Noisy Max.
 """
 
 import threading
@@ -283,13 +283,15 @@ def _reference_codes(u, atoms, edges):
     return out
 
 
-@pytest.mark.parametrize("case", ["laplace", "ties", "ints", "wide_ints", "far", "uneven", "huge_offset",
-                                  "on_edges", "atoms", "all_atoms", "overflowing_differences"])
+@pytest.mark.parametrize("case", ["laplace", "ties", "ints", "int_atoms", "wide_ints", "far", "uneven",
+                                  "huge_offset", "on_edges", "atoms", "all_atoms", "overflowing_differences",
+                                  "infinities"])
 @pytest.mark.parametrize("pooled", [False, True])
 def test_compiled_bins_equal_the_plain_search(case, pooled):
     """Binning.codes counts each value's edges in compiled code (and looks integers of a narrow range up
     in a table of those counts): the same numbers as np.searchsorted and an atom match, values on and
-    one ulp beside every edge included, whatever the edges (ties, far apart, far from 0, all infinite)."""
+    one ulp beside every edge included, whatever the edges (ties, far apart, far from 0, all infinite:
+    values never seen where the fitting outputs were all atoms)."""
     from empdp.audit import ratios
 
     rng = np.random.default_rng(11)
@@ -297,6 +299,10 @@ def test_compiled_bins_equal_the_plain_search(case, pooled):
     differences = False
     if case == "ints":
         values = rng.integers(-30, 3000, values.shape)
+    elif case == "int_atoms":  # (SVT's codes and RAPPOR's bits: looked up; the columns' atoms differ)
+        values = rng.integers(-1, 2, values.shape)
+        values[:, 1] = np.where(rng.random(len(values)) < 0.5, values[:, 1], rng.integers(-40, 40, len(values)))
+        values[:, 2] = rng.integers(0, 2, len(values))
     elif case == "wide_ints":
         values = rng.integers(-3 * 10**6, 3 * 10**6, values.shape)
     elif case == "far":
@@ -306,15 +312,21 @@ def test_compiled_bins_equal_the_plain_search(case, pooled):
     elif case in ("atoms", "all_atoms"):
         codes = rng.choice([-1000.0, 7.0, 0.5], size=values.shape)
         values = np.where(rng.random(values.shape) < (1.0 if case == "all_atoms" else 0.6), codes, values)
+    elif case == "infinities":  # infinite differences in x' alone: atoms are looked for in the first 5,000
+        values = rng.laplace(0.0, 200.0, (12000, 3))  # pooled values, all x's here, so they are not atoms
+        values[6000::13, 1], values[6000::13, 2] = 1.7e308, -1.7e308
+        differences = True
     elif case == "overflowing_differences":
         values[::7, 1], values[::7, 2] = 1.7e308, -1.7e308  # a difference overflows to -inf
         differences = True
     with np.errstate(over="ignore"):
-        binning = ratios.fit_binning(values[:2500], values[2500:], differences, pooled)
+        binning = ratios.fit_binning(values[:len(values) // 2], values[len(values) // 2:], differences, pooled)
     if case == "ties":
         binning.edges = [np.sort(np.concatenate([e[:20], np.full(11, e[20])])) for e in binning.edges]
     elif case == "uneven":
         binning.edges = [np.concatenate([e[:30], [1e9]]) for e in binning.edges]
+    if case == "all_atoms":  # values the fitting outputs never had: every edge infinite, none at or below them
+        values[::3] = rng.normal(size=values[::3].shape)
     if case == "on_edges":
         edges = np.concatenate(binning.edges)
         around = np.concatenate([edges, np.nextafter(edges, -np.inf), np.nextafter(edges, np.inf)])
@@ -322,12 +334,29 @@ def test_compiled_bins_equal_the_plain_search(case, pooled):
     with np.errstate(over="ignore"):
         u = ratios._coordinates(values, differences)
         got = binning.codes(values)
-    assert case != "overflowing_differences" or np.isinf(u).any()
+    assert case not in ("overflowing_differences", "infinities") or np.isinf(u).any()
+    assert all(np.isfinite(e).all() or np.isinf(e).all() for e in binning.edges)  # (no NaN edge)
+    if case == "all_atoms":
+        assert all(np.isinf(e).all() for e in binning.edges)
     for j in range(u.shape[1]):
         k = 0 if pooled else j
         assert np.array_equal(got[:, j], _reference_codes(u[:, j], binning.atoms[k], binning.edges[k])), j
-    if case == "all_atoms":
-        assert set(np.unique(got)) <= {0, 1, 2}
+    if case == "int_atoms":
+        assert [len(a) for a in binning.atoms] == ([3] if pooled else [3, 3, 2])
+
+
+def test_binned_outputs_must_keep_the_width_they_were_fitted_on():
+    """The compiled binning reads a row of atoms and edges per column: a sampler whose outputs change
+    width between draws is refused, not read past its rows."""
+    from empdp.audit import ratios
+
+    rng = np.random.default_rng(2)
+    for values in (rng.normal(size=(300, 2)), rng.integers(0, 5, (300, 2))):
+        binning = ratios.fit_binning(values, values, False, False)
+        with pytest.raises(InputError, match="outputs of 3 coordinates, where the outputs its audit began with had 2"):
+            binning.codes(np.concatenate([values, values[:, :1]], axis=1))
+        pooled = ratios.fit_binning(values, values, False, True)
+        assert pooled.codes(np.concatenate([values, values[:, :1]], axis=1)).shape == (300, 3)
 
 
 def test_compiled_noisy_max_breaks_ties_as_argmax():

@@ -3,26 +3,26 @@ Sparse Vector family (svt1-svt4, svt3, svt34_parallel, numerical_svt) and of Rep
 (noisy_max, noisy_max_value, report_noisy_max1-4), and the binning of vector outputs behind MPL's table
 scores (:func:`bin_codes`, module :mod:`empdp.audit.ratios`).
 
-NumPy drew a Laplace noise for every query of every output, and then made a dozen passes over the
-(outputs, queries) arrays to find where the c-th answer above falls; an audit's stage 2 spent 170-210 ns
-an output of ten queries there (svt2, svt4). Here one loop per output draws the threshold noise, then
-each query's noise only until the c-th answer above (the answers after it are "aborted" whatever their
-noise), so an output of ten queries takes about 35 ns. The law is the mechanism's own, term by term;
-the random streams differ from numpy's vectorised draws, so a seed gives other outputs than before.
-
-Each noise is Lap(b) = ±b·E, E a standard exponential (NumPy's ziggurat, as numba implements it for a
-``numpy.random.Generator``) and the sign a fair coin from one uniform draw. The functions take the
-part's Generator, release the GIL (the parts of a draw run on several threads, each with its own
-Generator) and are cached in empdp's numba cache folder (module :mod:`empdp.compiled`). Numba does
-not take the BitGenerator's lock, so one Generator must not be shared by threads drawing at once
-(NumPy's own methods would serialise them).
+Sparse Vector: NumPy drew a Laplace noise for every query of every output, and then made a dozen passes
+over the (outputs, queries) arrays to find where the c-th answer above falls; an audit's stage 2 spent
+170-210 ns an output of ten queries there (svt2, svt4). Here one loop per output draws the threshold
+noise, then each query's noise only until the c-th answer above (the answers after it are "aborted"
+whatever their noise), so an output of ten queries takes about 35 ns.
 
 Report Noisy Max draws a noise per query, as NumPy did, but keeps only the running maximum: an audit's
 stage 2 of ReportNoisyMax3 (five queries) drew an output in 15.5 ns on two threads with NumPy, 13.8 here
-(20 and 24 ns on one).
+(24 and 20 ns on one).
 
-This module imports numba, so only the samplers and the binning that use it import it, when they are
-first called.
+The samplers' laws are the mechanisms' own, term by term; their random streams differ from numpy's
+vectorised draws, so a seed gives other outputs than numpy's did. Each noise is Lap(b) = ±b·E, E a
+standard exponential (NumPy's ziggurat, as numba implements it for a ``numpy.random.Generator``) and
+the sign a fair coin from one uniform draw (Report Noisy Max's exponential noise: b·E). The samplers
+take the part's Generator and release the GIL (the parts of a draw run on several threads, each with
+its own Generator); numba does not take the BitGenerator's lock, so one Generator must not be shared by
+threads drawing at once (NumPy's own methods would serialise them). The binning releases the GIL too.
+
+Everything here is cached in empdp's numba cache folder (module :mod:`empdp.compiled`). This module
+imports numba, so only the samplers and the binning that use it import it, when they are first called.
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ from functools import cached_property
 
 import numpy as np
 
+from ..errors import InputError
+
 #: a value repeated in at least this share of a column's outputs is a bin of its own (codes such as
 #: "below" or "aborted" among numeric answers, and the two values of a bit)
 ATOM_SHARE = 0.01
@@ -59,15 +61,18 @@ class Binning:
         from .compiled import bin_codes  # numba: loaded by the first vector output scored
 
         u = _coordinates(outputs, self.differences)
+        if not self.pooled and u.shape[1] != len(self.atoms):  # (the compiled loop reads a row per column)
+            raise InputError(f"mechanism returned outputs of {u.shape[1]} coordinates, where the outputs its "
+                             f"audit began with had {len(self.atoms)}: a mechanism's outputs must keep one width")
         atoms, n_atoms, edges = self._tables
         if u.dtype.kind == "i" and u.size:  # integers of a narrow range: each value binned once, then looked up
             lo, hi = int(u.min()), int(u.max())
             if hi - lo < LOOKUP_RANGE:
-                span = np.arange(lo, hi + 1, dtype=np.int64)[:, None]
                 columns = atoms.shape[0]  # (one, pooled: its table serves every column)
-                table = bin_codes(np.repeat(span, columns, axis=1), atoms, n_atoms, edges,
-                                  np.empty((len(span), columns), dtype=np.int64))
-                return table.T.ravel()[(u - lo) + len(span) * (np.arange(u.shape[1]) % columns)[None, :]]
+                span = np.repeat(np.arange(lo, hi + 1, dtype=np.int64)[:, None], columns, axis=1)
+                table = bin_codes(span, atoms, n_atoms, edges, np.empty(span.shape, dtype=np.int64))
+                column = np.arange(u.shape[1]) if columns > 1 else np.zeros(u.shape[1], dtype=np.int64)
+                return table.ravel()[(u - lo) * columns + column[None, :]]
         return bin_codes(u, atoms, n_atoms, edges, np.empty(u.shape, dtype=np.int64))
 
     @cached_property
@@ -254,6 +259,7 @@ def _column_binning(u: np.ndarray, v: np.ndarray):
     found, counts = np.unique(pooled[:ATOM_ROWS], return_counts=True)
     atoms = found[counts >= ATOM_SHARE * min(len(pooled), ATOM_ROWS)][:MAX_ATOMS]
     plain = pooled[~np.isin(pooled, atoms)]
+    plain = plain[np.isfinite(plain)]  # (differences that overflowed: a quantile between two infinities is NaN)
     if not plain.size:
         return atoms, np.full(FINE_BINS - 1, np.inf)  # every value an atom: the quantile bins stay empty
     return atoms, np.quantile(plain, np.arange(1, FINE_BINS) / FINE_BINS)
