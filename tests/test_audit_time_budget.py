@@ -28,9 +28,11 @@ def test_mpl_budget_chooses_reports_and_reproduces_sizes():
     assert s["final_size_aimed"] >= mpl_mod.round_size(2 * res.search_size)  # (to three significant digits)
     assert res.search_size < res.final_size <= s["final_size_aimed"]
     assert took < 8  # about the budget (a loaded machine may overrun it somewhat)
-    # (search_steps: reported when the clock stopped stage 1, which a loaded host's run of 10 pairs can)
+    # (search_steps: reported when the clock stopped stage 1, which a loaded host's run of 10 pairs can;
+    # duel_size: the clock shrinks a duel begun late, and the default size then chose another entrant)
     again = mpl("laplace", params={"epsilon": 0.5}, n=s["search_size"], N=s["final_size"],
-                selection_size=s["selection_size"], search_steps=s.get("search_steps"), rng=3)
+                selection_size=s["selection_size"], search_steps=s.get("search_steps"),
+                duel_size=s.get("duel_size"), rng=3)
     assert again.lower_bound == res.lower_bound and again.sizes["chosen_by"] == "given"
     assert again.sizes["selection_size"] == s["selection_size"]
     # a 95% bound exceeds the truth on 5% of seeds, and then only by about its own error: ~1% here
