@@ -421,6 +421,30 @@ def test_the_runner_up_between_a_point_and_a_half_line_enters_the_duel():
     assert abs(float(np.ravel(res.t_hat)[0])) < 0.1 and res.lower_bound > 0.7, (res.t_hat, res.lower_bound)
 
 
+def test_the_pick_charges_an_event_one_standard_error_and_a_point_two(monkeypatch):
+    """The duel takes the largest predicted bound less DUEL_PICK (1) standard errors of an event's own
+    estimate and DUEL_PICK_POINT (2) of a point's (its prediction does not charge the smaller N its
+    kernel sums get): with these readings the rare event wins, where one charge for all would take the
+    point and two for all the point too."""
+    readings = {"line": (0.50, 0.01), "rare": (0.53, 0.03), "point": (0.545, 0.03)}  # predicted, its error
+    entrants = [(0, _half_line(0.0), False, 1.0), (0, _half_line(1.0), False, 1.0), (0, _point(0.0), False, 1.0)]
+
+    def scores(hits, drawn, cands, plan):
+        predicted, error = (np.array([readings[k][i] for k in readings]) for i in (0, 1))
+        return predicted, predicted, error * np.sqrt(drawn), np.ones(len(cands))
+
+    monkeypatch.setattr(mpl_mod, "_duel_scores", scores)
+    won, seen = mpl_mod._duel(_plan([(0, 1)]), entrants, 8_000, np.random.default_rng(0), lambda *_: None)
+    assert (mpl_mod.DUEL_PICK, mpl_mod.DUEL_PICK_POINT) == (1.0, 2.0)
+    assert seen["chosen"] == 1 and won == entrants[1] and seen["t_hat"] == [False, False, True]
+    assert seen["standard_errors"] == pytest.approx([0.01, 0.03, 0.03])
+    for both in (1.0, 2.0):  # (one charge for every entrant would take the point)
+        monkeypatch.setattr(mpl_mod, "DUEL_PICK", both)
+        monkeypatch.setattr(mpl_mod, "DUEL_PICK_POINT", both)
+        assert mpl_mod._duel(_plan([(0, 1)]), entrants, 8_000, np.random.default_rng(0), lambda *_: None)[1][
+            "chosen"] == 2
+
+
 def test_a_kernel_stage_2_under_a_deadline_is_sized_by_its_own_pace():
     """Stage 2 at t̂ cannot stop at the deadline (its bandwidth is set by N), so its N comes from its
     own pace, timed on a probe from a stream of its own: at least the pilots' rate, and a slow sampler's

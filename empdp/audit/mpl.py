@@ -747,10 +747,17 @@ DUEL_RATIO, DUEL_FIRST, DUEL_Z = 5, 1 / 8, 3.0
 #: at least RUNG_HITS outputs in them, and counted from its second round on
 RUNGS, RUNG_HITS, RUNG_ROWS = (1 / 3, 1 / 10, 1 / 30), 10, 1 << 20
 #: the duel picks the entrant whose predicted bound less DUEL_PICK standard errors of its own estimate is
-#: the largest (a rung's rare event is estimated on few outputs: a lucky count must not carry it; at 1,
-#: report_noisy_max3, whose half-lines' loss is flat in the tail, lost 0.0015 to rungs picked by luck
-#: over seeds 1-5, at 2 nothing, while laplace_parallel and svt34_parallel kept their gains)
-DUEL_PICK = 2.0
+#: the largest, DUEL_PICK_POINT for a point t̂ (a rare event, or a point's kernel sums, are estimated with
+#: a large error: a lucky one must not carry the pick). A point's prediction is optimistic: under a time
+#: budget its stage 2 gets about half an event's N (kernel sums cost more and are not stopped by the
+#: clock), which the prediction does not charge. At 20 s, seeds 0-4 (0-9 for svt3), DUEL_PICK 1 against 2
+#: for all: report_noisy_max3 0.2477 against 0.2493 (its t̂, read 0.259 by the duel where no point's loss
+#: exceeds 0.25, won at 1), while events gained: svt3 0.228 against 0.2268 (its lowest seed 0.204
+#: against 0.178: a rung at 0.079 of its event's mass, whose stage 2 bound was 0.2045, lost to the refit's
+#: event at 2), svt34_parallel 0.325 against 0.2765, laplace_parallel 0.0579 against 0.0533; the other
+#: vector rows within their noise (prefix_sum 0.002 lower); before the half-lines of numbers lost their
+#: rungs, report_noisy_max3 had lost to them at 1 as well
+DUEL_PICK, DUEL_PICK_POINT = 1.0, 2.0
 #: the duel draws at most this many outputs per database at once (a round of 5n/2 at n = 2·10^7 is
 #: 5·10^7: their values, a float per entrant, are counted a chunk at a time)
 DUEL_CHUNK = 1 << 18
@@ -799,7 +806,7 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[tuple, di
     """Stage 1's choice among its entrants (:func:`_entrants`) and their rungs, made again on fresh
     outputs: each pair's outputs drawn once a round (:func:`_duel_rounds`), up to ``size`` per database,
     and every entrant of that pair counted on them; the one with the best predicted stage-2 bound, less
-    DUEL_PICK standard errors of its own estimate, is chosen.
+    DUEL_PICK standard errors of its own estimate (DUEL_PICK_POINT for a point t̂), is chosen.
 
     Stage 1 picks a pair by its estimates on the outputs that chose each pair's event; where the
     finalists' losses differ by less than that noise the pick is a coin toss (report_noisy_max1: best
@@ -867,7 +874,8 @@ def _duel(plan: Plan, entrants: list, size: int, rng, report) -> tuple[tuple, di
             continue  # (the rungs have no count yet)
         predicted, loss, sigma, scale = _duel_scores(hits, drawn, [cand for _, cand, *_ in entrants], plan)
         error = sigma / (scale * np.sqrt(drawn))
-        lead = int(np.argmax(predicted - DUEL_PICK * error))
+        pick = np.array([DUEL_PICK_POINT if _kernel(cand) else DUEL_PICK for _, cand, *_ in entrants])
+        lead = int(np.argmax(predicted - pick * error))
         gap = predicted[lead] - np.delete(predicted, lead)
         spread = np.sqrt(error[lead] ** 2 + np.delete(error, lead) ** 2)
         if np.all(gap > DUEL_Z * spread):  # (with one entrant and no rungs: nothing to choose)
