@@ -424,9 +424,9 @@ def test_the_runner_up_between_a_point_and_a_half_line_enters_the_duel():
 def test_the_pick_charges_an_event_one_standard_error_and_a_point_two(monkeypatch):
     """The duel takes the largest predicted bound less DUEL_PICK (1) standard errors of an event's own
     estimate and DUEL_PICK_POINT (2) of a point's (its prediction does not charge the smaller N its
-    kernel sums get): with these readings the rare event wins, where one charge for all would take the
+    kernel sums get): with these readings the second event wins, where one charge for all would take the
     point and two for all the point too."""
-    readings = {"line": (0.50, 0.01), "rare": (0.53, 0.03), "point": (0.545, 0.03)}  # predicted, its error
+    readings = {"line": (0.50, 0.01), "event": (0.53, 0.03), "point": (0.545, 0.03)}  # predicted, its error
     entrants = [(0, _half_line(0.0), False, 1.0), (0, _half_line(1.0), False, 1.0), (0, _point(0.0), False, 1.0)]
 
     def scores(hits, drawn, cands, plan):
@@ -443,6 +443,37 @@ def test_the_pick_charges_an_event_one_standard_error_and_a_point_two(monkeypatc
         monkeypatch.setattr(mpl_mod, "DUEL_PICK_POINT", both)
         assert mpl_mod._duel(_plan([(0, 1)]), entrants, 8_000, np.random.default_rng(0), lambda *_: None)[1][
             "chosen"] == 2
+
+
+def plane(database, size, rng):
+    """Two coordinates N(database, 1): a point t̂ and a score event's rungs may duel on the same pair."""
+    return rng.standard_normal((size, 2)) + float(database)
+
+
+def test_each_rung_is_charged_as_an_event_beside_a_point(monkeypatch):
+    """Rungs join the entrants after the first round: the charges follow the grown list, one standard
+    error for the score event and each rung, two for the point (readings: the event 0.50 ± 0.01, each rung
+    0.53 ± 0.03, the point 0.545 ± 0.03), so a rung wins where one charge for all would take the point."""
+    plan = mpl_mod._resolve(plane, [(0, 0.3)], 20_000, 2_000_000, None, 0.1, None, None, "lb", True, None, None,
+                            mpl_mod.UNDERSMOOTH)
+    event = mpl_mod.Candidate(score=0.0, t=np.array([1.0]), event=None, pts=np.zeros((1, 1)), loss=np.zeros(1),
+                              tau=1e-3, box=None, rule=mpl_mod.ScoreRule("sum", 1.0, 1, _Sum()))
+    point = mpl_mod.Candidate(score=0.0, t=np.zeros(2), event=None, pts=np.zeros((1, 2)), loss=np.zeros(1),
+                              tau=1e-4, box=None, bandwidth=np.full(2, 0.2), rows=20_000)
+    entrants = [(0, event, False, 1.0), (0, point, False, 1.0)]
+
+    def scores(hits, drawn, cands, plan):
+        readings = np.array([(0.545, 0.03) if mpl_mod._kernel(c) else (0.50, 0.01) if c.rule.threshold == 1.0
+                             else (0.53, 0.03) for c in cands])
+        return readings[:, 0], readings[:, 0], readings[:, 1] * np.sqrt(drawn), np.ones(len(cands))
+
+    monkeypatch.setattr(mpl_mod, "_duel_scores", scores)
+    won, seen = mpl_mod._duel(plan, entrants, 400_000, np.random.default_rng(0), lambda *_: None)
+    assert len(seen["t_hat"]) == len(seen["predicted_bounds"]) == len(seen["mass_shares"]) >= 4
+    assert seen["t_hat"] == [False, True] + [False] * (len(seen["t_hat"]) - 2) and min(seen["mass_shares"]) < 1
+    assert seen["chosen"] == 2 and seen["mass_shares"][2] < 1 and won[1].rule.threshold > 1.0
+    monkeypatch.setattr(mpl_mod, "DUEL_PICK_POINT", 1.0)  # (one charge for all: the point)
+    assert mpl_mod._duel(plan, entrants, 400_000, np.random.default_rng(0), lambda *_: None)[1]["chosen"] == 1
 
 
 def test_a_kernel_stage_2_under_a_deadline_is_sized_by_its_own_pace():
