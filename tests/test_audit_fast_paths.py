@@ -373,6 +373,28 @@ def test_compiled_noisy_max_breaks_ties_as_argmax():
         compiled.noisy_max_index(np.array([]), 1.0, False, 3, rng)
 
 
+@pytest.mark.parametrize("queries", [1, 3, 61, 62, 63, 130])
+def test_compiled_noisy_max_signs_are_fair_coins_across_their_words(queries):
+    """The Laplace signs are the bits of uniform integers of COIN_BITS (62) bits, a word shared by
+    consecutive outputs and refilled within one: with equal queries the argmax is uniform over them
+    (chi-square) and the max's CDF is F(t)^k, F Laplace's (k = 1: the noise itself, symmetric; k = 63
+    and 130 refill within an output)."""
+    from empdp.audit import compiled
+
+    rng, size = np.random.default_rng(queries), 120_000
+    q = np.zeros(queries)
+    index = compiled.noisy_max_index(q, 1.0, False, size, rng)
+    if queries > 1:
+        counts = np.bincount(index, minlength=queries)
+        assert stats.chisquare(counts).pvalue > 1e-4, counts
+    values = compiled.noisy_max_value(q, 1.0, False, size, rng)
+    lap = stats.laplace()
+    for p in (0.1, 0.5, 0.9):  # (the max's quantiles: F(t)^k = p)
+        t = lap.ppf(p ** (1 / queries))
+        assert abs(np.mean(values <= t) - p) < 4 * np.sqrt(p * (1 - p) / size), (p, t)
+    assert compiled.COIN_HIGH == 2 ** compiled.COIN_BITS and compiled.COIN_BITS <= 62
+
+
 @pytest.mark.parametrize("name", ["noisy_max", "noisy_max_value"])
 def test_laplace_noisy_max_samplers_follow_their_exact_laws(name):
     """ReportNoisyMax with Laplace noise (ours, DP-Sniper's ReportNoisyMax1): P(argmax = j) =
