@@ -1,7 +1,8 @@
 """Compiled loops of the audits, where numpy's vectorised form was the bottleneck: the samplers of the
 Sparse Vector family (svt1-svt4, svt3, svt34_parallel, numerical_svt) and of Report Noisy Max
-(noisy_max, noisy_max_value, report_noisy_max1-4), and the binning of vector outputs behind MPL's table
-scores (:func:`bin_codes`, module :mod:`empdp.audit.ratios`).
+(noisy_max, noisy_max_value, report_noisy_max1-4), the binning of vector outputs behind MPL's table
+scores (:func:`bin_codes`, module :mod:`empdp.audit.ratios`), and the keys by which stage 2 counts an
+event of integer vectors (:func:`box_keys`, :func:`empdp.audit.kde.contains`).
 
 Sparse Vector: NumPy drew a Laplace noise for every query of every output, and then made a dozen passes
 over the (outputs, queries) arrays to find where the c-th answer above falls; an audit's stage 2 spent
@@ -23,7 +24,8 @@ its own Generator); numba does not take the BitGenerator's lock, so one Generato
 threads drawing at once (NumPy's own methods would serialise them). The binning releases the GIL too.
 
 Everything here is cached in empdp's numba cache folder (module :mod:`empdp.compiled`). This module
-imports numba, so only the samplers and the binning that use it import it, when they are first called.
+imports numba, so only the samplers, the binning and the keys that use it import it, when they are first
+called.
 """
 
 from __future__ import annotations
@@ -186,3 +188,36 @@ def bin_codes(u, atoms, n_atoms, edges, out):
                 code = n_atoms[row] + below
             out[i, j] = code
     return out
+
+
+@njit(cache=True, nogil=True)
+def box_keys(rows, lo, hi, radix, signed: bool, keys, inside):
+    """Each row's mixed-radix key over the integer box [lo, hi] (int64 bounds, |lo|, |hi| < 2^53, the
+    product of ``radix`` = hi - lo + 1 below 2^62) into ``keys``, 0 for rows outside it or not
+    integer-valued, and which rows are inside into ``inside``; both returned. ``signed`` rows are
+    compared as int64, any others as float64 (exact in the box; NaN is outside).
+
+    One pass over the rows, leaving a row at its first coordinate outside: NumPy's pass a column at a
+    time took 24 ns a row of ten int8 answers (stage 2 of svt4 counted 1.5·10^8 of them per database),
+    as long as drawing them.
+    """
+    n, d = rows.shape
+    for i in range(n):
+        key = np.int64(0)
+        ok = True
+        for j in range(d):
+            if signed:
+                v = np.int64(rows[i, j])
+            else:
+                f = np.float64(rows[i, j])
+                if not (f >= lo[j] and f <= hi[j] and f == np.floor(f)):
+                    ok = False
+                    break
+                v = np.int64(f)
+            if v < lo[j] or v > hi[j]:
+                ok = False
+                break
+            key = key * radix[j] + (v - lo[j])
+        keys[i] = key if ok else 0
+        inside[i] = ok
+    return keys, inside

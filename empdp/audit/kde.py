@@ -287,23 +287,15 @@ def contains(rows: np.ndarray, members: np.ndarray) -> np.ndarray:
 
 def _box_keys(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, radix: np.ndarray):
     """Each row's mixed-radix key over the integer box [lo, hi] (|lo|, |hi| < 2^53), 0 for rows outside
-    it or not integer-valued, and which rows are inside (a pass over each column, no (rows, d)
-    temporaries). Signed integers are compared as int64, everything else as float64, both exact here."""
-    keys = np.zeros(len(rows), dtype=np.int64)
-    inside = np.ones(len(rows), dtype=bool)
-    signed = rows.dtype.kind == "i"
-    for j in range(rows.shape[1]):
-        col = rows[:, j].astype(np.int64 if signed else np.float64)
-        inside &= (col >= lo[j]) & (col <= hi[j])  # (NaN: neither)
-        if not signed:  # (floats, and unsigned or bool values, which float64 holds exactly in the box)
-            inside &= col == np.round(col)
-        with np.errstate(invalid="ignore"):  # (rows outside the box cast to anything: their keys are dropped)
-            digit = col.astype(np.int64)
-        digit -= lo[j]
-        keys *= radix[j]
-        keys += digit
-    keys[~inside] = 0
-    return keys, inside
+    it or not integer-valued, and which rows are inside, in one compiled pass
+    (:func:`empdp.audit.compiled.box_keys`: numba, loaded here on first use). Signed integers are
+    compared as int64, everything else as float64, both exact here."""
+    from .compiled import box_keys
+
+    rows = np.ascontiguousarray(rows)
+    return box_keys(rows, np.ascontiguousarray(lo, np.int64), np.ascontiguousarray(hi, np.int64),
+                    np.ascontiguousarray(radix, np.int64), rows.dtype.kind == "i",
+                    np.empty(len(rows), dtype=np.int64), np.empty(len(rows), dtype=bool))
 
 
 def frequencies(codes: np.ndarray, k: int) -> np.ndarray:
