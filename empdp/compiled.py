@@ -20,7 +20,7 @@ The risk's running sums over the 2n nodes of a row (:func:`running`) loop here t
 This module imports numba, so it is imported only inside the functions that call it (the density
 fit, the risk's running sums, and :mod:`empdp.audit.compiled` for the cache folder below): ``empdp
 --help`` never loads it, and the audits only once a compiled sampler draws (Sparse Vector, Report
-Noisy Max) or a vector output is binned. Each sum has one
+Noisy Max), a vector output is binned or an event of integer vectors is counted. Each sum has one
 implementation here; tests/test_scale.py keeps the matrix form as their reference.
 
 The compiled code is cached in the user's cache folder (``$XDG_CACHE_HOME/empdp/numba``, else

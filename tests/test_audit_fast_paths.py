@@ -377,8 +377,9 @@ def test_compiled_noisy_max_breaks_ties_as_argmax():
 def test_compiled_noisy_max_signs_are_fair_coins_across_their_words(queries):
     """The Laplace signs are the bits of uniform integers of COIN_BITS (62) bits, a word shared by
     consecutive outputs and refilled within one: with equal queries the argmax is uniform over them
-    (chi-square) and the max's CDF is F(t)^k, F Laplace's (k = 1: the noise itself, symmetric; k = 63
-    and 130 refill within an output)."""
+    (chi-square: a refill gone wrong within an output) and the max's CDF is F(t)^k, F Laplace's (k = 1:
+    the noise itself, symmetric; a word runs out within some outputs from k = 3 on, within every one at
+    63 and 130). The next test pins the stream itself."""
     from empdp.audit import compiled
 
     rng, size = np.random.default_rng(queries), 120_000
@@ -393,6 +394,35 @@ def test_compiled_noisy_max_signs_are_fair_coins_across_their_words(queries):
         t = lap.ppf(p ** (1 / queries))
         assert abs(np.mean(values <= t) - p) < 4 * np.sqrt(p * (1 - p) / size), (p, t)
     assert compiled.COIN_HIGH == 2 ** compiled.COIN_BITS and compiled.COIN_BITS <= 62
+
+
+def test_compiled_noisy_max_draws_as_its_reference_loop():
+    """The compiled samplers' stream, written out in NumPy: per noise a standard exponential, and per
+    COIN_BITS Laplace noises one uniform integer in [0, 2^COIN_BITS) whose bits, lowest first, are the
+    signs (1: +), the word carried from one output to the next; exponential noise draws no coins."""
+    from empdp.audit import compiled
+
+    def reference(q, scale, exponential, size, seed):
+        rng, index, value, coins, left = np.random.default_rng(seed), [], [], 0, 0
+        for _ in range(size):
+            noisy = []
+            for qj in q:
+                e = scale * rng.standard_exponential()
+                if not exponential:
+                    if left == 0:
+                        coins, left = int(rng.integers(0, compiled.COIN_HIGH, dtype=np.int64)), compiled.COIN_BITS
+                    e, coins, left = (e if coins & 1 else -e), coins >> 1, left - 1
+                noisy.append(qj + e)
+            index.append(int(np.argmax(noisy)))
+            value.append(max(noisy))
+        return index, value
+
+    for k in (3, 61, 62, 63, 130):
+        q = np.linspace(0.0, 1.0, k)
+        for exponential in (False, True):
+            index, value = reference(q, 2.0, exponential, 300, k)
+            assert compiled.noisy_max_index(q, 2.0, exponential, 300, np.random.default_rng(k)).tolist() == index
+            assert compiled.noisy_max_value(q, 2.0, exponential, 300, np.random.default_rng(k)).tolist() == value
 
 
 @pytest.mark.parametrize("name", ["noisy_max", "noisy_max_value"])

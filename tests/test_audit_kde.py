@@ -65,3 +65,22 @@ def test_contains_matches_a_row_by_row_comparison(table, monkeypatch):
         slow = np.array([any(np.array_equal(row, m) for m in members) for row in r])
         np.testing.assert_array_equal(contains(r, members), slow, err_msg=str(r.dtype))
         assert slow.sum() >= 3
+    # dtypes the compiled keys do not take (cast as NumPy cast them), strided rows, a span past 2^53
+    small = rng.integers(-1, 2, (2000, 4))
+    spans = np.array([[-(2 ** 53 - 1), 0], [2 ** 53 - 3, 1], [0, 1]] * 400, dtype=np.int64)
+    for r in (small.astype(np.float16), small.astype(">i4"), small.astype(">f8"), small.astype(np.longdouble),
+              np.asfortranarray(small), small[:, ::2], small[::-1], spans):
+        members = r[[0, 5, 9]]
+        slow = np.array([any(np.array_equal(row, m) for m in members) for row in r])
+        np.testing.assert_array_equal(contains(r, members), slow, err_msg=str(r.dtype))
+
+
+def test_contains_refuses_rows_of_another_width():
+    """The compiled keys read one bound per column: rows wider or narrower than the event's members (a
+    mechanism whose outputs change width) are bad input, not a silent miscount."""
+    from empdp.errors import InputError
+
+    rows = np.zeros((10, 3), dtype=np.int8)
+    for other in (rows[:, :2], np.zeros((10, 4), dtype=np.int8)):
+        with pytest.raises(InputError, match="must keep one width"):
+            contains(other, rows[:2])

@@ -12,7 +12,8 @@ whatever their noise), so an output of ten queries takes about 35 ns.
 
 Report Noisy Max draws a noise per query, as NumPy did, but keeps only the running maximum, and takes
 its Laplace signs from the bits of one uniform integer: an audit's stage 2 of ReportNoisyMax3 (five
-queries) drew an output in 15.5 ns on two threads with NumPy, 12.3 here (24 and 20 ns on one).
+queries) drew an output in 15.5 ns on two threads with NumPy, 12.3 here. On one thread the sampler takes
+20 ns an output of five queries, 24 with a uniform draw per sign (as NumPy's took).
 
 The samplers' laws are the mechanisms' own, term by term; their random streams differ from numpy's
 vectorised draws, so a seed gives other outputs than numpy's did. Each noise is Lap(b) = ±b·E, E a
@@ -21,7 +22,8 @@ the sign a fair coin: a uniform draw of its own in Sparse Vector, a bit of a uni
 COIN_BITS noises in Report Noisy Max (whose exponential noise is b·E). The samplers
 take the part's Generator and release the GIL (the parts of a draw run on several threads, each with
 its own Generator); numba does not take the BitGenerator's lock, so one Generator must not be shared by
-threads drawing at once (NumPy's own methods would serialise them). The binning releases the GIL too.
+threads drawing at once (NumPy's own methods would serialise them). The binning and the keys release the
+GIL too.
 
 Everything here is cached in empdp's numba cache folder (module :mod:`empdp.compiled`). This module
 imports numba, so only the samplers, the binning and the keys that use it import it, when they are first
@@ -56,7 +58,7 @@ def noisy_max_index(q, scale: float, exponential: bool, size: int, rng):
     A Laplace noise is ±scale·E, E standard exponential, its sign the next bit of a uniform integer in
     [0, 2^COIN_BITS) (independent fair coins, as many as its bits). The loop is written out in both
     samplers: numba kept neither a helper returning the coins' state (65 ns an output of five queries)
-    nor one keeping it in an array (109 ns) as fast as this (21 ns; 24 with a uniform draw per sign)."""
+    nor one keeping it in an array (109 ns) as fast as this (20-21 ns; 24 with a uniform draw per sign)."""
     if q.size == 0:
         raise ValueError("Report Noisy Max needs at least one query")
     out = np.empty(size, dtype=np.int64)

@@ -9,10 +9,12 @@ no per-point Python loop. At a single point we sum the kernel exactly.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import InputError
 from ..robust import robust_spread
 
 #: ∫K² for the standard Gaussian kernel in one dimension: 1 / (2√π).
@@ -260,27 +262,31 @@ EXACT_INTEGERS = 2.0 ** 53
 def contains(rows: np.ndarray, members: np.ndarray) -> np.ndarray:
     """Boolean mask: which rows of ``rows`` equal one of the rows of ``members`` (exact match).
 
-    Integer-valued members strictly within ±2^53 get mixed-radix keys over their own box, built a column at a time,
-    so the rows need no sort (stage 2 counts an event among hundreds of millions of SVT answer vectors);
-    with few enough keys each row's key is looked up in a table of the members' keys, else in their
-    sorted list. Other values are compared by categories.
+    Integer-valued members strictly within ±2^53 get mixed-radix keys over their own box, built in one
+    compiled pass over the rows, so the rows need no sort (stage 2 counts an event among hundreds of
+    millions of SVT answer vectors); with few enough keys each row's key is looked up in a table of the
+    members' keys, else in their sorted list. Other values are compared by categories. Rows of another
+    width than the members' are bad input (a mechanism whose outputs change width).
     """
     rows, members = as_samples(rows), as_samples(members)
+    if rows.shape[1] != members.shape[1] and len(members):  # (the compiled keys read a bound per column)
+        raise InputError(f"mechanism returned outputs of {rows.shape[1]} coordinates, where the outputs its "
+                         f"audit began with had {members.shape[1]}: a mechanism's outputs must keep one width")
     if rows.shape[1] > 1 and len(members):
         wide = members.astype(np.float64)
         lo, hi = wide.min(axis=0), wide.max(axis=0)
-        radix = hi - lo + 1
-        if (np.all(wide == np.round(wide)) and lo.min() > -EXACT_INTEGERS and hi.max() < EXACT_INTEGERS
-                and float(np.prod(radix)) < 2.0 ** 62):
-            keys_total = int(np.prod(radix.astype(np.int64)))
-            lo, hi, radix = lo.astype(np.int64), hi.astype(np.int64), radix.astype(np.int64)
-            keys, inside = _box_keys(rows, lo, hi, radix)
-            member_keys, _ = _box_keys(members, lo, hi, radix)
-            if keys_total <= min(CONTAINS_TABLE, KEYS_PER_ROW * len(rows) + 4096):
-                table = np.zeros(keys_total, dtype=bool)
-                table[member_keys] = True
-                return table[keys] & inside
-            return inside & np.isin(keys, member_keys)
+        if np.all(wide == np.round(wide)) and lo.min() > -EXACT_INTEGERS and hi.max() < EXACT_INTEGERS:
+            lo, hi = lo.astype(np.int64), hi.astype(np.int64)
+            radix = hi - lo + 1  # (in integers: a span past 2^53 is exact)
+            keys_total = math.prod(int(r) for r in radix)
+            if keys_total < 2 ** 62:
+                keys, inside = _box_keys(rows, lo, hi, radix)
+                member_keys, _ = _box_keys(members, lo, hi, radix)
+                if keys_total <= min(CONTAINS_TABLE, KEYS_PER_ROW * len(rows) + 4096):
+                    table = np.zeros(keys_total, dtype=bool)
+                    table[member_keys] = True
+                    return table[keys] & inside
+                return inside & np.isin(keys, member_keys)
     _, (codes, member_codes) = categorize(rows, members)
     return np.isin(codes, member_codes)
 
@@ -292,6 +298,9 @@ def _box_keys(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, radix: np.ndarra
     compared as int64, everything else as float64, both exact here."""
     from .compiled import box_keys
 
+    if not rows.dtype.isnative or rows.dtype.kind not in "biuf" or rows.dtype.itemsize > 8 or (
+            rows.dtype.kind == "f" and rows.dtype.itemsize < 4):  # (what numba does not type: cast as NumPy did)
+        rows = rows.astype(np.int64 if rows.dtype.kind == "i" else np.float64)
     rows = np.ascontiguousarray(rows)
     return box_keys(rows, np.ascontiguousarray(lo, np.int64), np.ascontiguousarray(hi, np.int64),
                     np.ascontiguousarray(radix, np.int64), rows.dtype.kind == "i",
