@@ -349,6 +349,8 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     stop = _Steps(steps, refit_latest, None if end is None else end.search_pace)
     stage1 = _stage1(plan, rng, discrete, report, stop)
     t_refit = time.perf_counter()
+    # (whether the search found a score event a refit could follow: the pilots' tells the plan to allow for one)
+    scored = any(_refits(c) or (c.alternative is not None and _refits(c.alternative)) for c in stage1.candidates)
     best, refit = stage1.candidates[stage1.selected], None
     refits = _refits(best)
     if refits:
@@ -380,7 +382,8 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
                      end.end if end is not None and stoppable else None)
     if clock is not None:
         clock.append(_Clock(t_refit - t0, t1 - t_duel if duel else 0.0, t_duel - t_refit if refit else 0.0,
-                            time.perf_counter() - t1, len(set(duel["pairs"])) * duel["outputs"] if duel else 0))
+                            time.perf_counter() - t1, len(set(duel["pairs"])) * duel["outputs"] if duel else 0,
+                            scored))
     res = _result(plan, stage1, stage2)
     res.duel = duel
     if plan.selection_N is not None:  # (a time budget's, or given): what reproduces stage 1's choice
@@ -399,13 +402,15 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
 @dataclass(frozen=True)
 class _Clock:
     """A pilot run's seconds in each step: the search, the duel and the refit (0 where it had none),
-    stage 2; and the outputs per database its duel drew over all its pairs."""
+    stage 2; the outputs per database its duel drew over all its pairs; and whether its search found a
+    score event of vector outputs (which a refit follows when it is selected)."""
 
     search: float
     duel: float
     refit: float
     stage2: float
     duel_outputs: int
+    scored: bool = False
 
 
 def _budget_sizes(plan: Plan, budget: float, started: float, discrete) -> tuple[int, int, dict, _Deadline]:
@@ -435,10 +440,12 @@ def _budget_sizes(plan: Plan, budget: float, started: float, discrete) -> tuple[
     rows = sum(_step_rows(len(plan.pairs), sizes[-1]))
     # per core, as _Steps keeps it: the pilot's steps ran side by side on at most this many cores
     pace = last.search * min(draw_workers(plan.mech), len(plan.pairs), available_cores()) / rows
-    # the refit's pace: the last pilot's; where it had none but vector outputs may get one, its search's
-    # (a refit draws and codes outputs, a search also fits its scores); numbers never get one
+    # the refit's pace: the last pilot's; where it had none but its search found score events (which a
+    # refit follows when selected), its search's (a refit draws and codes outputs, a search also fits its
+    # scores); numbers never get one, nor do discrete vectors of few values (SVT's answers: no score
+    # events), for which a refit's time held back cut svt6's search at a 5 s budget to its first 2 pairs
     refit_pace = (last.refit / (REFIT_RATIO * sizes[-1]) if last.refit
-                  else pace / available_cores() if probe.shape[1] > 1 and plan.score_events else 0.0)
+                  else pace / available_cores() if last.scored else 0.0)
     # the duel's: the last pilot's, per output drawn (a duel that stopped early drew fewer than its size);
     # none where the pilot had none (the paper's rule, or one finalist with an event that has no rungs)
     duel_pace = last.duel / last.duel_outputs if last.duel_outputs else 0.0
