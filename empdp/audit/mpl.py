@@ -349,8 +349,9 @@ def _run(plan: Plan, rng, discrete, report, clock: list | None = None, end: _Dea
     stop = _Steps(steps, refit_latest, None if end is None else end.search_pace)
     stage1 = _stage1(plan, rng, discrete, report, stop)
     t_refit = time.perf_counter()
-    # (whether the search found a score event a refit could follow: the pilots' tells the plan to allow for one)
-    scored = any(_refits(c) or (c.alternative is not None and _refits(c.alternative)) for c in stage1.candidates)
+    # (a pilot's: whether its search found a score event a refit could follow, so the plan allows for one)
+    scored = clock is not None and any(_refits(c) or (c.alternative is not None and _refits(c.alternative))
+                                       for c in stage1.candidates)
     best, refit = stage1.candidates[stage1.selected], None
     refits = _refits(best)
     if refits:
