@@ -198,6 +198,12 @@ def score_candidate(x, y, is_discrete: bool, plan: Plan, logistic: bool = True) 
     of the stage-1 outputs and judged, threshold and all, on the second, so a score that fits its own
     noise is not preferred. Without ``logistic`` the regression is not among them (it was most of stage
     1's cost, and the first round of successive halving only ranks the pairs).
+
+    In that first round the threshold is chosen and judged on the same held-out half, so a rare
+    threshold's lucky count can rank a poor pair first (svt34_parallel at n = 156,000: pair 0, exact ε 0.1,
+    scored 0.140 and pairs of 0.43-0.49 scored 0.06-0.08). Choosing it on one quarter and judging it on
+    another fixed that run (0.065 -> 0.306) but lost more elsewhere, at 20 s over seeds 0-4: svt34_parallel
+    0.295 against 0.333, svt3 0.2045 against 0.234 (its seed 0 0.088 against 0.251). It is not done.
     """
     half = len(x) // 2 if x.shape[1] > 1 else 0
     fit_x, fit_y, x, y = x[:half], y[:half], x[half:], y[half:]

@@ -91,7 +91,9 @@ UNDERSMOOTH = 0.03
 
 #: Stage 1 with B ≥ 3 pairs runs in two rounds: n/2 outputs per database for every
 #: pair, then the other half of the budget, B·n/2, shared by the best ⌈B/HALVING⌉
-#: pairs (successive halving): the same number of outputs, spent where the loss is.
+#: pairs (successive halving): the same number of outputs, spent where the loss is. Three finalists
+#: (HALVING = 3) instead of two, tried at 20 s on seeds 0-3: svt34_parallel 0.3498 against 0.3518, svt3
+#: 0.2287 against 0.2282 (medians; its seed 1 0.188 against 0.204).
 HALVING = 4
 
 
@@ -657,7 +659,9 @@ def _steps(plan: Plan, step, items, rows: int, stop: _Steps, done, first_began: 
 
 #: the refit (:func:`_refit`) draws REFIT_RATIO·n fresh outputs per database: it counts the tables on two
 #: thirds and chooses the event on a third, at most REFIT_CHOOSE_MAX (whose scores it holds: 13 scores of
-#: 2 x 2^20 outputs, 220 MB)
+#: 2 x 2^20 outputs, 220 MB). 24 instead of 6, tried at 20 s (medians, run by run): svt3 seeds 0-3 0.2428
+#: against 0.2158 but seeds 4-9 0.2274 against 0.229 (two of them 0.13-0.16), svt34_parallel 0.2675 against
+#: 0.2984, laplace_parallel 0.051 against 0.0654 (its time comes out of the search or stage 2)
 REFIT_RATIO, REFIT_CHOOSE_MAX = 6, 1 << 20
 #: the refit counts its tables over chunks of at most this many outputs per database, and of at most
 #: MAX_STAGE1_BYTES of outputs and codes in all (the first chunk, which fixes the binnings, also holds
@@ -752,7 +756,10 @@ def _refit(plan: Plan, best: Candidate, pair, size: int, rng, report) -> Candida
 DUEL_RATIO, DUEL_FIRST, DUEL_Z = 5, 1 / 8, 3.0
 #: a score event's rungs: the same score's events at these shares of its mass, placed on the duel's first
 #: round (its first RUNG_ROWS outputs of each database at most: what they keep is held) where those hold
-#: at least RUNG_HITS outputs in them, and counted from its second round on
+#: at least RUNG_HITS outputs in them, and counted from its second round on. Rungs at a hundredth and a
+#: three-hundredth too, tried at 20 s (medians, run by run): svt3 seeds 0-6 0.2323 against 0.2289,
+#: svt34_parallel seeds 0-3 0.3574 against 0.3322 (seed 0 0.362 against 0.066, but 0.124 when run again),
+#: the other vector rows within their noise: not kept, the gain being within the runs' spread
 RUNGS, RUNG_HITS, RUNG_ROWS = (1 / 3, 1 / 10, 1 / 30), 10, 1 << 20
 #: the duel picks the entrant whose predicted bound less DUEL_PICK standard errors of its own estimate is
 #: the largest, DUEL_PICK_POINT for a point t̂ (a rare event, or a point's kernel sums, are estimated with
